@@ -1,0 +1,203 @@
+//! [`LimitConn`]: the caller's connection source.
+//!
+//! The library keeps no pool and no connection between calls. For each call
+//! it asks the caller's source for one connection, uses it for one short
+//! transaction, and hands it back idle.
+
+use std::future::Future;
+use std::ops::Deref;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Client, Config, NoTls, Socket};
+
+use crate::error::BoxError;
+
+/// Where the limiter gets a connection for one call: the counterpart of a
+/// framework's "connection for this request".
+///
+/// The connection must be for exclusive use during the call and idle (not
+/// inside a transaction) when handed over; the limiter hands it back idle,
+/// even when the call's budget runs out midway. A connection handed over
+/// inside a transaction is an
+/// [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction) error, and
+/// that transaction is rolled back, never committed.
+///
+/// Implemented for:
+/// - an async closure returning anything that derefs to a
+///   [`tokio_postgres::Client`] (a pool's object, a mutex guard);
+/// - [`tokio_postgres::Config`]: connect for each call, without TLS;
+/// - [`Connect`]: connect for each call, with the TLS connector you give.
+///
+/// Implement it for your own pool with an `async fn`:
+///
+/// ```
+/// use platformkit_limit::LimitConn;
+/// use std::sync::Arc;
+/// use tokio::sync::{Mutex, OwnedMutexGuard};
+///
+/// /// One held connection, lent to one call at a time.
+/// struct Held(Arc<Mutex<tokio_postgres::Client>>);
+///
+/// impl LimitConn for Held {
+///     type Conn = OwnedMutexGuard<tokio_postgres::Client>;
+///     type Error = std::convert::Infallible;
+///
+///     async fn conn(&self) -> Result<Self::Conn, Self::Error> {
+///         Ok(self.0.clone().lock_owned().await)
+///     }
+/// }
+/// ```
+pub trait LimitConn: Send + Sync {
+    /// The connection lent for one call.
+    type Conn: Deref<Target = Client> + Send;
+
+    /// Why no connection could be had. The limiter treats it as the store
+    /// being unreachable.
+    type Error: Into<BoxError>;
+
+    /// Lends one connection for one call.
+    fn conn(&self) -> impl Future<Output = Result<Self::Conn, Self::Error>> + Send;
+}
+
+/// An async closure is a connection source.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tokio::sync::Mutex;
+///
+/// # fn demo(client: tokio_postgres::Client) {
+/// let held = Arc::new(Mutex::new(client));
+/// let conns = move || {
+///     let held = held.clone();
+///     async move { Ok::<_, std::convert::Infallible>(held.lock_owned().await) }
+/// };
+/// let store = platformkit_limit::Postgres::new(conns);
+/// # let _ = store;
+/// # }
+/// ```
+impl<F, Fut, C, E> LimitConn for F
+where
+    F: Fn() -> Fut + Send + Sync,
+    Fut: Future<Output = Result<C, E>> + Send,
+    C: Deref<Target = Client> + Send,
+    E: Into<BoxError>,
+{
+    type Conn = C;
+    type Error = E;
+
+    fn conn(&self) -> impl Future<Output = Result<C, E>> + Send {
+        self()
+    }
+}
+
+/// Connects for each call, without TLS. Fine for a demo or a local socket;
+/// in a service, pass your pool: a connection per call costs a handshake
+/// and a backend start each time.
+impl LimitConn for Config {
+    type Conn = Connected;
+    type Error = tokio_postgres::Error;
+
+    fn conn(&self) -> impl Future<Output = Result<Connected, tokio_postgres::Error>> + Send {
+        connect(self, NoTls)
+    }
+}
+
+/// Connects for each call with a TLS connector.
+///
+/// ```
+/// use platformkit_limit::{Connect, Postgres};
+///
+/// let config: tokio_postgres::Config = "host=db user=app dbname=app".parse().unwrap();
+/// let store = Postgres::new(Connect::new(config, tokio_postgres::NoTls));
+/// # let _ = store;
+/// ```
+#[derive(Clone, Debug)]
+pub struct Connect<T> {
+    config: Config,
+    tls: T,
+}
+
+impl<T> Connect<T> {
+    /// A source that connects with `config` and `tls` for each call.
+    pub fn new(config: Config, tls: T) -> Self {
+        Connect { config, tls }
+    }
+}
+
+impl<T> LimitConn for Connect<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    type Conn = Connected;
+    type Error = tokio_postgres::Error;
+
+    fn conn(&self) -> impl Future<Output = Result<Connected, tokio_postgres::Error>> + Send {
+        connect(&self.config, self.tls.clone())
+    }
+}
+
+async fn connect<T>(config: &Config, tls: T) -> Result<Connected, tokio_postgres::Error>
+where
+    T: MakeTlsConnect<Socket> + Send + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    let (client, connection) = config.connect(tls).await?;
+    let task = tokio::spawn(async move {
+        // A connection error here is seen by the call through the client.
+        let _ = connection.await;
+    });
+    Ok(Connected {
+        client: Some(client),
+        task: Some(task),
+    })
+}
+
+/// A connection made for one call: closed when dropped.
+#[derive(Debug)]
+pub struct Connected {
+    client: Option<Client>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// How long a dropped [`Connected`] may take to close politely before its
+/// socket is simply closed.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+impl Deref for Connected {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        self.client.as_ref().expect("the client lives until drop")
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        // Dropping the client lets the connection send Terminate once its
+        // pending answers are in; a server that never answers must not keep
+        // the task alive, so the task is aborted after a grace period.
+        drop(self.client.take());
+        if let Some(task) = self.task.take() {
+            if task.is_finished() {
+                return;
+            }
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let abort = task.abort_handle();
+                runtime.spawn(async move {
+                    if tokio::time::timeout(CLOSE_GRACE, task).await.is_err() {
+                        abort.abort();
+                    }
+                });
+            } else {
+                task.abort();
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The one error type of the crate.
+//!
+//! Being refused is not an error: it is a [`Verdict`](crate::Verdict). An
+//! [`Error`] means the limiter could not give a verdict at all, or was built
+//! with a configuration that makes no sense.
+//!
+//! The error is opaque; classify it with [`Error::kind`],
+//! [`Error::is_unreachable`] and [`Error::code`]. Messages say what failed and
+//! where, never a key: keys are personal data. The cause, when there is one,
+//! is returned by [`std::error::Error::source`] and not repeated in `Display`.
+
+use std::time::Duration;
+
+use snafu::Snafu;
+use tokio_postgres::error::SqlState;
+
+/// A boxed error from a connection source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why the limiter could not give a verdict, or refused a configuration.
+///
+/// ```
+/// use platformkit_limit::{ErrorKind, Limit};
+/// use std::time::Duration;
+///
+/// let err = Limit::new("login", 0, Duration::from_secs(60)).unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::InvalidLimit);
+/// assert!(!err.is_unreachable());
+/// assert_eq!(err.to_string(), "invalid limit \"login\": max must be at least 1");
+/// ```
+#[derive(Debug, Snafu)]
+pub struct Error(Inner);
+
+/// The kinds of [`Error`] a caller can match on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// No connection could be had, or it was lost during the call: the
+    /// connection source failed, the server refused or dropped the
+    /// connection, or it is shutting down. The store is unreachable.
+    Connect,
+    /// The call's budget ran out, on the client (waiting for a connection or
+    /// an answer) or on the server (`statement_timeout` or `lock_timeout`).
+    /// The store is unreachable.
+    Timeout,
+    /// PostgreSQL refused the limiter's statement: a misconfiguration such as
+    /// a missing table, a missing privilege or a row-level security denial.
+    Query,
+    /// The connection source handed over a connection that was inside a
+    /// transaction of the caller's. The limiter never commits a caller's
+    /// work: that transaction was rolled back.
+    InTransaction,
+    /// A [`Limit`](crate::Limit) that makes no sense.
+    InvalidLimit,
+    /// A [`Key`](crate::Key) that cannot be built.
+    InvalidKey,
+    /// An option (a budget, a batch size) that makes no sense.
+    InvalidOption,
+}
+
+#[derive(Debug, Snafu)]
+#[snafu(visibility(pub(crate)))]
+pub(crate) enum Inner {
+    #[snafu(display("{operation}: the connection source could not provide a connection"))]
+    Connect {
+        operation: &'static str,
+        source: BoxError,
+    },
+
+    #[snafu(display("{operation}: the connection to PostgreSQL failed or was lost"))]
+    ConnectionLost {
+        operation: &'static str,
+        source: tokio_postgres::Error,
+    },
+
+    #[snafu(display("{operation}: no answer within the budget of {budget:?}"))]
+    Timeout {
+        operation: &'static str,
+        budget: Duration,
+    },
+
+    #[snafu(display("{operation}: PostgreSQL stopped the statement at the budget"))]
+    ServerTimeout {
+        operation: &'static str,
+        source: tokio_postgres::Error,
+    },
+
+    #[snafu(display("{operation}: PostgreSQL refused the limiter's statement"))]
+    Query {
+        operation: &'static str,
+        source: tokio_postgres::Error,
+    },
+
+    #[snafu(display(
+        "{operation}: the connection was handed over inside a transaction; \
+         the limiter needs an idle connection and that transaction was rolled back"
+    ))]
+    InTransaction {
+        operation: &'static str,
+        source: tokio_postgres::Error,
+    },
+
+    #[snafu(display("invalid limit {name:?}: {reason}"))]
+    InvalidLimit { name: String, reason: String },
+
+    #[snafu(display("invalid key: {reason}"))]
+    InvalidKey { reason: &'static str },
+
+    #[snafu(display("invalid option {option}: {reason}"))]
+    InvalidOption {
+        option: &'static str,
+        reason: String,
+    },
+}
+
+impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match &self.0 {
+            Inner::Connect { .. } | Inner::ConnectionLost { .. } => ErrorKind::Connect,
+            Inner::Timeout { .. } | Inner::ServerTimeout { .. } => ErrorKind::Timeout,
+            Inner::Query { .. } => ErrorKind::Query,
+            Inner::InTransaction { .. } => ErrorKind::InTransaction,
+            Inner::InvalidLimit { .. } => ErrorKind::InvalidLimit,
+            Inner::InvalidKey { .. } => ErrorKind::InvalidKey,
+            Inner::InvalidOption { .. } => ErrorKind::InvalidOption,
+        }
+    }
+
+    /// Whether the store could not be reached: the only failures that let an
+    /// attempt through (fail-open) and count as `unreachable` in the metrics.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self.kind(), ErrorKind::Connect | ErrorKind::Timeout)
+    }
+
+    /// The SQLSTATE PostgreSQL answered with, if it answered with one.
+    pub fn code(&self) -> Option<&SqlState> {
+        match &self.0 {
+            Inner::ConnectionLost { source, .. }
+            | Inner::ServerTimeout { source, .. }
+            | Inner::Query { source, .. }
+            | Inner::InTransaction { source, .. } => source.code(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid_limit(name: &str, reason: impl Into<String>) -> Self {
+        Error(Inner::InvalidLimit {
+            name: name.to_owned(),
+            reason: reason.into(),
+        })
+    }
+
+    pub(crate) fn invalid_option(option: &'static str, reason: impl Into<String>) -> Self {
+        Error(Inner::InvalidOption {
+            option,
+            reason: reason.into(),
+        })
+    }
+
+    pub(crate) fn invalid_key(reason: &'static str) -> Self {
+        Error(Inner::InvalidKey { reason })
+    }
+
+    pub(crate) fn connect(operation: &'static str, source: BoxError) -> Self {
+        Error(Inner::Connect { operation, source })
+    }
+
+    pub(crate) fn timeout(operation: &'static str, budget: Duration) -> Self {
+        Error(Inner::Timeout { operation, budget })
+    }
+
+    /// Sorts an error from PostgreSQL into "unreachable" (the connection is
+    /// gone, the server is going away, or the budget ran out on the server)
+    /// and everything else, which is a hard error.
+    pub(crate) fn from_postgres(operation: &'static str, source: tokio_postgres::Error) -> Self {
+        let inner = match source.code() {
+            None if source.is_closed() || io_caused(&source) => {
+                Inner::ConnectionLost { operation, source }
+            }
+            None => Inner::Query { operation, source },
+            Some(code)
+                if *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE =>
+            {
+                Inner::ServerTimeout { operation, source }
+            }
+            Some(code) if server_going_away(code) => Inner::ConnectionLost { operation, source },
+            Some(code)
+                if *code == SqlState::UNDEFINED_OBJECT && crate::sql::is_guard_error(&source) =>
+            {
+                Inner::InTransaction { operation, source }
+            }
+            Some(code) if *code == SqlState::IN_FAILED_SQL_TRANSACTION => {
+                Inner::InTransaction { operation, source }
+            }
+            Some(_) => Inner::Query { operation, source },
+        };
+        Error(inner)
+    }
+}
+
+fn io_caused(error: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
+}
+
+fn server_going_away(code: &SqlState) -> bool {
+    code.code().starts_with("08")
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+        || *code == SqlState::TOO_MANY_CONNECTIONS
+}

@@ -1,0 +1,297 @@
+//! [`Key`]: who or what a limit counts, encoded so that PostgreSQL always
+//! accepts it.
+//!
+//! # The encoding
+//!
+//! A key is a list of parts (for example the subject's kind and the subject).
+//! Each part is escaped and the parts are joined with `|`:
+//!
+//! | in a part                                   | becomes         |
+//! |---------------------------------------------|-----------------|
+//! | `\`                                         | `\\`            |
+//! | `\|` (the separator)                        | `\|`            |
+//! | `~` (the digest marker)                     | `\~`            |
+//! | a control character (U+0000–U+001F, U+007F–U+009F) | `\xHH`   |
+//! | anything else                               | itself          |
+//!
+//! When the result is longer than [`MAX_KEY_BYTES`], it is cut to a readable
+//! prefix (never inside an escape) followed by `~` and the SHA-256 of the
+//! whole encoding in hex.
+//!
+//! The result is valid UTF-8 with no NUL and no control character, and at
+//! most [`MAX_KEY_BYTES`] long, so it is always a valid `text` value and a
+//! valid btree index entry. The encoding is injective: two different part
+//! lists never give the same key (short of a SHA-256 collision), because
+//! escaping is reversible, an unescaped `|` only ever separates parts, and an
+//! unescaped `~` only ever introduces a digest.
+//!
+//! The limiter puts the limit's name in front (`name|…`), so the same key
+//! under two limits is two counters.
+//!
+//! **The encoding is part of the stored data.** Changing it changes every
+//! stored key, which silently resets every counter on deploy; the golden
+//! vectors in the tests pin it.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+
+/// The longest encoded key, in bytes (without the limit's name).
+pub const MAX_KEY_BYTES: usize = 200;
+
+/// Length of the digest suffix: `~` and 64 hex digits.
+const DIGEST_SUFFIX_BYTES: usize = 1 + 64;
+
+/// Who or what a limit counts: an account, an address, a code.
+///
+/// Build it from parts with [`Key::new`], or with a constructor for a common
+/// subject. Its `Debug` form does not show the key: keys are personal data.
+///
+/// ```
+/// use platformkit_limit::Key;
+///
+/// let key = Key::new(["account", "42"])?;
+/// assert_eq!(key.as_str(), "account|42");
+///
+/// // The separator inside a part cannot fake a second part.
+/// let tricky = Key::new(["account|42"])?;
+/// assert_eq!(tricky.as_str(), r"account\|42");
+/// assert_ne!(key, tricky);
+/// # Ok::<(), platformkit_limit::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Key {
+    encoded: Box<str>,
+}
+
+impl Key {
+    /// A key made of `parts`, in order.
+    ///
+    /// Any string is accepted as a part, including empty ones and ones with
+    /// NUL, control characters or the separator.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) when there are
+    /// no parts.
+    pub fn new<I, S>(parts: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut encoded = String::new();
+        let mut any = false;
+        for part in parts {
+            if any {
+                encoded.push('|');
+            }
+            any = true;
+            escape_into(part.as_ref(), &mut encoded);
+        }
+        if !any {
+            return Err(Error::invalid_key("a key needs at least one part"));
+        }
+        Ok(Key {
+            encoded: bound(encoded).into_boxed_str(),
+        })
+    }
+
+    /// An opaque identifier used exactly as given (no trimming, no case
+    /// folding): the key `id|<id>`.
+    ///
+    /// ```
+    /// use platformkit_limit::Key;
+    /// assert_eq!(Key::opaque("Order-7").as_str(), "id|Order-7");
+    /// ```
+    pub fn opaque(id: &str) -> Self {
+        Self::from_two("id", id)
+    }
+
+    /// An IP address, grouped the way one attacker holds addresses: an IPv4
+    /// address is itself; an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is
+    /// the IPv4 address; any other IPv6 address stands for its /64 network.
+    ///
+    /// ```
+    /// use platformkit_limit::Key;
+    /// use std::net::IpAddr;
+    ///
+    /// let v4: IpAddr = "192.0.2.7".parse().unwrap();
+    /// let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+    /// assert_eq!(Key::ip(v4), Key::ip(mapped));
+    /// assert_eq!(Key::ip(v4).as_str(), "ip|192.0.2.7");
+    ///
+    /// let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+    /// let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+    /// assert_eq!(Key::ip(a), Key::ip(b));
+    /// assert_eq!(Key::ip(a).as_str(), "ip|2001:db8:1:2::/64");
+    /// ```
+    pub fn ip(addr: IpAddr) -> Self {
+        Self::ip_grouped(addr, 64).expect("64 is a valid IPv6 prefix length")
+    }
+
+    /// Like [`Key::ip`], with IPv6 addresses grouped by a prefix of
+    /// `v6_prefix` bits (1 to 128) instead of 64.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) when
+    /// `v6_prefix` is 0 or above 128.
+    pub fn ip_grouped(addr: IpAddr, v6_prefix: u8) -> Result<Self, Error> {
+        if v6_prefix == 0 || v6_prefix > 128 {
+            return Err(Error::invalid_key(
+                "an IPv6 prefix length is between 1 and 128",
+            ));
+        }
+        let text = match addr {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => v4.to_string(),
+                None => {
+                    let bits = u128::from(v6);
+                    let mask = u128::MAX << (128 - u32::from(v6_prefix));
+                    format!("{}/{v6_prefix}", Ipv6Addr::from(bits & mask))
+                }
+            },
+        };
+        Ok(Self::from_two("ip", &text))
+    }
+
+    fn from_two(kind: &str, subject: &str) -> Self {
+        Self::new([kind, subject]).expect("two parts are never empty")
+    }
+
+    /// The encoded key, as stored (without the limit's name).
+    pub fn as_str(&self) -> &str {
+        &self.encoded
+    }
+
+    /// Whether the key was too long and ends in a digest.
+    pub fn is_digested(&self) -> bool {
+        unescaped_tilde(&self.encoded).is_some()
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key(<{} bytes, not shown>)", self.encoded.len())
+    }
+}
+
+/// Escapes one part onto `out` (see the module docs).
+fn escape_into(part: &str, out: &mut String) {
+    for c in part.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '|' => out.push_str("\\|"),
+            '~' => out.push_str("\\~"),
+            c if c.is_control() => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let b = c as u32;
+                out.push_str("\\x");
+                out.push(char::from(HEX[(b >> 4) as usize & 0xf]));
+                out.push(char::from(HEX[b as usize & 0xf]));
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// Cuts an encoding longer than [`MAX_KEY_BYTES`] to a prefix and a digest.
+fn bound(encoded: String) -> String {
+    if encoded.len() <= MAX_KEY_BYTES {
+        return encoded;
+    }
+    let digest = Sha256::digest(encoded.as_bytes());
+    let cut = prefix_end(&encoded, MAX_KEY_BYTES - DIGEST_SUFFIX_BYTES);
+    let mut out = String::with_capacity(MAX_KEY_BYTES);
+    out.push_str(&encoded[..cut]);
+    out.push('~');
+    for byte in digest {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    out
+}
+
+/// The largest index `<= max` that ends a whole escaped unit: on a char
+/// boundary and not inside a `\…` escape.
+fn prefix_end(encoded: &str, max: usize) -> usize {
+    let mut end = 0;
+    let mut chars = encoded.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let unit_len = if c == '\\' {
+            match chars.next() {
+                Some((_, 'x')) => {
+                    chars.next();
+                    chars.next();
+                    4
+                }
+                Some(_) => 2,
+                None => 1,
+            }
+        } else {
+            c.len_utf8()
+        };
+        if i + unit_len > max {
+            break;
+        }
+        end = i + unit_len;
+    }
+    end
+}
+
+/// The byte index of the first `~` that is not escaped, if any.
+fn unescaped_tilde(encoded: &str) -> Option<usize> {
+    let mut chars = encoded.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '~' => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Splits an undigested encoding back into its parts; `None` for a digested
+/// or malformed one. The inverse of the encoding, for tests and fuzzing.
+#[doc(hidden)]
+pub fn decode(encoded: &str) -> Option<Vec<String>> {
+    let mut parts = vec![String::new()];
+    let mut chars = encoded.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '|' => parts.push(String::new()),
+            '~' => return None,
+            '\\' => {
+                let part = parts.last_mut()?;
+                match chars.next()? {
+                    'x' => {
+                        let hi = chars.next()?.to_digit(16)?;
+                        let lo = chars.next()?.to_digit(16)?;
+                        part.push(char::from_u32(hi * 16 + lo)?);
+                    }
+                    e @ ('\\' | '|' | '~') => part.push(e),
+                    _ => return None,
+                }
+            }
+            c => parts.last_mut()?.push(c),
+        }
+    }
+    Some(parts)
+}
+
+/// The stored form of `key` under `limit_name`.
+pub(crate) fn stored(limit_name: &str, key: &Key) -> String {
+    let mut out = String::with_capacity(limit_name.len() + 1 + key.encoded.len());
+    out.push_str(limit_name);
+    out.push('|');
+    out.push_str(&key.encoded);
+    out
+}

@@ -1,0 +1,41 @@
+#![deny(missing_docs)]
+#![doc = include_str!("../README.md")]
+
+mod clock;
+mod conn;
+mod error;
+mod key;
+mod limit;
+mod limiter;
+mod memory;
+pub mod metric;
+mod postgres;
+mod purge;
+mod sql;
+mod store;
+mod verdict;
+
+pub use crate::clock::ManualClock;
+pub use crate::conn::{Connect, Connected, LimitConn};
+pub use crate::error::{BoxError, Error, ErrorKind};
+pub use crate::key::{Key, MAX_KEY_BYTES};
+pub use crate::limit::{Limit, MAX_ATTEMPTS, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW};
+pub use crate::limiter::{DEFAULT_BUDGET, Limiter, MAX_BUDGET};
+pub use crate::memory::Memory;
+pub use crate::postgres::Postgres;
+pub use crate::purge::{PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, purge};
+pub use crate::store::Store;
+pub use crate::verdict::Verdict;
+
+/// The schema: the table `platformkit_limits`, the function
+/// `platformkit_is_system()`, row-level security and its one policy, and the
+/// index `purge` needs. A script that is safe to apply twice, for your own
+/// migrations. PostgreSQL 14 or newer.
+pub const SCHEMA: &str = sql::SCHEMA;
+
+/// Internals exposed for the fuzz targets and property tests; not part of the
+/// public API and not covered by semver.
+#[doc(hidden)]
+pub mod internal {
+    pub use crate::key::decode;
+}

@@ -1,0 +1,141 @@
+//! [`Limit`]: a named policy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Error;
+
+/// The longest a limit's name may be, in bytes.
+pub const MAX_NAME_BYTES: usize = 48;
+
+/// The shortest window a limit may have.
+pub const MIN_WINDOW: Duration = Duration::from_secs(1);
+
+/// The longest window a limit may have: 366 days.
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 60 * 60);
+
+/// The most attempts a limit may allow in one window.
+pub const MAX_ATTEMPTS: u32 = 1_000_000_000;
+
+/// A named policy: at most `max` attempts per key in each window of `window`.
+///
+/// Windows are fixed: they start at whole multiples of the window length
+/// since the Unix epoch, on the database's clock, so every replica agrees on
+/// when a window opens and closes.
+///
+/// The name namespaces keys (the same [`Key`](crate::Key) under two limits is
+/// two counters) and labels the metrics. It is 1 to 48 bytes of ASCII
+/// letters, digits, `_`, `-` and `.`: it appears in every stored key and in
+/// every metric series, so it is kept short and plain.
+///
+/// Nonsense is refused here, when the limit is made, never at call time:
+///
+/// ```
+/// use platformkit_limit::Limit;
+/// use std::time::Duration;
+///
+/// let login = Limit::new("login", 10, Duration::from_secs(15 * 60))?;
+/// assert_eq!(login.name(), "login");
+/// assert_eq!(login.max(), 10);
+/// assert_eq!(login.window(), Duration::from_secs(900));
+///
+/// assert!(Limit::new("", 10, Duration::from_secs(60)).is_err());
+/// assert!(Limit::new("login", 0, Duration::from_secs(60)).is_err());
+/// assert!(Limit::new("login", 10, Duration::ZERO).is_err());
+/// assert!(Limit::new("login", 10, Duration::from_millis(1500)).is_err());
+/// # Ok::<(), platformkit_limit::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limit {
+    name: Arc<str>,
+    max: u32,
+    window_secs: u64,
+}
+
+impl Limit {
+    /// A limit named `name` that allows `max` attempts per key in each
+    /// `window`.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when the
+    /// name is empty, longer than [`MAX_NAME_BYTES`] or has a character other
+    /// than ASCII letters, digits, `_`, `-` and `.`; when `max` is 0 or above
+    /// [`MAX_ATTEMPTS`]; when the window is shorter than [`MIN_WINDOW`],
+    /// longer than [`MAX_WINDOW`], or not a whole number of seconds.
+    pub fn new(name: &str, max: u32, window: Duration) -> Result<Self, Error> {
+        if name.is_empty() {
+            return Err(Error::invalid_limit(name, "the name is empty"));
+        }
+        if name.len() > MAX_NAME_BYTES {
+            return Err(Error::invalid_limit(
+                name,
+                format!("the name is longer than {MAX_NAME_BYTES} bytes"),
+            ));
+        }
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        {
+            return Err(Error::invalid_limit(
+                name,
+                "the name may hold only ASCII letters, digits, '_', '-' and '.'",
+            ));
+        }
+        if max == 0 {
+            return Err(Error::invalid_limit(name, "max must be at least 1"));
+        }
+        if max > MAX_ATTEMPTS {
+            return Err(Error::invalid_limit(
+                name,
+                format!("max must be at most {MAX_ATTEMPTS}"),
+            ));
+        }
+        if window < MIN_WINDOW {
+            return Err(Error::invalid_limit(
+                name,
+                "the window must be at least one second",
+            ));
+        }
+        if window > MAX_WINDOW {
+            return Err(Error::invalid_limit(
+                name,
+                "the window must be at most 366 days",
+            ));
+        }
+        if window.subsec_nanos() != 0 {
+            return Err(Error::invalid_limit(
+                name,
+                "the window must be a whole number of seconds",
+            ));
+        }
+        Ok(Limit {
+            name: Arc::from(name),
+            max,
+            window_secs: window.as_secs(),
+        })
+    }
+
+    /// The limit's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The most attempts allowed per key in one window.
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
+    /// The length of one window.
+    pub fn window(&self) -> Duration {
+        Duration::from_secs(self.window_secs)
+    }
+
+    pub(crate) fn window_secs(&self) -> u64 {
+        self.window_secs
+    }
+
+    pub(crate) fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+}

@@ -1,0 +1,104 @@
+//! [`Memory`]: the in-process fake, for callers' unit tests.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, PoisonError};
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+
+use crate::clock::{Clock, from_micros, micros_since_epoch};
+use crate::store::{Counted, Op, Store, sealed};
+use crate::verdict::window_of;
+use crate::{Error, Limit, ManualClock};
+
+/// The in-process fake: the same behaviour as [`Postgres`](crate::Postgres),
+/// kept in a map, for callers' unit tests.
+///
+/// **Not a production limiter.** Its counts live in one process: three
+/// replicas give three limits, and every deploy or restart resets them. That
+/// is exactly the failure a limit in the database exists to prevent. It also
+/// keeps every window it has seen (nothing purges it). The tests hold it to
+/// agree with `Postgres`, verdict for verdict.
+///
+/// ```
+/// use platformkit_limit::{Key, Limit, Limiter, Memory};
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let limiter = Limiter::new(Memory::new());
+/// let login = Limit::new("login", 2, Duration::from_secs(60))?;
+/// let alice = Key::opaque("alice");
+/// limiter.failed(&login, &alice).await?;
+/// let verdict = limiter.failed(&login, &alice).await?;
+/// assert!(verdict.is_refused());
+/// assert!(limiter.check(&login, &alice).await?.is_refused());
+/// # Ok::<(), platformkit_limit::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Default)]
+pub struct Memory {
+    windows: Mutex<HashMap<String, BTreeMap<i64, u64>>>,
+    clock: Clock,
+}
+
+impl Memory {
+    /// An empty fake on the system clock.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads the time from `clock`: for tests that pin the time.
+    pub fn with_clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Clock::Manual(clock);
+        self
+    }
+
+    fn now(&self) -> SystemTime {
+        self.clock.pinned().unwrap_or_else(SystemTime::now)
+    }
+}
+
+/// The largest count, as in PostgreSQL's `bigint`.
+const MAX_COUNT: u64 = i64::MAX as u64;
+
+impl Store for Memory {}
+
+impl sealed::Sealed for Memory {
+    async fn count(
+        &self,
+        op: Op,
+        limit: &Limit,
+        key: &str,
+        _deadline: Instant,
+    ) -> Result<Counted, Error> {
+        let now_micros = micros_since_epoch(self.now());
+        let (start, end) = window_of(now_micros, limit.window_secs());
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = match op {
+            Op::Check => windows
+                .get(key)
+                .and_then(|w| w.get(&start))
+                .copied()
+                .unwrap_or(0),
+            Op::Failed | Op::Hit => {
+                let count = windows
+                    .entry(key.to_owned())
+                    .or_default()
+                    .entry(start)
+                    .or_insert(0);
+                *count = count.saturating_add(1).min(MAX_COUNT);
+                *count
+            }
+        };
+        Ok(Counted {
+            count,
+            window_end: from_micros(end),
+            now: from_micros(now_micros),
+        })
+    }
+
+    async fn reset(&self, key: &str, _deadline: Instant) -> Result<u64, Error> {
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(windows.remove(key).map_or(0, |w| w.len() as u64))
+    }
+}

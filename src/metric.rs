@@ -1,0 +1,101 @@
+//! The metrics the limiter emits, through the [`metrics`] facade.
+//!
+//! The crate never installs a recorder: install one in your service (for
+//! example `metrics-exporter-prometheus`) and these appear in it. Label values
+//! are bounded: the limit's name, the operation and the outcome. Never a key:
+//! keys are personal data and unbounded.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `platformkit_limit_calls_total` | counter | `limit`, `operation`, `outcome` |
+//! | `platformkit_limit_call_duration_seconds` | histogram | `limit`, `operation` |
+//! | `platformkit_limit_purged_rows_total` | counter | — |
+//!
+//! `operation` is `check`, `failed`, `hit` or `reset`. `outcome` is
+//! `allowed`, `refused`, `unreachable` (the store could not be reached and
+//! the attempt was allowed: fail-open), `error` (a hard error returned to the
+//! caller) or, for `reset`, `cleared`.
+
+use std::time::Duration;
+
+use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+
+use crate::Limit;
+
+/// Counter of calls, by limit, operation and outcome.
+pub const CALLS_TOTAL: &str = "platformkit_limit_calls_total";
+/// Histogram of call durations in seconds, by limit and operation, the wait
+/// for a connection included.
+pub const CALL_DURATION_SECONDS: &str = "platformkit_limit_call_duration_seconds";
+/// Counter of rows deleted by [`purge`](crate::purge).
+pub const PURGED_ROWS_TOTAL: &str = "platformkit_limit_purged_rows_total";
+
+/// Label: the limit's name.
+pub const LABEL_LIMIT: &str = "limit";
+/// Label: `check`, `failed`, `hit` or `reset`.
+pub const LABEL_OPERATION: &str = "operation";
+/// Label: `allowed`, `refused`, `unreachable`, `error` or `cleared`.
+pub const LABEL_OUTCOME: &str = "outcome";
+
+/// How a call ended, as the `outcome` label says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Allowed,
+    Refused,
+    Unreachable,
+    Error,
+    Cleared,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Refused => "refused",
+            Outcome::Unreachable => "unreachable",
+            Outcome::Error => "error",
+            Outcome::Cleared => "cleared",
+        }
+    }
+}
+
+/// Describes every metric to the installed recorder (name, unit, help).
+/// [`Limiter::new`](crate::Limiter::new) calls it; call it yourself if you
+/// install your recorder later.
+pub fn describe() {
+    describe_counter!(
+        CALLS_TOTAL,
+        Unit::Count,
+        "Limiter calls by limit, operation and outcome (allowed, refused, unreachable, error, cleared)."
+    );
+    describe_histogram!(
+        CALL_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of limiter calls, the wait for a connection included."
+    );
+    describe_counter!(
+        PURGED_ROWS_TOTAL,
+        Unit::Count,
+        "Rows of closed windows deleted by purge."
+    );
+}
+
+pub(crate) fn record(limit: &Limit, operation: &'static str, outcome: Outcome, took: Duration) {
+    counter!(
+        CALLS_TOTAL,
+        LABEL_LIMIT => limit.name_arc().clone(),
+        LABEL_OPERATION => operation,
+        LABEL_OUTCOME => outcome.label(),
+    )
+    .increment(1);
+    histogram!(
+        CALL_DURATION_SECONDS,
+        LABEL_LIMIT => limit.name_arc().clone(),
+        LABEL_OPERATION => operation,
+    )
+    .record(took.as_secs_f64());
+}
+
+pub(crate) fn purged(rows: u64) {
+    counter!(PURGED_ROWS_TOTAL).increment(rows);
+}

@@ -1,0 +1,77 @@
+//! The store trait: what [`Limiter`](crate::Limiter) asks of
+//! [`Postgres`](crate::Postgres) and [`Memory`](crate::Memory).
+//!
+//! Stores only load and store counts; the verdict is decided by
+//! [`decide`](crate::verdict::decide), shared by both.
+
+use std::future::Future;
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+
+use crate::{Error, Limit};
+
+/// A store of counts: [`Postgres`](crate::Postgres) or
+/// [`Memory`](crate::Memory).
+///
+/// The trait is sealed: the limiter's promises (one statement, one round
+/// trip, the system switch, the budget) belong to the stores this crate
+/// ships. To bring your own connections, implement
+/// [`LimitConn`](crate::LimitConn) instead.
+pub trait Store: sealed::Sealed {}
+
+/// The counting operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Read the count, write nothing.
+    Check,
+    /// Add a failure, then tell whether the next attempt may go ahead.
+    Failed,
+    /// Add this ask, and tell whether it may go ahead.
+    Hit,
+}
+
+impl Op {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::Check => "check",
+            Op::Failed => "failed",
+            Op::Hit => "hit",
+        }
+    }
+}
+
+/// What a store counted for one call.
+#[derive(Clone, Debug)]
+pub struct Counted {
+    /// The count in the current window, after this call's own addition.
+    pub count: u64,
+    /// When the current window closes.
+    pub window_end: SystemTime,
+    /// The store's time during the call.
+    pub now: SystemTime,
+}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// The methods of [`Store`](super::Store), out of callers' reach.
+    pub trait Sealed: Send + Sync {
+        /// Runs one counting operation for the stored key `key` under
+        /// `limit`, finishing by `deadline`.
+        fn count(
+            &self,
+            op: Op,
+            limit: &Limit,
+            key: &str,
+            deadline: Instant,
+        ) -> impl Future<Output = Result<Counted, Error>> + Send;
+
+        /// Clears the stored key `key`; returns how many windows went.
+        fn reset(
+            &self,
+            key: &str,
+            deadline: Instant,
+        ) -> impl Future<Output = Result<u64, Error>> + Send;
+    }
+}
