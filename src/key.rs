@@ -36,6 +36,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 
 use sha2::{Digest, Sha256};
+use unicode_normalization::UnicodeNormalization;
 
 use crate::Error;
 
@@ -110,6 +111,47 @@ impl Key {
         Self::from_two("id", id)
     }
 
+    /// An email address, normalized so that one mailbox's spellings are one
+    /// key: `email|<normalized>`.
+    ///
+    /// Normalization: surrounding white space is trimmed; the address is put
+    /// in Unicode normalization form KC and case-folded (full Unicode case
+    /// folding, so `Alice@Example.COM`, `ALICE@example.com` and the
+    /// full-width `ＡＬＩＣＥ@example.com` are one key), repeated until it no
+    /// longer changes.
+    ///
+    /// Not folded, because they are different mailboxes at some providers:
+    /// dots in the local part (`a.lice@` is not `alice@`), plus tags
+    /// (`alice+x@` is not `alice@`), and an internationalized domain in
+    /// Unicode versus its Punycode (`xn--`) form. Homoglyphs from other
+    /// scripts (a Cyrillic `а` for a Latin `a`) are different characters and
+    /// stay different keys. The address is not validated: any string is a
+    /// key.
+    ///
+    /// ```
+    /// use platformkit_limit::Key;
+    ///
+    /// assert_eq!(Key::email(" Alice@Example.COM "), Key::email("alice@example.com"));
+    /// assert_eq!(Key::email("alice@example.com").as_str(), "email|alice@example.com");
+    /// assert_ne!(Key::email("alice+x@example.com"), Key::email("alice@example.com"));
+    /// ```
+    pub fn email(address: &str) -> Self {
+        Self::from_two("email", &normalize_identity(address))
+    }
+
+    /// A username, normalized as [`Key::email`] normalizes an address:
+    /// trimmed, NFKC, case-folded. `user|<normalized>`.
+    ///
+    /// ```
+    /// use platformkit_limit::Key;
+    ///
+    /// assert_eq!(Key::username("Straße"), Key::username("STRASSE"));
+    /// assert_eq!(Key::username("ﬁona").as_str(), "user|fiona");
+    /// ```
+    pub fn username(name: &str) -> Self {
+        Self::from_two("user", &normalize_identity(name))
+    }
+
     /// An IP address, grouped the way one attacker holds addresses: an IPv4
     /// address is itself; an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is
     /// the IPv4 address; any other IPv6 address stands for its /64 network.
@@ -178,6 +220,30 @@ impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key(<{} bytes, not shown>)", self.encoded.len())
     }
+}
+
+/// Trims, applies NFKC and full case folding, until nothing changes.
+///
+/// One round of NFKC and case folding is not always closed (folding can
+/// produce a sequence that NFKC composes differently), so the rounds repeat
+/// until a fixed point; in practice that is one or two.
+#[doc(hidden)]
+pub fn normalize_identity(input: &str) -> String {
+    let trimmed = input.trim();
+    if trimmed.is_ascii() {
+        return trimmed.to_ascii_lowercase();
+    }
+    let mut current = trimmed.to_owned();
+    for _ in 0..8 {
+        let nfkc: String = current.nfkc().collect();
+        let folded = caseless::default_case_fold_str(&nfkc);
+        let next: String = folded.nfkc().collect::<String>().trim().to_owned();
+        if next == current {
+            break;
+        }
+        current = next;
+    }
+    current
 }
 
 /// Escapes one part onto `out` (see the module docs).

@@ -1,6 +1,7 @@
 #![deny(missing_docs)]
 #![doc = include_str!("../README.md")]
 
+mod checks;
 mod clock;
 mod conn;
 mod error;
@@ -37,5 +38,10 @@ pub const SCHEMA: &str = sql::SCHEMA;
 /// public API and not covered by semver.
 #[doc(hidden)]
 pub mod internal {
-    pub use crate::key::decode;
+    pub use crate::key::{decode, normalize_identity};
+
+    /// The properties the fuzz targets check, runnable on stable.
+    pub mod checks {
+        pub use crate::checks::*;
+    }
 }

@@ -3,9 +3,9 @@
 use std::time::{Duration, SystemTime};
 
 use futures::future::join3;
+use postgres_types::{ToSql, Type};
 use tokio::time::Instant;
 use tokio_postgres::Client;
-use tokio_postgres::types::{ToSql, Type};
 
 use crate::clock::Clock;
 use crate::sql::{self, Durability};

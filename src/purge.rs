@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use postgres_types::{ToSql, Type};
 use tokio::time::{Instant, timeout_at};
-use tokio_postgres::types::{ToSql, Type};
 
 use crate::postgres::system_transaction;
 use crate::sql::{self, Durability};
