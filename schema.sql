@@ -4,7 +4,8 @@
 -- short system transaction; every other transaction can neither read nor
 -- write it (FORCE ROW LEVEL SECURITY, one policy, both directions).
 --
--- Safe to apply twice. Needs PostgreSQL 14 or newer (date_bin).
+-- Safe to apply twice. Needs PostgreSQL 14 or newer (date_bin, procedures
+-- with OUT parameters).
 -- Apply it as the role that should own the table (the migration role); the
 -- limiter connects as any role with SELECT, INSERT, UPDATE and DELETE on it.
 
@@ -31,8 +32,8 @@ WITH (fillfactor = 80);
 CREATE INDEX IF NOT EXISTS platformkit_limits_window_end
     ON platformkit_limits (window_end);
 
--- The system switch: on only inside the limiter's own transaction, where it
--- is set with set_config(..., is_local => true). An exact comparison; the
+-- The system switch: on only inside the limiter's own transaction, where the
+-- procedures below set it with set_config(..., is_local => true). An exact comparison; the
 -- search_path is pinned so that no object on the caller's path can stand in
 -- for the built-ins.
 CREATE OR REPLACE FUNCTION platformkit_is_system() RETURNS boolean
@@ -63,3 +64,127 @@ BEGIN
     END IF;
 END
 $$;
+
+-- The limiter's operations. Each is called as one statement,
+-- `CALL platformkit_limit_…(…)`, in autocommit: one message, one round
+-- trip, and plans the server caches. Each begins the same way:
+--
+--   COMMIT: ends the implicit transaction of the CALL and starts the
+--     limiter's own. Inside a transaction block of the caller's, PostgreSQL
+--     refuses it (2D000 invalid_transaction_termination): the limiter never
+--     joins, commits or leaks into a caller's transaction.
+--   SET TRANSACTION: READ COMMITTED and READ WRITE, whatever the session's
+--     defaults (a serializable default would make concurrent upserts fail).
+--   set_config(…, true): the system switch, the budget as lock_timeout,
+--     row_security on, for this transaction only. The transaction ends when
+--     the CALL does, and the settings with it.
+--
+-- Keys arrive as parameters only. Time comes from the database's clock
+-- unless the caller pins it (p_at, for tests). The window arithmetic adds
+-- microsecond intervals and bins from the Unix epoch: the session's TimeZone
+-- and DateStyle do not matter.
+
+-- Adds p_add to the key's count in the current window and returns the count,
+-- the window's end and the time. The addition saturates at the largest
+-- bigint.
+CREATE OR REPLACE PROCEDURE platformkit_limit_add(
+    p_key text, p_add bigint, p_window_secs bigint, p_at timestamptz,
+    p_budget_ms bigint, p_relaxed boolean,
+    INOUT o_count bigint DEFAULT NULL,
+    INOUT o_window_end timestamptz DEFAULT NULL,
+    INOUT o_now timestamptz DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_window interval := p_window_secs * interval '1 second';
+    v_start timestamptz;
+BEGIN
+    COMMIT;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true);
+    IF p_relaxed THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    END IF;
+    o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
+    v_start := pg_catalog.date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
+    INSERT INTO platformkit_limits AS l (key, window_start, window_end, count)
+    VALUES (p_key, v_start, v_start + v_window, p_add)
+    ON CONFLICT (key, window_start) DO UPDATE
+        SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
+    RETURNING l.count, l.window_start + v_window INTO o_count, o_window_end;
+END
+$$;
+
+-- Reads the key's count in the current window; writes nothing.
+CREATE OR REPLACE PROCEDURE platformkit_limit_read(
+    p_key text, p_window_secs bigint, p_at timestamptz, p_budget_ms bigint,
+    INOUT o_count bigint DEFAULT NULL,
+    INOUT o_window_end timestamptz DEFAULT NULL,
+    INOUT o_now timestamptz DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_window interval := p_window_secs * interval '1 second';
+    v_start timestamptz;
+BEGIN
+    COMMIT;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true);
+    o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
+    v_start := pg_catalog.date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
+    o_window_end := v_start + v_window;
+    SELECT l.count INTO o_count FROM platformkit_limits AS l
+    WHERE l.key = p_key AND l.window_start = v_start;
+    o_count := COALESCE(o_count, 0);
+END
+$$;
+
+-- Deletes every window of the key; returns how many went.
+CREATE OR REPLACE PROCEDURE platformkit_limit_reset(
+    p_key text, p_budget_ms bigint, p_relaxed boolean,
+    INOUT o_deleted bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    COMMIT;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true);
+    IF p_relaxed THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    END IF;
+    DELETE FROM platformkit_limits WHERE key = p_key;
+    GET DIAGNOSTICS o_deleted = ROW_COUNT;
+END
+$$;
+
+-- Deletes at most p_batch rows whose window closed more than 24 hours ago,
+-- skipping rows another transaction holds; returns how many went.
+CREATE OR REPLACE PROCEDURE platformkit_limit_purge(
+    p_batch bigint, p_budget_ms bigint,
+    INOUT o_deleted bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    COMMIT;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true);
+    DELETE FROM platformkit_limits AS l
+    USING (
+        SELECT d.key, d.window_start FROM platformkit_limits AS d
+        WHERE d.window_end < pg_catalog.statement_timestamp() - interval '24 hours'
+        LIMIT p_batch
+        FOR UPDATE SKIP LOCKED
+    ) AS doomed
+    WHERE l.key = doomed.key AND l.window_start = doomed.window_start;
+    GET DIAGNOSTICS o_deleted = ROW_COUNT;
+END
+$$;
+

@@ -40,7 +40,8 @@ pub enum ErrorKind {
     /// connection, or it is shutting down. The store is unreachable.
     Connect,
     /// The call's budget ran out, on the client (waiting for a connection or
-    /// an answer) or on the server (`statement_timeout` or `lock_timeout`).
+    /// an answer) or on the server (the budget as `lock_timeout`, or the
+    /// session's own `statement_timeout`).
     /// The store is unreachable.
     Timeout,
     /// PostgreSQL refused the limiter's statement: a misconfiguration such as
@@ -79,7 +80,7 @@ pub(crate) enum Inner {
         budget: Duration,
     },
 
-    #[snafu(display("{operation}: PostgreSQL stopped the statement at the budget"))]
+    #[snafu(display("{operation}: PostgreSQL stopped the statement (lock timeout or cancel)"))]
     ServerTimeout {
         operation: &'static str,
         source: tokio_postgres::Error,
@@ -93,7 +94,7 @@ pub(crate) enum Inner {
 
     #[snafu(display(
         "{operation}: the connection was handed over inside a transaction; \
-         the limiter needs an idle connection and that transaction was rolled back"
+         the limiter needs an idle connection and rolled that transaction back"
     ))]
     InTransaction {
         operation: &'static str,
@@ -186,11 +187,9 @@ impl Error {
             }
             Some(code) if server_going_away(code) => Inner::ConnectionLost { operation, source },
             Some(code)
-                if *code == SqlState::UNDEFINED_OBJECT && crate::sql::is_guard_error(&source) =>
+                if *code == SqlState::INVALID_TRANSACTION_TERMINATION
+                    || *code == SqlState::IN_FAILED_SQL_TRANSACTION =>
             {
-                Inner::InTransaction { operation, source }
-            }
-            Some(code) if *code == SqlState::IN_FAILED_SQL_TRANSACTION => {
                 Inner::InTransaction { operation, source }
             }
             Some(_) => Inner::Query { operation, source },

@@ -1,24 +1,24 @@
 //! [`Postgres`]: the real store. A limit is a row.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use futures::future::join3;
 use postgres_types::{ToSql, Type};
 use tokio::time::Instant;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
 use crate::clock::Clock;
-use crate::sql::{self, Durability};
+use crate::sql::{self, budget_ms};
 use crate::store::{Counted, Op, Store, sealed};
-use crate::{Error, Limit, LimitConn, ManualClock};
+use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock};
 
 /// The real store: each key's count in each window is a row of
 /// `platformkit_limits`, shared by every replica and kept across deploys.
 ///
-/// Each call borrows one connection from the caller's [`LimitConn`] and runs
-/// one statement inside the limiter's own short system transaction, sent
-/// pipelined: one network round trip on an idle connection. Keys travel only
-/// as bind parameters. The window comes from the database's clock.
+/// Each call borrows one connection from the caller's [`LimitConn`] and sends
+/// one statement, a `CALL` of the limiter's procedure, which runs the
+/// operation inside the limiter's own short system transaction: one message,
+/// one network round trip. Keys travel only as bind parameters. The window
+/// comes from the database's clock.
 ///
 /// ```no_run
 /// use platformkit_limit::{Key, Limit, Limiter, Postgres};
@@ -37,7 +37,7 @@ use crate::{Error, Limit, LimitConn, ManualClock};
 pub struct Postgres<C> {
     conns: C,
     clock: Clock,
-    durability: Durability,
+    relaxed: bool,
 }
 
 impl<C: LimitConn> Postgres<C> {
@@ -46,7 +46,7 @@ impl<C: LimitConn> Postgres<C> {
         Postgres {
             conns,
             clock: Clock::Store,
-            durability: Durability::Durable,
+            relaxed: false,
         }
     }
 
@@ -54,6 +54,22 @@ impl<C: LimitConn> Postgres<C> {
     /// pin the time. Every replica must then share the clock.
     pub fn with_clock(mut self, clock: ManualClock) -> Self {
         self.clock = Clock::Manual(clock);
+        self
+    }
+
+    /// Commits the limiter's transactions without waiting for their WAL
+    /// flush: `synchronous_commit = off` for those transactions only, never
+    /// for the caller's. The default is durable.
+    ///
+    /// What it can lose, exactly: when the **server crashes** (not when a
+    /// client or a connection fails), the calls it acknowledged in the last
+    /// moments before the crash, at most three times `wal_writer_delay` (600
+    /// ms with the default of 200 ms), come back uncounted: those failures
+    /// and asks are forgotten and the rows hold their earlier counts. Nothing
+    /// is corrupted, no other transaction is affected, and a crash of the
+    /// limiter's process loses nothing.
+    pub fn with_relaxed_durability(mut self) -> Self {
+        self.relaxed = true;
         self
     }
 
@@ -83,42 +99,34 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let conn = self.connection(op.name()).await?;
         let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
         let pinned: Option<SystemTime> = self.clock.pinned();
-        let budget = deadline.saturating_duration_since(Instant::now());
+        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
         let row = match op {
             Op::Check => {
-                let params: [(&(dyn ToSql + Sync), Type); 3] = [
+                let params: [(&(dyn ToSql + Sync), Type); 4] = [
                     (&key, Type::TEXT),
                     (&window, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
+                    (&budget, Type::INT8),
                 ];
-                system_transaction(&conn, op.name(), budget, self.durability, |c| {
-                    c.query_typed_one(sql::READ, &params)
-                })
-                .await?
+                call(&conn, op.name(), sql::READ, &params).await?
             }
             Op::Failed | Op::Hit => {
                 let one = 1_i64;
-                let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                let params: [(&(dyn ToSql + Sync), Type); 6] = [
                     (&key, Type::TEXT),
                     (&one, Type::INT8),
                     (&window, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
+                    (&budget, Type::INT8),
+                    (&self.relaxed, Type::BOOL),
                 ];
-                system_transaction(&conn, op.name(), budget, self.durability, |c| {
-                    c.query_typed_one(sql::ADD, &params)
-                })
-                .await?
+                call(&conn, op.name(), sql::ADD, &params).await?
             }
         };
-        let count: i64 = row
-            .try_get(0)
-            .map_err(|e| Error::from_postgres(op.name(), e))?;
-        let window_end: SystemTime = row
-            .try_get(1)
-            .map_err(|e| Error::from_postgres(op.name(), e))?;
-        let now: SystemTime = row
-            .try_get(2)
-            .map_err(|e| Error::from_postgres(op.name(), e))?;
+        let get = |e| Error::from_postgres(op.name(), e);
+        let count: i64 = row.try_get(0).map_err(get)?;
+        let window_end: SystemTime = row.try_get(1).map_err(get)?;
+        let now: SystemTime = row.try_get(2).map_err(get)?;
         Ok(Counted {
             // The table's CHECK keeps counts non-negative; were one ever
             // negative, refusing is the safe reading.
@@ -130,43 +138,51 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
 
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
         let conn = self.connection("reset").await?;
-        let budget = deadline.saturating_duration_since(Instant::now());
-        let params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
-        system_transaction(&conn, "reset", budget, self.durability, |c| {
-            c.execute_typed(sql::RESET, &params)
-        })
-        .await
+        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&key, Type::TEXT),
+            (&budget, Type::INT8),
+            (&self.relaxed, Type::BOOL),
+        ];
+        let row = call(&conn, "reset", sql::RESET, &params).await?;
+        deleted(&row, "reset")
     }
 }
 
-/// Runs one statement inside the limiter's own system transaction, pipelined:
-/// `BEGIN …` (with the guard and the budget), the statement, and `COMMIT` are
-/// all sent before any answer is awaited. See [`sql`](crate::sql).
+/// Sends one `CALL` and returns its one row.
 ///
-/// All three requests are queued on the connection in the first poll, so a
-/// caller that gives up (the budget) cannot leave the connection inside the
-/// transaction: the `COMMIT` is already on its way, and the server-side
-/// timeouts end a statement the client stopped waiting for.
-pub(crate) async fn system_transaction<'c, T, F, Fut>(
-    client: &'c Client,
+/// The `CALL` runs in autocommit and its procedure opens and ends the
+/// limiter's own transaction, so a caller that gives up on the future (the
+/// budget) cannot leave the connection inside a transaction: the request is
+/// already queued on the connection, and the server finishes it alone, its
+/// lock waits bounded by `lock_timeout`.
+///
+/// A connection handed over inside the caller's transaction makes the
+/// procedure fail before it does anything; that transaction, now aborted, is
+/// rolled back so that the connection goes back idle.
+pub(crate) async fn call(
+    client: &Client,
     operation: &'static str,
-    budget: Duration,
-    durability: Durability,
-    statement: F,
-) -> Result<T, Error>
-where
-    F: FnOnce(&'c Client) -> Fut,
-    Fut: Future<Output = Result<T, tokio_postgres::Error>>,
-{
-    let begin = sql::begin(budget, durability);
-    let (began, done, committed) = join3(
-        client.batch_execute(&begin),
-        statement(client),
-        client.batch_execute(sql::COMMIT),
-    )
-    .await;
-    began.map_err(|e| Error::from_postgres(operation, e))?;
-    let value = done.map_err(|e| Error::from_postgres(operation, e))?;
-    committed.map_err(|e| Error::from_postgres(operation, e))?;
-    Ok(value)
+    statement: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Row, Error> {
+    match client.query_typed_one(statement, params).await {
+        Ok(row) => Ok(row),
+        Err(e) => {
+            let error = Error::from_postgres(operation, e);
+            if error.kind() == ErrorKind::InTransaction {
+                // Best effort: the error says what happened either way.
+                let _ = client.batch_execute("ROLLBACK").await;
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Reads the `o_deleted` column of a reset or purge.
+pub(crate) fn deleted(row: &Row, operation: &'static str) -> Result<u64, Error> {
+    let deleted: i64 = row
+        .try_get(0)
+        .map_err(|e| Error::from_postgres(operation, e))?;
+    Ok(u64::try_from(deleted).unwrap_or(0))
 }

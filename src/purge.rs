@@ -5,8 +5,8 @@ use std::time::Duration;
 use postgres_types::{ToSql, Type};
 use tokio::time::{Instant, timeout_at};
 
-use crate::postgres::system_transaction;
-use crate::sql::{self, Durability};
+use crate::postgres::{call, deleted};
+use crate::sql::{self, budget_ms};
 use crate::{Error, LimitConn, metric};
 
 /// Rows deleted per batch: small enough that no batch holds row locks for
@@ -58,12 +58,11 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
             .conn()
             .await
             .map_err(|e| Error::connect("purge", e.into()))?;
-        let budget = deadline.saturating_duration_since(Instant::now());
-        let params: [(&(dyn ToSql + Sync), Type); 1] = [(&PURGE_BATCH_ROWS, Type::INT8)];
-        system_transaction(&conn, "purge", budget, Durability::Durable, |c| {
-            c.execute_typed(sql::PURGE_BATCH, &params)
-        })
-        .await
+        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&PURGE_BATCH_ROWS, Type::INT8), (&budget, Type::INT8)];
+        let row = call(&conn, "purge", sql::PURGE_BATCH, &params).await?;
+        deleted(&row, "purge")
     };
     match timeout_at(deadline, batch).await {
         Ok(result) => result,
