@@ -339,8 +339,8 @@ pub fn decode(encoded: &str) -> Option<Vec<String>> {
                 let part = parts.last_mut()?;
                 match chars.next()? {
                     'x' => {
-                        let hi = chars.next()?.to_digit(16)?;
-                        let lo = chars.next()?.to_digit(16)?;
+                        let hi = lower_hex(chars.next()?)?;
+                        let lo = lower_hex(chars.next()?)?;
                         part.push(char::from_u32(hi * 16 + lo)?);
                     }
                     e @ ('\\' | '|' | '~') => part.push(e),
@@ -351,6 +351,14 @@ pub fn decode(encoded: &str) -> Option<Vec<String>> {
         }
     }
     Some(parts)
+}
+
+/// The value of a lowercase hex digit: the encoding writes no other.
+fn lower_hex(c: char) -> Option<u32> {
+    match c {
+        '0'..='9' | 'a'..='f' => c.to_digit(16),
+        _ => None,
+    }
 }
 
 /// The stored form of `key` under `limit_name`.

@@ -10,6 +10,8 @@ mod limit;
 mod limiter;
 mod memory;
 pub mod metric;
+#[cfg(any(feature = "deadpool", feature = "bb8"))]
+mod pool;
 mod postgres;
 mod purge;
 mod sql;
@@ -23,6 +25,8 @@ pub use crate::key::{Key, MAX_KEY_BYTES};
 pub use crate::limit::{Limit, MAX_ATTEMPTS, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW};
 pub use crate::limiter::{DEFAULT_BUDGET, Limiter, MAX_BUDGET};
 pub use crate::memory::Memory;
+#[cfg(feature = "deadpool")]
+pub use crate::pool::DeadpoolConn;
 pub use crate::postgres::Postgres;
 pub use crate::purge::{PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, purge};
 pub use crate::store::Store;

@@ -1,0 +1,468 @@
+//! `Memory` is the fake callers test against; it is only worth having if it
+//! behaves exactly like `Postgres`. These tests play the same calls, at the
+//! same pinned times, against both, and require the same verdicts, call for
+//! call; the property also checks both against a plain model of fixed
+//! windows.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use platformkit_limit::{
+    Key, Limit, LimitConn, Limiter, MAX_BUDGET, ManualClock, Memory, Postgres, SCHEMA, Verdict,
+};
+use platformkit_limit_testdb::{Server, TestDb};
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use tokio::runtime::Runtime;
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+
+const MICROS_PER_SEC: u64 = 1_000_000;
+
+/// One database and one held connection for every test in this file; each
+/// case namespaces its keys with limit names of its own.
+struct Fixture {
+    runtime: Runtime,
+    _db: TestDb,
+    client: Arc<Mutex<Client>>,
+    next_case: AtomicU64,
+}
+
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("building a Tokio runtime");
+        let server = Server::shared();
+        let (db, client) = runtime.block_on(async {
+            let db = server.database(SCHEMA).await;
+            let client = db.connect().await;
+            (db, client)
+        });
+        Fixture {
+            runtime,
+            _db: db,
+            client: Arc::new(Mutex::new(client)),
+            next_case: AtomicU64::new(0),
+        }
+    })
+}
+
+impl Fixture {
+    /// A prefix for limit names no other case uses.
+    fn case_prefix(&self, test: &str) -> String {
+        format!("{test}.{}", self.next_case.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Lends the held connection to one call at a time.
+    fn held(&self) -> impl LimitConn + use<> {
+        let client = self.client.clone();
+        move || {
+            let client = client.clone();
+            async move { Ok::<_, Infallible>(client.lock_owned().await) }
+        }
+    }
+
+    /// A `Postgres` limiter and a `Memory` one, both reading `clock`. The
+    /// budget is the longest allowed, so that a slow machine cannot turn a
+    /// verdict into a fail-open one.
+    fn limiters(
+        &self,
+        clock: &ManualClock,
+    ) -> (Limiter<Postgres<impl LimitConn + use<>>>, Limiter<Memory>) {
+        let pg = Limiter::new(Postgres::new(self.held()).with_clock(clock.clone()))
+            .with_budget(MAX_BUDGET)
+            .unwrap();
+        let mem = Limiter::new(Memory::new().with_clock(clock.clone()))
+            .with_budget(MAX_BUDGET)
+            .unwrap();
+        (pg, mem)
+    }
+}
+
+/// Everything a verdict tells a caller.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    allowed: bool,
+    refused: bool,
+    unreachable: bool,
+    count: Option<u64>,
+    remaining: Option<u64>,
+    reopens_at: Option<SystemTime>,
+    retry_after: Option<Duration>,
+}
+
+impl From<&Verdict> for Seen {
+    fn from(v: &Verdict) -> Self {
+        Seen {
+            allowed: v.is_allowed(),
+            refused: v.is_refused(),
+            unreachable: v.is_unreachable(),
+            count: v.count(),
+            remaining: v.remaining(),
+            reopens_at: v.reopens_at(),
+            retry_after: v.retry_after(),
+        }
+    }
+}
+
+fn micros(t: SystemTime) -> u64 {
+    u64::try_from(t.duration_since(UNIX_EPOCH).unwrap().as_micros()).unwrap()
+}
+
+fn at_micros(m: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(m)
+}
+
+// ---------------------------------------------------------------------------
+// The property
+// ---------------------------------------------------------------------------
+
+/// 240 bytes: any key with it is digested.
+const LONG: &str = concat!(
+    "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz",
+    "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz",
+    "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz",
+    "012345678901234567890123",
+);
+
+/// Keys chosen to break a sloppy encoding or a sloppy comparison: a
+/// separator and the two parts it could fake, empty, NUL, the digest marker,
+/// an escape, two spellings of "é" and two cases of one letter (distinct
+/// keys, byte for byte), and two long keys that differ only past the cut.
+const KEY_POOL: &[&[&str]] = &[
+    &["a|b"],
+    &["a", "b"],
+    &[""],
+    &["\0"],
+    &["~"],
+    &["\\"],
+    &["\u{e9}"],
+    &["e\u{301}"],
+    &["A"],
+    &["a"],
+    &[LONG, "1"],
+    &[LONG, "2"],
+];
+
+/// Windows of the limits, in seconds.
+const WINDOWS: &[u64] = &[1, 7, 60];
+
+#[derive(Clone, Debug)]
+enum Call {
+    Check,
+    Failed,
+    Hit,
+    Reset,
+}
+
+/// How the clock moves before a call.
+#[derive(Clone, Debug)]
+enum Advance {
+    Stay,
+    By(Duration),
+    /// To the next edge of limit `limit`'s windows, plus `offset_micros`
+    /// (never backwards).
+    ToEdge {
+        limit: usize,
+        offset_micros: i64,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Op {
+    advance: Advance,
+    call: Call,
+    limit: usize,
+    key: usize,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    /// Seconds and microseconds since the Unix epoch.
+    start: (u64, u32),
+    /// `(max, window in seconds)` of each limit.
+    limits: Vec<(u32, u64)>,
+    keys: Vec<&'static [&'static str]>,
+    ops: Vec<Op>,
+}
+
+fn advance(limits: usize) -> impl Strategy<Value = Advance> {
+    let by = |d: Duration| Just(Advance::By(d));
+    prop_oneof![
+        4 => Just(Advance::Stay),
+        1 => by(Duration::from_micros(1)),
+        2 => (1..5u64).prop_map(|ms| Advance::By(Duration::from_millis(ms))),
+        1 => by(Duration::from_micros(999_999)),
+        1 => by(Duration::from_secs(1)),
+        1 => by(Duration::from_micros(6_999_999)),
+        1 => by(Duration::from_secs(7)),
+        1 => by(Duration::from_micros(7_000_001)),
+        1 => by(Duration::from_secs(59)),
+        1 => by(Duration::from_secs(61)),
+        2 => (2..10u64).prop_map(|s| Advance::By(Duration::from_secs(s))),
+        3 => (0..limits, -1..=1i64).prop_map(|(limit, offset_micros)| Advance::ToEdge {
+            limit,
+            offset_micros,
+        }),
+    ]
+}
+
+fn op(limits: usize, keys: usize) -> impl Strategy<Value = Op> {
+    let call = prop_oneof![
+        3 => Just(Call::Check),
+        3 => Just(Call::Failed),
+        3 => Just(Call::Hit),
+        1 => Just(Call::Reset),
+    ];
+    (advance(limits), call, 0..limits, 0..keys).prop_map(|(advance, call, limit, key)| Op {
+        advance,
+        call,
+        limit,
+        key,
+    })
+}
+
+fn start() -> impl Strategy<Value = (u64, u32)> {
+    prop_oneof![
+        // Anywhere after 2001.
+        (1_000_000_000..=2_000_000_000u64, 0..1_000_000u32),
+        // A moment before an edge of every window length (420 s = 7 × 60).
+        (2_380_953..=4_761_904u64, 1..=3u32)
+            .prop_map(|(n, before)| (n * 420 - 1, 1_000_000 - before)),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let limits = prop::collection::vec((1..=4u32, prop::sample::select(WINDOWS)), 1..=3);
+    let keys = prop::sample::subsequence(KEY_POOL.to_vec(), 1..=4);
+    (start(), limits, keys).prop_flat_map(|(start, limits, keys)| {
+        let ops = prop::collection::vec(op(limits.len(), keys.len()), 1..=40);
+        (Just(start), Just(limits), Just(keys), ops).prop_map(|(start, limits, keys, ops)| Case {
+            start,
+            limits,
+            keys,
+            ops,
+        })
+    })
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(64)
+}
+
+/// Counts per (limit, key, window start in microseconds): fixed windows from
+/// the Unix epoch, as the crate documents them.
+#[derive(Default)]
+struct Model {
+    counts: HashMap<(usize, usize, u64), u64>,
+}
+
+impl Model {
+    fn verdict(
+        &mut self,
+        call: &Call,
+        limit: usize,
+        key: usize,
+        max: u32,
+        window: u64,
+        now: u64,
+    ) -> Seen {
+        let width = window * MICROS_PER_SEC;
+        let start = now / width * width;
+        let count = self.counts.entry((limit, key, start)).or_insert(0);
+        if matches!(call, Call::Failed | Call::Hit) {
+            *count += 1;
+        }
+        let count = *count;
+        let max = u64::from(max);
+        let allowed = match call {
+            Call::Hit => count <= max,
+            _ => count < max,
+        };
+        Seen {
+            allowed,
+            refused: !allowed,
+            unreachable: false,
+            count: Some(count),
+            remaining: Some(max.saturating_sub(count)),
+            reopens_at: Some(at_micros(start + width)),
+            retry_after: (!allowed).then(|| Duration::from_micros(start + width - now)),
+        }
+    }
+
+    fn reset(&mut self, limit: usize, key: usize) {
+        self.counts.retain(|&(l, k, _), _| (l, k) != (limit, key));
+    }
+}
+
+fn play(case: &Case) -> Result<(), TestCaseError> {
+    let fx = fixture();
+    let prefix = fx.case_prefix("agree");
+    let limits: Vec<Limit> = case
+        .limits
+        .iter()
+        .enumerate()
+        .map(|(i, &(max, window))| {
+            Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window)).unwrap()
+        })
+        .collect();
+    let keys: Vec<Key> = case.keys.iter().map(|p| Key::new(*p).unwrap()).collect();
+    let clock = ManualClock::new(
+        UNIX_EPOCH + Duration::new(case.start.0, 0) + Duration::from_micros(case.start.1.into()),
+    );
+    let (pg, mem) = fx.limiters(&clock);
+    let mut model = Model::default();
+
+    fx.runtime.block_on(async {
+        for (i, op) in case.ops.iter().enumerate() {
+            match op.advance {
+                Advance::Stay => {}
+                Advance::By(by) => clock.advance(by),
+                Advance::ToEdge {
+                    limit,
+                    offset_micros,
+                } => {
+                    let now = micros(clock.now());
+                    let width = case.limits[limit].1 * MICROS_PER_SEC;
+                    let edge = (now / width + 1) * width;
+                    let target = edge.saturating_add_signed(offset_micros);
+                    if target > now {
+                        clock.set(at_micros(target));
+                    }
+                }
+            }
+            let now = clock.now();
+            let (limit, key) = (&limits[op.limit], &keys[op.key]);
+            let counted = match op.call {
+                Call::Check => Some((pg.check(limit, key).await, mem.check(limit, key).await)),
+                Call::Failed => Some((pg.failed(limit, key).await, mem.failed(limit, key).await)),
+                Call::Hit => Some((pg.hit(limit, key).await, mem.hit(limit, key).await)),
+                Call::Reset => {
+                    let (p, m) = (pg.reset(limit, key).await, mem.reset(limit, key).await);
+                    prop_assert!(p.is_ok(), "op {i} {op:?}: Postgres reset: {p:?}");
+                    prop_assert!(m.is_ok(), "op {i} {op:?}: Memory reset: {m:?}");
+                    model.reset(op.limit, op.key);
+                    None
+                }
+            };
+            if let Some((p, m)) = counted {
+                let p =
+                    p.map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: Postgres: {e:?}")))?;
+                let m =
+                    m.map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: Memory: {e:?}")))?;
+                let (p, m) = (Seen::from(&p), Seen::from(&m));
+                prop_assert_eq!(
+                    &p,
+                    &m,
+                    "op {} {:?} at {:?}: Postgres, then Memory",
+                    i,
+                    op,
+                    now
+                );
+                let (max, window) = case.limits[op.limit];
+                let expected = model.verdict(&op.call, op.limit, op.key, max, window, micros(now));
+                prop_assert_eq!(
+                    &m,
+                    &expected,
+                    "op {} {:?} at {:?}: the stores, then the model",
+                    i,
+                    op,
+                    now
+                );
+            }
+        }
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn both_limiters_agree(case in case()) {
+        play(&case)?;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A window edge, spelled out
+// ---------------------------------------------------------------------------
+
+#[test]
+fn agreement_at_a_window_edge() {
+    let fx = fixture();
+    let limit = Limit::new(
+        &format!("{}.login", fx.case_prefix("edge")),
+        3,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let key = Key::new(["email", "a|b\0~"]).unwrap();
+    // A whole number of minutes since the epoch: a window edge.
+    let edge = UNIX_EPOCH + Duration::from_secs(1_700_000_040);
+    let before = edge - Duration::from_micros(1);
+    let clock = ManualClock::new(before);
+    let (pg, mem) = fx.limiters(&clock);
+
+    fx.runtime.block_on(async {
+        for n in 1..=3u64 {
+            let p = Seen::from(&pg.failed(&limit, &key).await.unwrap());
+            let m = Seen::from(&mem.failed(&limit, &key).await.unwrap());
+            assert_eq!(p, m, "failure {n}: Postgres, then Memory");
+            assert_eq!(p.count, Some(n));
+            assert_eq!(p.allowed, n < 3, "failure {n}");
+        }
+
+        // Just before the edge, the window is used up.
+        let p = Seen::from(&pg.check(&limit, &key).await.unwrap());
+        let m = Seen::from(&mem.check(&limit, &key).await.unwrap());
+        assert_eq!(p, m, "1µs before the edge: Postgres, then Memory");
+        assert_eq!(
+            p,
+            Seen {
+                allowed: false,
+                refused: true,
+                unreachable: false,
+                count: Some(3),
+                remaining: Some(0),
+                reopens_at: Some(edge),
+                retry_after: Some(Duration::from_micros(1)),
+            }
+        );
+
+        // At the edge exactly, a new window opens: nothing counted yet.
+        clock.advance(Duration::from_micros(1));
+        assert_eq!(clock.now(), edge);
+        let p = Seen::from(&pg.check(&limit, &key).await.unwrap());
+        let m = Seen::from(&mem.check(&limit, &key).await.unwrap());
+        assert_eq!(p, m, "at the edge: Postgres, then Memory");
+        assert_eq!(
+            p,
+            Seen {
+                allowed: true,
+                refused: false,
+                unreachable: false,
+                count: Some(0),
+                remaining: Some(3),
+                reopens_at: Some(edge + Duration::from_secs(60)),
+                retry_after: None,
+            }
+        );
+    });
+}

@@ -1,0 +1,573 @@
+//! Keys and limits, without a database: the key encoding (golden vectors and
+//! properties) and the configurations `Limit::new` and `with_budget` refuse.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use platformkit_limit::internal::decode;
+use platformkit_limit::{
+    ErrorKind, Key, Limit, Limiter, MAX_ATTEMPTS, MAX_KEY_BYTES, MAX_WINDOW, Memory,
+};
+use proptest::prelude::*;
+
+/// Length of a digest suffix: `~` and 64 hex digits.
+const DIGEST_SUFFIX_BYTES: usize = 65;
+
+/// The longest readable prefix in front of a digest.
+const PREFIX_BYTES: usize = MAX_KEY_BYTES - DIGEST_SUFFIX_BYTES;
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().expect("a valid IP address")
+}
+
+fn key(parts: &[&str]) -> Key {
+    Key::new(parts).expect("a key with at least one part")
+}
+
+fn repeat(c: char, n: usize) -> String {
+    std::iter::repeat_n(c, n).collect()
+}
+
+/// The encoding as the module docs define it, before any digest: each part
+/// escaped, the parts joined with `|`. Used to predict when a key is digested.
+fn reference_encoding(parts: &[String]) -> String {
+    let mut out = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push('|');
+        }
+        for c in part.chars() {
+            match c {
+                '\\' => out.push_str(r"\\"),
+                '|' => out.push_str(r"\|"),
+                '~' => out.push_str(r"\~"),
+                c if ('\u{0}'..='\u{1f}').contains(&c) || ('\u{7f}'..='\u{9f}').contains(&c) => {
+                    out.push_str(&format!(r"\x{:02x}", u32::from(c)));
+                }
+                c => out.push(c),
+            }
+        }
+    }
+    out
+}
+
+fn is_lower_hex(s: &str) -> bool {
+    s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+// ---------------------------------------------------------------------------
+// Golden vectors
+// ---------------------------------------------------------------------------
+
+// THE KEY ENCODING IS STORED DATA. Every row of `platformkit_limits` holds an
+// encoded key; if a vector below has to change, every key already stored no
+// longer matches what the new code computes, and every counter in every
+// deployment silently starts again from zero on deploy (a lockout forgotten,
+// a brute-force window reopened). Do not update these vectors to make a
+// change pass: a change of encoding is a breaking change that needs a
+// migration of the stored rows and a major version.
+//
+// The digests were computed independently of the crate (with `sha256sum` over
+// the full encoding shown in each comment).
+
+/// (what was encoded, the key it must give).
+fn golden_vectors() -> Vec<(&'static str, Key, String)> {
+    vec![
+        // Plain parts are joined with '|'.
+        (
+            r#"["account", "42"]"#,
+            key(&["account", "42"]),
+            "account|42".to_owned(),
+        ),
+        // The separator inside a part is escaped: it cannot fake a second part.
+        (r#"["a|b"]"#, key(&["a|b"]), r"a\|b".to_owned()),
+        (
+            r#"["a", "|", "b"]"#,
+            key(&["a", "|", "b"]),
+            r"a|\||b".to_owned(),
+        ),
+        // The escape character escapes itself, so "\|" in a part stays apart
+        // from an escaped separator.
+        (r#"["a\\b"]"#, key(&["a\\b"]), r"a\\b".to_owned()),
+        (r#"["\\|"]"#, key(&["\\|"]), r"\\\|".to_owned()),
+        // The digest marker is escaped.
+        (r#"["~"]"#, key(&["~"]), r"\~".to_owned()),
+        // Empty parts are parts.
+        (r#"[""]"#, key(&[""]), String::new()),
+        (r#"["", ""]"#, key(&["", ""]), "|".to_owned()),
+        // Control characters (C0, DEL, C1) become \xHH in lowercase hex.
+        (
+            r#"["a\0b\x1fc\x7fd\u{85}e\u{9f}"]"#,
+            key(&["a\0b\x1fc\x7fd\u{85}e\u{9f}"]),
+            r"a\x00b\x1fc\x7fd\x85e\x9f".to_owned(),
+        ),
+        // Everything else is itself: non-ASCII letters, emoji, non-breaking
+        // and line-separator spaces (not control characters).
+        (
+            r#"["😀", "é", "\u{a0}\u{2028}"]"#,
+            key(&["😀", "é", "\u{a0}\u{2028}"]),
+            "😀|é|\u{a0}\u{2028}".to_owned(),
+        ),
+        // Opaque identifiers: used exactly as given.
+        (
+            r#"opaque("Order-7")"#,
+            Key::opaque("Order-7"),
+            "id|Order-7".to_owned(),
+        ),
+        (
+            r#"opaque(" a|B ")"#,
+            Key::opaque(" a|B "),
+            r"id| a\|B ".to_owned(),
+        ),
+        // Addresses.
+        (
+            r#"ip(192.0.2.7)"#,
+            Key::ip(ip("192.0.2.7")),
+            "ip|192.0.2.7".to_owned(),
+        ),
+        (
+            r#"ip(::ffff:192.0.2.7)"#,
+            Key::ip(ip("::ffff:192.0.2.7")),
+            "ip|192.0.2.7".to_owned(),
+        ),
+        (
+            r#"ip(2001:db8:1:2:aaaa::1)"#,
+            Key::ip(ip("2001:db8:1:2:aaaa::1")),
+            "ip|2001:db8:1:2::/64".to_owned(),
+        ),
+        (
+            r#"ip_grouped(2001:db8:1:2:aaaa::1, 48)"#,
+            Key::ip_grouped(ip("2001:db8:1:2:aaaa::1"), 48).unwrap(),
+            "ip|2001:db8:1::/48".to_owned(),
+        ),
+        (
+            r#"ip_grouped(2001:db8:1:2:aaaa::1, 128)"#,
+            Key::ip_grouped(ip("2001:db8:1:2:aaaa::1"), 128).unwrap(),
+            "ip|2001:db8:1:2:aaaa::1/128".to_owned(),
+        ),
+        (
+            r#"ip_grouped(::ffff:192.0.2.7, 48)"#,
+            Key::ip_grouped(ip("::ffff:192.0.2.7"), 48).unwrap(),
+            "ip|192.0.2.7".to_owned(),
+        ),
+        // A 1 MiB part: the first 135 bytes, '~', and the SHA-256 of the whole
+        // encoding ("a" x 1048576).
+        (
+            r#"["a" x 1 MiB]"#,
+            key(&[&repeat('a', 1 << 20)]),
+            repeat('a', 135) + "~9bc1b2a288b26af7257a36277ae3816a7d4f16e89c1e7e77d0a5c48bad62b360",
+        ),
+        // The cut never splits an escape: "\|" would straddle byte 135, so the
+        // prefix stops at 134. Full encoding: "a" x 134, "\|", "b" x 200.
+        (
+            r#"["a" x 134 + "|" + "b" x 200]"#,
+            key(&[&(repeat('a', 134) + "|" + &repeat('b', 200))]),
+            repeat('a', 134) + "~130f88488e29a0af3ed0a3fbcd501cbca42984b981c25b620d90dc69e150e662",
+        ),
+        // Nor a \xHH escape. Full encoding: "a" x 133, "\x00", "b" x 200.
+        (
+            r#"["a" x 133 + "\0" + "b" x 200]"#,
+            key(&[&(repeat('a', 133) + "\0" + &repeat('b', 200))]),
+            repeat('a', 133) + "~0c4923db02b5c829778d9a3cad61051781e827b4f027b8330bb06c3073c11c75",
+        ),
+        // Nor a multi-byte character. Full encoding: "a" x 134, "é", "b" x 200.
+        (
+            r#"["a" x 134 + "é" + "b" x 200]"#,
+            key(&[&(repeat('a', 134) + "é" + &repeat('b', 200))]),
+            repeat('a', 134) + "~3588654d035a46ff6977b5d20fcc6033cd49a66a63d06ad0b451d9b0deae8690",
+        ),
+        // Email and username normalization is part of the stored key too.
+        (
+            r#"email " Alice@Example.COM ""#,
+            Key::email(" Alice@Example.COM "),
+            "email|alice@example.com".to_owned(),
+        ),
+        (
+            r#"email full-width "ＡＬＩＣＥ@example.com""#,
+            Key::email("ＡＬＩＣＥ@example.com"),
+            "email|alice@example.com".to_owned(),
+        ),
+        (
+            r#"email "a.lice+tag@example.com""#,
+            Key::email("a.lice+tag@example.com"),
+            "email|a.lice+tag@example.com".to_owned(),
+        ),
+        (
+            r#"username "Straße""#,
+            Key::username("Straße"),
+            "user|strasse".to_owned(),
+        ),
+        (
+            r#"username "ΣΊΣΥΦΟΣ""#,
+            Key::username("ΣΊΣΥΦΟΣ"),
+            "user|σίσυφοσ".to_owned(),
+        ),
+        (
+            r#"username "ﬁona|x""#,
+            Key::username("ﬁona|x"),
+            r"user|fiona\|x".to_owned(),
+        ),
+    ]
+}
+
+#[test]
+fn golden_vectors_pin_the_encoding() {
+    let vectors = golden_vectors();
+    assert!(vectors.len() >= 12);
+    for (input, key, expected) in vectors {
+        assert_eq!(
+            key.as_str(),
+            expected,
+            "the key encoding changed: this is a breaking change (every stored counter \
+             would silently reset on deploy); input {input}"
+        );
+        // Only a digested key has an unescaped '~', which decoding refuses.
+        assert_eq!(
+            key.is_digested(),
+            decode(&expected).is_none(),
+            "is_digested for {input}"
+        );
+    }
+}
+
+#[test]
+fn a_key_exactly_at_the_limit_is_not_digested() {
+    let at_limit = key(&[&repeat('a', MAX_KEY_BYTES)]);
+    assert_eq!(at_limit.as_str(), repeat('a', MAX_KEY_BYTES));
+    assert!(!at_limit.is_digested());
+
+    let one_over = key(&[&repeat('a', MAX_KEY_BYTES + 1)]);
+    assert!(one_over.is_digested());
+    assert_eq!(one_over.as_str().len(), MAX_KEY_BYTES);
+    assert!(one_over.as_str().starts_with(&repeat('a', PREFIX_BYTES)));
+
+    // Escapes count with their escaped length: 100 '|' are 200 bytes.
+    let escaped_at_limit = key(&[&repeat('|', MAX_KEY_BYTES / 2)]);
+    assert!(!escaped_at_limit.is_digested());
+    assert!(key(&[&repeat('|', MAX_KEY_BYTES / 2 + 1)]).is_digested());
+}
+
+#[test]
+fn addresses_group_the_way_one_holder_does() {
+    assert_eq!(Key::ip(ip("192.0.2.7")), Key::ip(ip("::ffff:192.0.2.7")));
+    assert_eq!(
+        Key::ip(ip("2001:db8:1:2:aaaa::1")),
+        Key::ip(ip("2001:db8:1:2:ffff::9"))
+    );
+    assert_ne!(
+        Key::ip(ip("2001:db8:1:2::1")),
+        Key::ip(ip("2001:db8:1:3::1"))
+    );
+    assert_ne!(Key::ip(ip("192.0.2.7")), Key::ip(ip("192.0.2.8")));
+    // An address is not the same key as the same text given as an opaque id.
+    assert_ne!(Key::ip(ip("192.0.2.7")), Key::opaque("192.0.2.7"));
+    for bad in [0, 129, 255] {
+        let err = Key::ip_grouped(ip("2001:db8::1"), bad).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidKey, "prefix {bad}");
+    }
+}
+
+#[test]
+fn a_key_needs_a_part() {
+    let err = Key::new(Vec::<String>::new()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidKey);
+    assert!(!err.is_unreachable());
+    assert!(err.to_string().contains("at least one part"), "{err}");
+}
+
+#[test]
+fn key_debug_does_not_show_the_key() {
+    for key in [
+        key(&["email", "alice@example.com"]),
+        Key::opaque("alice@example.com"),
+        key(&[&("alice@example.com".repeat(30))]),
+    ] {
+        let shown = format!("{key:?} {key:#?}");
+        assert!(!shown.contains("alice"), "{shown}");
+        assert!(!shown.contains(key.as_str()), "{shown}");
+    }
+    let ip_key = Key::ip(ip("192.0.2.7"));
+    let shown = format!("{ip_key:?}");
+    assert!(!shown.contains("192.0.2"), "{shown}");
+}
+
+// ---------------------------------------------------------------------------
+// Properties
+// ---------------------------------------------------------------------------
+
+/// One character of a part: mostly the troublesome ones.
+fn part_char() -> impl Strategy<Value = char> {
+    prop_oneof![
+        4 => any::<char>(),
+        3 => prop::sample::select(vec![
+            '|', '\\', '~', 'x', '0', 'a', '\0', '\x1f', '\x7f', '\u{85}', '\u{9f}', '\u{a0}',
+            'é', '😀',
+        ]),
+        2 => prop::char::range('\0', '\u{a0}'),
+    ]
+}
+
+fn part(max_chars: usize) -> impl Strategy<Value = String> {
+    prop::collection::vec(part_char(), 0..=max_chars).prop_map(|cs| cs.into_iter().collect())
+}
+
+/// Part lists of every size, some long enough to be digested.
+fn parts() -> impl Strategy<Value = Vec<String>> {
+    prop_oneof![
+        3 => prop::collection::vec(part(12), 1..6),
+        1 => prop::collection::vec(part(80), 1..6),
+    ]
+}
+
+/// Part lists whose encoding is longer than a key may be, so digested: with
+/// the cut anywhere, in a short part or a long one.
+fn long_parts() -> impl Strategy<Value = Vec<String>> {
+    let long_part =
+        prop::collection::vec(part_char(), 201..260).prop_map(|cs| cs.into_iter().collect());
+    prop_oneof![
+        (
+            prop::collection::vec(part(40), 0..5),
+            long_part,
+            any::<prop::sample::Index>()
+        )
+            .prop_map(|(mut parts, long, at)| {
+                let at = at.index(parts.len() + 1);
+                parts.insert(at, long);
+                parts
+            }),
+        prop::collection::vec(part(80), 2..6)
+            .prop_filter("digested", |p| reference_encoding(p).len() > MAX_KEY_BYTES),
+    ]
+}
+
+/// Part lists over a tiny alphabet, so that different lists often have the
+/// same characters in a different arrangement.
+fn small_parts() -> impl Strategy<Value = Vec<String>> {
+    let c = prop::sample::select(vec!['a', '|', '\\', '~', 'x', '0', '\0']);
+    let part = prop::collection::vec(c, 0..4).prop_map(|cs| cs.into_iter().collect::<String>());
+    prop::collection::vec(part, 1..5)
+}
+
+/// Pairs of part lists, often near misses of one another: parts merged
+/// around a '|', split, or one with an escape-like tail.
+fn pairs() -> impl Strategy<Value = (Vec<String>, Vec<String>)> {
+    prop_oneof![
+        (small_parts(), small_parts()),
+        small_parts().prop_map(|a| {
+            // ["x", "y"] and ["x|y"].
+            let b = vec![a.join("|")];
+            (a, b)
+        }),
+        (
+            small_parts(),
+            prop::sample::select(vec!["\\", "|", "~", "\\x00", "\0", ""])
+        )
+            .prop_map(|(a, tail)| {
+                let mut b = a.clone();
+                b.last_mut().unwrap().push_str(tail);
+                (a, b)
+            }),
+        (parts(), parts()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        // A failure prints its minimal input; nothing is written beside the
+        // sources.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_encoding_is_bounded_and_plain(parts in parts()) {
+        let key = Key::new(&parts).unwrap();
+        let text = key.as_str();
+        prop_assert!(text.len() <= MAX_KEY_BYTES, "{} bytes", text.len());
+        prop_assert!(!text.contains('\0'));
+        prop_assert!(!text.chars().any(char::is_control), "{text:?}");
+
+        let full = reference_encoding(&parts);
+        prop_assert_eq!(key.is_digested(), full.len() > MAX_KEY_BYTES);
+        if key.is_digested() {
+            prop_assert_eq!(text.len() - text.rfind('~').unwrap(), DIGEST_SUFFIX_BYTES);
+        } else {
+            prop_assert_eq!(text, full.as_str());
+        }
+    }
+
+    #[test]
+    fn an_undigested_key_decodes_to_its_parts(parts in parts()) {
+        let key = Key::new(&parts).unwrap();
+        if !key.is_digested() {
+            prop_assert_eq!(decode(key.as_str()), Some(parts));
+        } else {
+            prop_assert_eq!(decode(key.as_str()), None);
+        }
+    }
+
+    #[test]
+    fn a_digested_key_is_a_readable_prefix_and_a_digest(parts in long_parts()) {
+        let key = Key::new(&parts).unwrap();
+        prop_assert!(key.is_digested());
+        let text = key.as_str();
+        let (prefix, digest) = text.split_at(text.len() - 64);
+        let prefix = prefix.strip_suffix('~').expect("'~' before the digest");
+        prop_assert!(is_lower_hex(digest), "{digest}");
+        // The prefix is as long as whole units allow (a unit is at most 4
+        // bytes: an \xHH escape or one UTF-8 character)...
+        prop_assert!(prefix.len() <= PREFIX_BYTES);
+        prop_assert!(prefix.len() > PREFIX_BYTES - 4, "{} bytes", prefix.len());
+        // ...and ends between whole escapes: it decodes, to the leading
+        // parts and the start of the next one.
+        let decoded = decode(prefix).expect("the prefix ends between whole escapes");
+        let (last, whole) = decoded.split_last().unwrap();
+        prop_assert_eq!(whole, &parts[..whole.len()]);
+        prop_assert!(parts[whole.len()].starts_with(last.as_str()));
+        prop_assert!(reference_encoding(&parts).starts_with(prefix));
+    }
+
+    #[test]
+    fn different_parts_give_different_keys((a, b) in pairs()) {
+        let (ka, kb) = (Key::new(&a).unwrap(), Key::new(&b).unwrap());
+        if a == b {
+            prop_assert_eq!(ka, kb);
+        } else {
+            prop_assert_ne!(ka.as_str(), kb.as_str(), "{:?} and {:?}", a, b);
+            prop_assert_ne!(ka, kb);
+        }
+    }
+
+    #[test]
+    fn long_keys_that_differ_past_the_cut_differ(
+        // At least 201 characters: the encoding is digested and its readable
+        // prefix lies wholly within the common head.
+        head in prop::collection::vec(part_char(), 201..260)
+            .prop_map(|cs| cs.into_iter().collect::<String>()),
+        tails in (part(6), part(6)).prop_filter("different", |(x, y)| x != y),
+        split in any::<bool>(),
+    ) {
+        let (x, y) = tails;
+        let (a, b) = if split {
+            (vec![head.clone(), x], vec![head, y])
+        } else {
+            (vec![head.clone() + &x], vec![head + &y])
+        };
+        let (ka, kb) = (Key::new(&a).unwrap(), Key::new(&b).unwrap());
+        prop_assert!(ka.is_digested() && kb.is_digested());
+        prop_assert_ne!(ka.as_str(), kb.as_str());
+        let cut = |k: &Key| k.as_str().len() - DIGEST_SUFFIX_BYTES;
+        prop_assert_eq!(&ka.as_str()[..cut(&ka)], &kb.as_str()[..cut(&kb)]);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Limits and options
+// ---------------------------------------------------------------------------
+
+fn refused_limit(name: &str, max: u32, window: Duration, names_the_problem: &str) {
+    let err = match Limit::new(name, max, window) {
+        Ok(limit) => panic!("{limit:?} was accepted, expected: {names_the_problem}"),
+        Err(err) => err,
+    };
+    assert_eq!(err.kind(), ErrorKind::InvalidLimit, "{err}");
+    assert!(!err.is_unreachable());
+    let message = err.to_string();
+    assert!(
+        message.contains(names_the_problem),
+        "{name:?}/{max}/{window:?}: {message:?} should say {names_the_problem:?}"
+    );
+}
+
+#[test]
+fn nonsensical_limits_are_refused() {
+    let minute = Duration::from_secs(60);
+    refused_limit("", 5, minute, "the name is empty");
+    refused_limit(&"a".repeat(49), 5, minute, "longer than 48 bytes");
+    for name in [
+        "log in",
+        "a|b",
+        "café",
+        "login\0",
+        "login/x",
+        "émoji😀",
+        "tab\t",
+    ] {
+        refused_limit(name, 5, minute, "ASCII letters, digits");
+    }
+    refused_limit("login", 0, minute, "max must be at least 1");
+    refused_limit("login", MAX_ATTEMPTS + 1, minute, "max must be at most");
+    refused_limit("login", u32::MAX, minute, "max must be at most");
+    refused_limit("login", 5, Duration::ZERO, "at least one second");
+    refused_limit(
+        "login",
+        5,
+        Duration::from_millis(999),
+        "at least one second",
+    );
+    refused_limit(
+        "login",
+        5,
+        Duration::from_millis(1500),
+        "whole number of seconds",
+    );
+    refused_limit("login", 5, Duration::new(60, 1), "whole number of seconds");
+    refused_limit(
+        "login",
+        5,
+        MAX_WINDOW + Duration::from_secs(1),
+        "at most 366 days",
+    );
+    refused_limit("login", 5, Duration::MAX, "at most 366 days");
+}
+
+#[test]
+fn limits_at_the_boundaries_are_accepted() {
+    let minute = Duration::from_secs(60);
+    let longest = "A-z_0.9".repeat(7)[..48].to_owned();
+    for (name, max, window) in [
+        ("a", 5, minute),
+        (longest.as_str(), 5, minute),
+        ("login", 1, minute),
+        ("login", MAX_ATTEMPTS, minute),
+        ("login", 5, Duration::from_secs(1)),
+        ("login", 5, MAX_WINDOW),
+        ("Login-2.v_x", 5, minute),
+    ] {
+        let limit = Limit::new(name, max, window)
+            .unwrap_or_else(|e| panic!("{name:?}/{max}/{window:?} refused: {e}"));
+        assert_eq!(limit.name(), name);
+        assert_eq!(limit.max(), max);
+        assert_eq!(limit.window(), window);
+    }
+    assert_eq!(longest.len(), 48);
+}
+
+#[test]
+fn nonsensical_budgets_are_refused() {
+    for budget in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        Duration::from_secs(61),
+        Duration::from_millis(60_001),
+        Duration::MAX,
+    ] {
+        let err = match Limiter::new(Memory::new()).with_budget(budget) {
+            Ok(_) => panic!("the budget {budget:?} was accepted"),
+            Err(err) => err,
+        };
+        assert_eq!(err.kind(), ErrorKind::InvalidOption, "{budget:?}");
+        assert!(err.to_string().contains("budget"), "{err}");
+    }
+    for budget in [
+        Duration::from_millis(1),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    ] {
+        let limiter = Limiter::new(Memory::new())
+            .with_budget(budget)
+            .unwrap_or_else(|e| panic!("{budget:?} refused: {e}"));
+        assert_eq!(limiter.budget(), budget);
+    }
+}

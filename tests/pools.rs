@@ -1,0 +1,168 @@
+//! The pool adapters, against real PostgreSQL: a deadpool or bb8 pool is a
+//! connection source, an exhausted pool still ends within the budget, and a
+//! connection goes back to the pool idle, not inside a transaction.
+#![cfg(all(feature = "deadpool", feature = "bb8"))]
+
+use std::time::{Duration, Instant};
+
+use platformkit_limit::{ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA};
+use platformkit_limit_testdb::{Server, TestDb};
+use tokio_postgres::NoTls;
+
+const BUDGET: Duration = Duration::from_millis(400);
+/// Room for a loaded machine on top of the budget: a bound on correctness,
+/// not a speed claim.
+const SLACK: Duration = Duration::from_millis(1500);
+
+fn deadpool(db: &TestDb, size: usize) -> deadpool_postgres::Pool {
+    let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
+    deadpool_postgres::Pool::builder(manager)
+        .max_size(size)
+        .build()
+        .expect("a deadpool pool")
+}
+
+async fn bb8(db: &TestDb, size: u32) -> bb8::Pool<bb8_postgres::PostgresConnectionManager<NoTls>> {
+    let manager = bb8_postgres::PostgresConnectionManager::new(db.config(), NoTls);
+    bb8::Pool::builder()
+        .max_size(size)
+        .build(manager)
+        .await
+        .expect("a bb8 pool")
+}
+
+/// The state PostgreSQL reports for a backend: `idle`, `idle in
+/// transaction`, `active`…
+async fn backend_state(db: &TestDb, pid: i32) -> String {
+    let admin = db.connect_admin().await;
+    admin
+        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .expect("the backend is there")
+        .get(0)
+}
+
+/// Two limiters over one single-connection pool share one limit, and the
+/// connection is idle (not in a transaction) between calls.
+async fn a_pool_is_a_connection_source<C: LimitConn>(db: &TestDb, pool: C, pid: i32) {
+    let limit = Limit::new("pool", 2, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("pooled");
+    let limiter = Limiter::new(Postgres::new(pool));
+    assert!(
+        limiter
+            .failed(&limit, &key)
+            .await
+            .expect("failed")
+            .is_allowed()
+    );
+    assert_eq!(backend_state(db, pid).await, "idle");
+    let verdict = limiter.failed(&limit, &key).await.expect("failed");
+    assert!(verdict.is_refused());
+    assert!(!verdict.is_unreachable());
+    assert_eq!(backend_state(db, pid).await, "idle");
+    assert_eq!(
+        limiter.check(&limit, &key).await.expect("check").count(),
+        Some(2)
+    );
+    assert_eq!(backend_state(db, pid).await, "idle");
+}
+
+/// With the pool's only connection held elsewhere, a call ends within the
+/// budget, allowed because the store is unreachable.
+async fn an_exhausted_pool_ends_within_the_budget<C: LimitConn>(pool: C) {
+    let limit = Limit::new("pool", 2, Duration::from_secs(60)).expect("a limit");
+    let limiter = Limiter::new(Postgres::new(pool))
+        .with_budget(BUDGET)
+        .expect("a budget");
+    let started = Instant::now();
+    let verdict = limiter
+        .failed(&limit, &Key::opaque("starved"))
+        .await
+        .expect("a verdict");
+    let took = started.elapsed();
+    assert!(verdict.is_allowed() && verdict.is_unreachable());
+    assert_eq!(
+        verdict.unreachable().map(|e| e.kind()),
+        Some(ErrorKind::Timeout)
+    );
+    assert!(took >= BUDGET && took < BUDGET + SLACK, "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadpool_pool_is_a_connection_source_and_gets_its_connection_back_idle() {
+    let db = Server::shared().database(SCHEMA).await;
+    let pool = deadpool(&db, 1);
+    let pid: i32 = {
+        let conn = pool.get().await.expect("a connection");
+        conn.query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("a pid")
+            .get(0)
+    };
+    a_pool_is_a_connection_source(&db, pool, pid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bb8_pool_is_a_connection_source_and_gets_its_connection_back_idle() {
+    let db = Server::shared().database(SCHEMA).await;
+    let pool = bb8(&db, 1).await;
+    let pid: i32 = {
+        let conn = pool.get().await.expect("a connection");
+        conn.query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("a pid")
+            .get(0)
+    };
+    a_pool_is_a_connection_source(&db, pool, pid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_deadpool_pool_ends_within_the_budget() {
+    let db = Server::shared().database(SCHEMA).await;
+    let pool = deadpool(&db, 1);
+    let _held = pool.get().await.expect("the only connection");
+    an_exhausted_pool_ends_within_the_budget(pool.clone()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_bb8_pool_ends_within_the_budget() {
+    let db = Server::shared().database(SCHEMA).await;
+    let pool = bb8(&db, 1).await;
+    let _held = pool.get_owned().await.expect("the only connection");
+    an_exhausted_pool_ends_within_the_budget(pool.clone()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_inside_a_transaction_is_refused_and_handed_back_idle() {
+    let db = Server::shared().database(SCHEMA).await;
+    let pool = deadpool(&db, 1);
+    let pid: i32 = {
+        let conn = pool.get().await.expect("a connection");
+        conn.batch_execute("CREATE TABLE caller_work (x int)")
+            .await
+            .expect("a table");
+        // Leave the pooled connection inside a transaction with work in it.
+        conn.batch_execute("BEGIN; INSERT INTO caller_work VALUES (1)")
+            .await
+            .expect("caller work");
+        conn.query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("a pid")
+            .get(0)
+    };
+    let limit = Limit::new("pool", 2, Duration::from_secs(60)).expect("a limit");
+    let limiter = Limiter::new(Postgres::new(pool.clone()));
+    let error = limiter
+        .failed(&limit, &Key::opaque("k"))
+        .await
+        .expect_err("a connection inside a transaction is an error");
+    assert_eq!(error.kind(), ErrorKind::InTransaction);
+    assert_eq!(backend_state(&db, pid).await, "idle");
+    let conn = pool.get().await.expect("the connection");
+    let rows: i64 = conn
+        .query_one("SELECT count(*) FROM caller_work", &[])
+        .await
+        .expect("a count")
+        .get(0);
+    assert_eq!(rows, 0, "the caller's work was not committed");
+}
