@@ -16,6 +16,7 @@ mod postgres;
 mod purge;
 mod sql;
 mod store;
+mod trace;
 mod verdict;
 
 pub use crate::clock::ManualClock;
@@ -28,7 +29,7 @@ pub use crate::memory::Memory;
 #[cfg(feature = "deadpool")]
 pub use crate::pool::DeadpoolConn;
 pub use crate::postgres::Postgres;
-pub use crate::purge::{PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, purge};
+pub use crate::purge::{MIN_PURGE_INTERVAL, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, PurgeTask, purge};
 pub use crate::store::Store;
 pub use crate::verdict::Verdict;
 

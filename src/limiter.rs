@@ -164,7 +164,10 @@ impl<S: Store> Limiter<S> {
         };
         let outcome = match &result {
             Ok(()) => Outcome::Cleared,
-            Err(e) if e.is_unreachable() => Outcome::Unreachable,
+            Err(e) if e.is_unreachable() => {
+                crate::trace::unreachable(limit.name(), "reset", e);
+                Outcome::Unreachable
+            }
             Err(_) => Outcome::Error,
         };
         metric::record(limit, "reset", outcome, started.elapsed());
@@ -190,6 +193,7 @@ impl<S: Store> Limiter<S> {
                 (Ok(verdict), outcome)
             }
             Err(e) if e.is_unreachable() => {
+                crate::trace::unreachable(limit.name(), op.name(), &e);
                 (Ok(Verdict::unreachable_because(e)), Outcome::Unreachable)
             }
             Err(e) => (Err(e), Outcome::Error),

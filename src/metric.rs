@@ -10,6 +10,7 @@
 //! | `platformkit_limit_calls_total` | counter | `limit`, `operation`, `outcome` |
 //! | `platformkit_limit_call_duration_seconds` | histogram | `limit`, `operation` |
 //! | `platformkit_limit_purged_rows_total` | counter | — |
+//! | `platformkit_limit_purge_failures_total` | counter | — |
 //!
 //! `operation` is `check`, `failed`, `hit` or `reset`. `outcome` is
 //! `allowed`, `refused`, `unreachable` (the store could not be reached and
@@ -29,6 +30,10 @@ pub const CALLS_TOTAL: &str = "platformkit_limit_calls_total";
 pub const CALL_DURATION_SECONDS: &str = "platformkit_limit_call_duration_seconds";
 /// Counter of rows deleted by [`purge`](crate::purge).
 pub const PURGED_ROWS_TOTAL: &str = "platformkit_limit_purged_rows_total";
+
+/// Counter of purge runs that failed (the rows of earlier batches stay
+/// deleted).
+pub const PURGE_FAILURES_TOTAL: &str = "platformkit_limit_purge_failures_total";
 
 /// Label: the limit's name.
 pub const LABEL_LIMIT: &str = "limit";
@@ -78,6 +83,11 @@ pub fn describe() {
         Unit::Count,
         "Rows of closed windows deleted by purge."
     );
+    describe_counter!(
+        PURGE_FAILURES_TOTAL,
+        Unit::Count,
+        "Purge runs that failed before finishing."
+    );
 }
 
 pub(crate) fn record(limit: &Limit, operation: &'static str, outcome: Outcome, took: Duration) {
@@ -98,4 +108,8 @@ pub(crate) fn record(limit: &Limit, operation: &'static str, outcome: Outcome, t
 
 pub(crate) fn purged(rows: u64) {
     counter!(PURGED_ROWS_TOTAL).increment(rows);
+}
+
+pub(crate) fn purge_failed() {
+    counter!(PURGE_FAILURES_TOTAL).increment(1);
 }

@@ -42,10 +42,18 @@ pub const PURGE_BATCH_BUDGET: Duration = Duration::from_secs(10);
 pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
     let mut total = 0;
     loop {
-        let deleted = purge_batch(conns).await?;
+        let deleted = match purge_batch(conns).await {
+            Ok(deleted) => deleted,
+            Err(e) => {
+                metric::purge_failed();
+                crate::trace::purge_failed(total, &e);
+                return Err(e);
+            }
+        };
         total += deleted;
         metric::purged(deleted);
         if deleted < PURGE_BATCH_ROWS as u64 {
+            crate::trace::purged(total);
             return Ok(total);
         }
     }
@@ -67,5 +75,76 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
     match timeout_at(deadline, batch).await {
         Ok(result) => result,
         Err(_) => Err(Error::timeout("purge", PURGE_BATCH_BUDGET)),
+    }
+}
+
+/// The shortest interval [`PurgeTask::every`] accepts: a minute.
+pub const MIN_PURGE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A tokio task that runs [`purge`] on a schedule until it is stopped: for a
+/// service that has no cron-driven sweep job of its own.
+///
+/// ```no_run
+/// use platformkit_limit::PurgeTask;
+///
+/// # async fn demo(pool: tokio_postgres::Config) {
+/// let purging = PurgeTask::hourly(pool);
+/// // ... serve ...
+/// purging.stop().await;
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct PurgeTask {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PurgeTask {
+    /// Purges once now and then every hour.
+    pub fn hourly<C: LimitConn + 'static>(conns: C) -> Self {
+        Self::spawn(conns, Duration::from_secs(3600))
+    }
+
+    /// Purges once now and then every `interval`.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) when the
+    /// interval is shorter than [`MIN_PURGE_INTERVAL`].
+    pub fn every<C: LimitConn + 'static>(conns: C, interval: Duration) -> Result<Self, Error> {
+        if interval < MIN_PURGE_INTERVAL {
+            return Err(Error::invalid_option(
+                "purge interval",
+                "purge at most once a minute: windows close a day before they go",
+            ));
+        }
+        Ok(Self::spawn(conns, interval))
+    }
+
+    fn spawn<C: LimitConn + 'static>(conns: C, interval: Duration) -> Self {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => return,
+                    _ = ticks.tick() => {
+                        // The outcome is in the metrics (and in a tracing
+                        // event with the `tracing` feature); the next tick
+                        // tries again.
+                        let _ = purge(&conns).await;
+                    }
+                }
+            }
+        });
+        PurgeTask { stop, task }
+    }
+
+    /// Stops the schedule, waiting for a purge in progress to finish its
+    /// current batch.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
     }
 }
