@@ -143,6 +143,32 @@ BEGIN
 END
 $$;
 
+-- Takes p_n back from the key's count in the window that starts at
+-- p_window_start (a reserved attempt that succeeded), never below zero;
+-- returns the count. A window that is gone stays gone.
+CREATE OR REPLACE PROCEDURE platformkit_limit_take_back(
+    p_key text, p_window_start timestamptz, p_n bigint,
+    p_budget_ms bigint, p_relaxed boolean,
+    INOUT o_count bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    COMMIT;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true);
+    IF p_relaxed THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    END IF;
+    UPDATE platformkit_limits
+        SET count = GREATEST(count - p_n, 0)
+        WHERE key = p_key AND window_start = p_window_start
+        RETURNING count INTO o_count;
+    o_count := COALESCE(o_count, 0);
+END
+$$;
+
 -- Deletes every window of the key; returns how many went.
 CREATE OR REPLACE PROCEDURE platformkit_limit_reset(
     p_key text, p_budget_ms bigint, p_relaxed boolean,

@@ -10,6 +10,7 @@ mod limit;
 mod limiter;
 mod memory;
 pub mod metric;
+mod permit;
 #[cfg(any(feature = "deadpool", feature = "bb8"))]
 mod pool;
 mod postgres;
@@ -23,13 +24,18 @@ pub use crate::clock::ManualClock;
 pub use crate::conn::{Connect, Connected, LimitConn};
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::{Key, MAX_KEY_BYTES};
-pub use crate::limit::{Limit, MAX_ATTEMPTS, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW};
+pub use crate::limit::{
+    Limit, MAX_ATTEMPTS, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW, OnSuccess, WhenUnreachable,
+};
 pub use crate::limiter::{DEFAULT_BUDGET, Limiter, MAX_BUDGET};
 pub use crate::memory::Memory;
+pub use crate::permit::{Permit, Reservation};
 #[cfg(feature = "deadpool")]
 pub use crate::pool::DeadpoolConn;
 pub use crate::postgres::Postgres;
-pub use crate::purge::{MIN_PURGE_INTERVAL, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, PurgeTask, purge};
+pub use crate::purge::{
+    MIN_PURGE_INTERVAL, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, PurgeTask, purge,
+};
 pub use crate::store::Store;
 pub use crate::verdict::Verdict;
 

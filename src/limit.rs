@@ -50,6 +50,43 @@ pub struct Limit {
     name: Arc<str>,
     max: u32,
     window_secs: u64,
+    when_unreachable: WhenUnreachable,
+    on_success: OnSuccess,
+}
+
+/// What a limit does when the store cannot be reached within the budget.
+/// Whatever the choice, the verdict says the store was unreachable and the
+/// `unreachable` outcome is counted.
+///
+/// | choice | the attempt | the risk |
+/// |---|---|---|
+/// | `Allow` (default) | allowed, not counted | whoever can make the database unreachable gets unlimited attempts while it lasts |
+/// | `Refuse` | refused | whoever can make the database unreachable locks everyone out of the route (fail-closed) |
+/// | `CountLocally` | decided by a count in this process, the same limit per replica | N replicas allow up to N × max while it lasts; counts made meanwhile are not in the database afterwards |
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WhenUnreachable {
+    /// Allow the attempt without a count: fail-open.
+    #[default]
+    Allow,
+    /// Refuse the attempt: fail-closed, for routes that must never run
+    /// unlimited.
+    Refuse,
+    /// Count in this process until the database is back, holding each
+    /// replica to the limit.
+    CountLocally,
+}
+
+/// What reporting success on a [`Permit`](crate::Permit) does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnSuccess {
+    /// Take the reserved attempt back: a success costs nothing.
+    #[default]
+    TakeBack,
+    /// Clear the key (every window): a success forgives earlier failures,
+    /// as a good login usually does.
+    Reset,
 }
 
 impl Limit {
@@ -113,7 +150,43 @@ impl Limit {
             name: Arc::from(name),
             max,
             window_secs: window.as_secs(),
+            when_unreachable: WhenUnreachable::default(),
+            on_success: OnSuccess::default(),
         })
+    }
+
+    /// Sets what the limit does when the store cannot be reached (by default,
+    /// [`WhenUnreachable::Allow`]).
+    ///
+    /// ```
+    /// use platformkit_limit::{Limit, WhenUnreachable};
+    /// use std::time::Duration;
+    ///
+    /// let redeem = Limit::new("redeem", 5, Duration::from_secs(60))?
+    ///     .when_unreachable(WhenUnreachable::Refuse);
+    /// assert_eq!(redeem.unreachable_policy(), WhenUnreachable::Refuse);
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// ```
+    pub fn when_unreachable(mut self, choice: WhenUnreachable) -> Self {
+        self.when_unreachable = choice;
+        self
+    }
+
+    /// What the limit does when the store cannot be reached.
+    pub fn unreachable_policy(&self) -> WhenUnreachable {
+        self.when_unreachable
+    }
+
+    /// Sets what reporting success on a [`Permit`](crate::Permit) does (by
+    /// default, [`OnSuccess::TakeBack`]).
+    pub fn on_success(mut self, choice: OnSuccess) -> Self {
+        self.on_success = choice;
+        self
+    }
+
+    /// What reporting success on a permit does.
+    pub fn success_policy(&self) -> OnSuccess {
+        self.on_success
     }
 
     /// The limit's name.

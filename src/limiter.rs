@@ -5,11 +5,26 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
+use std::time::SystemTime;
+
 use crate::key::stored;
 use crate::metric::{self, Outcome};
+use crate::store::sealed::Sealed as _;
 use crate::store::{Op, Store};
 use crate::verdict::decide;
-use crate::{Error, Key, Limit, Verdict};
+use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreachable};
+
+/// Where a call's count went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CountedIn {
+    /// In the store.
+    Store,
+    /// In the limiter's local fallback, the store being unreachable.
+    Fallback,
+    /// Nowhere: the store was unreachable and the limit does not count
+    /// locally.
+    Nowhere,
+}
 
 /// The default budget of one call: 2 seconds.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
@@ -61,6 +76,9 @@ pub const MAX_BUDGET: Duration = Duration::from_secs(60);
 pub struct Limiter<S> {
     store: S,
     budget: Duration,
+    /// The local count of limits that count locally while the store is
+    /// unreachable ([`WhenUnreachable::CountLocally`]).
+    fallback: Memory,
 }
 
 impl<S: Store> Limiter<S> {
@@ -73,6 +91,7 @@ impl<S: Store> Limiter<S> {
         Limiter {
             store,
             budget: DEFAULT_BUDGET,
+            fallback: Memory::current_only(),
         }
     }
 
@@ -146,6 +165,54 @@ impl<S: Store> Limiter<S> {
         self.counted(Op::Hit, limit, key).await
     }
 
+    /// Counts this attempt **before** the work it guards and, when the limit
+    /// allows it, hands back a [`Permit`]: at most `max` attempts per window
+    /// can hold one, however many arrive at once.
+    ///
+    /// `check` then `failed` races: a thousand concurrent requests all pass
+    /// the check before the first failure is written. `reserve` closes that
+    /// hole: the attempt is counted in the same statement that decides.
+    /// Report [`Permit::succeeded`] after a success to take the attempt
+    /// back (or clear the key, as the limit's [`OnSuccess`](crate::OnSuccess)
+    /// says); a permit dropped without a report stays counted as a failure,
+    /// the safe default.
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory, Reservation};
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let code = Limit::new("redeem", 3, Duration::from_secs(60))?;
+    /// let order = Key::opaque("order-7");
+    /// match limiter.reserve(&code, &order).await? {
+    ///     Reservation::Granted(permit) => {
+    ///         let code_was_right = true; // the guarded work
+    ///         if code_was_right {
+    ///             permit.succeeded().await?;
+    ///         }
+    ///     }
+    ///     Reservation::Refused(verdict) => {
+    ///         let _retry_after = verdict.retry_after();
+    ///     }
+    /// }
+    /// assert_eq!(limiter.check(&code, &order).await?.count(), Some(0));
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A hard failure (see [`Limiter`]); an unreachable store is decided by
+    /// the limit's [`WhenUnreachable`].
+    pub async fn reserve(&self, limit: &Limit, key: &Key) -> Result<Reservation<'_, S>, Error> {
+        let stored = stored(limit.name(), key);
+        let (verdict, counted_in) = self.run(Op::Hit, limit, &stored, "reserve").await?;
+        Ok(Permit::reservation(
+            self, limit, stored, verdict, counted_in,
+        ))
+    }
+
     /// Clears the key under `limit`: its current window and any older ones.
     /// The caller's choice, for example after a good login.
     ///
@@ -155,10 +222,16 @@ impl<S: Store> Limiter<S> {
     /// nothing is allowed or refused by a reset, so there is nothing to fail
     /// open to.
     pub async fn reset(&self, limit: &Limit, key: &Key) -> Result<(), Error> {
+        self.reset_stored(limit, &stored(limit.name(), key)).await
+    }
+
+    /// Clears a stored key, with the budget and the metrics.
+    pub(crate) async fn reset_stored(&self, limit: &Limit, key: &str) -> Result<(), Error> {
         let started = Instant::now();
         let deadline = started + self.budget;
-        let key = stored(limit.name(), key);
-        let result = match timeout_at(deadline, self.store.reset(&key, deadline)).await {
+        // The local count (if the limit ever fell back to it) is cleared too.
+        let _ = self.fallback.reset(key, deadline).await;
+        let result = match timeout_at(deadline, self.store.reset(key, deadline)).await {
             Ok(result) => result.map(drop),
             Err(_) => Err(Error::timeout("reset", self.budget)),
         };
@@ -175,30 +248,114 @@ impl<S: Store> Limiter<S> {
     }
 
     async fn counted(&self, op: Op, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
+        let stored = stored(limit.name(), key);
+        self.run(op, limit, &stored, op.name())
+            .await
+            .map(|(verdict, _)| verdict)
+    }
+
+    /// Runs one counting operation for a stored key, with the budget, the
+    /// limit's choice when the store is unreachable, and the metrics.
+    pub(crate) async fn run(
+        &self,
+        op: Op,
+        limit: &Limit,
+        key: &str,
+        operation: &'static str,
+    ) -> Result<(Verdict, CountedIn), Error> {
         let started = Instant::now();
         let deadline = started + self.budget;
-        let key = stored(limit.name(), key);
-        let result = match timeout_at(deadline, self.store.count(op, limit, &key, deadline)).await {
+        let result = match timeout_at(deadline, self.store.count(op, limit, key, deadline)).await {
             Ok(result) => result,
-            Err(_) => Err(Error::timeout(op.name(), self.budget)),
+            Err(_) => Err(Error::timeout(operation, self.budget)),
         };
-        let (result, outcome) = match result {
-            Ok(counted) => {
-                let verdict = decide(op, limit, &counted);
-                let outcome = if verdict.is_allowed() {
+        let result = match result {
+            Ok(counted) => Ok((decide(op, limit, &counted), CountedIn::Store)),
+            Err(e) if e.is_unreachable() => {
+                crate::trace::unreachable(limit.name(), operation, &e);
+                Ok(self.when_unreachable(op, limit, key, e).await)
+            }
+            Err(e) => Err(e),
+        };
+        let outcome = match &result {
+            Ok((_, CountedIn::Store)) => {
+                if result.as_ref().is_ok_and(|(v, _)| v.is_allowed()) {
                     Outcome::Allowed
                 } else {
                     Outcome::Refused
-                };
-                (Ok(verdict), outcome)
+                }
             }
-            Err(e) if e.is_unreachable() => {
-                crate::trace::unreachable(limit.name(), op.name(), &e);
-                (Ok(Verdict::unreachable_because(e)), Outcome::Unreachable)
-            }
-            Err(e) => (Err(e), Outcome::Error),
+            Ok(_) => Outcome::Unreachable,
+            Err(_) => Outcome::Error,
         };
-        metric::record(limit, op.name(), outcome, started.elapsed());
+        metric::record(limit, operation, outcome, started.elapsed());
+        result
+    }
+
+    /// The verdict when the store could not be reached: the limit decides.
+    async fn when_unreachable(
+        &self,
+        op: Op,
+        limit: &Limit,
+        key: &str,
+        cause: Error,
+    ) -> (Verdict, CountedIn) {
+        match limit.unreachable_policy() {
+            WhenUnreachable::Refuse => {
+                (Verdict::uncounted(limit, false, cause), CountedIn::Nowhere)
+            }
+            WhenUnreachable::CountLocally => {
+                let now = Instant::now();
+                match self.fallback.count(op, limit, key, now).await {
+                    Ok(counted) => (
+                        decide(op, limit, &counted).because_unreachable(cause),
+                        CountedIn::Fallback,
+                    ),
+                    // The in-process count cannot fail; were it ever to,
+                    // the limit's intent (hold the line) is to refuse.
+                    Err(_) => (Verdict::uncounted(limit, false, cause), CountedIn::Nowhere),
+                }
+            }
+            _ => (Verdict::uncounted(limit, true, cause), CountedIn::Nowhere),
+        }
+    }
+
+    /// Takes one reserved attempt back from the window starting at
+    /// `window_start`, where `counted_in` says it was counted.
+    pub(crate) async fn take_back(
+        &self,
+        limit: &Limit,
+        key: &str,
+        window_start: SystemTime,
+        counted_in: CountedIn,
+    ) -> Result<(), Error> {
+        let started = Instant::now();
+        let deadline = started + self.budget;
+        let result = match counted_in {
+            CountedIn::Store => {
+                match timeout_at(
+                    deadline,
+                    self.store.take_back(key, window_start, 1, deadline),
+                )
+                .await
+                {
+                    Ok(result) => result.map(drop),
+                    Err(_) => Err(Error::timeout("take_back", self.budget)),
+                }
+            }
+            CountedIn::Fallback => self
+                .fallback
+                .take_back(key, window_start, 1, deadline)
+                .await
+                .map(drop),
+            CountedIn::Nowhere => Ok(()),
+        };
+        let outcome = match &result {
+            Ok(()) => Outcome::Cleared,
+            Err(e) if e.is_unreachable() => Outcome::Unreachable,
+            Err(_) => Outcome::Error,
+        };
+        metric::record(limit, "take_back", outcome, started.elapsed());
         result
     }
 }

@@ -39,6 +39,9 @@ use crate::{Error, Limit, ManualClock};
 pub struct Memory {
     windows: Mutex<HashMap<String, BTreeMap<i64, u64>>>,
     clock: Clock,
+    /// Keep only the current window of each key: for the limiter's local
+    /// fallback, which must not grow without bound.
+    current_only: bool,
 }
 
 impl Memory {
@@ -51,6 +54,15 @@ impl Memory {
     pub fn with_clock(mut self, clock: ManualClock) -> Self {
         self.clock = Clock::Manual(clock);
         self
+    }
+
+    /// A fake that keeps only each key's current window: the limiter's local
+    /// count while the database is unreachable.
+    pub(crate) fn current_only() -> Self {
+        Memory {
+            current_only: true,
+            ..Self::default()
+        }
     }
 
     fn now(&self) -> SystemTime {
@@ -81,11 +93,11 @@ impl sealed::Sealed for Memory {
                 .copied()
                 .unwrap_or(0),
             Op::Failed | Op::Hit => {
-                let count = windows
-                    .entry(key.to_owned())
-                    .or_default()
-                    .entry(start)
-                    .or_insert(0);
+                let key_windows = windows.entry(key.to_owned()).or_default();
+                if self.current_only {
+                    key_windows.retain(|&s, _| s == start);
+                }
+                let count = key_windows.entry(start).or_insert(0);
                 *count = count.saturating_add(1).min(MAX_COUNT);
                 *count
             }
@@ -95,6 +107,25 @@ impl sealed::Sealed for Memory {
             window_end: from_micros(end),
             now: from_micros(now_micros),
         })
+    }
+
+    async fn take_back(
+        &self,
+        key: &str,
+        window_start: SystemTime,
+        n: u64,
+        _deadline: Instant,
+    ) -> Result<u64, Error> {
+        let start = micros_since_epoch(window_start);
+        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = windows
+            .get_mut(key)
+            .and_then(|w| w.get_mut(&start))
+            .map_or(0, |count| {
+                *count = count.saturating_sub(n);
+                *count
+            });
+        Ok(count)
     }
 
     async fn reset(&self, key: &str, _deadline: Instant) -> Result<u64, Error> {

@@ -136,6 +136,27 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         })
     }
 
+    async fn take_back(
+        &self,
+        key: &str,
+        window_start: SystemTime,
+        n: u64,
+        deadline: Instant,
+    ) -> Result<u64, Error> {
+        let conn = self.connection("take_back").await?;
+        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        let params: [(&(dyn ToSql + Sync), Type); 5] = [
+            (&key, Type::TEXT),
+            (&window_start, Type::TIMESTAMPTZ),
+            (&n, Type::INT8),
+            (&budget, Type::INT8),
+            (&self.relaxed, Type::BOOL),
+        ];
+        let row = call(&conn, "take_back", sql::TAKE_BACK, &params).await?;
+        deleted(&row, "take_back")
+    }
+
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
         let conn = self.connection("reset").await?;
         let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
@@ -179,7 +200,7 @@ pub(crate) async fn call(
     }
 }
 
-/// Reads the `o_deleted` column of a reset or purge.
+/// Reads the one count column of a reset, purge or take-back.
 pub(crate) fn deleted(row: &Row, operation: &'static str) -> Result<u64, Error> {
     let deleted: i64 = row
         .try_get(0)

@@ -36,6 +36,11 @@ pub(crate) const ADD: &str = "CALL platformkit_limit_add($1, $2, $3, $4, $5, $6)
 /// time.
 pub(crate) const READ: &str = "CALL platformkit_limit_read($1, $2, $3, $4)";
 
+/// Takes `$3` back from the key's count in the window starting at `$2`,
+/// never below zero. `$1` stored key, `$4` budget in milliseconds, `$5`
+/// relaxed durability. Returns the count.
+pub(crate) const TAKE_BACK: &str = "CALL platformkit_limit_take_back($1, $2, $3, $4, $5)";
+
 /// Deletes every window of the key. `$1` stored key, `$2` budget in
 /// milliseconds, `$3` relaxed durability. Returns how many rows went.
 pub(crate) const RESET: &str = "CALL platformkit_limit_reset($1, $2, $3)";

@@ -67,6 +67,16 @@ pub(crate) mod sealed {
             deadline: Instant,
         ) -> impl Future<Output = Result<Counted, Error>> + Send;
 
+        /// Takes `n` back from the stored key's count in the window that
+        /// starts at `window_start` (never below zero); returns the count.
+        fn take_back(
+            &self,
+            key: &str,
+            window_start: SystemTime,
+            n: u64,
+            deadline: Instant,
+        ) -> impl Future<Output = Result<u64, Error>> + Send;
+
         /// Clears the stored key `key`; returns how many windows went.
         fn reset(
             &self,

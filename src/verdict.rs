@@ -12,99 +12,92 @@ use crate::{Error, Limit};
 
 /// The answer to "may this attempt go ahead?".
 ///
-/// Being refused is an outcome, not an error. A verdict is one of three
-/// things:
+/// Being refused is an outcome, not an error. A verdict is one of:
 ///
 /// - **allowed**: the store answered and the key is within its limit;
 /// - **refused**: the store answered and the key has used up its window;
 ///   [`retry_after`](Verdict::retry_after) says how long until it reopens;
-/// - **allowed because unreachable**: the store could not be reached within
-///   the budget, so the attempt is allowed (fail-open) and
-///   [`unreachable`](Verdict::unreachable) gives the cause.
+/// - **unreachable**: the store could not be reached within the budget, and
+///   the limit's [`WhenUnreachable`](crate::WhenUnreachable) decided: allowed
+///   without a count (the default, fail-open), refused, or decided by a local
+///   in-process count. [`unreachable`](Verdict::unreachable) gives the cause.
 ///
 /// What "allowed" means depends on the call:
 ///
-/// | call     | the count is                | allowed when         |
-/// |----------|-----------------------------|----------------------|
-/// | `check`  | the failures so far         | count < max          |
-/// | `failed` | the failures, this one too  | count < max: the next attempt may go ahead |
-/// | `hit`    | the asks, this one too      | count ≤ max: this ask may go ahead |
+/// | call      | the count is                | allowed when         |
+/// |-----------|-----------------------------|----------------------|
+/// | `check`   | the failures so far         | count < max          |
+/// | `failed`  | the failures, this one too  | count < max: the next attempt may go ahead |
+/// | `hit`     | the asks, this one too      | count ≤ max: this ask may go ahead |
+/// | `reserve` | the attempts, this one too  | count ≤ max: this attempt may go ahead |
 #[derive(Clone, Debug)]
 pub struct Verdict {
-    state: State,
+    limit: Arc<str>,
+    allowed: bool,
+    counts: Option<Counts>,
+    unreachable: Option<Arc<Error>>,
 }
 
 #[derive(Clone, Debug)]
-enum State {
-    Counted {
-        allowed: bool,
-        count: u64,
-        max: u32,
-        reopens_at: SystemTime,
-        now: SystemTime,
-    },
-    Unreachable(Arc<Error>),
+struct Counts {
+    count: u64,
+    max: u32,
+    window_end: SystemTime,
+    now: SystemTime,
 }
 
 impl Verdict {
-    /// Whether the attempt may go ahead: the key is within its limit, or the
-    /// store could not be reached (see [`Verdict::is_unreachable`]).
+    /// Whether the attempt may go ahead.
     pub fn is_allowed(&self) -> bool {
-        match &self.state {
-            State::Counted { allowed, .. } => *allowed,
-            State::Unreachable(_) => true,
-        }
+        self.allowed
     }
 
     /// Whether the attempt must not go ahead.
     pub fn is_refused(&self) -> bool {
-        !self.is_allowed()
+        !self.allowed
     }
 
-    /// Whether the store could not be reached, so the attempt was allowed
-    /// without a count.
+    /// The name of the limit this verdict is for.
+    pub fn limit(&self) -> &str {
+        &self.limit
+    }
+
+    /// Whether the store could not be reached, so the limit's
+    /// [`WhenUnreachable`](crate::WhenUnreachable) decided.
     pub fn is_unreachable(&self) -> bool {
-        matches!(self.state, State::Unreachable(_))
+        self.unreachable.is_some()
     }
 
     /// Why the store could not be reached, when it could not.
     pub fn unreachable(&self) -> Option<&Error> {
-        match &self.state {
-            State::Counted { .. } => None,
-            State::Unreachable(cause) => Some(cause),
-        }
+        self.unreachable.as_deref()
     }
 
-    /// The key's count in the current window (see the table above); `None`
-    /// when the store could not be reached.
+    /// The key's count in the current window (see the table above): the
+    /// store's, or the local fallback's when the store was unreachable and
+    /// the limit falls back to a local count; `None` when nothing counted.
     pub fn count(&self) -> Option<u64> {
-        match &self.state {
-            State::Counted { count, .. } => Some(*count),
-            State::Unreachable(_) => None,
-        }
+        self.counts.as_ref().map(|c| c.count)
     }
 
-    /// How many more attempts the current window allows; `None` when the
-    /// store could not be reached.
+    /// How many more attempts the current window allows; `None` when
+    /// nothing counted.
     pub fn remaining(&self) -> Option<u64> {
-        match &self.state {
-            State::Counted { count, max, .. } => Some(u64::from(*max).saturating_sub(*count)),
-            State::Unreachable(_) => None,
-        }
+        self.counts
+            .as_ref()
+            .map(|c| u64::from(c.max).saturating_sub(c.count))
     }
 
     /// When the current window closes and the count starts again; `None`
-    /// when the store could not be reached.
+    /// when nothing counted.
     pub fn reopens_at(&self) -> Option<SystemTime> {
-        match &self.state {
-            State::Counted { reopens_at, .. } => Some(*reopens_at),
-            State::Unreachable(_) => None,
-        }
+        self.counts.as_ref().map(|c| c.window_end)
     }
 
     /// For a refusal, how long until the window reopens, measured on the
     /// store's clock: the value for a `Retry-After` header (round it up to
-    /// whole seconds). `None` unless refused.
+    /// whole seconds). `None` unless refused by a count (a refusal because
+    /// the store is unreachable has no reopening time).
     ///
     /// ```
     /// # fn header(verdict: &platformkit_limit::Verdict) -> Option<String> {
@@ -115,21 +108,27 @@ impl Verdict {
     /// # }
     /// ```
     pub fn retry_after(&self) -> Option<Duration> {
-        match &self.state {
-            State::Counted {
-                allowed: false,
-                reopens_at,
-                now,
-                ..
-            } => Some(reopens_at.duration_since(*now).unwrap_or_default()),
+        match (&self.counts, self.allowed) {
+            (Some(c), false) => Some(c.window_end.duration_since(c.now).unwrap_or_default()),
             _ => None,
         }
     }
 
-    pub(crate) fn unreachable_because(cause: Error) -> Self {
+    /// A verdict nothing counted: the store was unreachable and the limit
+    /// allows (or refuses) without a count.
+    pub(crate) fn uncounted(limit: &Limit, allowed: bool, cause: Error) -> Self {
         Verdict {
-            state: State::Unreachable(Arc::new(cause)),
+            limit: limit.name_arc().clone(),
+            allowed,
+            counts: None,
+            unreachable: Some(Arc::new(cause)),
         }
+    }
+
+    /// This verdict, marked as given while the store was unreachable.
+    pub(crate) fn because_unreachable(mut self, cause: Error) -> Self {
+        self.unreachable = Some(Arc::new(cause));
+        self
     }
 }
 
@@ -151,12 +150,14 @@ pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
         Op::Hit => counted.count <= max,
     };
     Verdict {
-        state: State::Counted {
-            allowed,
+        limit: limit.name_arc().clone(),
+        allowed,
+        counts: Some(Counts {
             count: counted.count,
             max: limit.max(),
-            reopens_at: counted.window_end,
+            window_end: counted.window_end,
             now: counted.now,
-        },
+        }),
+        unreachable: None,
     }
 }

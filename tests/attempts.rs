@@ -1,0 +1,250 @@
+//! Attempts reserved up front, and what a limit does when the database is
+//! gone, against real PostgreSQL.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, UNIX_EPOCH};
+
+use platformkit_limit::{
+    ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, OnSuccess, Postgres, Reservation,
+    SCHEMA, WhenUnreachable,
+};
+use platformkit_limit_testdb::{Server, TestDb};
+use tokio::sync::{Barrier, Mutex, OwnedMutexGuard};
+use tokio_postgres::Client;
+
+/// A small pool: `size` held connections, lent round-robin.
+async fn held_connections(
+    db: &TestDb,
+    size: usize,
+) -> impl LimitConn<Conn = OwnedMutexGuard<Client>> + Clone + 'static {
+    let mut clients = Vec::with_capacity(size);
+    for _ in 0..size {
+        clients.push(Arc::new(Mutex::new(db.connect().await)));
+    }
+    let clients = Arc::new(clients);
+    let next = Arc::new(AtomicUsize::new(0));
+    move || {
+        let clients = clients.clone();
+        let at = next.fetch_add(1, Ordering::Relaxed) % clients.len();
+        async move { Ok::<_, std::convert::Infallible>(clients[at].clone().lock_owned().await) }
+    }
+}
+
+const ATTEMPTS: usize = 200;
+const MAX: u32 = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserving_lets_at_most_max_of_200_concurrent_attempts_reach_the_work() {
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Arc::new(
+        Limiter::new(Postgres::new(held_connections(&db, 16).await))
+            .with_budget(Duration::from_secs(30))
+            .expect("a budget"),
+    );
+    let limit = Limit::new("redeem", MAX, Duration::from_secs(3600)).expect("a limit");
+
+    // Every attempt asks first, and none does its work until all have asked:
+    // the burst of a credential-stuffing run.
+    let run = |reserve: bool, key: Key| {
+        let barrier = Arc::new(Barrier::new(ATTEMPTS));
+        let reached = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..ATTEMPTS)
+            .map(|_| {
+                let (limiter, limit, key) = (limiter.clone(), limit.clone(), key.clone());
+                let (barrier, reached) = (barrier.clone(), reached.clone());
+                tokio::spawn(async move {
+                    if reserve {
+                        let reservation = limiter.reserve(&limit, &key).await.expect("a verdict");
+                        assert!(!reservation.verdict().is_unreachable());
+                        barrier.wait().await;
+                        if let Reservation::Granted(permit) = reservation {
+                            reached.fetch_add(1, Ordering::SeqCst);
+                            permit.failed(); // a wrong guess
+                        }
+                    } else {
+                        let verdict = limiter.check(&limit, &key).await.expect("a verdict");
+                        assert!(!verdict.is_unreachable());
+                        barrier.wait().await;
+                        if verdict.is_allowed() {
+                            reached.fetch_add(1, Ordering::SeqCst);
+                            limiter.failed(&limit, &key).await.expect("a verdict");
+                        }
+                    }
+                })
+            })
+            .collect();
+        async move {
+            for task in tasks {
+                task.await.expect("an attempt");
+            }
+            reached.load(Ordering::SeqCst)
+        }
+    };
+    let reserved = run(true, Key::opaque("order-1")).await;
+    let raced = run(false, Key::opaque("order-2")).await;
+    println!(
+        "{ATTEMPTS} concurrent attempts at a limit of {MAX}: reserve let {reserved} reach the work, \
+         check-then-failed let {raced}"
+    );
+    assert_eq!(reserved, MAX as usize, "reserve lets exactly max through");
+    assert!(
+        raced > 10 * MAX as usize,
+        "check-then-failed races ({raced})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successful_permit_takes_its_attempt_back_and_a_dropped_one_stays_counted() {
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let limit = Limit::new("login", 2, Duration::from_secs(3600)).expect("a limit");
+    let key = Key::opaque("account");
+    let count = async |limiter: &Limiter<_>| {
+        limiter
+            .check(&limit, &key)
+            .await
+            .expect("a verdict")
+            .count()
+    };
+
+    let Reservation::Granted(permit) = limiter.reserve(&limit, &key).await.expect("a verdict")
+    else {
+        panic!("the first attempt is granted");
+    };
+    assert_eq!(permit.verdict().count(), Some(1));
+    permit.succeeded().await.expect("taken back");
+    assert_eq!(count(&limiter).await, Some(0));
+
+    let first = limiter.reserve(&limit, &key).await.expect("a verdict");
+    drop(first); // no report: stays counted as a failure
+    let second = limiter.reserve(&limit, &key).await.expect("a verdict");
+    assert!(matches!(second, Reservation::Granted(_)));
+    drop(second);
+    assert_eq!(count(&limiter).await, Some(2));
+    let third = limiter.reserve(&limit, &key).await.expect("a verdict");
+    let Reservation::Refused(verdict) = third else {
+        panic!("the third attempt in the window is refused");
+    };
+    assert!(verdict.retry_after().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_that_resets_on_success_clears_the_key() {
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let limit = Limit::new("login", 5, Duration::from_secs(3600))
+        .expect("a limit")
+        .on_success(OnSuccess::Reset);
+    let key = Key::opaque("account");
+    for _ in 0..3 {
+        limiter.failed(&limit, &key).await.expect("a verdict");
+    }
+    let Reservation::Granted(permit) = limiter.reserve(&limit, &key).await.expect("a verdict")
+    else {
+        panic!("granted");
+    };
+    assert_eq!(permit.verdict().count(), Some(4));
+    permit.succeeded().await.expect("reset");
+    let after = limiter.check(&limit, &key).await.expect("a verdict");
+    assert_eq!(after.count(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taking_back_after_the_window_closed_leaves_the_next_window_alone() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let limiter = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
+    let limit = Limit::new("login", 5, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("account");
+    let Reservation::Granted(early) = limiter.reserve(&limit, &key).await.expect("a verdict")
+    else {
+        panic!("granted");
+    };
+    clock.advance(Duration::from_secs(60));
+    let late = limiter.reserve(&limit, &key).await.expect("a verdict");
+    assert_eq!(late.verdict().count(), Some(1), "a new window");
+    early
+        .succeeded()
+        .await
+        .expect("taken back from its own window");
+    let now = limiter.check(&limit, &key).await.expect("a verdict");
+    assert_eq!(now.count(), Some(1), "the new window keeps its attempt");
+}
+
+/// A connection source that can be switched off, like a database that goes
+/// away and comes back.
+fn switchable(db: &TestDb) -> (impl LimitConn + 'static, Arc<AtomicBool>) {
+    let down = Arc::new(AtomicBool::new(false));
+    let config = db.config();
+    let flag = down.clone();
+    let conns = move || {
+        let config = config.clone();
+        let down = flag.load(Ordering::SeqCst);
+        async move {
+            if down {
+                return Err(std::io::Error::other("the database is down").into());
+            }
+            let conn: Result<_, platformkit_limit::BoxError> =
+                platformkit_limit::LimitConn::conn(&config)
+                    .await
+                    .map_err(Into::into);
+            conn
+        }
+    };
+    (conns, down)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_choice_for_an_unreachable_database_is_kept_and_said() {
+    let db = Server::shared().database(SCHEMA).await;
+    let (conns, down) = switchable(&db);
+    let limiter = Limiter::new(Postgres::new(conns));
+    let key = Key::opaque("account");
+    let allow = Limit::new("allow", 2, Duration::from_secs(3600)).expect("a limit");
+    let refuse = Limit::new("refuse", 2, Duration::from_secs(3600))
+        .expect("a limit")
+        .when_unreachable(WhenUnreachable::Refuse);
+    let local = Limit::new("local", 2, Duration::from_secs(3600))
+        .expect("a limit")
+        .when_unreachable(WhenUnreachable::CountLocally);
+
+    limiter
+        .failed(&local, &key)
+        .await
+        .expect("counted in the database");
+    down.store(true, Ordering::SeqCst);
+
+    // Allow: fail-open, nothing counted, and said.
+    for _ in 0..5 {
+        let verdict = limiter.hit(&allow, &key).await.expect("a verdict");
+        assert!(verdict.is_allowed() && verdict.is_unreachable());
+        assert_eq!(verdict.count(), None);
+        assert_eq!(
+            verdict.unreachable().map(|e| e.kind()),
+            Some(ErrorKind::Connect)
+        );
+    }
+    // Refuse: fail-closed, and said.
+    let verdict = limiter.check(&refuse, &key).await.expect("a verdict");
+    assert!(verdict.is_refused() && verdict.is_unreachable());
+    assert_eq!(verdict.retry_after(), None);
+    // Count locally: the replica holds the line at max on its own count.
+    let verdicts = [
+        limiter.hit(&local, &key).await.expect("a verdict"),
+        limiter.hit(&local, &key).await.expect("a verdict"),
+        limiter.hit(&local, &key).await.expect("a verdict"),
+    ];
+    assert!(verdicts.iter().all(|v| v.is_unreachable()));
+    assert_eq!(
+        verdicts.iter().map(|v| v.is_allowed()).collect::<Vec<_>>(),
+        [true, true, false]
+    );
+    assert_eq!(verdicts[2].count(), Some(3));
+
+    // Back: the database's count again, as it was before the outage.
+    down.store(false, Ordering::SeqCst);
+    let verdict = limiter.check(&local, &key).await.expect("a verdict");
+    assert!(!verdict.is_unreachable());
+    assert_eq!(verdict.count(), Some(1));
+}
