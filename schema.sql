@@ -117,6 +117,82 @@ BEGIN
 END
 $$;
 
+-- Adds p_add to the count of each (key, window) pair in one statement: the
+-- several limits of one request (per account and per address) in one round
+-- trip. Rows are upserted in (key, window_start) order, so two calls over the
+-- same pairs in any order lock them in the same order and cannot deadlock;
+-- a pair given twice counts twice. Returns the counts and window ends in the
+-- order given.
+CREATE OR REPLACE PROCEDURE platformkit_limit_add_many(
+    p_keys text[], p_window_secs bigint[], p_add bigint, p_at timestamptz,
+    p_budget_ms bigint, p_relaxed boolean,
+    INOUT o_counts bigint[] DEFAULT NULL,
+    INOUT o_window_ends timestamptz[] DEFAULT NULL,
+    INOUT o_now timestamptz DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    COMMIT;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true);
+    IF p_relaxed THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    END IF;
+    o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
+    WITH asked AS (
+        SELECT t.key, t.ord, t.secs * interval '1 second' AS width,
+               pg_catalog.date_bin(t.secs * interval '1 second', o_now,
+                                   timestamptz '1970-01-01 00:00:00+00') AS start
+        FROM unnest(p_keys, p_window_secs) WITH ORDINALITY AS t(key, secs, ord)
+    ), counted AS (
+        INSERT INTO platformkit_limits AS l (key, window_start, window_end, count)
+        SELECT key, start, max(start + width), LEAST(p_add * count(*), 9223372036854775807)
+        FROM asked
+        GROUP BY key, start
+        ORDER BY key, start
+        ON CONFLICT (key, window_start) DO UPDATE
+            SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
+        RETURNING l.key, l.window_start, l.count
+    )
+    SELECT pg_catalog.array_agg(c.count ORDER BY a.ord),
+           pg_catalog.array_agg(a.start + a.width ORDER BY a.ord)
+    INTO o_counts, o_window_ends
+    FROM asked AS a
+    JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
+END
+$$;
+
+-- Reads the count of each (key, window) pair; writes nothing.
+CREATE OR REPLACE PROCEDURE platformkit_limit_read_many(
+    p_keys text[], p_window_secs bigint[], p_at timestamptz, p_budget_ms bigint,
+    INOUT o_counts bigint[] DEFAULT NULL,
+    INOUT o_window_ends timestamptz[] DEFAULT NULL,
+    INOUT o_now timestamptz DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    COMMIT;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true);
+    o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
+    WITH asked AS (
+        SELECT t.key, t.ord, t.secs * interval '1 second' AS width,
+               pg_catalog.date_bin(t.secs * interval '1 second', o_now,
+                                   timestamptz '1970-01-01 00:00:00+00') AS start
+        FROM unnest(p_keys, p_window_secs) WITH ORDINALITY AS t(key, secs, ord)
+    )
+    SELECT pg_catalog.array_agg(COALESCE(l.count, 0) ORDER BY a.ord),
+           pg_catalog.array_agg(a.start + a.width ORDER BY a.ord)
+    INTO o_counts, o_window_ends
+    FROM asked AS a
+    LEFT JOIN platformkit_limits AS l ON l.key = a.key AND l.window_start = a.start;
+END
+$$;
+
 -- Reads the key's count in the current window; writes nothing.
 CREATE OR REPLACE PROCEDURE platformkit_limit_read(
     p_key text, p_window_secs bigint, p_at timestamptz, p_budget_ms bigint,

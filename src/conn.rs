@@ -18,8 +18,11 @@ use crate::error::BoxError;
 /// framework's "connection for this request".
 ///
 /// The connection must be for exclusive use during the call and idle (not
-/// inside a transaction) when handed over; the limiter hands it back idle,
-/// even when the call's budget runs out midway. A connection handed over
+/// inside a transaction) when handed over. The limiter hands it back outside
+/// any transaction; when the call's budget ran out midway, the limiter's own
+/// `CALL` may still be running on it, and the next statement on the
+/// connection waits for it (at most the `lock_timeout` the call carried,
+/// plus the statement's own work). A connection handed over
 /// inside a transaction is an
 /// [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction) error, and
 /// that transaction is rolled back, never committed.

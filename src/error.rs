@@ -101,6 +101,12 @@ pub(crate) enum Inner {
         source: tokio_postgres::Error,
     },
 
+    #[snafu(display("{operation}: PostgreSQL answered unexpectedly: {what}"))]
+    Unexpected {
+        operation: &'static str,
+        what: &'static str,
+    },
+
     #[snafu(display("invalid limit {name:?}: {reason}"))]
     InvalidLimit { name: String, reason: String },
 
@@ -120,7 +126,7 @@ impl Error {
         match &self.0 {
             Inner::Connect { .. } | Inner::ConnectionLost { .. } => ErrorKind::Connect,
             Inner::Timeout { .. } | Inner::ServerTimeout { .. } => ErrorKind::Timeout,
-            Inner::Query { .. } => ErrorKind::Query,
+            Inner::Query { .. } | Inner::Unexpected { .. } => ErrorKind::Query,
             Inner::InTransaction { .. } => ErrorKind::InTransaction,
             Inner::InvalidLimit { .. } => ErrorKind::InvalidLimit,
             Inner::InvalidKey { .. } => ErrorKind::InvalidKey,
@@ -161,6 +167,10 @@ impl Error {
 
     pub(crate) fn invalid_key(reason: &'static str) -> Self {
         Error(Inner::InvalidKey { reason })
+    }
+
+    pub(crate) fn unexpected(operation: &'static str, what: &'static str) -> Self {
+        Error(Inner::Unexpected { operation, what })
     }
 
     pub(crate) fn connect(operation: &'static str, source: BoxError) -> Self {

@@ -27,7 +27,7 @@ pub use crate::key::{Key, MAX_KEY_BYTES};
 pub use crate::limit::{
     Limit, MAX_ATTEMPTS, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW, OnSuccess, WhenUnreachable,
 };
-pub use crate::limiter::{DEFAULT_BUDGET, Limiter, MAX_BUDGET};
+pub use crate::limiter::{DEFAULT_BUDGET, Limiter, MAX_BUDGET, MAX_PAIRS, Verdicts};
 pub use crate::memory::Memory;
 pub use crate::permit::{Permit, Reservation};
 #[cfg(feature = "deadpool")]

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::key::stored;
@@ -24,6 +25,62 @@ pub(crate) enum CountedIn {
     /// Nowhere: the store was unreachable and the limit does not count
     /// locally.
     Nowhere,
+}
+
+/// The most (limit, key) pairs one [`Limiter::check_all`] (or `failed_all`,
+/// `hit_all`) call takes.
+pub const MAX_PAIRS: usize = 64;
+
+/// The verdicts of a call over several (limit, key) pairs, in the order
+/// given.
+#[derive(Clone, Debug)]
+pub struct Verdicts(Vec<Verdict>);
+
+impl Verdicts {
+    /// Whether every limit allows the attempt.
+    pub fn is_allowed(&self) -> bool {
+        self.0.iter().all(Verdict::is_allowed)
+    }
+
+    /// Whether any limit refuses the attempt.
+    pub fn is_refused(&self) -> bool {
+        !self.is_allowed()
+    }
+
+    /// The first verdict, in the order given, that refuses.
+    pub fn refused_by(&self) -> Option<&Verdict> {
+        self.0.iter().find(|v| v.is_refused())
+    }
+
+    /// Whether the store could not be reached.
+    pub fn is_unreachable(&self) -> bool {
+        self.0.iter().any(Verdict::is_unreachable)
+    }
+
+    /// The longest wait among the refusals: when every refusing limit has
+    /// reopened. `None` unless refused by a count.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.0.iter().filter_map(Verdict::retry_after).max()
+    }
+
+    /// The verdicts, in the order given.
+    pub fn iter(&self) -> std::slice::Iter<'_, Verdict> {
+        self.0.iter()
+    }
+
+    /// The verdicts, in the order given.
+    pub fn into_vec(self) -> Vec<Verdict> {
+        self.0
+    }
+}
+
+impl<'a> IntoIterator for &'a Verdicts {
+    type Item = &'a Verdict;
+    type IntoIter = std::slice::Iter<'a, Verdict>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
 }
 
 /// The default budget of one call: 2 seconds.
@@ -144,8 +201,10 @@ impl<S: Store> Limiter<S> {
     /// Records a failed attempt (a wrong password, a wrong code). The verdict
     /// says whether the next attempt may go ahead.
     ///
-    /// When the store is unreachable the failure is not recorded, and the
-    /// verdict says so.
+    /// When the store is unreachable the verdict does not count this
+    /// failure, and says so. If the budget ran out while the call was
+    /// already in flight, the server may still record it: the request was
+    /// sent, and the server finishes it alone.
     ///
     /// # Errors
     ///
@@ -163,6 +222,122 @@ impl<S: Store> Limiter<S> {
     /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
     pub async fn hit(&self, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
         self.counted(Op::Hit, limit, key).await
+    }
+
+    /// [`check`](Limiter::check) over several (limit, key) pairs in one
+    /// statement and one round trip: a login's per-account and per-address
+    /// limits at once. The verdicts come back in the order given;
+    /// [`Verdicts::refused_by`] says which limit refused.
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use std::net::{IpAddr, Ipv4Addr};
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let per_account = Limit::new("login-account", 5, Duration::from_secs(900))?;
+    /// let per_address = Limit::new("login-address", 1, Duration::from_secs(900))?;
+    /// let account = Key::email("alice@example.com");
+    /// let address = Key::ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)));
+    /// let both = [(&per_account, &account), (&per_address, &address)];
+    ///
+    /// limiter.failed_all(&both).await?;
+    /// let verdicts = limiter.check_all(&both).await?;
+    /// assert!(verdicts.is_refused());
+    /// assert_eq!(verdicts.refused_by().map(|v| v.limit()), Some("login-address"));
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for no
+    /// pairs or more than [`MAX_PAIRS`]; otherwise as [`Limiter::check`].
+    pub async fn check_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
+        self.counted_all(Op::Check, pairs).await
+    }
+
+    /// [`failed`](Limiter::failed) over several (limit, key) pairs in one
+    /// statement and one round trip. Rows are locked in one order whatever
+    /// the order given, so concurrent calls cannot deadlock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_all`].
+    pub async fn failed_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
+        self.counted_all(Op::Failed, pairs).await
+    }
+
+    /// [`hit`](Limiter::hit) over several (limit, key) pairs in one
+    /// statement and one round trip: the ask is counted under every limit,
+    /// and may go ahead only if every limit allows it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_all`].
+    pub async fn hit_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
+        self.counted_all(Op::Hit, pairs).await
+    }
+
+    async fn counted_all(&self, op: Op, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
+        if pairs.is_empty() {
+            return Err(Error::invalid_option(
+                "pairs",
+                "give at least one (limit, key) pair: no pairs would allow everything",
+            ));
+        }
+        if pairs.len() > MAX_PAIRS {
+            return Err(Error::invalid_option(
+                "pairs",
+                format!("at most {MAX_PAIRS} (limit, key) pairs in one call"),
+            ));
+        }
+        let stored: Vec<(&Limit, String)> = pairs
+            .iter()
+            .map(|(limit, key)| (*limit, stored(limit.name(), key)))
+            .collect();
+        let started = Instant::now();
+        let deadline = started + self.budget;
+        let result = match timeout_at(deadline, self.store.count_many(op, &stored, deadline)).await
+        {
+            Ok(result) => result,
+            Err(_) => Err(Error::timeout(op.name(), self.budget)),
+        };
+        let took = started.elapsed();
+        match result {
+            Ok(counted) => {
+                let mut verdicts = Vec::with_capacity(stored.len());
+                for ((limit, _), counted) in stored.iter().zip(&counted) {
+                    let verdict = decide(op, limit, counted);
+                    let outcome = if verdict.is_allowed() {
+                        Outcome::Allowed
+                    } else {
+                        Outcome::Refused
+                    };
+                    metric::record(limit, op.name(), outcome, took);
+                    verdicts.push(verdict);
+                }
+                Ok(Verdicts(verdicts))
+            }
+            Err(e) if e.is_unreachable() => {
+                let cause = Arc::new(e);
+                let mut verdicts = Vec::with_capacity(stored.len());
+                for (limit, key) in &stored {
+                    crate::trace::unreachable(limit.name(), op.name(), &cause);
+                    let (verdict, _) = self.when_unreachable(op, limit, key, cause.clone()).await;
+                    metric::record(limit, op.name(), Outcome::Unreachable, took);
+                    verdicts.push(verdict);
+                }
+                Ok(Verdicts(verdicts))
+            }
+            Err(e) => {
+                for (limit, _) in &stored {
+                    metric::record(limit, op.name(), Outcome::Error, took);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Counts this attempt **before** the work it guards and, when the limit
@@ -273,7 +448,7 @@ impl<S: Store> Limiter<S> {
             Ok(counted) => Ok((decide(op, limit, &counted), CountedIn::Store)),
             Err(e) if e.is_unreachable() => {
                 crate::trace::unreachable(limit.name(), operation, &e);
-                Ok(self.when_unreachable(op, limit, key, e).await)
+                Ok(self.when_unreachable(op, limit, key, Arc::new(e)).await)
             }
             Err(e) => Err(e),
         };
@@ -298,7 +473,7 @@ impl<S: Store> Limiter<S> {
         op: Op,
         limit: &Limit,
         key: &str,
-        cause: Error,
+        cause: Arc<Error>,
     ) -> (Verdict, CountedIn) {
         match limit.unreachable_policy() {
             WhenUnreachable::Refuse => {

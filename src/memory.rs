@@ -109,6 +109,19 @@ impl sealed::Sealed for Memory {
         })
     }
 
+    async fn count_many(
+        &self,
+        op: Op,
+        pairs: &[(&Limit, String)],
+        deadline: Instant,
+    ) -> Result<Vec<Counted>, Error> {
+        let mut counted = Vec::with_capacity(pairs.len());
+        for (limit, key) in pairs {
+            counted.push(self.count(op, limit, key, deadline).await?);
+        }
+        Ok(counted)
+    }
+
     async fn take_back(
         &self,
         key: &str,

@@ -136,6 +136,64 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         })
     }
 
+    async fn count_many(
+        &self,
+        op: Op,
+        pairs: &[(&Limit, String)],
+        deadline: Instant,
+    ) -> Result<Vec<Counted>, Error> {
+        let conn = self.connection(op.name()).await?;
+        let keys: Vec<&str> = pairs.iter().map(|(_, key)| key.as_str()).collect();
+        let windows: Vec<i64> = pairs
+            .iter()
+            .map(|(limit, _)| i64::try_from(limit.window_secs()).expect("at most 366 days"))
+            .collect();
+        let pinned: Option<SystemTime> = self.clock.pinned();
+        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let row = match op {
+            Op::Check => {
+                let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                    (&keys, Type::TEXT_ARRAY),
+                    (&windows, Type::INT8_ARRAY),
+                    (&pinned, Type::TIMESTAMPTZ),
+                    (&budget, Type::INT8),
+                ];
+                call(&conn, op.name(), sql::READ_MANY, &params).await?
+            }
+            Op::Failed | Op::Hit => {
+                let one = 1_i64;
+                let params: [(&(dyn ToSql + Sync), Type); 6] = [
+                    (&keys, Type::TEXT_ARRAY),
+                    (&windows, Type::INT8_ARRAY),
+                    (&one, Type::INT8),
+                    (&pinned, Type::TIMESTAMPTZ),
+                    (&budget, Type::INT8),
+                    (&self.relaxed, Type::BOOL),
+                ];
+                call(&conn, op.name(), sql::ADD_MANY, &params).await?
+            }
+        };
+        let get = |e| Error::from_postgres(op.name(), e);
+        let counts: Vec<i64> = row.try_get(0).map_err(get)?;
+        let window_ends: Vec<SystemTime> = row.try_get(1).map_err(get)?;
+        let now: SystemTime = row.try_get(2).map_err(get)?;
+        if counts.len() != pairs.len() || window_ends.len() != pairs.len() {
+            return Err(Error::unexpected(
+                op.name(),
+                "a different number of counts than pairs asked",
+            ));
+        }
+        Ok(counts
+            .into_iter()
+            .zip(window_ends)
+            .map(|(count, window_end)| Counted {
+                count: u64::try_from(count).unwrap_or(u64::MAX),
+                window_end,
+                now,
+            })
+            .collect())
+    }
+
     async fn take_back(
         &self,
         key: &str,

@@ -29,6 +29,16 @@ pub(crate) const SCHEMA: &str = include_str!("../schema.sql");
 /// end and the time.
 pub(crate) const ADD: &str = "CALL platformkit_limit_add($1, $2, $3, $4, $5, $6)";
 
+/// Adds `$3` to the count of each pair of `$1` (stored keys) and `$2`
+/// (windows in seconds), in (key, window) order. `$4` pinned time or NULL,
+/// `$5` budget in milliseconds, `$6` relaxed durability. Returns the counts
+/// and window ends in the order given, and the time.
+pub(crate) const ADD_MANY: &str = "CALL platformkit_limit_add_many($1, $2, $3, $4, $5, $6)";
+
+/// Reads the count of each pair of `$1` and `$2`. `$3` pinned time or NULL,
+/// `$4` budget in milliseconds.
+pub(crate) const READ_MANY: &str = "CALL platformkit_limit_read_many($1, $2, $3, $4)";
+
 /// Reads the key's count in the current window; writes nothing.
 ///
 /// `$1` stored key, `$2` window in seconds, `$3` the pinned time or NULL,

@@ -67,6 +67,15 @@ pub(crate) mod sealed {
             deadline: Instant,
         ) -> impl Future<Output = Result<Counted, Error>> + Send;
 
+        /// Runs one counting operation over several (limit, stored key)
+        /// pairs in one statement; the counts come back in the order given.
+        fn count_many(
+            &self,
+            op: Op,
+            pairs: &[(&Limit, String)],
+            deadline: Instant,
+        ) -> impl Future<Output = Result<Vec<Counted>, Error>> + Send;
+
         /// Takes `n` back from the stored key's count in the window that
         /// starts at `window_start` (never below zero); returns the count.
         fn take_back(

@@ -116,18 +116,18 @@ impl Verdict {
 
     /// A verdict nothing counted: the store was unreachable and the limit
     /// allows (or refuses) without a count.
-    pub(crate) fn uncounted(limit: &Limit, allowed: bool, cause: Error) -> Self {
+    pub(crate) fn uncounted(limit: &Limit, allowed: bool, cause: Arc<Error>) -> Self {
         Verdict {
             limit: limit.name_arc().clone(),
             allowed,
             counts: None,
-            unreachable: Some(Arc::new(cause)),
+            unreachable: Some(cause),
         }
     }
 
     /// This verdict, marked as given while the store was unreachable.
-    pub(crate) fn because_unreachable(mut self, cause: Error) -> Self {
-        self.unreachable = Some(Arc::new(cause));
+    pub(crate) fn because_unreachable(mut self, cause: Arc<Error>) -> Self {
+        self.unreachable = Some(cause);
         self
     }
 }

@@ -1,0 +1,134 @@
+//! Several limits in one call: one statement, the verdict names the limit
+//! that refused, and calls over the same pairs in opposite orders cannot
+//! deadlock.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, Postgres, SCHEMA};
+use platformkit_limit_testdb::Server;
+use tokio::sync::Mutex;
+
+fn account() -> Key {
+    Key::email("alice@example.com")
+}
+
+fn address() -> Key {
+    Key::ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_call_counts_every_limit_and_names_the_one_that_refused() {
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let per_account = Limit::new("login-account", 3, Duration::from_secs(900)).expect("a limit");
+    let per_address = Limit::new("login-address", 5, Duration::from_secs(60)).expect("a limit");
+    let (account, address) = (account(), address());
+    let pairs = [(&per_account, &account), (&per_address, &address)];
+
+    for n in 1..=2_u64 {
+        let verdicts = limiter.failed_all(&pairs).await.expect("verdicts");
+        assert!(verdicts.is_allowed());
+        let counts: Vec<_> = verdicts.iter().map(|v| v.count()).collect();
+        assert_eq!(counts, [Some(n), Some(n)]);
+    }
+    let third = limiter.failed_all(&pairs).await.expect("verdicts");
+    assert!(third.is_refused());
+    let refused = third.refused_by().expect("a refusing limit");
+    assert_eq!(refused.limit(), "login-account");
+    assert!(third.retry_after().is_some());
+
+    // The same counts one pair at a time: one row per pair, shared.
+    let alone = limiter
+        .check(&per_address, &address)
+        .await
+        .expect("a verdict");
+    assert_eq!(alone.count(), Some(3));
+    let checked = limiter.check_all(&pairs).await.expect("verdicts");
+    assert_eq!(
+        checked.iter().map(|v| v.count()).collect::<Vec<_>>(),
+        [Some(3), Some(3)]
+    );
+    assert_eq!(
+        checked.refused_by().map(|v| v.limit()),
+        Some("login-account")
+    );
+
+    // hit_all counts the ask under every limit; a pair given twice counts
+    // twice.
+    let forgot = Limit::new("forgot", 2, Duration::from_secs(3600)).expect("a limit");
+    let twice = [(&forgot, &account), (&forgot, &account)];
+    let verdicts = limiter.hit_all(&twice).await.expect("verdicts");
+    assert_eq!(
+        verdicts.iter().map(|v| v.count()).collect::<Vec<_>>(),
+        [Some(2), Some(2)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_pairs_and_too_many_pairs_are_refused() {
+    let limiter = Limiter::new(Memory::new());
+    let error = limiter.check_all(&[]).await.expect_err("no pairs");
+    assert_eq!(error.kind(), ErrorKind::InvalidOption);
+    let limit = Limit::new("l", 1, Duration::from_secs(1)).expect("a limit");
+    let key = Key::opaque("k");
+    let many = vec![(&limit, &key); platformkit_limit::MAX_PAIRS + 1];
+    let error = limiter.failed_all(&many).await.expect_err("too many");
+    assert_eq!(error.kind(), ErrorKind::InvalidOption);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_in_concurrent_calls_cannot_deadlock() {
+    let db = Server::shared().database(SCHEMA).await;
+    let limits: Vec<Limit> = (0..4)
+        .map(|i| {
+            Limit::new(&format!("l{i}"), 1_000_000, Duration::from_secs(3600)).expect("a limit")
+        })
+        .collect();
+    let keys: Vec<Key> = (0..4).map(|i| Key::opaque(&format!("k{i}"))).collect();
+    const TASKS: usize = 8;
+    const CALLS: usize = 40;
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let (limits, keys) = (limits.clone(), keys.clone());
+        let client = Arc::new(Mutex::new(db.connect().await));
+        let limiter = Limiter::new(Postgres::new(move || {
+            let client = client.clone();
+            async move { Ok::<_, std::convert::Infallible>(client.lock_owned().await) }
+        }))
+        // A deadlock would be found by PostgreSQL's detector within a
+        // second (40P01, a hard error); the budget only bounds lock waits.
+        .with_budget(Duration::from_secs(30))
+        .expect("a budget");
+        tasks.push(tokio::spawn(async move {
+            let mut pairs: Vec<(&Limit, &Key)> = limits.iter().zip(&keys).collect();
+            if task % 2 == 1 {
+                pairs.reverse();
+            }
+            for _ in 0..CALLS {
+                let verdicts = limiter
+                    .failed_all(&pairs)
+                    .await
+                    .expect("no deadlock, no error");
+                assert!(!verdicts.is_unreachable());
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("a task");
+    }
+    let admin = db.connect_admin().await;
+    let counts: Vec<i64> = admin
+        .query("SELECT count FROM platformkit_limits ORDER BY key", &[])
+        .await
+        .expect("a system read")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![(TASKS * CALLS) as i64; 4],
+        "every call counted"
+    );
+}
