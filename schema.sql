@@ -89,10 +89,11 @@ $$;
 -- bigint.
 CREATE OR REPLACE PROCEDURE platformkit_limit_add(
     p_key text, p_add bigint, p_window_secs bigint, p_at timestamptz,
-    p_budget_ms bigint, p_relaxed boolean,
+    p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
     INOUT o_count bigint DEFAULT NULL,
     INOUT o_window_end timestamptz DEFAULT NULL,
-    INOUT o_now timestamptz DEFAULT NULL)
+    INOUT o_now timestamptz DEFAULT NULL,
+    INOUT o_previous bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -113,7 +114,13 @@ BEGIN
     VALUES (p_key, v_start, v_start + v_window, p_add)
     ON CONFLICT (key, window_start) DO UPDATE
         SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
-    RETURNING l.count, l.window_start + v_window INTO o_count, o_window_end;
+    RETURNING l.count, l.window_start + v_window,
+        CASE WHEN p_previous THEN
+            (SELECT p.count FROM platformkit_limits AS p
+             WHERE p.key = p_key AND p.window_start = v_start - v_window)
+        END
+    INTO o_count, o_window_end, o_previous;
+    o_previous := COALESCE(o_previous, 0);
 END
 $$;
 
@@ -125,10 +132,11 @@ $$;
 -- order given.
 CREATE OR REPLACE PROCEDURE platformkit_limit_add_many(
     p_keys text[], p_window_secs bigint[], p_add bigint, p_at timestamptz,
-    p_budget_ms bigint, p_relaxed boolean,
+    p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
     INOUT o_counts bigint[] DEFAULT NULL,
     INOUT o_window_ends timestamptz[] DEFAULT NULL,
-    INOUT o_now timestamptz DEFAULT NULL)
+    INOUT o_now timestamptz DEFAULT NULL,
+    INOUT o_previous bigint[] DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -157,8 +165,14 @@ BEGIN
         RETURNING l.key, l.window_start, l.count
     )
     SELECT pg_catalog.array_agg(c.count ORDER BY a.ord),
-           pg_catalog.array_agg(a.start + a.width ORDER BY a.ord)
-    INTO o_counts, o_window_ends
+           pg_catalog.array_agg(a.start + a.width ORDER BY a.ord),
+           pg_catalog.array_agg(
+               CASE WHEN p_previous THEN
+                   COALESCE((SELECT p.count FROM platformkit_limits AS p
+                             WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
+               ELSE 0 END
+               ORDER BY a.ord)
+    INTO o_counts, o_window_ends, o_previous
     FROM asked AS a
     JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
 END
@@ -167,9 +181,11 @@ $$;
 -- Reads the count of each (key, window) pair; writes nothing.
 CREATE OR REPLACE PROCEDURE platformkit_limit_read_many(
     p_keys text[], p_window_secs bigint[], p_at timestamptz, p_budget_ms bigint,
+    p_previous boolean,
     INOUT o_counts bigint[] DEFAULT NULL,
     INOUT o_window_ends timestamptz[] DEFAULT NULL,
-    INOUT o_now timestamptz DEFAULT NULL)
+    INOUT o_now timestamptz DEFAULT NULL,
+    INOUT o_previous bigint[] DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -186,8 +202,14 @@ BEGIN
         FROM unnest(p_keys, p_window_secs) WITH ORDINALITY AS t(key, secs, ord)
     )
     SELECT pg_catalog.array_agg(COALESCE(l.count, 0) ORDER BY a.ord),
-           pg_catalog.array_agg(a.start + a.width ORDER BY a.ord)
-    INTO o_counts, o_window_ends
+           pg_catalog.array_agg(a.start + a.width ORDER BY a.ord),
+           pg_catalog.array_agg(
+               CASE WHEN p_previous THEN
+                   COALESCE((SELECT p.count FROM platformkit_limits AS p
+                             WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
+               ELSE 0 END
+               ORDER BY a.ord)
+    INTO o_counts, o_window_ends, o_previous
     FROM asked AS a
     LEFT JOIN platformkit_limits AS l ON l.key = a.key AND l.window_start = a.start;
 END
@@ -196,9 +218,11 @@ $$;
 -- Reads the key's count in the current window; writes nothing.
 CREATE OR REPLACE PROCEDURE platformkit_limit_read(
     p_key text, p_window_secs bigint, p_at timestamptz, p_budget_ms bigint,
+    p_previous boolean,
     INOUT o_count bigint DEFAULT NULL,
     INOUT o_window_end timestamptz DEFAULT NULL,
-    INOUT o_now timestamptz DEFAULT NULL)
+    INOUT o_now timestamptz DEFAULT NULL,
+    INOUT o_previous bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -213,9 +237,16 @@ BEGIN
     o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
     v_start := pg_catalog.date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
     o_window_end := v_start + v_window;
-    SELECT l.count INTO o_count FROM platformkit_limits AS l
-    WHERE l.key = p_key AND l.window_start = v_start;
+    SELECT
+        (SELECT l.count FROM platformkit_limits AS l
+         WHERE l.key = p_key AND l.window_start = v_start),
+        CASE WHEN p_previous THEN
+            (SELECT p.count FROM platformkit_limits AS p
+             WHERE p.key = p_key AND p.window_start = v_start - v_window)
+        END
+    INTO o_count, o_previous;
     o_count := COALESCE(o_count, 0);
+    o_previous := COALESCE(o_previous, 0);
 END
 $$;
 
@@ -265,8 +296,10 @@ BEGIN
 END
 $$;
 
--- Deletes at most p_batch rows whose window closed more than 24 hours ago,
--- skipping rows another transaction holds; returns how many went.
+-- Deletes at most p_batch rows whose window closed more than 24 hours ago
+-- and more than one window length ago (a sliding window still reads the
+-- window before the current one), skipping rows another transaction holds;
+-- returns how many went.
 CREATE OR REPLACE PROCEDURE platformkit_limit_purge(
     p_batch bigint, p_budget_ms bigint,
     INOUT o_deleted bigint DEFAULT NULL)
@@ -282,6 +315,7 @@ BEGIN
     USING (
         SELECT d.key, d.window_start FROM platformkit_limits AS d
         WHERE d.window_end < pg_catalog.statement_timestamp() - interval '24 hours'
+          AND d.window_end < pg_catalog.statement_timestamp() - (d.window_end - d.window_start)
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
     ) AS doomed

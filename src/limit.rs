@@ -52,6 +52,25 @@ pub struct Limit {
     window_secs: u64,
     when_unreachable: WhenUnreachable,
     on_success: OnSuccess,
+    strategy: Strategy,
+}
+
+/// How a limit counts over time.
+///
+/// | strategy | what it counts | burst it allows |
+/// |---|---|---|
+/// | `Fixed` (default) | the current window | 2 × max in an instant: max just before a window's edge and max just after |
+/// | `Sliding` | the current window plus the previous one weighted by how much of it still overlaps the last window's length | at most max in an instant, and at most ⌈max × (1 + L/W)⌉ in any interval of length L |
+///
+/// Both keep one row per key per window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Strategy {
+    /// Fixed windows, aligned to the Unix epoch.
+    #[default]
+    Fixed,
+    /// A sliding-window estimate over two fixed windows.
+    Sliding,
 }
 
 /// What a limit does when the store cannot be reached within the budget.
@@ -152,7 +171,29 @@ impl Limit {
             window_secs: window.as_secs(),
             when_unreachable: WhenUnreachable::default(),
             on_success: OnSuccess::default(),
+            strategy: Strategy::default(),
         })
+    }
+
+    /// Counts with a sliding-window estimate instead of fixed windows (see
+    /// [`Strategy`]).
+    ///
+    /// ```
+    /// use platformkit_limit::{Limit, Strategy};
+    /// use std::time::Duration;
+    ///
+    /// let login = Limit::new("login", 10, Duration::from_secs(900))?.sliding();
+    /// assert_eq!(login.strategy(), Strategy::Sliding);
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// ```
+    pub fn sliding(mut self) -> Self {
+        self.strategy = Strategy::Sliding;
+        self
+    }
+
+    /// How the limit counts over time.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
     }
 
     /// Sets what the limit does when the store cannot be reached (by default,

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::clock::{Clock, from_micros, micros_since_epoch};
 use crate::store::{Counted, Op, Store, sealed};
 use crate::verdict::window_of;
-use crate::{Error, Limit, ManualClock};
+use crate::{Error, Limit, ManualClock, Strategy};
 
 /// The in-process fake: the same behaviour as [`Postgres`](crate::Postgres),
 /// kept in a map, for callers' unit tests.
@@ -86,6 +86,15 @@ impl sealed::Sealed for Memory {
         let now_micros = micros_since_epoch(self.now());
         let (start, end) = window_of(now_micros, limit.window_secs());
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        let width = end - start;
+        let previous = match limit.strategy() {
+            Strategy::Sliding => windows
+                .get(key)
+                .and_then(|w| w.get(&(start - width)))
+                .copied()
+                .unwrap_or(0),
+            _ => 0,
+        };
         let count = match op {
             Op::Check => windows
                 .get(key)
@@ -95,7 +104,9 @@ impl sealed::Sealed for Memory {
             Op::Failed | Op::Hit => {
                 let key_windows = windows.entry(key.to_owned()).or_default();
                 if self.current_only {
-                    key_windows.retain(|&s, _| s == start);
+                    // The current window, and the one before for sliding
+                    // windows.
+                    key_windows.retain(|&s, _| s == start || s == start - width);
                 }
                 let count = key_windows.entry(start).or_insert(0);
                 *count = count.saturating_add(1).min(MAX_COUNT);
@@ -104,6 +115,7 @@ impl sealed::Sealed for Memory {
         };
         Ok(Counted {
             count,
+            previous,
             window_end: from_micros(end),
             now: from_micros(now_micros),
         })

@@ -9,7 +9,7 @@ use tokio_postgres::{Client, Row};
 use crate::clock::Clock;
 use crate::sql::{self, budget_ms};
 use crate::store::{Counted, Op, Store, sealed};
-use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock};
+use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
 
 /// The real store: each key's count in each window is a row of
 /// `platformkit_limits`, shared by every replica and kept across deploys.
@@ -100,25 +100,28 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
         let pinned: Option<SystemTime> = self.clock.pinned();
         let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let previous = limit.strategy() == Strategy::Sliding;
         let row = match op {
             Op::Check => {
-                let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                let params: [(&(dyn ToSql + Sync), Type); 5] = [
                     (&key, Type::TEXT),
                     (&window, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
                     (&budget, Type::INT8),
+                    (&previous, Type::BOOL),
                 ];
                 call(&conn, op.name(), sql::READ, &params).await?
             }
             Op::Failed | Op::Hit => {
                 let one = 1_i64;
-                let params: [(&(dyn ToSql + Sync), Type); 6] = [
+                let params: [(&(dyn ToSql + Sync), Type); 7] = [
                     (&key, Type::TEXT),
                     (&one, Type::INT8),
                     (&window, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
                     (&budget, Type::INT8),
                     (&self.relaxed, Type::BOOL),
+                    (&previous, Type::BOOL),
                 ];
                 call(&conn, op.name(), sql::ADD, &params).await?
             }
@@ -127,10 +130,10 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let count: i64 = row.try_get(0).map_err(get)?;
         let window_end: SystemTime = row.try_get(1).map_err(get)?;
         let now: SystemTime = row.try_get(2).map_err(get)?;
+        let previous: i64 = row.try_get(3).map_err(get)?;
         Ok(Counted {
-            // The table's CHECK keeps counts non-negative; were one ever
-            // negative, refusing is the safe reading.
-            count: u64::try_from(count).unwrap_or(u64::MAX),
+            count: stored_count(count),
+            previous: stored_count(previous),
             window_end,
             now,
         })
@@ -150,25 +153,30 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             .collect();
         let pinned: Option<SystemTime> = self.clock.pinned();
         let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let previous = pairs
+            .iter()
+            .any(|(limit, _)| limit.strategy() == Strategy::Sliding);
         let row = match op {
             Op::Check => {
-                let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                let params: [(&(dyn ToSql + Sync), Type); 5] = [
                     (&keys, Type::TEXT_ARRAY),
                     (&windows, Type::INT8_ARRAY),
                     (&pinned, Type::TIMESTAMPTZ),
                     (&budget, Type::INT8),
+                    (&previous, Type::BOOL),
                 ];
                 call(&conn, op.name(), sql::READ_MANY, &params).await?
             }
             Op::Failed | Op::Hit => {
                 let one = 1_i64;
-                let params: [(&(dyn ToSql + Sync), Type); 6] = [
+                let params: [(&(dyn ToSql + Sync), Type); 7] = [
                     (&keys, Type::TEXT_ARRAY),
                     (&windows, Type::INT8_ARRAY),
                     (&one, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
                     (&budget, Type::INT8),
                     (&self.relaxed, Type::BOOL),
+                    (&previous, Type::BOOL),
                 ];
                 call(&conn, op.name(), sql::ADD_MANY, &params).await?
             }
@@ -177,7 +185,11 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let counts: Vec<i64> = row.try_get(0).map_err(get)?;
         let window_ends: Vec<SystemTime> = row.try_get(1).map_err(get)?;
         let now: SystemTime = row.try_get(2).map_err(get)?;
-        if counts.len() != pairs.len() || window_ends.len() != pairs.len() {
+        let previous: Vec<i64> = row.try_get(3).map_err(get)?;
+        if counts.len() != pairs.len()
+            || window_ends.len() != pairs.len()
+            || previous.len() != pairs.len()
+        {
             return Err(Error::unexpected(
                 op.name(),
                 "a different number of counts than pairs asked",
@@ -186,8 +198,10 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         Ok(counts
             .into_iter()
             .zip(window_ends)
-            .map(|(count, window_end)| Counted {
-                count: u64::try_from(count).unwrap_or(u64::MAX),
+            .zip(previous)
+            .map(|((count, window_end), previous)| Counted {
+                count: stored_count(count),
+                previous: stored_count(previous),
                 window_end,
                 now,
             })
@@ -226,6 +240,12 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let row = call(&conn, "reset", sql::RESET, &params).await?;
         deleted(&row, "reset")
     }
+}
+
+/// A count as stored. The table's CHECK keeps counts non-negative; were one
+/// ever negative, refusing is the safe reading.
+fn stored_count(count: i64) -> u64 {
+    u64::try_from(count).unwrap_or(u64::MAX)
 }
 
 /// Sends one `CALL` and returns its one row.

@@ -25,26 +25,28 @@ pub(crate) const SCHEMA: &str = include_str!("../schema.sql");
 ///
 /// `$1` stored key, `$2` how many to add, `$3` window in seconds, `$4` the
 /// pinned time or NULL for the database's clock, `$5` budget in
-/// milliseconds, `$6` relaxed durability. Returns the count, the window's
-/// end and the time.
-pub(crate) const ADD: &str = "CALL platformkit_limit_add($1, $2, $3, $4, $5, $6)";
+/// milliseconds, `$6` relaxed durability, `$7` whether to read the previous
+/// window too (sliding windows). Returns the count, the window's end, the
+/// time and the previous window's count.
+pub(crate) const ADD: &str = "CALL platformkit_limit_add($1, $2, $3, $4, $5, $6, $7)";
 
 /// Adds `$3` to the count of each pair of `$1` (stored keys) and `$2`
 /// (windows in seconds), in (key, window) order. `$4` pinned time or NULL,
-/// `$5` budget in milliseconds, `$6` relaxed durability. Returns the counts
-/// and window ends in the order given, and the time.
-pub(crate) const ADD_MANY: &str = "CALL platformkit_limit_add_many($1, $2, $3, $4, $5, $6)";
+/// `$5` budget in milliseconds, `$6` relaxed durability, `$7` whether to
+/// read the previous windows. Returns the counts and window ends in the
+/// order given, the time, and the previous counts.
+pub(crate) const ADD_MANY: &str = "CALL platformkit_limit_add_many($1, $2, $3, $4, $5, $6, $7)";
 
 /// Reads the count of each pair of `$1` and `$2`. `$3` pinned time or NULL,
-/// `$4` budget in milliseconds.
-pub(crate) const READ_MANY: &str = "CALL platformkit_limit_read_many($1, $2, $3, $4)";
+/// `$4` budget in milliseconds, `$5` whether to read the previous windows.
+pub(crate) const READ_MANY: &str = "CALL platformkit_limit_read_many($1, $2, $3, $4, $5)";
 
 /// Reads the key's count in the current window; writes nothing.
 ///
 /// `$1` stored key, `$2` window in seconds, `$3` the pinned time or NULL,
-/// `$4` budget in milliseconds. Returns the count, the window's end and the
-/// time.
-pub(crate) const READ: &str = "CALL platformkit_limit_read($1, $2, $3, $4)";
+/// `$4` budget in milliseconds, `$5` whether to read the previous window.
+/// Returns the count, the window's end, the time and the previous count.
+pub(crate) const READ: &str = "CALL platformkit_limit_read($1, $2, $3, $4, $5)";
 
 /// Takes `$3` back from the key's count in the window starting at `$2`,
 /// never below zero. `$1` stored key, `$4` budget in milliseconds, `$5`

@@ -46,6 +46,8 @@ impl Op {
 pub struct Counted {
     /// The count in the current window, after this call's own addition.
     pub count: u64,
+    /// The count of the window before, for sliding windows (0 for fixed).
+    pub previous: u64,
     /// When the current window closes.
     pub window_end: SystemTime,
     /// The store's time during the call.

@@ -7,8 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::clock::{from_micros, micros_since_epoch};
 use crate::store::{Counted, Op};
-use crate::{Error, Limit};
+use crate::{Error, Limit, Strategy};
 
 /// The answer to "may this attempt go ahead?".
 ///
@@ -143,21 +144,61 @@ pub(crate) fn window_of(now_micros: i64, window_secs: u64) -> (i64, i64) {
 
 /// Turns what a store counted into a verdict: the one decision both stores
 /// share.
+///
+/// In microseconds over a window of width `w` that began `e` ago, with
+/// `prev` the previous window's count (0 for fixed windows) and `cur` the
+/// current one's, the estimate times `w` is `prev × (w − e) + cur × w`. An
+/// attempt may go ahead while the estimate is below `max`: `check` and
+/// `failed` compare the estimate as it stands, `hit` the estimate before its
+/// own ask. Integer arithmetic only, so both stores decide the same.
 pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
-    let max = u64::from(limit.max());
-    let allowed = match op {
-        Op::Check | Op::Failed => counted.count < max,
-        Op::Hit => counted.count <= max,
+    let max = i128::from(limit.max());
+    let w = i128::from(limit.window_secs()) * 1_000_000;
+    let start = i128::from(micros_since_epoch(counted.window_end)) - w;
+    let now = i128::from(micros_since_epoch(counted.now));
+    let elapsed = (now - start).clamp(0, w);
+    let prev = match limit.strategy() {
+        Strategy::Sliding => i128::from(counted.previous),
+        _ => 0,
+    };
+    let cur = i128::from(counted.count);
+    let weighted = prev * (w - elapsed) + cur * w;
+    let own = match op {
+        Op::Hit => w,
+        Op::Check | Op::Failed => 0,
+    };
+    let allowed = weighted - own < max * w;
+    let estimate = u64::try_from((weighted + w - 1) / w).unwrap_or(u64::MAX);
+    let reopens_at = match limit.strategy() {
+        Strategy::Sliding if !allowed => reopening(prev, cur, max, w, start),
+        // A fixed window starts again from zero.
+        _ => counted.window_end,
     };
     Verdict {
         limit: limit.name_arc().clone(),
         allowed,
         counts: Some(Counts {
-            count: counted.count,
+            count: estimate,
             max: limit.max(),
-            window_end: counted.window_end,
+            window_end: reopens_at,
             now: counted.now,
         }),
         unreachable: None,
     }
+}
+
+/// For a sliding window, the first instant at which the estimate drops below
+/// `max`, if nothing more is counted: within the current window while the previous window's
+/// weight fades, or in the next one while the current window's does.
+fn reopening(prev: i128, cur: i128, max: i128, w: i128, start: i128) -> SystemTime {
+    let at = if cur < max && prev > 0 {
+        // prev × (w − e) < (max − cur) × w  ⇔  e > w − (max − cur) × w / prev
+        start + (w * prev - (max - cur) * w).div_euclid(prev) + 1
+    } else if cur < max {
+        start + w
+    } else {
+        // Next window: cur × (w − e') < max × w  ⇔  e' > w × (cur − max) / cur
+        start + w + (w * (cur - max)).div_euclid(cur) + 1
+    };
+    from_micros(i64::try_from(at).unwrap_or(i64::MAX))
 }

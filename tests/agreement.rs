@@ -1,8 +1,11 @@
 //! `Memory` is the fake callers test against; it is only worth having if it
 //! behaves exactly like `Postgres`. These tests play the same calls, at the
 //! same pinned times, against both, and require the same verdicts, call for
-//! call; the property also checks both against a plain model of fixed
-//! windows.
+//! call; the property also checks both against a plain model of fixed and
+//! sliding windows, written independently of the crate's arithmetic (the
+//! model finds a sliding window's reopening by search, the crate by a closed
+//! form). The calls: check, failed, hit, reset, reserve (with or without
+//! success reported), and the several-limits calls.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -11,7 +14,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use platformkit_limit::{
-    Key, Limit, LimitConn, Limiter, MAX_BUDGET, ManualClock, Memory, Postgres, SCHEMA, Verdict,
+    Key, Limit, LimitConn, Limiter, MAX_BUDGET, ManualClock, Memory, Postgres, Reservation, SCHEMA,
+    Verdict,
 };
 use platformkit_limit_testdb::{Server, TestDb};
 use proptest::prelude::*;
@@ -160,6 +164,14 @@ enum Call {
     Failed,
     Hit,
     Reset,
+    /// Reserve, then report success (taking the attempt back) or not.
+    Reserve {
+        succeed: bool,
+    },
+    /// The several-limits calls, over every limit of the case with one key.
+    CheckAll,
+    FailedAll,
+    HitAll,
 }
 
 /// How the clock moves before a call.
@@ -187,8 +199,8 @@ struct Op {
 struct Case {
     /// Seconds and microseconds since the Unix epoch.
     start: (u64, u32),
-    /// `(max, window in seconds)` of each limit.
-    limits: Vec<(u32, u64)>,
+    /// `(max, window in seconds, sliding)` of each limit.
+    limits: Vec<(u32, u64, bool)>,
     keys: Vec<&'static [&'static str]>,
     ops: Vec<Op>,
 }
@@ -220,6 +232,10 @@ fn op(limits: usize, keys: usize) -> impl Strategy<Value = Op> {
         3 => Just(Call::Failed),
         3 => Just(Call::Hit),
         1 => Just(Call::Reset),
+        2 => any::<bool>().prop_map(|succeed| Call::Reserve { succeed }),
+        1 => Just(Call::CheckAll),
+        1 => Just(Call::FailedAll),
+        1 => Just(Call::HitAll),
     ];
     (advance(limits), call, 0..limits, 0..keys).prop_map(|(advance, call, limit, key)| Op {
         advance,
@@ -240,7 +256,10 @@ fn start() -> impl Strategy<Value = (u64, u32)> {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    let limits = prop::collection::vec((1..=4u32, prop::sample::select(WINDOWS)), 1..=3);
+    let limits = prop::collection::vec(
+        (1..=4u32, prop::sample::select(WINDOWS), any::<bool>()),
+        1..=3,
+    );
     let keys = prop::sample::subsequence(KEY_POOL.to_vec(), 1..=4);
     (start(), limits, keys).prop_flat_map(|(start, limits, keys)| {
         let ops = prop::collection::vec(op(limits.len(), keys.len()), 1..=40);
@@ -260,43 +279,93 @@ fn cases() -> u32 {
         .unwrap_or(64)
 }
 
-/// Counts per (limit, key, window start in microseconds): fixed windows from
-/// the Unix epoch, as the crate documents them.
+/// Counts per (limit, key, window start in microseconds), windows from the
+/// Unix epoch as the crate documents them. For a sliding window the estimate
+/// is the current count plus the previous window's weighted by how much of
+/// it still overlaps the last window's length; an attempt may go ahead while
+/// the estimate (before its own ask, for `hit`) is below max.
 #[derive(Default)]
 struct Model {
     counts: HashMap<(usize, usize, u64), u64>,
 }
 
 impl Model {
+    fn count(&self, limit: usize, key: usize, start: u64) -> u64 {
+        self.counts.get(&(limit, key, start)).copied().unwrap_or(0)
+    }
+
+    /// The estimate times the window width, at `now`.
+    fn weighted(&self, limit: usize, key: usize, width: u64, sliding: bool, now: u64) -> u128 {
+        let start = now / width * width;
+        let elapsed = now - start;
+        let previous = if sliding && start >= width {
+            self.count(limit, key, start - width)
+        } else {
+            0
+        };
+        u128::from(previous) * u128::from(width - elapsed)
+            + u128::from(self.count(limit, key, start)) * u128::from(width)
+    }
+
     fn verdict(
         &mut self,
         call: &Call,
         limit: usize,
         key: usize,
-        max: u32,
-        window: u64,
+        spec: (u32, u64, bool),
         now: u64,
     ) -> Seen {
+        let (max, window, sliding) = spec;
         let width = window * MICROS_PER_SEC;
         let start = now / width * width;
-        let count = self.counts.entry((limit, key, start)).or_insert(0);
-        if matches!(call, Call::Failed | Call::Hit) {
-            *count += 1;
+        if matches!(
+            call,
+            Call::Failed | Call::Hit | Call::Reserve { .. } | Call::FailedAll | Call::HitAll
+        ) {
+            *self.counts.entry((limit, key, start)).or_insert(0) += 1;
         }
-        let count = *count;
-        let max = u64::from(max);
-        let allowed = match call {
-            Call::Hit => count <= max,
-            _ => count < max,
+        let weighted = self.weighted(limit, key, width, sliding, now);
+        let own = if matches!(call, Call::Hit | Call::Reserve { .. } | Call::HitAll) {
+            u128::from(width)
+        } else {
+            0
+        };
+        let max_w = u128::from(max) * u128::from(width);
+        let allowed = weighted - own < max_w;
+        let count = u64::try_from(weighted.div_ceil(u128::from(width))).unwrap();
+        let reopens = if allowed || !sliding {
+            start + width
+        } else {
+            // The first microsecond at which the estimate is below max again:
+            // it only falls while nothing is counted, so search for it.
+            let (mut lo, mut hi) = (now, start + 2 * width + 1);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if self.weighted(limit, key, width, sliding, mid) < max_w {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            lo
         };
         Seen {
             allowed,
             refused: !allowed,
             unreachable: false,
             count: Some(count),
-            remaining: Some(max.saturating_sub(count)),
-            reopens_at: Some(at_micros(start + width)),
-            retry_after: (!allowed).then(|| Duration::from_micros(start + width - now)),
+            remaining: Some(u64::from(max).saturating_sub(count)),
+            reopens_at: Some(at_micros(reopens)),
+            retry_after: (!allowed).then(|| Duration::from_micros(reopens - now)),
+        }
+    }
+
+    /// A reserved attempt that succeeded is taken back from its window.
+    fn take_back(&mut self, limit: usize, key: usize, window: u64, now: u64) {
+        let width = window * MICROS_PER_SEC;
+        let start = now / width * width;
+        if let Some(count) = self.counts.get_mut(&(limit, key, start)) {
+            *count = count.saturating_sub(1);
         }
     }
 
@@ -312,8 +381,10 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
         .limits
         .iter()
         .enumerate()
-        .map(|(i, &(max, window))| {
-            Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window)).unwrap()
+        .map(|(i, &(max, window, sliding))| {
+            let limit =
+                Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window)).unwrap();
+            if sliding { limit.sliding() } else { limit }
         })
         .collect();
     let keys: Vec<Key> = case.keys.iter().map(|p| Key::new(*p).unwrap()).collect();
@@ -343,42 +414,105 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
             }
             let now = clock.now();
             let (limit, key) = (&limits[op.limit], &keys[op.key]);
-            let counted = match op.call {
-                Call::Check => Some((pg.check(limit, key).await, mem.check(limit, key).await)),
-                Call::Failed => Some((pg.failed(limit, key).await, mem.failed(limit, key).await)),
-                Call::Hit => Some((pg.hit(limit, key).await, mem.hit(limit, key).await)),
+            let all: Vec<(&Limit, &Key)> = limits.iter().map(|l| (l, key)).collect();
+            let fail = |who: &str, e: platformkit_limit::Error| {
+                TestCaseError::fail(format!("op {i} {op:?}: {who}: {e:?}"))
+            };
+            // (verdicts from Postgres, from Memory, the limits they are for)
+            let (p, m, which): (Vec<Verdict>, Vec<Verdict>, Vec<usize>) = match op.call {
+                Call::Check => (
+                    vec![
+                        pg.check(limit, key)
+                            .await
+                            .map_err(|e| fail("Postgres", e))?,
+                    ],
+                    vec![mem.check(limit, key).await.map_err(|e| fail("Memory", e))?],
+                    vec![op.limit],
+                ),
+                Call::Failed => (
+                    vec![
+                        pg.failed(limit, key)
+                            .await
+                            .map_err(|e| fail("Postgres", e))?,
+                    ],
+                    vec![
+                        mem.failed(limit, key)
+                            .await
+                            .map_err(|e| fail("Memory", e))?,
+                    ],
+                    vec![op.limit],
+                ),
+                Call::Hit => (
+                    vec![pg.hit(limit, key).await.map_err(|e| fail("Postgres", e))?],
+                    vec![mem.hit(limit, key).await.map_err(|e| fail("Memory", e))?],
+                    vec![op.limit],
+                ),
+                Call::Reserve { succeed } => {
+                    let p = pg
+                        .reserve(limit, key)
+                        .await
+                        .map_err(|e| fail("Postgres", e))?;
+                    let m = mem
+                        .reserve(limit, key)
+                        .await
+                        .map_err(|e| fail("Memory", e))?;
+                    let (pv, mv) = (p.verdict().clone(), m.verdict().clone());
+                    if succeed {
+                        if let Reservation::Granted(permit) = p {
+                            permit.succeeded().await.map_err(|e| fail("Postgres", e))?;
+                        }
+                        if let Reservation::Granted(permit) = m {
+                            permit.succeeded().await.map_err(|e| fail("Memory", e))?;
+                        }
+                    }
+                    (vec![pv], vec![mv], vec![op.limit])
+                }
+                Call::CheckAll | Call::FailedAll | Call::HitAll => {
+                    let (p, m) = match op.call {
+                        Call::CheckAll => (pg.check_all(&all).await, mem.check_all(&all).await),
+                        Call::FailedAll => (pg.failed_all(&all).await, mem.failed_all(&all).await),
+                        _ => (pg.hit_all(&all).await, mem.hit_all(&all).await),
+                    };
+                    (
+                        p.map_err(|e| fail("Postgres", e))?.into_vec(),
+                        m.map_err(|e| fail("Memory", e))?.into_vec(),
+                        (0..limits.len()).collect(),
+                    )
+                }
                 Call::Reset => {
                     let (p, m) = (pg.reset(limit, key).await, mem.reset(limit, key).await);
                     prop_assert!(p.is_ok(), "op {i} {op:?}: Postgres reset: {p:?}");
                     prop_assert!(m.is_ok(), "op {i} {op:?}: Memory reset: {m:?}");
                     model.reset(op.limit, op.key);
-                    None
+                    continue;
                 }
             };
-            if let Some((p, m)) = counted {
-                let p =
-                    p.map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: Postgres: {e:?}")))?;
-                let m =
-                    m.map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: Memory: {e:?}")))?;
-                let (p, m) = (Seen::from(&p), Seen::from(&m));
+            for ((p, m), &l) in p.iter().zip(&m).zip(&which) {
+                let (p, m) = (Seen::from(p), Seen::from(m));
                 prop_assert_eq!(
                     &p,
                     &m,
-                    "op {} {:?} at {:?}: Postgres, then Memory",
+                    "op {} {:?} at {:?}, limit {}: Postgres, then Memory",
                     i,
                     op,
-                    now
+                    now,
+                    l
                 );
-                let (max, window) = case.limits[op.limit];
-                let expected = model.verdict(&op.call, op.limit, op.key, max, window, micros(now));
+                let expected = model.verdict(&op.call, l, op.key, case.limits[l], micros(now));
                 prop_assert_eq!(
                     &m,
                     &expected,
-                    "op {} {:?} at {:?}: the stores, then the model",
+                    "op {} {:?} at {:?}, limit {}: the stores, then the model",
                     i,
                     op,
-                    now
+                    now,
+                    l
                 );
+                if let Call::Reserve { succeed: true } = op.call {
+                    if m.allowed {
+                        model.take_back(l, op.key, case.limits[l].1, micros(now));
+                    }
+                }
             }
         }
         Ok(())

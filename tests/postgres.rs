@@ -40,7 +40,7 @@ const BUDGET: Duration = Duration::from_millis(500);
 const SLACK: Duration = Duration::from_secs(1);
 
 // ---------------------------------------------------------------------------
-// Helpers
+// Support
 // ---------------------------------------------------------------------------
 
 /// A fresh database with the schema, on the shared server.
