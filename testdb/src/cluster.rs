@@ -267,16 +267,7 @@ impl Cluster {
 
     /// The last lines of the server log, for error messages.
     pub(crate) fn log_tail(&self) -> String {
-        const MAX: u64 = 8 * 1024;
-        let len = fs::metadata(&self.log_path).map_or(0, |m| m.len());
-        let tail = read_from(&self.log_path, len.saturating_sub(MAX));
-        if len > MAX {
-            // Drop the first, probably partial, line.
-            tail.split_once('\n')
-                .map_or(tail.clone(), |(_, rest)| rest.to_owned())
-        } else {
-            tail
-        }
+        tail_of(&self.log_path)
     }
 }
 
@@ -294,14 +285,30 @@ impl Drop for Cluster {
     }
 }
 
-fn free_port() -> u16 {
+/// The last lines (at most 8 KiB) of the file at `path`, for error messages; empty when
+/// it cannot be read.
+pub(crate) fn tail_of(path: &Path) -> String {
+    const MAX: u64 = 8 * 1024;
+    let len = fs::metadata(path).map_or(0, |m| m.len());
+    let tail = read_from(path, len.saturating_sub(MAX));
+    if len > MAX {
+        // Drop the first, probably partial, line.
+        tail.split_once('\n')
+            .map_or(tail.clone(), |(_, rest)| rest.to_owned())
+    } else {
+        tail
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .unwrap_or_else(|e| panic!("finding a free TCP port on 127.0.0.1: {e}"))
         .port()
 }
 
-fn read_from(path: &Path, offset: u64) -> String {
+pub(crate) fn read_from(path: &Path, offset: u64) -> String {
     let mut bytes = Vec::new();
     let Ok(mut file) = File::open(path) else {
         return String::new();

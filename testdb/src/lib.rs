@@ -53,6 +53,15 @@
 //! application would. Throwaway servers need no passwords; on a `DATABASE_URL` server
 //! that has one, both roles get the URL's password.
 //!
+//! # PgBouncer
+//!
+//! [`PgBouncer::start`] puts a PgBouncer in transaction pooling mode in front of a server,
+//! for tests of what a pooler between the application and PostgreSQL changes. Its binary is
+//! looked for in `PGBOUNCER`, on `PATH`, and as `/usr/sbin/pgbouncer` or
+//! `/usr/bin/pgbouncer` (`apt-get install pgbouncer`); without one, `start` returns `None`.
+//! Like a throwaway server, it runs unprivileged when the tests run as root, is stopped
+//! when dropped, and never outlives the test process.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -75,6 +84,7 @@
 mod bootstrap;
 mod cluster;
 mod locate;
+mod pgbouncer;
 mod process;
 
 use std::fmt;
@@ -90,6 +100,8 @@ use tokio_postgres::{Client, Config, NoTls};
 
 use crate::bootstrap::{OWNER, TENANT};
 use crate::cluster::Cluster;
+
+pub use crate::pgbouncer::PgBouncer;
 
 /// How a throwaway server is configured.
 #[derive(Clone, Debug, Default)]

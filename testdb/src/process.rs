@@ -118,7 +118,8 @@ pub(crate) fn base_dir() -> &'static Path {
     })
 }
 
-/// Creates a fresh, empty directory `<base>/<pid>-<n>` (mode 0755) for one cluster.
+/// Creates a fresh, empty directory `<base>/<pid>-<n>` (mode 0755) for one cluster (or
+/// one PgBouncer).
 pub(crate) fn new_cluster_dir() -> PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -237,11 +238,20 @@ struct SpawnRequest {
 
 /// Spawns `command` so that it receives SIGQUIT (PostgreSQL's "immediate shutdown") when
 /// this process dies, even if nothing gets to run a destructor.
+pub(crate) fn spawn_tied_to_process(command: Command) -> io::Result<Child> {
+    spawn_tied_to_process_with(command, libc::SIGQUIT)
+}
+
+/// Spawns `command` so that it receives `signal` when this process dies, even if nothing
+/// gets to run a destructor.
 ///
 /// The kernel delivers the parent-death signal when the *thread* that forked the child
 /// exits, so all such children are spawned by one dedicated thread that lives as long as
 /// the process does.
-pub(crate) fn spawn_tied_to_process(mut command: Command) -> io::Result<Child> {
+pub(crate) fn spawn_tied_to_process_with(
+    mut command: Command,
+    signal: libc::c_int,
+) -> io::Result<Child> {
     static KEEPER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
 
     let parent = std::process::id() as libc::pid_t;
@@ -249,7 +259,7 @@ pub(crate) fn spawn_tied_to_process(mut command: Command) -> io::Result<Child> {
     // only makes async-signal-safe system calls (prctl, getppid) without allocating.
     unsafe {
         command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT as libc::c_ulong) != 0 {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong) != 0 {
                 return Err(io::Error::last_os_error());
             }
             // The parent may have died between fork and prctl; then nobody would signal us.

@@ -1,0 +1,393 @@
+//! The limiter through PgBouncer in transaction pooling mode, the pooler many
+//! deployments put between their services and PostgreSQL.
+//!
+//! In transaction mode a client's transactions may each run on a different
+//! server connection, and one server connection serves many clients in turn.
+//! The limiter is built for that: each operation is one `CALL` in autocommit
+//! (one transaction, as PgBouncer sees it), sent as an unnamed statement, and
+//! its system switch is set for the limiter's own transaction only, so it
+//! cannot be left on for the next client of the server connection.
+//!
+//! Without a `pgbouncer` binary these tests are skipped, except in CI (where
+//! `CI` is set), which installs it.
+//!
+//! The tests' own queries use `query_typed` and the simple protocol: a named
+//! prepared statement does not survive from one transaction to the next under
+//! transaction pooling.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use platformkit_limit::{ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA, purge};
+use platformkit_limit_testdb::{PgBouncer, Server, TestDb, connect};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Config};
+
+/// A window long enough that no test straddles two windows.
+const LONG_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+/// A PgBouncer in front of the shared server, or `None` (after saying so)
+/// when none is installed. In CI, which installs it, that is a failure.
+fn start_bouncer(pool_size: u32) -> Option<PgBouncer> {
+    let bouncer = PgBouncer::start(Server::shared(), pool_size);
+    if bouncer.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but no pgbouncer binary was found (PATH, /usr/sbin, /usr/bin, \
+             PGBOUNCER); .ci/run installs it"
+        );
+        eprintln!("skipped: no pgbouncer binary (apt-get install pgbouncer, or set PGBOUNCER)");
+    }
+    bouncer
+}
+
+async fn fresh_db() -> TestDb {
+    Server::shared().database(SCHEMA).await
+}
+
+fn limit(name: &str, max: u32) -> Limit {
+    Limit::new(name, max, LONG_WINDOW).expect("a valid limit")
+}
+
+/// One client connection to the bouncer, held for the whole test.
+async fn hold(config: &Config) -> Arc<Mutex<Client>> {
+    Arc::new(Mutex::new(connect(config).await))
+}
+
+/// A connection source that lends the held connection to one call at a time.
+fn lend(
+    held: Arc<Mutex<Client>>,
+) -> impl LimitConn<Conn = OwnedMutexGuard<Client>, Error = Infallible> {
+    move || {
+        let held = Arc::clone(&held);
+        async move { Ok::<_, Infallible>(held.lock_owned().await) }
+    }
+}
+
+async fn backend_pid(client: &Client) -> i32 {
+    client
+        .query_typed_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("SELECT pg_backend_pid()")
+        .get(0)
+}
+
+/// What another client of the server connection sees, between the
+/// limiter's calls: the switch is off, the table looks empty (row-level
+/// security), and it is the same backend, `expected_pid`.
+async fn observe(client: &Client, expected_pid: i32) {
+    let switch: Option<String> = client
+        .query_typed_one(
+            "SELECT pg_catalog.current_setting('platformkit.system', true)",
+            &[],
+        )
+        .await
+        .expect("reading the system switch")
+        .get(0);
+    assert!(
+        matches!(switch.as_deref(), None | Some("")),
+        "the system switch leaked to another client of the server connection: {switch:?}"
+    );
+    let is_system: bool = client
+        .query_typed_one("SELECT platformkit_is_system()", &[])
+        .await
+        .expect("SELECT platformkit_is_system()")
+        .get(0);
+    assert!(
+        !is_system,
+        "platformkit_is_system() is true outside the limiter"
+    );
+    let visible: i64 = client
+        .query_typed_one("SELECT count(*) FROM platformkit_limits", &[])
+        .await
+        .expect("counting the rows")
+        .get(0);
+    assert_eq!(
+        visible, 0,
+        "rows of platformkit_limits are visible outside the limiter's transaction"
+    );
+    assert_eq!(
+        backend_pid(client).await,
+        expected_pid,
+        "the observer is not on the limiter's server connection"
+    );
+}
+
+/// Rows in the table, counted by the superuser (who bypasses row-level
+/// security) directly on the server.
+async fn rows_in_table(db: &TestDb) -> i64 {
+    db.connect_admin()
+        .await
+        .query_one("SELECT count(*) FROM platformkit_limits", &[])
+        .await
+        .expect("counting the rows as the superuser")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_works_through_pgbouncer_in_transaction_mode() {
+    let Some(bouncer) = start_bouncer(2) else {
+        return;
+    };
+    let db = fresh_db().await;
+    let config = bouncer.config_for(&db.config());
+    let per_call = Limiter::new(Postgres::new(config.clone()));
+    let held = hold(&config).await;
+    let on_held = Limiter::new(Postgres::new(lend(Arc::clone(&held))));
+
+    let login = limit("login", 3);
+    let alice = Key::opaque("alice");
+    let bob = Key::opaque("bob");
+
+    for limiter_check in [
+        per_call.check(&login, &alice).await.unwrap(),
+        on_held.check(&login, &alice).await.unwrap(),
+    ] {
+        assert!(limiter_check.is_allowed());
+        assert!(!limiter_check.is_unreachable());
+        assert_eq!(limiter_check.count(), Some(0));
+    }
+
+    // Three failures, shared by both sources: the third closes the window.
+    let first = per_call.failed(&login, &alice).await.unwrap();
+    assert!(first.is_allowed());
+    assert_eq!(first.count(), Some(1));
+    let second = on_held.failed(&login, &alice).await.unwrap();
+    assert!(second.is_allowed());
+    assert_eq!(second.count(), Some(2));
+    assert_eq!(second.remaining(), Some(1));
+    let third = per_call.failed(&login, &alice).await.unwrap();
+    assert!(third.is_refused());
+    assert_eq!(third.count(), Some(3));
+    for refused in [
+        on_held.check(&login, &alice).await.unwrap(),
+        per_call.check(&login, &alice).await.unwrap(),
+    ] {
+        assert!(refused.is_refused());
+        assert!(!refused.is_unreachable());
+        assert_eq!(refused.count(), Some(3));
+        let wait = refused.retry_after().expect("a refusal says when to retry");
+        assert!(wait > Duration::ZERO && wait <= LONG_WINDOW);
+    }
+    // Another key is untouched.
+    assert_eq!(on_held.check(&login, &bob).await.unwrap().count(), Some(0));
+
+    // hit counts every ask, this one too: allowed while count <= max.
+    let forgot = limit("forgot", 2);
+    let asks = [
+        on_held.hit(&forgot, &bob).await.unwrap(),
+        per_call.hit(&forgot, &bob).await.unwrap(),
+        on_held.hit(&forgot, &bob).await.unwrap(),
+    ];
+    let counts: Vec<_> = asks.iter().map(|v| v.count()).collect();
+    assert_eq!(counts, [Some(1), Some(2), Some(3)]);
+    let allowed: Vec<_> = asks.iter().map(|v| v.is_allowed()).collect();
+    assert_eq!(allowed, [true, true, false]);
+    assert_eq!(rows_in_table(&db).await, 2);
+
+    // reset, through either source.
+    on_held.reset(&login, &alice).await.unwrap();
+    let after = per_call.check(&login, &alice).await.unwrap();
+    assert!(after.is_allowed());
+    assert_eq!(after.count(), Some(0));
+    per_call.reset(&forgot, &bob).await.unwrap();
+    assert_eq!(on_held.hit(&forgot, &bob).await.unwrap().count(), Some(1));
+    assert_eq!(rows_in_table(&db).await, 1);
+
+    // purge: plant a window that closed two days ago (as the limiter's own
+    // transaction would write it), and one still open.
+    held.lock()
+        .await
+        .batch_execute(
+            "BEGIN;
+             SELECT pg_catalog.set_config('platformkit.system', 'on', true);
+             INSERT INTO platformkit_limits (key, window_start, window_end, count)
+             VALUES ('login|old', now() - interval '3 days', now() - interval '2 days', 5);
+             COMMIT;",
+        )
+        .await
+        .expect("planting a closed window");
+    assert_eq!(rows_in_table(&db).await, 2);
+    assert_eq!(purge(&config).await.unwrap(), 1);
+    assert_eq!(purge(&lend(Arc::clone(&held))).await.unwrap(), 0);
+    assert_eq!(rows_in_table(&db).await, 1);
+    assert_eq!(
+        per_call.check(&forgot, &bob).await.unwrap().count(),
+        Some(1)
+    );
+
+    // The held connection is idle and usable after all of that.
+    let client = held.lock().await;
+    let one: i32 = client
+        .query_typed_one("SELECT 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(one, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_system_switch_never_leaks_to_the_next_client_of_the_server_connection() {
+    // One server connection for limit_owner in the database: every client
+    // below takes turns on it.
+    let Some(bouncer) = start_bouncer(1) else {
+        return;
+    };
+    let db = fresh_db().await;
+    let config = bouncer.config_for(&db.config());
+
+    let a = hold(&config).await;
+    let held = Arc::new(Limiter::new(Postgres::new(lend(Arc::clone(&a)))));
+    let per_call = Arc::new(Limiter::new(Postgres::new(config.clone())));
+    let b = Arc::new(connect(&config).await);
+
+    let server_pid = backend_pid(&*a.lock().await).await;
+    assert_eq!(
+        backend_pid(&b).await,
+        server_pid,
+        "with a pool of one, both clients must share the server connection"
+    );
+    observe(&b, server_pid).await;
+
+    let login = limit("login", 1_000);
+    let keys: Vec<Key> = (0..5).map(|i| Key::opaque(&format!("user-{i}"))).collect();
+
+    // Concurrently: A's limiter calls and B's observations race for the
+    // one server connection.
+    let done = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let observer = tokio::spawn({
+        let (b, done, rounds) = (Arc::clone(&b), Arc::clone(&done), Arc::clone(&rounds));
+        async move {
+            while !done.load(Ordering::Acquire) {
+                observe(&b, server_pid).await;
+                rounds.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    let calls = tokio::spawn({
+        let (held, per_call, login, keys, rounds) = (
+            Arc::clone(&held),
+            Arc::clone(&per_call),
+            login.clone(),
+            keys.clone(),
+            Arc::clone(&rounds),
+        );
+        async move {
+            let before = rounds.load(Ordering::Relaxed);
+            for i in 0..50 {
+                let key = &keys[i % keys.len()];
+                // Mostly the held client; every third call connects anew.
+                let verdict = if i % 3 == 2 {
+                    per_call.failed(&login, key).await
+                } else {
+                    held.failed(&login, key).await
+                }
+                .expect("failed through the bouncer");
+                assert!(!verdict.is_unreachable());
+                assert_eq!(verdict.count(), Some(i as u64 / keys.len() as u64 + 1));
+            }
+            rounds.load(Ordering::Relaxed) - before
+        }
+    });
+    let interleaved = calls.await.expect("the limiter's task");
+    done.store(true, Ordering::Release);
+    observer.await.expect("the observer's task");
+    assert!(
+        interleaved > 0,
+        "the observer never ran while the limiter did"
+    );
+
+    // Sequentially: each of A's calls is followed by B's observation.
+    for (i, key) in keys.iter().cycle().take(20).enumerate() {
+        let verdict = if i % 2 == 0 {
+            held.check(&login, key).await
+        } else {
+            per_call.hit(&login, key).await
+        }
+        .expect("a call through the bouncer");
+        assert!(verdict.is_allowed());
+        observe(&b, server_pid).await;
+    }
+    held.reset(&login, &keys[0]).await.unwrap();
+    observe(&b, server_pid).await;
+    assert_eq!(purge(&config).await.unwrap(), 0);
+    observe(&b, server_pid).await;
+
+    // Every call ran on the one server connection and was counted.
+    assert_eq!(backend_pid(&*a.lock().await).await, server_pid);
+    for (i, key) in keys.iter().enumerate() {
+        let count = held.check(&login, key).await.unwrap().count();
+        // 10 failures and 2 hits each (the odd calls of the sequential
+        // round), except key 0, which was reset.
+        let expected = if i == 0 { 0 } else { 12 };
+        assert_eq!(count, Some(expected), "count of user-{i}");
+    }
+    observe(&b, server_pid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_inside_a_transaction_through_pgbouncer_is_refused_and_nothing_leaks() {
+    let Some(bouncer) = start_bouncer(1) else {
+        return;
+    };
+    let db = fresh_db().await;
+    db.connect()
+        .await
+        .batch_execute("CREATE TABLE scratch (n int NOT NULL)")
+        .await
+        .expect("creating the scratch table as limit_owner");
+    let config = bouncer.config_for(&db.config());
+    let a = hold(&config).await;
+    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&a))));
+    let login = limit("login", 3);
+    let alice = Key::opaque("alice");
+
+    let server_pid = {
+        let client = a.lock().await;
+        client
+            .batch_execute("BEGIN; INSERT INTO scratch VALUES (1)")
+            .await
+            .expect("opening A's transaction");
+        backend_pid(&client).await
+    };
+
+    let error = limiter
+        .failed(&login, &alice)
+        .await
+        .expect_err("a connection inside a transaction must be refused");
+    assert_eq!(error.kind(), ErrorKind::InTransaction);
+    assert_eq!(
+        error.code(),
+        Some(&SqlState::INVALID_TRANSACTION_TERMINATION)
+    );
+
+    // A's transaction was rolled back, so the server connection is free for
+    // the next client, with nothing of A's behind.
+    let b = connect(&config).await;
+    let scratch: i64 = b
+        .query_typed_one("SELECT count(*) FROM scratch", &[])
+        .await
+        .expect("counting the scratch rows")
+        .get(0);
+    assert_eq!(scratch, 0, "A's insert was committed");
+    observe(&b, server_pid).await;
+    assert_eq!(rows_in_table(&db).await, 0, "the failure was counted");
+
+    // A is idle again, and the limiter works on it.
+    {
+        let client = a.lock().await;
+        let scratch: i64 = client
+            .query_typed_one("SELECT count(*) FROM scratch", &[])
+            .await
+            .expect("A is usable after the refusal")
+            .get(0);
+        assert_eq!(scratch, 0);
+    }
+    let verdict = limiter.failed(&login, &alice).await.unwrap();
+    assert_eq!(verdict.count(), Some(1));
+    observe(&b, server_pid).await;
+}
