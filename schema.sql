@@ -86,14 +86,19 @@ $$;
 
 -- Adds p_add to the key's count in the current window and returns the count,
 -- the window's end and the time. The addition saturates at the largest
--- bigint.
+-- bigint. With p_previous it also returns the previous window's count (for
+-- sliding windows); with p_lockout_secs > 0, the latest lockout of an
+-- earlier window of the key whose count reached p_max: that window's end
+-- plus the lockout, if still to come.
 CREATE OR REPLACE PROCEDURE platformkit_limit_add(
     p_key text, p_add bigint, p_window_secs bigint, p_at timestamptz,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
+    p_max bigint, p_lockout_secs bigint,
     INOUT o_count bigint DEFAULT NULL,
     INOUT o_window_end timestamptz DEFAULT NULL,
     INOUT o_now timestamptz DEFAULT NULL,
-    INOUT o_previous bigint DEFAULT NULL)
+    INOUT o_previous bigint DEFAULT NULL,
+    INOUT o_locked_until timestamptz DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -118,8 +123,14 @@ BEGIN
         CASE WHEN p_previous THEN
             (SELECT p.count FROM platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
+        END,
+        CASE WHEN p_lockout_secs > 0 THEN
+            (SELECT max(x.window_end) + p_lockout_secs * interval '1 second'
+             FROM platformkit_limits AS x
+             WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
+               AND x.window_end + p_lockout_secs * interval '1 second' > o_now)
         END
-    INTO o_count, o_window_end, o_previous;
+    INTO o_count, o_window_end, o_previous, o_locked_until;
     o_previous := COALESCE(o_previous, 0);
 END
 $$;
@@ -133,10 +144,12 @@ $$;
 CREATE OR REPLACE PROCEDURE platformkit_limit_add_many(
     p_keys text[], p_window_secs bigint[], p_add bigint, p_at timestamptz,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
+    p_maxes bigint[], p_lockout_secs bigint[],
     INOUT o_counts bigint[] DEFAULT NULL,
     INOUT o_window_ends timestamptz[] DEFAULT NULL,
     INOUT o_now timestamptz DEFAULT NULL,
-    INOUT o_previous bigint[] DEFAULT NULL)
+    INOUT o_previous bigint[] DEFAULT NULL,
+    INOUT o_locked_until timestamptz[] DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -150,10 +163,11 @@ BEGIN
     END IF;
     o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
     WITH asked AS (
-        SELECT t.key, t.ord, t.secs * interval '1 second' AS width,
+        SELECT t.key, t.ord, t.max, t.lockout, t.secs * interval '1 second' AS width,
                pg_catalog.date_bin(t.secs * interval '1 second', o_now,
                                    timestamptz '1970-01-01 00:00:00+00') AS start
-        FROM unnest(p_keys, p_window_secs) WITH ORDINALITY AS t(key, secs, ord)
+        FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
+             WITH ORDINALITY AS t(key, secs, max, lockout, ord)
     ), counted AS (
         INSERT INTO platformkit_limits AS l (key, window_start, window_end, count)
         SELECT key, start, max(start + width), LEAST(p_add * count(*), 9223372036854775807)
@@ -171,8 +185,16 @@ BEGIN
                    COALESCE((SELECT p.count FROM platformkit_limits AS p
                              WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                ELSE 0 END
+               ORDER BY a.ord),
+           pg_catalog.array_agg(
+               CASE WHEN a.lockout > 0 THEN
+                   (SELECT max(x.window_end) + a.lockout * interval '1 second'
+                    FROM platformkit_limits AS x
+                    WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                      AND x.window_end + a.lockout * interval '1 second' > o_now)
+               END
                ORDER BY a.ord)
-    INTO o_counts, o_window_ends, o_previous
+    INTO o_counts, o_window_ends, o_previous, o_locked_until
     FROM asked AS a
     JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
 END
@@ -181,11 +203,12 @@ $$;
 -- Reads the count of each (key, window) pair; writes nothing.
 CREATE OR REPLACE PROCEDURE platformkit_limit_read_many(
     p_keys text[], p_window_secs bigint[], p_at timestamptz, p_budget_ms bigint,
-    p_previous boolean,
+    p_previous boolean, p_maxes bigint[], p_lockout_secs bigint[],
     INOUT o_counts bigint[] DEFAULT NULL,
     INOUT o_window_ends timestamptz[] DEFAULT NULL,
     INOUT o_now timestamptz DEFAULT NULL,
-    INOUT o_previous bigint[] DEFAULT NULL)
+    INOUT o_previous bigint[] DEFAULT NULL,
+    INOUT o_locked_until timestamptz[] DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -196,10 +219,11 @@ BEGIN
             pg_catalog.set_config('row_security', 'on', true);
     o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
     WITH asked AS (
-        SELECT t.key, t.ord, t.secs * interval '1 second' AS width,
+        SELECT t.key, t.ord, t.max, t.lockout, t.secs * interval '1 second' AS width,
                pg_catalog.date_bin(t.secs * interval '1 second', o_now,
                                    timestamptz '1970-01-01 00:00:00+00') AS start
-        FROM unnest(p_keys, p_window_secs) WITH ORDINALITY AS t(key, secs, ord)
+        FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
+             WITH ORDINALITY AS t(key, secs, max, lockout, ord)
     )
     SELECT pg_catalog.array_agg(COALESCE(l.count, 0) ORDER BY a.ord),
            pg_catalog.array_agg(a.start + a.width ORDER BY a.ord),
@@ -208,8 +232,16 @@ BEGIN
                    COALESCE((SELECT p.count FROM platformkit_limits AS p
                              WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                ELSE 0 END
+               ORDER BY a.ord),
+           pg_catalog.array_agg(
+               CASE WHEN a.lockout > 0 THEN
+                   (SELECT max(x.window_end) + a.lockout * interval '1 second'
+                    FROM platformkit_limits AS x
+                    WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                      AND x.window_end + a.lockout * interval '1 second' > o_now)
+               END
                ORDER BY a.ord)
-    INTO o_counts, o_window_ends, o_previous
+    INTO o_counts, o_window_ends, o_previous, o_locked_until
     FROM asked AS a
     LEFT JOIN platformkit_limits AS l ON l.key = a.key AND l.window_start = a.start;
 END
@@ -218,11 +250,12 @@ $$;
 -- Reads the key's count in the current window; writes nothing.
 CREATE OR REPLACE PROCEDURE platformkit_limit_read(
     p_key text, p_window_secs bigint, p_at timestamptz, p_budget_ms bigint,
-    p_previous boolean,
+    p_previous boolean, p_max bigint, p_lockout_secs bigint,
     INOUT o_count bigint DEFAULT NULL,
     INOUT o_window_end timestamptz DEFAULT NULL,
     INOUT o_now timestamptz DEFAULT NULL,
-    INOUT o_previous bigint DEFAULT NULL)
+    INOUT o_previous bigint DEFAULT NULL,
+    INOUT o_locked_until timestamptz DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -243,8 +276,14 @@ BEGIN
         CASE WHEN p_previous THEN
             (SELECT p.count FROM platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
+        END,
+        CASE WHEN p_lockout_secs > 0 THEN
+            (SELECT max(x.window_end) + p_lockout_secs * interval '1 second'
+             FROM platformkit_limits AS x
+             WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
+               AND x.window_end + p_lockout_secs * interval '1 second' > o_now)
         END
-    INTO o_count, o_previous;
+    INTO o_count, o_previous, o_locked_until;
     o_count := COALESCE(o_count, 0);
     o_previous := COALESCE(o_previous, 0);
 END

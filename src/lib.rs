@@ -25,7 +25,7 @@ pub use crate::conn::{Connect, Connected, LimitConn};
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::{Key, MAX_KEY_BYTES};
 pub use crate::limit::{
-    Limit, MAX_ATTEMPTS, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW, OnSuccess, Strategy,
+    Limit, MAX_ATTEMPTS, MAX_LOCKOUT, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW, OnSuccess, Strategy,
     WhenUnreachable,
 };
 pub use crate::limiter::{DEFAULT_BUDGET, Limiter, MAX_BUDGET, MAX_PAIRS, Verdicts};

@@ -53,7 +53,12 @@ pub struct Limit {
     when_unreachable: WhenUnreachable,
     on_success: OnSuccess,
     strategy: Strategy,
+    lockout_secs: u64,
 }
+
+/// The longest lockout a limit may have: a day. `purge` keeps a window's row
+/// for a day after it closes, and the lockout is read from that row.
+pub const MAX_LOCKOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How a limit counts over time.
 ///
@@ -172,7 +177,60 @@ impl Limit {
             when_unreachable: WhenUnreachable::default(),
             on_success: OnSuccess::default(),
             strategy: Strategy::default(),
+            lockout_secs: 0,
         })
+    }
+
+    /// Keeps a key refused for `lockout` after the end of a window in which
+    /// its count reached `max`, even though a new window has begun: the
+    /// lockout people expect from a login. Stored in nothing but the window's
+    /// own row, so one row per key per window and `purge` still hold.
+    ///
+    /// ```
+    /// use platformkit_limit::Limit;
+    /// use std::time::Duration;
+    ///
+    /// let login = Limit::new("login", 5, Duration::from_secs(15 * 60))?
+    ///     .lockout(Duration::from_secs(60 * 60))?;
+    /// assert_eq!(login.lockout_period(), Some(Duration::from_secs(3600)));
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when the
+    /// lockout is shorter than a second, longer than [`MAX_LOCKOUT`], or not
+    /// a whole number of seconds.
+    pub fn lockout(mut self, lockout: Duration) -> Result<Self, Error> {
+        if lockout < Duration::from_secs(1) {
+            return Err(Error::invalid_limit(
+                &self.name,
+                "the lockout must be at least one second",
+            ));
+        }
+        if lockout > MAX_LOCKOUT {
+            return Err(Error::invalid_limit(
+                &self.name,
+                "the lockout must be at most a day: purge keeps a closed window's row for a day",
+            ));
+        }
+        if lockout.subsec_nanos() != 0 {
+            return Err(Error::invalid_limit(
+                &self.name,
+                "the lockout must be a whole number of seconds",
+            ));
+        }
+        self.lockout_secs = lockout.as_secs();
+        Ok(self)
+    }
+
+    /// The lockout, if the limit has one.
+    pub fn lockout_period(&self) -> Option<Duration> {
+        (self.lockout_secs > 0).then(|| Duration::from_secs(self.lockout_secs))
+    }
+
+    pub(crate) fn lockout_secs(&self) -> u64 {
+        self.lockout_secs
     }
 
     /// Counts with a sliding-window estimate instead of fixed windows (see

@@ -95,6 +95,19 @@ impl sealed::Sealed for Memory {
                 .unwrap_or(0),
             _ => 0,
         };
+        let lockout = i64::try_from(limit.lockout_secs()).unwrap_or(i64::MAX) * 1_000_000;
+        let locked_until = if lockout > 0 {
+            windows.get(key).and_then(|w| {
+                w.iter()
+                    .filter(|&(&s, &count)| s < start && count >= u64::from(limit.max()))
+                    .map(|(&s, _)| s + width + lockout)
+                    .filter(|&until| until > now_micros)
+                    .max()
+                    .map(from_micros)
+            })
+        } else {
+            None
+        };
         let count = match op {
             Op::Check => windows
                 .get(key)
@@ -116,6 +129,7 @@ impl sealed::Sealed for Memory {
         Ok(Counted {
             count,
             previous,
+            locked_until,
             window_end: from_micros(end),
             now: from_micros(now_micros),
         })

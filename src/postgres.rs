@@ -101,20 +101,24 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let pinned: Option<SystemTime> = self.clock.pinned();
         let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
         let previous = limit.strategy() == Strategy::Sliding;
+        let max = i64::from(limit.max());
+        let lockout = i64::try_from(limit.lockout_secs()).expect("at most a day");
         let row = match op {
             Op::Check => {
-                let params: [(&(dyn ToSql + Sync), Type); 5] = [
+                let params: [(&(dyn ToSql + Sync), Type); 7] = [
                     (&key, Type::TEXT),
                     (&window, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
                     (&budget, Type::INT8),
                     (&previous, Type::BOOL),
+                    (&max, Type::INT8),
+                    (&lockout, Type::INT8),
                 ];
                 call(&conn, op.name(), sql::READ, &params).await?
             }
             Op::Failed | Op::Hit => {
                 let one = 1_i64;
-                let params: [(&(dyn ToSql + Sync), Type); 7] = [
+                let params: [(&(dyn ToSql + Sync), Type); 9] = [
                     (&key, Type::TEXT),
                     (&one, Type::INT8),
                     (&window, Type::INT8),
@@ -122,6 +126,8 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&budget, Type::INT8),
                     (&self.relaxed, Type::BOOL),
                     (&previous, Type::BOOL),
+                    (&max, Type::INT8),
+                    (&lockout, Type::INT8),
                 ];
                 call(&conn, op.name(), sql::ADD, &params).await?
             }
@@ -131,9 +137,11 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let window_end: SystemTime = row.try_get(1).map_err(get)?;
         let now: SystemTime = row.try_get(2).map_err(get)?;
         let previous: i64 = row.try_get(3).map_err(get)?;
+        let locked_until: Option<SystemTime> = row.try_get(4).map_err(get)?;
         Ok(Counted {
             count: stored_count(count),
             previous: stored_count(previous),
+            locked_until,
             window_end,
             now,
         })
@@ -156,20 +164,27 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let previous = pairs
             .iter()
             .any(|(limit, _)| limit.strategy() == Strategy::Sliding);
+        let maxes: Vec<i64> = pairs.iter().map(|(l, _)| i64::from(l.max())).collect();
+        let lockouts: Vec<i64> = pairs
+            .iter()
+            .map(|(l, _)| i64::try_from(l.lockout_secs()).expect("at most a day"))
+            .collect();
         let row = match op {
             Op::Check => {
-                let params: [(&(dyn ToSql + Sync), Type); 5] = [
+                let params: [(&(dyn ToSql + Sync), Type); 7] = [
                     (&keys, Type::TEXT_ARRAY),
                     (&windows, Type::INT8_ARRAY),
                     (&pinned, Type::TIMESTAMPTZ),
                     (&budget, Type::INT8),
                     (&previous, Type::BOOL),
+                    (&maxes, Type::INT8_ARRAY),
+                    (&lockouts, Type::INT8_ARRAY),
                 ];
                 call(&conn, op.name(), sql::READ_MANY, &params).await?
             }
             Op::Failed | Op::Hit => {
                 let one = 1_i64;
-                let params: [(&(dyn ToSql + Sync), Type); 7] = [
+                let params: [(&(dyn ToSql + Sync), Type); 9] = [
                     (&keys, Type::TEXT_ARRAY),
                     (&windows, Type::INT8_ARRAY),
                     (&one, Type::INT8),
@@ -177,6 +192,8 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&budget, Type::INT8),
                     (&self.relaxed, Type::BOOL),
                     (&previous, Type::BOOL),
+                    (&maxes, Type::INT8_ARRAY),
+                    (&lockouts, Type::INT8_ARRAY),
                 ];
                 call(&conn, op.name(), sql::ADD_MANY, &params).await?
             }
@@ -186,9 +203,11 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let window_ends: Vec<SystemTime> = row.try_get(1).map_err(get)?;
         let now: SystemTime = row.try_get(2).map_err(get)?;
         let previous: Vec<i64> = row.try_get(3).map_err(get)?;
+        let locked_until: Vec<Option<SystemTime>> = row.try_get(4).map_err(get)?;
         if counts.len() != pairs.len()
             || window_ends.len() != pairs.len()
             || previous.len() != pairs.len()
+            || locked_until.len() != pairs.len()
         {
             return Err(Error::unexpected(
                 op.name(),
@@ -199,9 +218,11 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             .into_iter()
             .zip(window_ends)
             .zip(previous)
-            .map(|((count, window_end), previous)| Counted {
+            .zip(locked_until)
+            .map(|(((count, window_end), previous), locked_until)| Counted {
                 count: stored_count(count),
                 previous: stored_count(previous),
+                locked_until,
                 window_end,
                 now,
             })

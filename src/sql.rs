@@ -27,26 +27,29 @@ pub(crate) const SCHEMA: &str = include_str!("../schema.sql");
 /// pinned time or NULL for the database's clock, `$5` budget in
 /// milliseconds, `$6` relaxed durability, `$7` whether to read the previous
 /// window too (sliding windows). Returns the count, the window's end, the
-/// time and the previous window's count.
-pub(crate) const ADD: &str = "CALL platformkit_limit_add($1, $2, $3, $4, $5, $6, $7)";
+/// time and the previous window's count. `$8` max and `$9` lockout in
+/// seconds (0 for none): it also returns when an earlier exhausted window's
+/// lockout ends.
+pub(crate) const ADD: &str = "CALL platformkit_limit_add($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Adds `$3` to the count of each pair of `$1` (stored keys) and `$2`
 /// (windows in seconds), in (key, window) order. `$4` pinned time or NULL,
 /// `$5` budget in milliseconds, `$6` relaxed durability, `$7` whether to
 /// read the previous windows. Returns the counts and window ends in the
 /// order given, the time, and the previous counts.
-pub(crate) const ADD_MANY: &str = "CALL platformkit_limit_add_many($1, $2, $3, $4, $5, $6, $7)";
+pub(crate) const ADD_MANY: &str = "CALL platformkit_limit_add_many($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Reads the count of each pair of `$1` and `$2`. `$3` pinned time or NULL,
 /// `$4` budget in milliseconds, `$5` whether to read the previous windows.
-pub(crate) const READ_MANY: &str = "CALL platformkit_limit_read_many($1, $2, $3, $4, $5)";
+pub(crate) const READ_MANY: &str = "CALL platformkit_limit_read_many($1, $2, $3, $4, $5, $6, $7)";
 
 /// Reads the key's count in the current window; writes nothing.
 ///
 /// `$1` stored key, `$2` window in seconds, `$3` the pinned time or NULL,
-/// `$4` budget in milliseconds, `$5` whether to read the previous window.
-/// Returns the count, the window's end, the time and the previous count.
-pub(crate) const READ: &str = "CALL platformkit_limit_read($1, $2, $3, $4, $5)";
+/// `$4` budget in milliseconds, `$5` whether to read the previous window,
+/// `$6` max, `$7` lockout in seconds. Returns the count, the window's end,
+/// the time, the previous count and the end of a lockout.
+pub(crate) const READ: &str = "CALL platformkit_limit_read($1, $2, $3, $4, $5, $6, $7)";
 
 /// Takes `$3` back from the key's count in the window starting at `$2`,
 /// never below zero. `$1` stored key, `$4` budget in milliseconds, `$5`

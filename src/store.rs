@@ -48,6 +48,9 @@ pub struct Counted {
     pub count: u64,
     /// The count of the window before, for sliding windows (0 for fixed).
     pub previous: u64,
+    /// For a limit with a lockout: when the lockout of the latest earlier
+    /// window whose count reached max ends, if that is still to come.
+    pub locked_until: Option<SystemTime>,
     /// When the current window closes.
     pub window_end: SystemTime,
     /// The store's time during the call.

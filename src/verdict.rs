@@ -167,12 +167,33 @@ pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
         Op::Hit => w,
         Op::Check | Op::Failed => 0,
     };
-    let allowed = weighted - own < max * w;
+    // A lockout: an earlier window that reached max (the store says), or
+    // the current one before this call's own ask.
+    let locked_until = match limit.lockout_period() {
+        Some(lockout) if cur - own / w >= max => {
+            Some(counted.window_end + lockout).max(counted.locked_until)
+        }
+        Some(_) => counted.locked_until,
+        None => None,
+    }
+    .filter(|&until| until > counted.now);
+    let allowed = weighted - own < max * w && locked_until.is_none();
     let estimate = u64::try_from((weighted + w - 1) / w).unwrap_or(u64::MAX);
-    let reopens_at = match limit.strategy() {
-        Strategy::Sliding if !allowed => reopening(prev, cur, max, w, start),
-        // A fixed window starts again from zero.
-        _ => counted.window_end,
+    let reopens_at = if allowed {
+        counted.window_end
+    } else {
+        // The first moment the next attempt may go ahead: when the count
+        // allows it and any lockout is over.
+        let by_count = if weighted < max * w {
+            counted.now
+        } else {
+            match limit.strategy() {
+                Strategy::Sliding => reopening(prev, cur, max, w, start),
+                // A fixed window starts again from zero.
+                _ => counted.window_end,
+            }
+        };
+        locked_until.map_or(by_count, |until| until.max(by_count))
     };
     Verdict {
         limit: limit.name_arc().clone(),
@@ -187,15 +208,14 @@ pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
     }
 }
 
-/// For a sliding window, the first instant at which the estimate drops below
-/// `max`, if nothing more is counted: within the current window while the previous window's
+/// For a sliding window whose estimate is at or above `max`, the first
+/// instant at which it drops below, if nothing more is counted: within the current window while the previous window's
 /// weight fades, or in the next one while the current window's does.
 fn reopening(prev: i128, cur: i128, max: i128, w: i128, start: i128) -> SystemTime {
-    let at = if cur < max && prev > 0 {
+    let at = if cur < max {
         // prev × (w − e) < (max − cur) × w  ⇔  e > w − (max − cur) × w / prev
-        start + (w * prev - (max - cur) * w).div_euclid(prev) + 1
-    } else if cur < max {
-        start + w
+        // (prev > 0, or the estimate would already be below max).
+        start + (w * prev - (max - cur) * w).div_euclid(prev.max(1)) + 1
     } else {
         // Next window: cur × (w − e') < max × w  ⇔  e' > w × (cur − max) / cur
         start + w + (w * (cur - max)).div_euclid(cur) + 1

@@ -199,8 +199,9 @@ struct Op {
 struct Case {
     /// Seconds and microseconds since the Unix epoch.
     start: (u64, u32),
-    /// `(max, window in seconds, sliding)` of each limit.
-    limits: Vec<(u32, u64, bool)>,
+    /// `(max, window in seconds, sliding, lockout in seconds or 0)` of each
+    /// limit.
+    limits: Vec<(u32, u64, bool, u64)>,
     keys: Vec<&'static [&'static str]>,
     ops: Vec<Op>,
 }
@@ -256,8 +257,15 @@ fn start() -> impl Strategy<Value = (u64, u32)> {
 }
 
 fn case() -> impl Strategy<Value = Case> {
+    let lockouts =
+        prop_oneof![3 => Just(0u64), 1 => Just(1u64), 1 => Just(30u64), 1 => Just(90u64)];
     let limits = prop::collection::vec(
-        (1..=4u32, prop::sample::select(WINDOWS), any::<bool>()),
+        (
+            1..=4u32,
+            prop::sample::select(WINDOWS),
+            any::<bool>(),
+            lockouts,
+        ),
         1..=3,
     );
     let keys = prop::sample::subsequence(KEY_POOL.to_vec(), 1..=4);
@@ -312,10 +320,10 @@ impl Model {
         call: &Call,
         limit: usize,
         key: usize,
-        spec: (u32, u64, bool),
+        spec: (u32, u64, bool, u64),
         now: u64,
     ) -> Seen {
-        let (max, window, sliding) = spec;
+        let (max, window, sliding, lockout) = spec;
         let width = window * MICROS_PER_SEC;
         let start = now / width * width;
         if matches!(
@@ -331,14 +339,33 @@ impl Model {
             0
         };
         let max_w = u128::from(max) * u128::from(width);
-        let allowed = weighted - own < max_w;
+        // A lockout runs from the end of any window whose own count reached
+        // max (the current one counted before this call's own ask).
+        let own_asks = u64::from(own > 0);
+        let locked_until = (lockout > 0)
+            .then(|| {
+                self.counts
+                    .iter()
+                    .filter(|&(&(l, k, s), &c)| {
+                        (l, k) == (limit, key)
+                            && s <= start
+                            && (if s == start { c - own_asks } else { c }) >= u64::from(max)
+                    })
+                    .map(|(&(_, _, s), _)| s + width + lockout * MICROS_PER_SEC)
+                    .filter(|&until| until > now)
+                    .max()
+            })
+            .flatten();
+        let allowed = weighted - own < max_w && locked_until.is_none();
         let count = u64::try_from(weighted.div_ceil(u128::from(width))).unwrap();
-        let reopens = if allowed || !sliding {
+        let reopens = if allowed {
             start + width
         } else {
-            // The first microsecond at which the estimate is below max again:
-            // it only falls while nothing is counted, so search for it.
-            let (mut lo, mut hi) = (now, start + 2 * width + 1);
+            // The first microsecond, from now or the lockout's end, at which
+            // the estimate is below max again: it only falls while nothing
+            // is counted, so search for it.
+            let from = locked_until.map_or(now, |until| until.max(now));
+            let (mut lo, mut hi) = (from, from.max(start) + 2 * width + 1);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
                 if self.weighted(limit, key, width, sliding, mid) < max_w {
@@ -381,10 +408,15 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
         .limits
         .iter()
         .enumerate()
-        .map(|(i, &(max, window, sliding))| {
+        .map(|(i, &(max, window, sliding, lockout))| {
             let limit =
                 Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window)).unwrap();
-            if sliding { limit.sliding() } else { limit }
+            let limit = if sliding { limit.sliding() } else { limit };
+            if lockout > 0 {
+                limit.lockout(Duration::from_secs(lockout)).unwrap()
+            } else {
+                limit
+            }
         })
         .collect();
     let keys: Vec<Key> = case.keys.iter().map(|p| Key::new(*p).unwrap()).collect();

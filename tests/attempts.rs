@@ -248,3 +248,63 @@ async fn each_choice_for_an_unreachable_database_is_kept_and_said() {
     assert!(!verdict.is_unreachable());
     assert_eq!(verdict.count(), Some(1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lockout_outlasts_the_window_that_reached_max() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 60 * 60));
+    let limiter = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
+    let limit = Limit::new("login", 3, Duration::from_secs(60))
+        .expect("a limit")
+        .lockout(Duration::from_secs(600))
+        .expect("a lockout");
+    let key = Key::opaque("account");
+    clock.advance(Duration::from_secs(10));
+    for _ in 0..3 {
+        limiter.failed(&limit, &key).await.expect("a verdict");
+    }
+    let refused = limiter.check(&limit, &key).await.expect("a verdict");
+    assert!(refused.is_refused());
+    let reopens = refused.reopens_at().expect("a reopening");
+    let window_end = UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 60 * 60 + 60);
+    assert_eq!(reopens, window_end + Duration::from_secs(600));
+
+    // A new window has begun, but the lockout holds.
+    clock.set(window_end + Duration::from_secs(1));
+    let still = limiter.check(&limit, &key).await.expect("a verdict");
+    assert!(still.is_refused(), "locked out after the window ended");
+    assert_eq!(still.count(), Some(0));
+    assert_eq!(still.retry_after(), Some(Duration::from_secs(599)));
+
+    // And lifts when it ends.
+    clock.set(window_end + Duration::from_secs(600));
+    assert!(
+        limiter
+            .check(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_allowed()
+    );
+
+    // A reset clears a lockout too.
+    clock.set(window_end + Duration::from_secs(700));
+    for _ in 0..3 {
+        limiter.failed(&limit, &key).await.expect("a verdict");
+    }
+    clock.advance(Duration::from_secs(60));
+    assert!(
+        limiter
+            .check(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_refused()
+    );
+    limiter.reset(&limit, &key).await.expect("a reset");
+    assert!(
+        limiter
+            .check(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_allowed()
+    );
+}
