@@ -37,7 +37,8 @@ pub(crate) const ADD: &str = "CALL platformkit_limit_add($1, $2, $3, $4, $5, $6,
 /// `$5` budget in milliseconds, `$6` relaxed durability, `$7` whether to
 /// read the previous windows. Returns the counts and window ends in the
 /// order given, the time, and the previous counts.
-pub(crate) const ADD_MANY: &str = "CALL platformkit_limit_add_many($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+pub(crate) const ADD_MANY: &str =
+    "CALL platformkit_limit_add_many($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// Reads the count of each pair of `$1` and `$2`. `$3` pinned time or NULL,
 /// `$4` budget in milliseconds, `$5` whether to read the previous windows.
