@@ -1,6 +1,7 @@
 #![deny(missing_docs)]
 #![doc = include_str!("../README.md")]
 
+mod cache;
 mod checks;
 mod clock;
 mod conn;
@@ -28,7 +29,9 @@ pub use crate::limit::{
     Limit, MAX_ATTEMPTS, MAX_LOCKOUT, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW, OnSuccess, Strategy,
     WhenUnreachable,
 };
-pub use crate::limiter::{DEFAULT_BUDGET, Limiter, MAX_BUDGET, MAX_PAIRS, Verdicts};
+pub use crate::limiter::{
+    DEFAULT_BUDGET, DEFAULT_REFUSAL_CACHE_KEYS, Limiter, MAX_BUDGET, MAX_PAIRS, Verdicts,
+};
 pub use crate::memory::Memory;
 pub use crate::permit::{Permit, Reservation};
 #[cfg(feature = "deadpool")]

@@ -8,8 +8,9 @@ use tokio::time::{Instant, timeout_at};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::cache::RefusalCache;
 use crate::key::stored;
-use crate::metric::{self, Outcome};
+use crate::metric::{self, Outcome, Source};
 use crate::store::sealed::Sealed as _;
 use crate::store::{Op, Store};
 use crate::verdict::decide;
@@ -83,6 +84,9 @@ impl<'a> IntoIterator for &'a Verdicts {
     }
 }
 
+/// How many refused keys the refusal cache holds by default.
+pub const DEFAULT_REFUSAL_CACHE_KEYS: usize = 100_000;
+
 /// The default budget of one call: 2 seconds.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
 
@@ -136,6 +140,8 @@ pub struct Limiter<S> {
     /// The local count of limits that count locally while the store is
     /// unreachable ([`WhenUnreachable::CountLocally`]).
     fallback: Memory,
+    /// Refusals this process answers without a round trip.
+    refusals: RefusalCache,
 }
 
 impl<S: Store> Limiter<S> {
@@ -149,6 +155,7 @@ impl<S: Store> Limiter<S> {
             store,
             budget: DEFAULT_BUDGET,
             fallback: Memory::current_only(),
+            refusals: RefusalCache::new(DEFAULT_REFUSAL_CACHE_KEYS),
         }
     }
 
@@ -174,6 +181,50 @@ impl<S: Store> Limiter<S> {
         }
         self.budget = budget;
         Ok(self)
+    }
+
+    /// Sets how many refused keys the refusal cache holds (it is on by
+    /// default, with [`DEFAULT_REFUSAL_CACHE_KEYS`]).
+    ///
+    /// Once a key is refused, this process answers "refused" for it without
+    /// a round trip until the moment the store said it reopens. The cache can
+    /// never allow: it holds only refusals the store gave. A `reset` through
+    /// this process clears its entry; a reset through another replica is
+    /// seen here at the latest when the cached refusal reopens. Refused
+    /// attempts it answers are not counted in the store. The several-limits
+    /// calls neither read nor fill it.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for 0
+    /// keys (use [`Limiter::without_refusal_cache`]) or more than ten
+    /// million.
+    pub fn with_refusal_cache(mut self, keys: usize) -> Result<Self, Error> {
+        if keys == 0 {
+            return Err(Error::invalid_option(
+                "refusal cache",
+                "give it at least one key, or turn it off with without_refusal_cache",
+            ));
+        }
+        if keys > 10_000_000 {
+            return Err(Error::invalid_option(
+                "refusal cache",
+                "at most ten million keys",
+            ));
+        }
+        self.refusals = RefusalCache::new(keys);
+        Ok(self)
+    }
+
+    /// Turns the refusal cache off: every call asks the store.
+    pub fn without_refusal_cache(mut self) -> Self {
+        self.refusals = RefusalCache::off();
+        self
+    }
+
+    /// Whether the refusal cache is on.
+    pub fn has_refusal_cache(&self) -> bool {
+        self.refusals.is_on()
     }
 
     /// The budget of every call.
@@ -404,12 +455,15 @@ impl<S: Store> Limiter<S> {
     pub(crate) async fn reset_stored(&self, limit: &Limit, key: &str) -> Result<(), Error> {
         let started = Instant::now();
         let deadline = started + self.budget;
+        self.refusals.forget(key);
         // The local count (if the limit ever fell back to it) is cleared too.
         let _ = self.fallback.reset(key, deadline).await;
         let result = match timeout_at(deadline, self.store.reset(key, deadline)).await {
             Ok(result) => result.map(drop),
             Err(_) => Err(Error::timeout("reset", self.budget)),
         };
+        // Again: a refusal cached by a call that raced the reset is stale.
+        self.refusals.forget(key);
         let outcome = match &result {
             Ok(()) => Outcome::Cleared,
             Err(e) if e.is_unreachable() => {
@@ -439,13 +493,28 @@ impl<S: Store> Limiter<S> {
         operation: &'static str,
     ) -> Result<(Verdict, CountedIn), Error> {
         let started = Instant::now();
+        let asked_at = self.store.local_now();
+        if let Some(verdict) = self.refusals.get(key, asked_at) {
+            metric::record_from(
+                limit,
+                operation,
+                Outcome::Refused,
+                Source::Cache,
+                started.elapsed(),
+            );
+            return Ok((verdict, CountedIn::Nowhere));
+        }
         let deadline = started + self.budget;
         let result = match timeout_at(deadline, self.store.count(op, limit, key, deadline)).await {
             Ok(result) => result,
             Err(_) => Err(Error::timeout(operation, self.budget)),
         };
         let result = match result {
-            Ok(counted) => Ok((decide(op, limit, &counted), CountedIn::Store)),
+            Ok(counted) => {
+                let verdict = decide(op, limit, &counted);
+                self.refusals.put(key, &verdict, asked_at);
+                Ok((verdict, CountedIn::Store))
+            }
             Err(e) if e.is_unreachable() => {
                 crate::trace::unreachable(limit.name(), operation, &e);
                 Ok(self.when_unreachable(op, limit, key, Arc::new(e)).await)
@@ -506,6 +575,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<(), Error> {
         let started = Instant::now();
         let deadline = started + self.budget;
+        self.refusals.forget(key);
         let result = match counted_in {
             CountedIn::Store => {
                 match timeout_at(

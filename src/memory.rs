@@ -76,6 +76,10 @@ const MAX_COUNT: u64 = i64::MAX as u64;
 impl Store for Memory {}
 
 impl sealed::Sealed for Memory {
+    fn local_now(&self) -> SystemTime {
+        self.clock.pinned().unwrap_or_else(SystemTime::now)
+    }
+
     async fn count(
         &self,
         op: Op,

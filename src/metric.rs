@@ -7,12 +7,15 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `platformkit_limit_calls_total` | counter | `limit`, `operation`, `outcome` |
+//! | `platformkit_limit_calls_total` | counter | `limit`, `operation`, `outcome`, `source` |
+//! | `platformkit_limit_statements_total` | counter | `operation` |
 //! | `platformkit_limit_call_duration_seconds` | histogram | `limit`, `operation` |
 //! | `platformkit_limit_purged_rows_total` | counter | — |
 //! | `platformkit_limit_purge_failures_total` | counter | — |
 //!
-//! `operation` is `check`, `failed`, `hit` or `reset`. `outcome` is
+//! `operation` is `check`, `failed`, `hit`, `reserve`, `reset` or
+//! `take_back`; `source` is `store` or `cache` (a refusal the refusal cache
+//! answered without a round trip). `outcome` is
 //! `allowed`, `refused`, `unreachable` (the store could not be reached and
 //! the attempt was allowed: fail-open), `error` (a hard error returned to the
 //! caller) or, for `reset`, `cleared`.
@@ -35,12 +38,19 @@ pub const PURGED_ROWS_TOTAL: &str = "platformkit_limit_purged_rows_total";
 /// deleted).
 pub const PURGE_FAILURES_TOTAL: &str = "platformkit_limit_purge_failures_total";
 
+/// Counter of statements sent to PostgreSQL, by operation: with the calls,
+/// it shows the database load the refusal cache saved.
+pub const STATEMENTS_TOTAL: &str = "platformkit_limit_statements_total";
+
 /// Label: the limit's name.
 pub const LABEL_LIMIT: &str = "limit";
 /// Label: `check`, `failed`, `hit` or `reset`.
 pub const LABEL_OPERATION: &str = "operation";
 /// Label: `allowed`, `refused`, `unreachable`, `error` or `cleared`.
 pub const LABEL_OUTCOME: &str = "outcome";
+/// Label: `store` (the store answered, or could not be reached) or `cache`
+/// (a refusal answered from the refusal cache, with no round trip).
+pub const LABEL_SOURCE: &str = "source";
 
 /// How a call ended, as the `outcome` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,18 +94,45 @@ pub fn describe() {
         "Rows of closed windows deleted by purge."
     );
     describe_counter!(
+        STATEMENTS_TOTAL,
+        Unit::Count,
+        "Statements sent to PostgreSQL by the limiter, by operation."
+    );
+    describe_counter!(
         PURGE_FAILURES_TOTAL,
         Unit::Count,
         "Purge runs that failed before finishing."
     );
 }
 
+/// Who answered a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    Store,
+    Cache,
+}
+
 pub(crate) fn record(limit: &Limit, operation: &'static str, outcome: Outcome, took: Duration) {
+    record_from(limit, operation, outcome, Source::Store, took);
+}
+
+pub(crate) fn record_from(
+    limit: &Limit,
+    operation: &'static str,
+    outcome: Outcome,
+    source: Source,
+    took: Duration,
+) {
+    let source = match source {
+        Source::Store => "store",
+        Source::Cache => "cache",
+    };
     counter!(
         CALLS_TOTAL,
         LABEL_LIMIT => limit.name_arc().clone(),
         LABEL_OPERATION => operation,
         LABEL_OUTCOME => outcome.label(),
+        LABEL_SOURCE => source,
     )
     .increment(1);
     histogram!(
@@ -112,4 +149,8 @@ pub(crate) fn purged(rows: u64) {
 
 pub(crate) fn purge_failed() {
     counter!(PURGE_FAILURES_TOTAL).increment(1);
+}
+
+pub(crate) fn statement_sent(operation: &'static str) {
+    counter!(STATEMENTS_TOTAL, LABEL_OPERATION => operation).increment(1);
 }

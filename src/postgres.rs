@@ -89,6 +89,10 @@ impl<C: LimitConn> Postgres<C> {
 impl<C: LimitConn> Store for Postgres<C> {}
 
 impl<C: LimitConn> sealed::Sealed for Postgres<C> {
+    fn local_now(&self) -> SystemTime {
+        self.clock.pinned().unwrap_or_else(SystemTime::now)
+    }
+
     async fn count(
         &self,
         op: Op,
@@ -286,6 +290,7 @@ pub(crate) async fn call(
     statement: &str,
     params: &[(&(dyn ToSql + Sync), Type)],
 ) -> Result<Row, Error> {
+    crate::metric::statement_sent(operation);
     match client.query_typed_one(statement, params).await {
         Ok(row) => Ok(row),
         Err(e) => {

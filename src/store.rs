@@ -62,6 +62,10 @@ pub(crate) mod sealed {
 
     /// The methods of [`Store`](super::Store), out of callers' reach.
     pub trait Sealed: Send + Sync {
+        /// This process's idea of the store's time: the pinned clock's, or
+        /// the system's. The refusal cache runs on it.
+        fn local_now(&self) -> SystemTime;
+
         /// Runs one counting operation for the stored key `key` under
         /// `limit`, finishing by `deadline`.
         fn count(

@@ -96,7 +96,8 @@ impl Verdict {
     }
 
     /// For a refusal, how long until the window reopens, measured on the
-    /// store's clock: the value for a `Retry-After` header (round it up to
+    /// store's clock (for a refusal answered from the refusal cache, on this
+    /// process's): the value for a `Retry-After` header (round it up to
     /// whole seconds). `None` unless refused by a count (a refusal because
     /// the store is unreachable has no reopening time).
     ///
@@ -124,6 +125,17 @@ impl Verdict {
             counts: None,
             unreachable: Some(cause),
         }
+    }
+
+    /// This refusal as answered later from the refusal cache, at local time
+    /// `now`, reopening at local time `until`.
+    pub(crate) fn seen_at(&self, now: SystemTime, until: SystemTime) -> Self {
+        let mut seen = self.clone();
+        if let Some(counts) = &mut seen.counts {
+            counts.now = now;
+            counts.window_end = until;
+        }
+        seen
     }
 
     /// This verdict, marked as given while the store was unreachable.

@@ -91,7 +91,7 @@ impl Fixture {
 }
 
 /// Everything a verdict tells a caller.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Seen {
     allowed: bool,
     refused: bool,
@@ -292,9 +292,16 @@ fn cases() -> u32 {
 /// is the current count plus the previous window's weighted by how much of
 /// it still overlaps the last window's length; an attempt may go ahead while
 /// the estimate (before its own ask, for `hit`) is below max.
+///
+/// Both limiters keep their refusal cache on (the default), so the model
+/// keeps one too: a refusal from a single-limit call is answered again, with
+/// nothing counted, until the moment it reopens; a reset or a success
+/// forgets it; the several-limits calls neither read nor fill it.
 #[derive(Default)]
 struct Model {
     counts: HashMap<(usize, usize, u64), u64>,
+    /// (limit, key) → (the refusal, when it reopens in µs).
+    refusals: HashMap<(usize, usize), (Seen, u64)>,
 }
 
 impl Model {
@@ -324,6 +331,18 @@ impl Model {
         now: u64,
     ) -> Seen {
         let (max, window, sliding, lockout) = spec;
+        let single = !matches!(call, Call::CheckAll | Call::FailedAll | Call::HitAll);
+        if single {
+            if let Some((seen, until)) = self.refusals.get(&(limit, key)) {
+                if now < *until {
+                    return Seen {
+                        retry_after: Some(Duration::from_micros(until - now)),
+                        ..seen.clone()
+                    };
+                }
+            }
+            self.refusals.remove(&(limit, key));
+        }
         let width = window * MICROS_PER_SEC;
         let start = now / width * width;
         if matches!(
@@ -376,7 +395,7 @@ impl Model {
             }
             lo
         };
-        Seen {
+        let seen = Seen {
             allowed,
             refused: !allowed,
             unreachable: false,
@@ -384,11 +403,16 @@ impl Model {
             remaining: Some(u64::from(max).saturating_sub(count)),
             reopens_at: Some(at_micros(reopens)),
             retry_after: (!allowed).then(|| Duration::from_micros(reopens - now)),
+        };
+        if single && !allowed {
+            self.refusals.insert((limit, key), (seen.clone(), reopens));
         }
+        seen
     }
 
     /// A reserved attempt that succeeded is taken back from its window.
     fn take_back(&mut self, limit: usize, key: usize, window: u64, now: u64) {
+        self.refusals.remove(&(limit, key));
         let width = window * MICROS_PER_SEC;
         let start = now / width * width;
         if let Some(count) = self.counts.get_mut(&(limit, key, start)) {
@@ -397,6 +421,7 @@ impl Model {
     }
 
     fn reset(&mut self, limit: usize, key: usize) {
+        self.refusals.remove(&(limit, key));
         self.counts.retain(|&(l, k, _), _| (l, k) != (limit, key));
     }
 }

@@ -146,10 +146,12 @@ async fn the_axum_service_limits_logins_resets_and_codes_over_http() {
     let exposition = send(address, "GET", "/metrics", "").await;
     assert_eq!(exposition.status, 200);
     for line in [
-        r#"platformkit_limit_calls_total{limit="login",operation="failed",outcome="allowed"} 4"#,
-        r#"platformkit_limit_calls_total{limit="login",operation="failed",outcome="refused"} 1"#,
-        r#"platformkit_limit_calls_total{limit="password-forgot",operation="hit",outcome="refused"} 1"#,
-        r#"platformkit_limit_calls_total{limit="password-reset-code",operation="check",outcome="refused"} 1"#,
+        r#"platformkit_limit_calls_total{limit="login",operation="failed",outcome="allowed",source="store"} 4"#,
+        r#"platformkit_limit_calls_total{limit="login",operation="failed",outcome="refused",source="store"} 1"#,
+        r#"platformkit_limit_calls_total{limit="password-forgot",operation="hit",outcome="refused",source="store"} 1"#,
+        // The fifth wrong code's refusal was cached: the right code after it
+        // was refused without a round trip.
+        r#"platformkit_limit_calls_total{limit="password-reset-code",operation="check",outcome="refused",source="cache"} 1"#,
     ] {
         assert!(
             exposition.body.contains(line),

@@ -356,7 +356,14 @@ async fn replica(db: &TestDb, clock: Option<&ManualClock>) -> Arc<Limiter<Postgr
     if let Some(clock) = clock {
         store = store.with_clock(clock.clone());
     }
-    Arc::new(Limiter::new(store).with_budget(PATIENT).unwrap())
+    // The refusal cache is off: these tests are about what the database
+    // counts, and a cached refusal is answered without asking it.
+    Arc::new(
+        Limiter::new(store)
+            .with_budget(PATIENT)
+            .unwrap()
+            .without_refusal_cache(),
+    )
 }
 
 /// Calls `failed` [`CALLS`] times from each of [`TASKS`] tasks on each of

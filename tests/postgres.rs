@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use platformkit_limit::metric::{
-    CALL_DURATION_SECONDS, CALLS_TOTAL, LABEL_LIMIT, LABEL_OPERATION, LABEL_OUTCOME,
+    CALL_DURATION_SECONDS, CALLS_TOTAL, LABEL_LIMIT, LABEL_OPERATION, LABEL_OUTCOME, LABEL_SOURCE,
 };
 use platformkit_limit::{
     ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS,
@@ -207,7 +207,10 @@ impl Recorded {
             let label = |name: &str| labels.get(name).cloned().unwrap_or_default();
             match (key.name(), value) {
                 (CALLS_TOTAL, DebugValue::Counter(n)) => {
-                    assert_eq!(labels.len(), 3, "labels of {CALLS_TOTAL}: {labels:?}");
+                    assert_eq!(labels.len(), 4, "labels of {CALLS_TOTAL}: {labels:?}");
+                    // Every call here reaches the store: the refusal cache is
+                    // covered by tests/refusal_cache.rs.
+                    assert_eq!(label(LABEL_SOURCE), "store", "{labels:?}");
                     recorded.calls.insert(
                         (
                             label(LABEL_LIMIT),
