@@ -101,6 +101,17 @@ pub(crate) enum Inner {
         source: tokio_postgres::Error,
     },
 
+    #[snafu(display(
+        "the call that carried this one's count (merged for a hot key) gave up at its budget"
+    ))]
+    Abandoned,
+
+    #[snafu(display("{operation}: the merged statement for this key failed"))]
+    Merged {
+        operation: &'static str,
+        source: std::sync::Arc<Error>,
+    },
+
     #[snafu(display("{operation}: PostgreSQL answered unexpectedly: {what}"))]
     Unexpected {
         operation: &'static str,
@@ -125,7 +136,10 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match &self.0 {
             Inner::Connect { .. } | Inner::ConnectionLost { .. } => ErrorKind::Connect,
-            Inner::Timeout { .. } | Inner::ServerTimeout { .. } => ErrorKind::Timeout,
+            Inner::Timeout { .. } | Inner::ServerTimeout { .. } | Inner::Abandoned => {
+                ErrorKind::Timeout
+            }
+            Inner::Merged { source, .. } => source.kind(),
             Inner::Query { .. } | Inner::Unexpected { .. } => ErrorKind::Query,
             Inner::InTransaction { .. } => ErrorKind::InTransaction,
             Inner::InvalidLimit { .. } => ErrorKind::InvalidLimit,
@@ -147,6 +161,7 @@ impl Error {
             | Inner::ServerTimeout { source, .. }
             | Inner::Query { source, .. }
             | Inner::InTransaction { source, .. } => source.code(),
+            Inner::Merged { source, .. } => source.code(),
             _ => None,
         }
     }
@@ -167,6 +182,14 @@ impl Error {
 
     pub(crate) fn invalid_key(reason: &'static str) -> Self {
         Error(Inner::InvalidKey { reason })
+    }
+
+    pub(crate) fn abandoned() -> Self {
+        Error(Inner::Abandoned)
+    }
+
+    pub(crate) fn merged(operation: &'static str, source: std::sync::Arc<Error>) -> Self {
+        Error(Inner::Merged { operation, source })
     }
 
     pub(crate) fn unexpected(operation: &'static str, what: &'static str) -> Self {
@@ -213,7 +236,10 @@ fn io_caused(error: &tokio_postgres::Error) -> bool {
 }
 
 fn server_going_away(code: &SqlState) -> bool {
-    code.code().starts_with("08")
+    // Connection exceptions, except a protocol violation: that one means the
+    // client and server disagree (a mismatched schema or a bug), which
+    // must never pass for an unreachable store.
+    (code.code().starts_with("08") && *code != SqlState::PROTOCOL_VIOLATION)
         || *code == SqlState::ADMIN_SHUTDOWN
         || *code == SqlState::CRASH_SHUTDOWN
         || *code == SqlState::CANNOT_CONNECT_NOW

@@ -10,6 +10,7 @@ mod key;
 mod limit;
 mod limiter;
 mod memory;
+mod merge;
 pub mod metric;
 mod permit;
 #[cfg(any(feature = "deadpool", feature = "bb8"))]

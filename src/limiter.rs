@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::cache::RefusalCache;
+use crate::merge::Merger;
 use crate::key::stored;
 use crate::metric::{self, Outcome, Source};
 use crate::store::sealed::Sealed as _;
@@ -142,6 +143,8 @@ pub struct Limiter<S> {
     fallback: Memory,
     /// Refusals this process answers without a round trip.
     refusals: RefusalCache,
+    /// Merges concurrent writes to one key into one statement.
+    merger: Option<Merger>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -156,6 +159,7 @@ impl<S: Store> Limiter<S> {
             budget: DEFAULT_BUDGET,
             fallback: Memory::current_only(),
             refusals: RefusalCache::new(DEFAULT_REFUSAL_CACHE_KEYS),
+            merger: Some(Merger::default()),
         }
     }
 
@@ -220,6 +224,23 @@ impl<S: Store> Limiter<S> {
     pub fn without_refusal_cache(mut self) -> Self {
         self.refusals = RefusalCache::off();
         self
+    }
+
+    /// Turns off merging: by default, concurrent `failed`, `hit` and
+    /// `reserve` calls for the same key in this process share one statement
+    /// that adds their number at once (the first caller never waits; callers
+    /// that arrive while a statement for the key is in flight go in the next
+    /// one), and each caller still gets its own position's count, so `hit`
+    /// lets exactly as many through as the limit leaves. Off, every call
+    /// sends its own statement.
+    pub fn without_merging(mut self) -> Self {
+        self.merger = None;
+        self
+    }
+
+    /// Whether concurrent writes to one key are merged.
+    pub fn merges(&self) -> bool {
+        self.merger.is_some()
     }
 
     /// Whether the refusal cache is on.
@@ -505,7 +526,16 @@ impl<S: Store> Limiter<S> {
             return Ok((verdict, CountedIn::Nowhere));
         }
         let deadline = started + self.budget;
-        let result = match timeout_at(deadline, self.store.count(op, limit, key, deadline)).await {
+        let counting = async {
+            match (op, &self.merger) {
+                (Op::Failed | Op::Hit, Some(merger)) => merger
+                    .add(key, |n| self.store.count(op, limit, key, n, deadline))
+                    .await
+                    .map_err(|e| Error::merged(operation, e)),
+                _ => self.store.count(op, limit, key, 1, deadline).await,
+            }
+        };
+        let result = match timeout_at(deadline, counting).await {
             Ok(result) => result,
             Err(_) => Err(Error::timeout(operation, self.budget)),
         };
@@ -550,7 +580,7 @@ impl<S: Store> Limiter<S> {
             }
             WhenUnreachable::CountLocally => {
                 let now = Instant::now();
-                match self.fallback.count(op, limit, key, now).await {
+                match self.fallback.count(op, limit, key, 1, now).await {
                     Ok(counted) => (
                         decide(op, limit, &counted).because_unreachable(cause),
                         CountedIn::Fallback,

@@ -85,6 +85,7 @@ impl sealed::Sealed for Memory {
         op: Op,
         limit: &Limit,
         key: &str,
+        n: u64,
         _deadline: Instant,
     ) -> Result<Counted, Error> {
         let now_micros = micros_since_epoch(self.now());
@@ -126,7 +127,7 @@ impl sealed::Sealed for Memory {
                     key_windows.retain(|&s, _| s == start || s == start - width);
                 }
                 let count = key_windows.entry(start).or_insert(0);
-                *count = count.saturating_add(1).min(MAX_COUNT);
+                *count = count.saturating_add(n).min(MAX_COUNT);
                 *count
             }
         };
@@ -147,7 +148,7 @@ impl sealed::Sealed for Memory {
     ) -> Result<Vec<Counted>, Error> {
         let mut counted = Vec::with_capacity(pairs.len());
         for (limit, key) in pairs {
-            counted.push(self.count(op, limit, key, deadline).await?);
+            counted.push(self.count(op, limit, key, 1, deadline).await?);
         }
         Ok(counted)
     }

@@ -98,6 +98,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         op: Op,
         limit: &Limit,
         key: &str,
+        n: u64,
         deadline: Instant,
     ) -> Result<Counted, Error> {
         let conn = self.connection(op.name()).await?;
@@ -121,10 +122,10 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 call(&conn, op.name(), sql::READ, &params).await?
             }
             Op::Failed | Op::Hit => {
-                let one = 1_i64;
+                let n = i64::try_from(n).unwrap_or(i64::MAX);
                 let params: [(&(dyn ToSql + Sync), Type); 9] = [
                     (&key, Type::TEXT),
-                    (&one, Type::INT8),
+                    (&n, Type::INT8),
                     (&window, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
                     (&budget, Type::INT8),

@@ -67,12 +67,13 @@ pub(crate) mod sealed {
         fn local_now(&self) -> SystemTime;
 
         /// Runs one counting operation for the stored key `key` under
-        /// `limit`, finishing by `deadline`.
+        /// `limit`, finishing by `deadline`; a write adds `n`.
         fn count(
             &self,
             op: Op,
             limit: &Limit,
             key: &str,
+            n: u64,
             deadline: Instant,
         ) -> impl Future<Output = Result<Counted, Error>> + Send;
 

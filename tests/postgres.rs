@@ -1225,7 +1225,10 @@ async fn metrics_count_every_call_by_limit_operation_and_outcome() {
     let _recorder = metrics::set_default_local_recorder(&recorder);
 
     let db = fresh_db().await;
-    let limiter = Limiter::new(Postgres::new(db.config()));
+    // Without the refusal cache, every call reaches the store: this test is
+    // about what the store's answers count (tests/refusal_cache.rs covers
+    // the cache).
+    let limiter = Limiter::new(Postgres::new(db.config())).without_refusal_cache();
     let unreachable = Limiter::new(Postgres::new(nothing_listens()))
         .with_budget(BUDGET)
         .unwrap();
