@@ -137,7 +137,7 @@ fn every_metric_the_dashboard_and_alerts_query_is_emitted() {
                 emitted.names
             );
         }
-        for label in ["outcome", "operation"] {
+        for label in ["outcome", "operation", "source"] {
             for value in queried_values(&text, label) {
                 assert!(
                     emitted
