@@ -19,10 +19,11 @@ use crate::error::BoxError;
 ///
 /// The connection must be for exclusive use during the call and idle (not
 /// inside a transaction) when handed over. The limiter hands it back outside
-/// any transaction; when the call's budget ran out midway, the limiter's own
-/// `CALL` may still be running on it, and the next statement on the
-/// connection waits for it (at most the `lock_timeout` the call carried,
-/// plus the statement's own work). A connection handed over
+/// any transaction. A call near the end of its budget is cancelled on the
+/// server before the connection is handed back; should the budget run out
+/// anyway, the limiter's own `CALL` may still be running on it, and the next
+/// statement on the connection waits for it (at most the `lock_timeout` the
+/// call carried, plus the statement's own work). A connection handed over
 /// inside a transaction is an
 /// [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction) error, and
 /// that transaction is rolled back, never committed.

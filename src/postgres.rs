@@ -119,7 +119,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&max, Type::INT8),
                     (&lockout, Type::INT8),
                 ];
-                call(&conn, op.name(), sql::READ, &params).await?
+                call(&conn, op.name(), sql::READ, &params, deadline).await?
             }
             Op::Failed | Op::Hit => {
                 let n = i64::try_from(n).unwrap_or(i64::MAX);
@@ -134,7 +134,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&max, Type::INT8),
                     (&lockout, Type::INT8),
                 ];
-                call(&conn, op.name(), sql::ADD, &params).await?
+                call(&conn, op.name(), sql::ADD, &params, deadline).await?
             }
         };
         let get = |e| Error::from_postgres(op.name(), e);
@@ -185,7 +185,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&maxes, Type::INT8_ARRAY),
                     (&lockouts, Type::INT8_ARRAY),
                 ];
-                call(&conn, op.name(), sql::READ_MANY, &params).await?
+                call(&conn, op.name(), sql::READ_MANY, &params, deadline).await?
             }
             Op::Failed | Op::Hit => {
                 let one = 1_i64;
@@ -200,7 +200,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&maxes, Type::INT8_ARRAY),
                     (&lockouts, Type::INT8_ARRAY),
                 ];
-                call(&conn, op.name(), sql::ADD_MANY, &params).await?
+                call(&conn, op.name(), sql::ADD_MANY, &params, deadline).await?
             }
         };
         let get = |e| Error::from_postgres(op.name(), e);
@@ -251,7 +251,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             (&budget, Type::INT8),
             (&self.relaxed, Type::BOOL),
         ];
-        let row = call(&conn, "take_back", sql::TAKE_BACK, &params).await?;
+        let row = call(&conn, "take_back", sql::TAKE_BACK, &params, deadline).await?;
         deleted(&row, "take_back")
     }
 
@@ -263,10 +263,14 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             (&budget, Type::INT8),
             (&self.relaxed, Type::BOOL),
         ];
-        let row = call(&conn, "reset", sql::RESET, &params).await?;
+        let row = call(&conn, "reset", sql::RESET, &params, deadline).await?;
         deleted(&row, "reset")
     }
 }
+
+/// How long before the deadline an unanswered `CALL` is sent a cancel
+/// request (at most a tenth of the budget).
+const CANCEL_AHEAD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A count as stored. The table's CHECK keeps counts non-negative; were one
 /// ever negative, refusing is the safe reading.
@@ -279,8 +283,16 @@ fn stored_count(count: i64) -> u64 {
 /// The `CALL` runs in autocommit and its procedure opens and ends the
 /// limiter's own transaction, so a caller that gives up on the future (the
 /// budget) cannot leave the connection inside a transaction: the request is
-/// already queued on the connection, and the server finishes it alone, its
-/// lock waits bounded by `lock_timeout`.
+/// already queued on the connection, and the server finishes it alone.
+///
+/// The server stops too: its lock waits end at `lock_timeout`, the budget
+/// left; and a `CALL` still unanswered when [`CANCEL_AHEAD`] (or a tenth) of
+/// the budget remains is sent a cancel request (what psql's Ctrl-C sends,
+/// over a new connection without TLS; a server that requires TLS refuses it
+/// and the lock timeout still holds). The cancel is sent while this call
+/// still holds the connection, so it can only reach this `CALL`: through
+/// PgBouncer, a client that holds no server connection has nothing to
+/// cancel.
 ///
 /// A connection handed over inside the caller's transaction makes the
 /// procedure fail before it does anything; that transaction, now aborted, is
@@ -290,9 +302,25 @@ pub(crate) async fn call(
     operation: &'static str,
     statement: &str,
     params: &[(&(dyn ToSql + Sync), Type)],
+    deadline: Instant,
 ) -> Result<Row, Error> {
     crate::metric::statement_sent(operation);
-    match client.query_typed_one(statement, params).await {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let cancel_at = deadline - CANCEL_AHEAD.min(left / 10);
+    let answer = client.query_typed_one(statement, params);
+    tokio::pin!(answer);
+    let answer = tokio::select! {
+        biased;
+        answer = &mut answer => answer,
+        () = tokio::time::sleep_until(cancel_at) => {
+            let token = client.cancel_token();
+            tokio::spawn(async move {
+                let _ = token.cancel_query(tokio_postgres::NoTls).await;
+            });
+            answer.await
+        }
+    };
+    match answer {
         Ok(row) => Ok(row),
         Err(e) => {
             let error = Error::from_postgres(operation, e);

@@ -69,7 +69,7 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
         let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
         let params: [(&(dyn ToSql + Sync), Type); 2] =
             [(&PURGE_BATCH_ROWS, Type::INT8), (&budget, Type::INT8)];
-        let row = call(&conn, "purge", sql::PURGE_BATCH, &params).await?;
+        let row = call(&conn, "purge", sql::PURGE_BATCH, &params, deadline).await?;
         deleted(&row, "purge")
     };
     match timeout_at(deadline, batch).await {
