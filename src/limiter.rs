@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::cache::RefusalCache;
-use crate::merge::Merger;
 use crate::key::stored;
+use crate::merge::Merger;
 use crate::metric::{self, Outcome, Source};
 use crate::store::sealed::Sealed as _;
 use crate::store::{Op, Store};
