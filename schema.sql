@@ -79,6 +79,9 @@ $$;
 --     row_security on, for this transaction only. The transaction ends when
 --     the CALL does, and the settings with it.
 --
+-- Each procedure writes this prologue out rather than calling a shared one:
+-- a nested CALL would cost every call a little more.
+--
 -- Keys arrive as parameters only. Time comes from the database's clock
 -- unless the caller pins it (p_at, for tests). The window arithmetic adds
 -- microsecond intervals and bins from the Unix epoch: the session's TimeZone
