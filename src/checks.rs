@@ -8,7 +8,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::key::{MAX_KEY_BYTES, decode, normalize_identity};
-
 use crate::{Key, Limit, Limiter, ManualClock, Memory};
 
 /// Splits fuzz input into key parts: parts are separated by the byte `0xFF`
