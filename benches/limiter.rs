@@ -13,7 +13,23 @@
 //! - `check`, `failed`, `hit` and `reset` through [`Limiter`] over
 //!   [`Postgres`], at 1 and at 16 connections (a task and a held connection
 //!   each), over random keys drawn from a million and over one hot key;
-//! - `failed` connecting for each call, and `failed` on [`Memory`].
+//! - `check_all` and `failed_all` over two limits at once (per account and
+//!   per address), next to `check` and `failed` over one;
+//! - `failed` with [`Postgres::with_relaxed_durability`], next to the
+//!   durable default;
+//! - `failed` connecting for each call, and `failed` on [`Memory`];
+//! - an attack: 16 tasks sharing one limiter over 16 connections, hammering
+//!   100 keys already refused and one hot key still counting, with the
+//!   refusal cache and merging (the defaults) and without, counting the
+//!   statements sent;
+//! - [`purge`] at scale, in a database of its own: a million closed windows
+//!   purged while 16 writers count on the open ones, against the same
+//!   writers alone.
+//!
+//! The limiters of the operations above measure the store path: they have
+//! neither the refusal cache nor merging (a limit nothing reaches is never
+//! refused anyway, and the tasks of a row do not share a limiter). Only the
+//! attack uses the defaults, and compares them with both off.
 //!
 //! Each floor is measured right before the operation it is compared to, in
 //! rounds. The table shows the median over rounds; each ratio is the median
@@ -21,27 +37,33 @@
 //! `target/bench/limiter.json`.
 //!
 //! ```text
-//! cargo bench --bench limiter                  # a few minutes
+//! cargo bench --bench limiter                  # several minutes
 //! BENCH_QUICK=1 cargo bench --bench limiter    # a few seconds, for CI
 //! ```
 //!
 //! It is a measurement, not a test: targets that do not hold are reported,
-//! and the process still succeeds.
+//! and the process still succeeds. The exceptions are the checks of what the
+//! purge left (every closed window gone, every count of the open ones
+//! intact): a wrong answer there is a bug, and fails the process once the
+//! report is written.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
+use std::ops::Deref;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use platformkit_limit::{
-    Key, Limit, LimitConn, Limiter, MAX_BUDGET, MAX_WINDOW, Memory, Postgres, SCHEMA, Store,
+    Key, Limit, LimitConn, Limiter, MAX_BUDGET, MAX_WINDOW, Memory, PURGE_BATCH_ROWS, Postgres,
+    SCHEMA, Store, Verdict, purge,
 };
 use platformkit_limit_testdb::{Options, Server};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Statement};
 
@@ -95,6 +117,31 @@ const LIMIT_NAME: &str = "bench";
 /// The id of the hot key.
 const HOT_ID: &str = "hot";
 
+/// The second limit of the several-limits calls, per address: stored keys
+/// are `bench-address|ip|<address>`.
+const ADDRESS_LIMIT_NAME: &str = "bench-address";
+
+/// The attack's limit on the keys it finds refused: stored keys are
+/// `bench-refused|id|refused-<n>`.
+const REFUSED_LIMIT_NAME: &str = "bench-refused";
+
+/// How many keys the attack finds refused.
+const REFUSED_KEYS: u64 = 100;
+
+/// The max of [`REFUSED_LIMIT_NAME`]: each key is refused after this many
+/// failures.
+const REFUSED_MAX: u32 = 5;
+
+/// The limit the purge's writers count under: stored keys are
+/// `bench-open|id|<n>`, in the current window (open) and in closed ones.
+const OPEN_LIMIT_NAME: &str = "bench-open";
+
+/// The window of [`OPEN_LIMIT_NAME`]: a day, so that a key's windows that
+/// ended two days ago and more are the purge's to take (closed more than a
+/// day and more than a window ago), and a run rarely sees the open window
+/// close.
+const OPEN_WINDOW: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// A limit nothing reaches, so that every verdict is the same and only the
 /// cost is measured.
 const MAX_ATTEMPTS: u32 = 1_000_000_000;
@@ -122,6 +169,11 @@ struct Mode {
     rounds: usize,
     warmup: Duration,
     measure: Duration,
+    /// Closed windows written before the purge.
+    purge_closed: u64,
+    /// Open windows written before the purge, and the keys its writers
+    /// count on.
+    purge_open: u64,
 }
 
 impl Mode {
@@ -136,6 +188,8 @@ impl Mode {
                 rounds: 1,
                 warmup: Duration::from_millis(20),
                 measure: Duration::from_millis(120),
+                purge_closed: 20_000,
+                purge_open: 5_000,
             }
         } else {
             Mode {
@@ -143,6 +197,8 @@ impl Mode {
                 rounds: 5,
                 warmup: Duration::from_millis(100),
                 measure: Duration::from_millis(600),
+                purge_closed: 1_000_000,
+                purge_open: 100_000,
             }
         }
     }
@@ -162,6 +218,9 @@ enum Keys {
     Random,
     /// The same key for every call.
     Hot,
+    /// Drawn uniformly from the [`REFUSED_KEYS`] keys the attack finds
+    /// refused.
+    Refused,
 }
 
 impl Keys {
@@ -169,6 +228,7 @@ impl Keys {
         match self {
             Keys::Random => "random",
             Keys::Hot => "hot",
+            Keys::Refused => "refused",
         }
     }
 
@@ -176,8 +236,25 @@ impl Keys {
         match self {
             Keys::Random => (rng.next() % KEY_SPACE).to_string(),
             Keys::Hot => HOT_ID.to_owned(),
+            Keys::Refused => refused_id(rng.next() % REFUSED_KEYS),
         }
     }
+}
+
+/// The id of the `n`th key the attack finds refused.
+fn refused_id(n: u64) -> String {
+    format!("refused-{n}")
+}
+
+/// The address that goes with a random key's account in the several-limits
+/// calls: a different address for each account, spread over the whole IPv4
+/// space.
+fn address_of(id: &str) -> IpAddr {
+    let n: u64 = id.parse().expect("random keys are numbers");
+    let mixed = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+    IpAddr::V4(Ipv4Addr::from(
+        u32::try_from(mixed).expect("the top half of a u64 fits in a u32"),
+    ))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,6 +270,12 @@ enum What {
     Failed,
     Hit,
     Reset,
+    /// `check_all` over two (limit, key) pairs: per account and per address.
+    CheckAll,
+    /// `failed_all` over the same two pairs.
+    FailedAll,
+    /// `failed` with relaxed durability.
+    RelaxedFailed,
     /// `failed`, connecting for each call.
     ConnectPerCall,
     /// `failed` on the in-process fake.
@@ -209,6 +292,9 @@ impl What {
             What::Failed => "failed",
             What::Hit => "hit",
             What::Reset => "reset",
+            What::CheckAll => "check_all, 2 limits",
+            What::FailedAll => "failed_all, 2 limits",
+            What::RelaxedFailed => "failed, relaxed durability",
             What::ConnectPerCall => "failed, connect per call",
             What::Memory => "failed, Memory",
         }
@@ -223,6 +309,9 @@ impl What {
             What::Failed => "failed",
             What::Hit => "hit",
             What::Reset => "reset",
+            What::CheckAll => "check_all_2_limits",
+            What::FailedAll => "failed_all_2_limits",
+            What::RelaxedFailed => "failed_relaxed_durability",
             What::ConnectPerCall => "failed_connect_per_call",
             What::Memory => "failed_memory",
         }
@@ -233,8 +322,19 @@ impl What {
         match self {
             What::Check => Some(What::Select1),
             What::Failed | What::Hit | What::Reset => Some(What::Upsert),
-            What::ConnectPerCall => Some(What::Failed),
+            What::CheckAll => Some(What::Check),
+            What::FailedAll | What::RelaxedFailed | What::ConnectPerCall => Some(What::Failed),
             What::Select1 | What::Upsert | What::Read | What::Memory => None,
+        }
+    }
+
+    /// What is measured right after this, over random keys, at the same
+    /// concurrency, and compared to it.
+    fn followed_by(self) -> &'static [What] {
+        match self {
+            What::Check => &[What::CheckAll],
+            What::Failed => &[What::FailedAll, What::RelaxedFailed],
+            _ => &[],
         }
     }
 }
@@ -245,6 +345,8 @@ struct Sample {
     ops_per_sec: f64,
     p50_us: f64,
     p99_us: f64,
+    /// Every call made, the warm-up's included.
+    calls: u64,
 }
 
 // ---------------------------------------------------------------------------
@@ -289,6 +391,7 @@ async fn measure(op: &Op, workers: usize, keys: Keys, mode: Mode) -> Sample {
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut last = start;
+                let mut calls = 0;
                 loop {
                     let id = keys.draw(&mut rng);
                     let began = Instant::now();
@@ -297,28 +400,40 @@ async fn measure(op: &Op, workers: usize, keys: Keys, mode: Mode) -> Sample {
                     }
                     op(worker, id).await;
                     let done = Instant::now();
+                    calls += 1;
                     if began >= start {
                         latencies.push(done - began);
                         last = done;
                     }
+                    // A call answered in memory never waits: let the other
+                    // tasks run now and then.
+                    tokio::task::coop::consume_budget().await;
                 }
-                (latencies, last)
+                (latencies, last, calls)
             })
         })
         .collect();
     let mut latencies = Vec::new();
     let mut last = start;
+    let mut calls = 0;
     for task in tasks {
         match task.await {
-            Ok((mine, my_last)) => {
+            Ok((mine, my_last, my_calls)) => {
                 latencies.extend(mine);
                 last = last.max(my_last);
+                calls += my_calls;
             }
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         }
     }
+    sample(latencies, last - start, calls)
+}
+
+/// The figures of the latencies recorded over `took`, the time from the
+/// start of the measurement until its last call ended.
+fn sample(mut latencies: Vec<Duration>, took: Duration, calls: u64) -> Sample {
     latencies.sort_unstable();
-    let secs = (last - start).as_secs_f64();
+    let secs = took.as_secs_f64();
     Sample {
         ops_per_sec: if secs > 0.0 {
             latencies.len() as f64 / secs
@@ -327,6 +442,7 @@ async fn measure(op: &Op, workers: usize, keys: Keys, mode: Mode) -> Sample {
         },
         p50_us: percentile_us(&latencies, 0.50),
         p99_us: percentile_us(&latencies, 0.99),
+        calls,
     }
 }
 
@@ -366,12 +482,120 @@ fn lend(held: Held) -> impl LimitConn<Conn = OwnedMutexGuard<Client>, Error = In
     }
 }
 
-/// A limiter whose budget is long: a stall on a busy machine should show in
-/// the p99, not turn into a fail-open verdict that returns early.
+/// Lends any idle one of several held connections, one call at a time
+/// each, and counts the connections it lends. The store borrows one
+/// connection for each statement it sends, so the count is the statements
+/// sent, exactly.
+#[derive(Clone)]
+struct Pool {
+    conns: Arc<Vec<Held>>,
+    idle: Arc<std::sync::Mutex<Vec<usize>>>,
+    permits: Arc<Semaphore>,
+    lent: Arc<AtomicU64>,
+}
+
+impl Pool {
+    fn new(conns: Arc<Vec<Held>>) -> Pool {
+        Pool {
+            idle: Arc::new(std::sync::Mutex::new((0..conns.len()).collect())),
+            permits: Arc::new(Semaphore::new(conns.len())),
+            lent: Arc::new(AtomicU64::new(0)),
+            conns,
+        }
+    }
+
+    /// The connections lent so far: the statements sent through the pool.
+    fn lent(&self) -> u64 {
+        self.lent.load(Ordering::Relaxed)
+    }
+}
+
+/// A connection lent by a [`Pool`]: idle again when dropped.
+struct Lent {
+    client: Option<OwnedMutexGuard<Client>>,
+    index: usize,
+    idle: Arc<std::sync::Mutex<Vec<usize>>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Deref for Lent {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        self.client.as_deref().expect("lent until dropped")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // The connection first, then its index, then (as the fields drop)
+        // the permit: whoever gets the permit finds the connection free.
+        drop(self.client.take());
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(self.index);
+    }
+}
+
+impl LimitConn for Pool {
+    type Conn = Lent;
+    type Error = Infallible;
+
+    async fn conn(&self) -> Result<Lent, Infallible> {
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .expect("the pool's semaphore is never closed");
+        let index = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .expect("a permit means an idle connection");
+        let client = Arc::clone(&self.conns[index]).lock_owned().await;
+        self.lent.fetch_add(1, Ordering::Relaxed);
+        Ok(Lent {
+            client: Some(client),
+            index,
+            idle: Arc::clone(&self.idle),
+            _permit: permit,
+        })
+    }
+}
+
+/// A limiter that measures the store path: every call sends its statement.
+/// Neither the refusal cache nor merging (both on by default) is on. The
+/// limits measured through it are never reached, so there would be no
+/// refusal to cache anyway, but a call must not be answered from memory nor
+/// ride on another call's statement.
+///
+/// Its budget is long: a stall on a busy machine should show in the p99, not
+/// turn into a fail-open verdict that returns early.
 fn limiter<S: Store>(store: S) -> Limiter<S> {
+    defaults_limiter(store)
+        .without_refusal_cache()
+        .without_merging()
+}
+
+/// A limiter with the defaults (the refusal cache and merging on) and the
+/// long budget.
+fn defaults_limiter<S: Store>(store: S) -> Limiter<S> {
     Limiter::new(store)
         .with_budget(MAX_BUDGET)
         .expect("the longest budget is a valid budget")
+}
+
+/// Panics unless the store answered.
+fn answered(what: &str, verdict: Result<Verdict, platformkit_limit::Error>) -> Verdict {
+    match verdict {
+        Ok(verdict) if verdict.is_unreachable() => panic!(
+            "{what}: the store was unreachable: {:?}",
+            verdict.unreachable()
+        ),
+        Ok(verdict) => verdict,
+        Err(e) => panic!("{what}: {e}"),
+    }
 }
 
 /// `what` through the limiter of each worker (`limiters[worker]`).
@@ -384,7 +608,7 @@ fn limiter_op<S: Store + 'static>(limiters: Arc<Vec<Limiter<S>>>, limit: Limit, 
             let key = Key::opaque(&id);
             let verdict = match what {
                 What::Check => limiter.check(&limit, &key).await,
-                What::Failed | What::ConnectPerCall | What::Memory => {
+                What::Failed | What::RelaxedFailed | What::ConnectPerCall | What::Memory => {
                     limiter.failed(&limit, &key).await
                 }
                 What::Hit => limiter.hit(&limit, &key).await,
@@ -394,17 +618,47 @@ fn limiter_op<S: Store + 'static>(limiters: Arc<Vec<Limiter<S>>>, limit: Limit, 
                     }
                     return;
                 }
+                What::CheckAll | What::FailedAll => {
+                    unreachable!("several limits have an operation of their own")
+                }
                 What::Select1 | What::Upsert | What::Read => {
                     unreachable!("the statements alone do not go through the limiter")
                 }
             };
-            match verdict {
-                Ok(verdict) if verdict.is_unreachable() => panic!(
-                    "{}: the store was unreachable: {:?}",
-                    what.label(),
-                    verdict.unreachable()
-                ),
-                Ok(_) => {}
+            answered(what.label(), verdict);
+        })
+    })
+}
+
+/// `check_all` or `failed_all` through the limiter of each worker, over two
+/// pairs: the key under `account`, and the address that goes with it under
+/// `address`.
+fn several_op<S: Store + 'static>(
+    limiters: Arc<Vec<Limiter<S>>>,
+    account: Limit,
+    address: Limit,
+    what: What,
+) -> Op {
+    let limits = Arc::new((account, address));
+    Arc::new(move |worker, id| {
+        let limiters = Arc::clone(&limiters);
+        let limits = Arc::clone(&limits);
+        Box::pin(async move {
+            let limiter = &limiters[worker];
+            let (account, address) = &*limits;
+            let account_key = Key::opaque(&id);
+            let address_key = Key::ip(address_of(&id));
+            let pairs = [(account, &account_key), (address, &address_key)];
+            let verdicts = match what {
+                What::CheckAll => limiter.check_all(&pairs).await,
+                What::FailedAll => limiter.failed_all(&pairs).await,
+                _ => unreachable!("only check_all and failed_all take several limits"),
+            };
+            match verdicts {
+                Ok(verdicts) if verdicts.is_unreachable() => {
+                    panic!("{}: the store was unreachable", what.label())
+                }
+                Ok(verdicts) => assert_eq!(verdicts.iter().count(), 2, "a verdict per pair"),
                 Err(e) => panic!("{}: {e}", what.label()),
             }
         })
@@ -503,6 +757,9 @@ struct Bench {
     failed: Op,
     hit: Op,
     reset: Op,
+    check_all: Op,
+    failed_all: Op,
+    relaxed_failed: Op,
     connect_per_call: Op,
 }
 
@@ -516,6 +773,9 @@ impl Bench {
             What::Failed => &self.failed,
             What::Hit => &self.hit,
             What::Reset => &self.reset,
+            What::CheckAll => &self.check_all,
+            What::FailedAll => &self.failed_all,
+            What::RelaxedFailed => &self.relaxed_failed,
             What::ConnectPerCall => &self.connect_per_call,
             // A fresh one each time: the fake never forgets a key.
             What::Memory => {
@@ -525,6 +785,496 @@ impl Bench {
         };
         Arc::clone(op)
     }
+}
+
+// ---------------------------------------------------------------------------
+// The attack
+// ---------------------------------------------------------------------------
+
+/// Many callers at few keys, through one limiter shared by [`WIDE`] tasks
+/// over [`WIDE`] connections: merging happens within one limiter, and the
+/// refusal cache is one limiter's.
+struct Attack {
+    pool: Pool,
+    /// A limit nothing reaches: its hot key is still counting.
+    counting: Arc<Limit>,
+    /// A limit of [`REFUSED_MAX`], each of whose [`REFUSED_KEYS`] keys is
+    /// refused before the attack starts.
+    refused: Arc<Limit>,
+}
+
+impl Attack {
+    /// Refuses every key the attack hammers: [`REFUSED_MAX`] failures each,
+    /// through a limiter of its own.
+    async fn refuse_keys(&self) {
+        let limiter = limiter(Postgres::new(self.pool.clone()));
+        for n in 0..REFUSED_KEYS {
+            let key = Key::opaque(&refused_id(n));
+            let mut last = None;
+            for _ in 0..REFUSED_MAX {
+                last = Some(answered(
+                    "failed",
+                    limiter.failed(&self.refused, &key).await,
+                ));
+            }
+            assert!(
+                last.is_some_and(|v| v.is_refused()),
+                "{REFUSED_MAX} failures refuse a key of a limit of {REFUSED_MAX}"
+            );
+        }
+    }
+
+    /// The limit `keys` are hammered under.
+    fn limit(&self, keys: Keys) -> Arc<Limit> {
+        match keys {
+            Keys::Refused => Arc::clone(&self.refused),
+            Keys::Hot => Arc::clone(&self.counting),
+            Keys::Random => unreachable!("the attack hammers few keys"),
+        }
+    }
+}
+
+/// `failed` through one limiter shared by every worker.
+fn shared_failed_op(limiter: Arc<Limiter<Postgres<Pool>>>, limit: Arc<Limit>) -> Op {
+    Arc::new(move |_worker, id| {
+        let limiter = Arc::clone(&limiter);
+        let limit = Arc::clone(&limit);
+        Box::pin(async move {
+            answered("failed", limiter.failed(&limit, &Key::opaque(&id)).await);
+        })
+    })
+}
+
+/// One line of the attack's table.
+struct AttackRow {
+    keys: Keys,
+    /// The refusal cache and merging on (the defaults), or both off.
+    defaults: bool,
+    samples: Vec<Sample>,
+    /// Every attempt made, the warm-ups' included.
+    calls: u64,
+    /// The statements those attempts sent.
+    statements: u64,
+    /// Per round: these attempts per second over the lone upsert's at
+    /// [`WIDE`] connections (random keys for the refused ones, the hot key
+    /// for the hot one).
+    ops_ratios: Vec<f64>,
+}
+
+impl AttackRow {
+    fn ops_per_sec(&self) -> f64 {
+        median(self.samples.iter().map(|s| s.ops_per_sec))
+    }
+
+    fn p50_us(&self) -> f64 {
+        median(self.samples.iter().map(|s| s.p50_us))
+    }
+
+    fn p99_us(&self) -> f64 {
+        median(self.samples.iter().map(|s| s.p99_us))
+    }
+
+    fn statements_per_attempt(&self) -> f64 {
+        if self.calls > 0 {
+            self.statements as f64 / self.calls as f64
+        } else {
+            f64::NAN
+        }
+    }
+
+    /// The lone upsert this is compared to: its keys.
+    fn floor_keys(&self) -> Keys {
+        match self.keys {
+            Keys::Refused | Keys::Random => Keys::Random,
+            Keys::Hot => Keys::Hot,
+        }
+    }
+
+    fn label(&self) -> String {
+        match self.keys {
+            Keys::Refused => format!("{REFUSED_KEYS} keys refused (max {REFUSED_MAX})"),
+            Keys::Hot => "1 hot key, still counting".to_owned(),
+            Keys::Random => unreachable!("the attack hammers few keys"),
+        }
+    }
+}
+
+struct AttackResults {
+    rows: Vec<AttackRow>,
+    /// The statements sent by the first refusal of each key through a
+    /// limiter with the refusal cache, how many first refusals that was, and
+    /// in how many rounds (a new limiter each).
+    first_refusal_statements: u64,
+    first_refusals: u64,
+    rounds: u64,
+}
+
+impl AttackResults {
+    fn new() -> AttackResults {
+        let mut rows = Vec::new();
+        for keys in [Keys::Refused, Keys::Hot] {
+            for defaults in [true, false] {
+                rows.push(AttackRow {
+                    keys,
+                    defaults,
+                    samples: Vec::new(),
+                    calls: 0,
+                    statements: 0,
+                    ops_ratios: Vec::new(),
+                });
+            }
+        }
+        AttackResults {
+            rows,
+            first_refusal_statements: 0,
+            first_refusals: 0,
+            rounds: 0,
+        }
+    }
+
+    fn row(&self, keys: Keys, defaults: bool) -> &AttackRow {
+        self.rows
+            .iter()
+            .find(|r| r.keys == keys && r.defaults == defaults)
+            .expect("every attack row is laid out")
+    }
+
+    fn record(
+        &mut self,
+        keys: Keys,
+        defaults: bool,
+        sample: Sample,
+        statements: u64,
+        floor: Sample,
+    ) {
+        let row = self
+            .rows
+            .iter_mut()
+            .find(|r| r.keys == keys && r.defaults == defaults)
+            .expect("every attack row is laid out");
+        row.samples.push(sample);
+        row.calls += sample.calls;
+        row.statements += statements;
+        row.ops_ratios.push(sample.ops_per_sec / floor.ops_per_sec);
+    }
+}
+
+/// One round of the attack: for the refused keys, then the hot key, the
+/// lone upsert at [`WIDE`] connections, then the attack with the defaults
+/// and with both off, each through a new limiter.
+async fn attack_round(
+    bench: &Bench,
+    attack: &Attack,
+    results: &mut Results,
+    attack_results: &mut AttackResults,
+) {
+    for keys in [Keys::Refused, Keys::Hot] {
+        let floor_keys = if keys == Keys::Hot {
+            Keys::Hot
+        } else {
+            Keys::Random
+        };
+        let floor = measure(&bench.op(What::Upsert), WIDE, floor_keys, bench.mode).await;
+        results.record(What::Upsert, Some(floor_keys), WIDE, floor, None);
+        for defaults in [true, false] {
+            let store = Postgres::new(attack.pool.clone());
+            let limiter = Arc::new(if defaults {
+                defaults_limiter(store)
+            } else {
+                limiter(store)
+            });
+            let limit = attack.limit(keys);
+            if defaults && keys == Keys::Refused {
+                // The first refusal of each key comes from the store; the
+                // cache answers the attempts after it.
+                let before = attack.pool.lent();
+                for n in 0..REFUSED_KEYS {
+                    let key = Key::opaque(&refused_id(n));
+                    let verdict = answered("failed", limiter.failed(&limit, &key).await);
+                    assert!(verdict.is_refused(), "the key was refused first");
+                }
+                attack_results.first_refusal_statements += attack.pool.lent() - before;
+                attack_results.first_refusals += REFUSED_KEYS;
+                attack_results.rounds += 1;
+            }
+            let op = shared_failed_op(limiter, limit);
+            let before = attack.pool.lent();
+            let sample = measure(&op, WIDE, keys, bench.mode).await;
+            let statements = attack.pool.lent() - before;
+            attack_results.record(keys, defaults, sample, statements, floor);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Purge at scale
+// ---------------------------------------------------------------------------
+
+/// What the purge at scale found.
+struct PurgeReport {
+    closed: u64,
+    open: u64,
+    /// Rows `purge` said it deleted.
+    deleted: u64,
+    /// Statements it sent: one per batch.
+    statements: u64,
+    took: Duration,
+    /// The writers while the purge ran, over its whole length.
+    during: Sample,
+    /// The same writers alone, over the same length, after the purge.
+    alone: Sample,
+    /// Every count the writers added, in both phases.
+    writes: u64,
+    /// The sum of the open windows' counts before the writers.
+    open_sum_before: i64,
+    /// The rows and the sum of the counts of the open windows (and of any
+    /// window opened since) at the end.
+    open_rows_after: i64,
+    open_sum_after: i64,
+    /// Rows of closed windows left at the end.
+    closed_left: i64,
+}
+
+impl PurgeReport {
+    fn rows_per_sec(&self) -> f64 {
+        self.deleted as f64 / self.took.as_secs_f64()
+    }
+
+    fn p99_ratio(&self) -> f64 {
+        self.during.p99_us / self.alone.p99_us
+    }
+
+    fn intact(&self) -> bool {
+        i64::try_from(self.writes).is_ok_and(|w| self.open_sum_before + w == self.open_sum_after)
+    }
+}
+
+/// Runs `op` on `workers` tasks back to back, each over keys drawn from
+/// `0..among`, while `phase` runs after a warm-up. Returns what `phase`
+/// returned, and the writers' figures over the calls begun while it ran;
+/// the sample's `calls` counts every call, the warm-up's included.
+async fn while_writing<T>(
+    op: &Op,
+    workers: usize,
+    among: u64,
+    warmup: Duration,
+    phase: impl Future<Output = T>,
+) -> (T, Sample) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let from: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
+    let tasks: Vec<_> = (0..workers)
+        .map(|worker| {
+            let op = Arc::clone(op);
+            let stop = Arc::clone(&stop);
+            let from = Arc::clone(&from);
+            let mut rng = XorShift::new(next_seed());
+            tokio::spawn(async move {
+                let mut timed = Vec::new();
+                let mut calls = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let id = (rng.next() % among).to_string();
+                    let began = Instant::now();
+                    op(worker, id).await;
+                    calls += 1;
+                    if from.get().is_some_and(|from| began >= *from) {
+                        timed.push((began, Instant::now()));
+                    }
+                }
+                (timed, calls)
+            })
+        })
+        .collect();
+    tokio::time::sleep(warmup).await;
+    let start = Instant::now();
+    from.set(start).expect("the phase starts once");
+    let out = phase.await;
+    let end = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    let mut last = start;
+    let mut calls = 0;
+    for task in tasks {
+        match task.await {
+            Ok((timed, my_calls)) => {
+                for (began, done) in timed.into_iter().filter(|(began, _)| *began < end) {
+                    latencies.push(done - began);
+                    last = last.max(done);
+                }
+                calls += my_calls;
+            }
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    (out, sample(latencies, last - start, calls))
+}
+
+/// Writes `mode.purge_closed` closed windows and `mode.purge_open` open ones
+/// into a database of their own, then runs [`purge`] while [`WIDE`] writers
+/// run `failed` on the open keys, then the writers alone for as long.
+///
+/// The closed windows belong to the same keys as the open ones, a day each,
+/// ended two days ago and more, so that the purge deletes next to the rows
+/// the writers update. Autovacuum is off for the table, and it is vacuumed
+/// and checkpointed before each phase, so that both phases start from a
+/// settled table and neither meets background work the other does not.
+async fn purge_at_scale(server: &Server, mode: Mode) -> PurgeReport {
+    let db = server.database(SCHEMA).await;
+    let admin = db.connect_admin().await;
+    let open_limit = Limit::new(OPEN_LIMIT_NAME, MAX_ATTEMPTS, OPEN_WINDOW).expect("a valid limit");
+    let window_secs = i64::try_from(OPEN_WINDOW.as_secs()).expect("a day fits in i64");
+    let closed = i64::try_from(mode.purge_closed).expect("fits in i64");
+    let open = i64::try_from(mode.purge_open).expect("fits in i64");
+    let prefix = format!("{OPEN_LIMIT_NAME}|id|");
+
+    // The superuser is not subject to row-level security.
+    admin
+        .batch_execute("ALTER TABLE platformkit_limits SET (autovacuum_enabled = off)")
+        .await
+        .unwrap_or_else(|e| panic!("turning autovacuum off: {e}"));
+    let open_start: SystemTime = admin
+        .query_one(
+            "SELECT pg_catalog.date_bin($1::int8 * interval '1 second',
+                                        pg_catalog.statement_timestamp(),
+                                        timestamptz '1970-01-01 00:00:00+00')",
+            &[&window_secs],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("reading the current window: {e}"))
+        .get(0);
+    let written_began = Instant::now();
+    // Closed window k of key n: [open start - (k + 3) days, open start - (k + 2) days).
+    let written_closed = admin
+        .execute(
+            "INSERT INTO platformkit_limits (key, window_start, window_end, count)
+             SELECT $1::text || (g % $2::int8), w.start, w.start + $3::int8 * interval '1 second',
+                    1 + g % 5
+             FROM pg_catalog.generate_series(0, $4::int8 - 1) AS g,
+                  LATERAL (SELECT $5::timestamptz
+                                  - (3 + g / $2::int8) * $3::int8 * interval '1 second'
+                                  AS start) AS w",
+            &[&prefix, &open, &window_secs, &closed, &open_start],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("writing the closed windows: {e}"));
+    let written_open = admin
+        .execute(
+            "INSERT INTO platformkit_limits (key, window_start, window_end, count)
+             SELECT $1::text || g, $2::timestamptz, $2::timestamptz + $3::int8 * interval '1 second', 1
+             FROM pg_catalog.generate_series(0, $4::int8 - 1) AS g",
+            &[&prefix, &open_start, &window_secs, &open],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("writing the open windows: {e}"));
+    assert_eq!(
+        (written_closed, written_open),
+        (mode.purge_closed, mode.purge_open)
+    );
+    settle(&admin, "VACUUM (ANALYZE) platformkit_limits").await;
+    eprintln!(
+        "purge: {written_closed} closed and {written_open} open windows written and settled in {:.1}s",
+        written_began.elapsed().as_secs_f64()
+    );
+    let open_sum_before = open_windows(&admin, open_start).await.1;
+
+    let mut conns = Vec::with_capacity(WIDE);
+    for _ in 0..WIDE {
+        conns.push(Arc::new(Mutex::new(db.connect().await)));
+    }
+    let limiters = Arc::new(
+        conns
+            .iter()
+            .map(|held| limiter(Postgres::new(lend(Arc::clone(held)))))
+            .collect::<Vec<_>>(),
+    );
+    let writers = limiter_op(limiters, open_limit, What::Failed);
+    let source = Pool::new(Arc::new(vec![Arc::new(Mutex::new(db.connect().await))]));
+
+    let ((deleted, took), during) =
+        while_writing(&writers, WIDE, mode.purge_open, mode.warmup, async {
+            let began = Instant::now();
+            let deleted = purge(&source)
+                .await
+                .unwrap_or_else(|e| panic!("purge: {e}"));
+            (deleted, began.elapsed())
+        })
+        .await;
+    eprintln!(
+        "purge: {deleted} rows in {:.1}s; the writers alone for as long ...",
+        took.as_secs_f64()
+    );
+    settle(&admin, "VACUUM platformkit_limits").await;
+    let ((), alone) = while_writing(
+        &writers,
+        WIDE,
+        mode.purge_open,
+        mode.warmup,
+        tokio::time::sleep(took),
+    )
+    .await;
+
+    let statements = source.lent();
+    let (open_rows_after, open_sum_after) = open_windows(&admin, open_start).await;
+    let closed_left: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM platformkit_limits WHERE window_start < $1",
+            &[&open_start],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("counting the closed windows left: {e}"))
+        .get(0);
+
+    if !server.is_owned() {
+        // A server of one's own goes with its databases; leave no copy of a
+        // million rows on someone else's.
+        drop((writers, source, conns, admin));
+        let server_admin = platformkit_limit_testdb::connect(&server.admin_config()).await;
+        let drop_database = format!("DROP DATABASE \"{}\" WITH (FORCE)", db.name());
+        if let Err(e) = server_admin.batch_execute(&drop_database).await {
+            eprintln!("could not drop database {}: {e}", db.name());
+        }
+    }
+
+    PurgeReport {
+        closed: mode.purge_closed,
+        open: mode.purge_open,
+        deleted,
+        statements,
+        took,
+        during,
+        alone,
+        writes: during.calls + alone.calls,
+        open_sum_before,
+        open_rows_after,
+        open_sum_after,
+        closed_left,
+    }
+}
+
+/// Runs `vacuum`, then a checkpoint, so that the next phase starts with no
+/// dead rows and no dirty pages left over from the one before.
+async fn settle(admin: &Client, vacuum: &str) {
+    admin
+        .batch_execute(vacuum)
+        .await
+        .unwrap_or_else(|e| panic!("{vacuum}: {e}"));
+    admin
+        .batch_execute("CHECKPOINT")
+        .await
+        .unwrap_or_else(|e| panic!("CHECKPOINT: {e}"));
+}
+
+/// The rows of the windows that opened at `open_start` or later, and the sum
+/// of their counts.
+async fn open_windows(admin: &Client, open_start: SystemTime) -> (i64, i64) {
+    let row = admin
+        .query_one(
+            "SELECT count(*), COALESCE(sum(count), 0)::int8 FROM platformkit_limits
+             WHERE window_start >= $1",
+            &[&open_start],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("summing the open windows: {e}"));
+    (row.get(0), row.get(1))
 }
 
 // ---------------------------------------------------------------------------
@@ -591,6 +1341,9 @@ impl Results {
                 for keys in [Keys::Random, Keys::Hot] {
                     add(what, Some(keys), conns);
                 }
+            }
+            for what in [What::CheckAll, What::FailedAll, What::RelaxedFailed] {
+                add(what, Some(Keys::Random), conns);
             }
             if conns == 1 {
                 add(What::ConnectPerCall, Some(Keys::Random), 1);
@@ -682,56 +1435,175 @@ async fn updates(conns: &[Held], reader: &Client) -> Updates {
     }
 }
 
-struct Target {
-    name: String,
-    value: f64,
-    bound: f64,
-    at_most: bool,
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Comparison {
+    AtMost,
+    AtLeast,
+    Exactly,
 }
 
-impl Target {
-    fn holds(&self) -> bool {
-        if self.at_most {
-            self.value <= self.bound
-        } else {
-            self.value >= self.bound
+impl Comparison {
+    fn symbol(self) -> &'static str {
+        match self {
+            Comparison::AtMost => "≤",
+            Comparison::AtLeast => "≥",
+            Comparison::Exactly => "=",
+        }
+    }
+
+    fn json_name(self) -> &'static str {
+        match self {
+            Comparison::AtMost => "at_most",
+            Comparison::AtLeast => "at_least",
+            Comparison::Exactly => "exactly",
         }
     }
 }
 
-fn targets(results: &Results) -> Vec<Target> {
+struct Target {
+    name: String,
+    value: f64,
+    bound: f64,
+    comparison: Comparison,
+    /// A check of correctness, not of speed: a miss fails the run.
+    check: bool,
+}
+
+impl Target {
+    fn at_most(name: impl Into<String>, value: f64, bound: f64) -> Target {
+        Target::new(name, value, bound, Comparison::AtMost)
+    }
+
+    fn at_least(name: impl Into<String>, value: f64, bound: f64) -> Target {
+        Target::new(name, value, bound, Comparison::AtLeast)
+    }
+
+    fn exactly(name: impl Into<String>, value: f64, bound: f64) -> Target {
+        Target::new(name, value, bound, Comparison::Exactly)
+    }
+
+    fn new(name: impl Into<String>, value: f64, bound: f64, comparison: Comparison) -> Target {
+        Target {
+            name: name.into(),
+            value,
+            bound,
+            comparison,
+            check: false,
+        }
+    }
+
+    /// Marks this a check of correctness.
+    fn check(mut self) -> Target {
+        self.check = true;
+        self
+    }
+
+    fn holds(&self) -> bool {
+        match self.comparison {
+            Comparison::AtMost => self.value <= self.bound,
+            Comparison::AtLeast => self.value >= self.bound,
+            Comparison::Exactly => self.value == self.bound,
+        }
+    }
+}
+
+fn targets(results: &Results, attack: &AttackResults, purge: &PurgeReport) -> Vec<Target> {
     let random1 = |what| results.row(what, Some(Keys::Random), 1);
+    let random_wide = |what| results.row(what, Some(Keys::Random), WIDE);
+    let p50_ratio = |row: &Row| median(row.p50_ratios.iter().copied());
+    let ops_ratio = |row: &Row| median(row.ops_ratios.iter().copied());
+    // Two limits in one statement cost one round trip, not two: half-way
+    // between the two is the line.
+    let one_not_two = 1.5;
+    let attack_ratio = |keys| median(attack.row(keys, true).ops_ratios.iter().copied());
     vec![
-        Target {
-            name: "check p50 / SELECT 1 p50 (random keys, 1 connection)".to_owned(),
-            value: median(random1(What::Check).p50_ratios.iter().copied()),
-            bound: 1.30,
-            at_most: true,
-        },
-        Target {
-            name: "failed p50 / upsert alone p50 (random keys, 1 connection)".to_owned(),
-            value: median(random1(What::Failed).p50_ratios.iter().copied()),
-            bound: 1.10,
-            at_most: true,
-        },
-        Target {
-            name: "hit p50 / upsert alone p50 (random keys, 1 connection)".to_owned(),
-            value: median(random1(What::Hit).p50_ratios.iter().copied()),
-            bound: 1.10,
-            at_most: true,
-        },
-        Target {
-            name: format!("failed ops/s / upsert alone ops/s (random keys, {WIDE} connections)"),
-            value: median(
-                results
-                    .row(What::Failed, Some(Keys::Random), WIDE)
-                    .ops_ratios
-                    .iter()
-                    .copied(),
+        Target::at_most(
+            "check p50 / SELECT 1 p50 (random keys, 1 connection)",
+            p50_ratio(random1(What::Check)),
+            1.30,
+        ),
+        Target::at_most(
+            "failed p50 / upsert alone p50 (random keys, 1 connection)",
+            p50_ratio(random1(What::Failed)),
+            1.10,
+        ),
+        Target::at_most(
+            "hit p50 / upsert alone p50 (random keys, 1 connection)",
+            p50_ratio(random1(What::Hit)),
+            1.10,
+        ),
+        Target::at_least(
+            format!("failed ops/s / upsert alone ops/s (random keys, {WIDE} connections)"),
+            ops_ratio(random_wide(What::Failed)),
+            0.90,
+        ),
+        Target::at_most(
+            "check_all p50 / check p50 (2 limits, random keys, 1 connection)",
+            p50_ratio(random1(What::CheckAll)),
+            one_not_two,
+        ),
+        Target::at_most(
+            "failed_all p50 / failed p50 (2 limits, random keys, 1 connection)",
+            p50_ratio(random1(What::FailedAll)),
+            one_not_two,
+        ),
+        Target::at_least(
+            format!("check_all ops/s / check ops/s (2 limits, random keys, {WIDE} connections)"),
+            ops_ratio(random_wide(What::CheckAll)),
+            1.0 / one_not_two,
+        ),
+        Target::at_least(
+            format!("failed_all ops/s / failed ops/s (2 limits, random keys, {WIDE} connections)"),
+            ops_ratio(random_wide(What::FailedAll)),
+            1.0 / one_not_two,
+        ),
+        Target::exactly(
+            format!(
+                "statements per attempt at {REFUSED_KEYS} keys already refused, after the first \
+                 refusal (refusal cache on, {WIDE} tasks)"
             ),
-            bound: 0.90,
-            at_most: false,
-        },
+            attack.row(Keys::Refused, true).statements_per_attempt(),
+            0.0,
+        ),
+        Target::at_least(
+            format!(
+                "attempts/s at {REFUSED_KEYS} keys already refused (defaults) / upsert alone \
+                 ops/s (random keys, {WIDE} connections)"
+            ),
+            attack_ratio(Keys::Refused),
+            10.0,
+        ),
+        Target::at_least(
+            format!(
+                "attempts/s at 1 hot key still counting ({WIDE} callers, merging) / upsert alone \
+                 ops/s (hot key, {WIDE} connections)"
+            ),
+            attack_ratio(Keys::Hot),
+            5.0,
+        ),
+        Target::at_most(
+            format!("writers' p99 during purge / writers' p99 alone ({WIDE} writers, failed)"),
+            purge.p99_ratio(),
+            2.0,
+        ),
+        Target::exactly(
+            "rows purge deleted (the closed windows written)",
+            purge.deleted as f64,
+            purge.closed as f64,
+        )
+        .check(),
+        Target::exactly(
+            "closed windows left after the purge",
+            purge.closed_left as f64,
+            0.0,
+        )
+        .check(),
+        Target::exactly(
+            "sum of the open windows' counts (before the writers + their writes)",
+            purge.open_sum_after as f64,
+            purge.open_sum_before as f64 + purge.writes as f64,
+        )
+        .check(),
     ]
 }
 
@@ -809,6 +1681,193 @@ fn print_table(results: &Results) {
     }
 }
 
+fn print_several(results: &Results) {
+    println!(
+        "several limits in one call (per account + per address, random keys), against one limit \
+         at the same concurrency:"
+    );
+    println!(
+        "  {:>5}  {:>22}  {:>22}  {:>22}  {:>22}",
+        "conns",
+        "check_all/check p50",
+        "check_all/check ops/s",
+        "failed_all/failed p50",
+        "failed_all/failed ops/s"
+    );
+    for conns in [1, WIDE] {
+        let row = |what| results.row(what, Some(Keys::Random), conns);
+        let check_all = row(What::CheckAll);
+        let failed_all = row(What::FailedAll);
+        println!(
+            "  {:>5}  {:>22}  {:>22}  {:>22}  {:>22}",
+            conns,
+            show_ratio(&check_all.p50_ratios),
+            show_ratio(&check_all.ops_ratios),
+            show_ratio(&failed_all.p50_ratios),
+            show_ratio(&failed_all.ops_ratios),
+        );
+    }
+}
+
+fn print_relaxed(results: &Results) {
+    println!(
+        "relaxed durability (failed, random keys): Postgres::with_relaxed_durability() against \
+         the durable default"
+    );
+    println!(
+        "  {:>5}  {:>9} {:>9} {:>8}  {:>9} {:>9} {:>8}  {:>9} {:>9} {:>8}",
+        "conns", "ops/s", "relaxed", "gain", "p50", "relaxed", "gain", "p99", "relaxed", "gain"
+    );
+    for conns in [1, WIDE] {
+        let durable = results.row(What::Failed, Some(Keys::Random), conns);
+        let relaxed = results.row(What::RelaxedFailed, Some(Keys::Random), conns);
+        // Per round: the durable p50 over the relaxed one.
+        let p50_gains: Vec<f64> = relaxed.p50_ratios.iter().map(|r| 1.0 / r).collect();
+        println!(
+            "  {:>5}  {:>9} {:>9} {:>8}  {:>9} {:>9} {:>8}  {:>9} {:>9} {:>8}",
+            conns,
+            show_ops(durable.ops_per_sec()),
+            show_ops(relaxed.ops_per_sec()),
+            show_gain(median(relaxed.ops_ratios.iter().copied())),
+            show_us(durable.p50_us()),
+            show_us(relaxed.p50_us()),
+            show_gain(median(p50_gains)),
+            show_us(durable.p99_us()),
+            show_us(relaxed.p99_us()),
+            show_gain(durable.p99_us() / relaxed.p99_us()),
+        );
+    }
+    println!(
+        "  (gain: relaxed ops/s over durable, durable latency over relaxed; medians of per-round \
+         ratios, the p99's of the medians)"
+    );
+}
+
+fn print_attack(results: &Results, attack: &AttackResults) {
+    println!(
+        "attack: {WIDE} tasks sharing one limiter over {WIDE} connections, each calling failed \
+         back to back; defaults = refusal cache and merging on"
+    );
+    println!(
+        "  {:<28} {:<9} {:>10} {:>9} {:>9}  {:>13}  vs upsert alone, {WIDE} connections",
+        "keys", "limiter", "attempts/s", "p50", "p99", "stmts/attempt"
+    );
+    for row in &attack.rows {
+        let floor = results.row(What::Upsert, Some(row.floor_keys()), WIDE);
+        println!(
+            "  {:<28} {:<9} {:>10} {:>9} {:>9}  {:>13.4}  ops/s {} of {} ({}/s)",
+            row.label(),
+            if row.defaults { "defaults" } else { "both off" },
+            show_ops(row.ops_per_sec()),
+            show_us(row.p50_us()),
+            show_us(row.p99_us()),
+            row.statements_per_attempt(),
+            show_ratio(&row.ops_ratios),
+            match row.floor_keys() {
+                Keys::Hot => "the hot key",
+                _ => "random keys",
+            },
+            show_ops(floor.ops_per_sec()),
+        );
+    }
+    let cached = attack.row(Keys::Refused, true);
+    println!(
+        "  through a new limiter with the cache each round: {} statements for the first refusals \
+         ({REFUSED_KEYS} keys × {} round{}), then {} for the {} attempts after them",
+        attack.first_refusal_statements,
+        attack.rounds,
+        if attack.rounds == 1 { "" } else { "s" },
+        cached.statements,
+        cached.calls,
+    );
+}
+
+fn print_purge(purge: &PurgeReport) {
+    println!(
+        "purge at scale: {} closed windows and {} open ones; purge() while {WIDE} writers run \
+         failed on the open keys",
+        purge.closed, purge.open
+    );
+    println!(
+        "  purge: {} rows deleted in {:.2}s = {:.0} rows/s, in {} statements (batches of {})",
+        purge.deleted,
+        purge.took.as_secs_f64(),
+        purge.rows_per_sec(),
+        purge.statements,
+        PURGE_BATCH_ROWS
+    );
+    println!(
+        "  {:<22} {:>7} {:>9} {:>9} {:>9}",
+        "writers", "secs", "ops/s", "p50", "p99"
+    );
+    for (name, sample) in [
+        ("during the purge", purge.during),
+        ("alone, after it", purge.alone),
+    ] {
+        println!(
+            "  {:<22} {:>7.2} {:>9} {:>9} {:>9}",
+            name,
+            purge.took.as_secs_f64(),
+            show_ops(sample.ops_per_sec),
+            show_us(sample.p50_us),
+            show_us(sample.p99_us)
+        );
+    }
+    println!(
+        "  writers' p99 during the purge / alone: {}",
+        show_gain(purge.p99_ratio())
+    );
+    println!(
+        "  open windows: {} rows; counts {} before + {} writes = {}, found {} ({})",
+        purge.open_rows_after,
+        purge.open_sum_before,
+        purge.writes,
+        purge.open_sum_before + i64::try_from(purge.writes).unwrap_or(i64::MAX),
+        purge.open_sum_after,
+        if purge.intact() {
+            "intact"
+        } else {
+            "NOT INTACT"
+        }
+    );
+    println!("  closed windows left: {}", purge.closed_left);
+}
+
+fn show_gain(ratio: f64) -> String {
+    if ratio.is_finite() {
+        format!("×{ratio:.2}")
+    } else {
+        "-".to_owned()
+    }
+}
+
+fn show_value(x: f64) -> String {
+    if !x.is_finite() {
+        "-".to_owned()
+    } else if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else if x.abs() < 0.01 {
+        format!("{x:.6}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn print_targets(targets: &[Target]) {
+    println!("targets:");
+    for target in targets {
+        println!(
+            "  {:<4} {} = {} ({} {}){}",
+            if target.holds() { "HOLD" } else { "MISS" },
+            target.name,
+            show_value(target.value),
+            target.comparison.symbol(),
+            show_value(target.bound),
+            if target.check { " [check]" } else { "" }
+        );
+    }
+}
+
 fn json_str(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -848,14 +1907,29 @@ struct Machine {
     server: &'static str,
 }
 
-fn to_json(
+/// Everything the JSON holds.
+struct Report<'a> {
     mode: Mode,
-    machine: &Machine,
-    results: &Results,
+    machine: &'a Machine,
+    results: &'a Results,
     random_updates: Updates,
     hot_updates: Updates,
-    targets: &[Target],
-) -> String {
+    attack: &'a AttackResults,
+    purge: &'a PurgeReport,
+    targets: &'a [Target],
+}
+
+fn to_json(report: &Report<'_>) -> String {
+    let Report {
+        mode,
+        machine,
+        results,
+        random_updates,
+        hot_updates,
+        attack,
+        purge,
+        targets,
+    } = *report;
     let mut out = String::new();
     let _ = writeln!(out, "{{");
     let _ = writeln!(out, "  \"mode\": {},", json_str(mode.name()));
@@ -925,15 +1999,97 @@ fn to_json(
         );
     }
     let _ = writeln!(out, "  }},");
+    let _ = writeln!(out, "  \"attack\": {{");
+    let _ = writeln!(out, "    \"tasks\": {WIDE},");
+    let _ = writeln!(out, "    \"connections\": {WIDE},");
+    let _ = writeln!(out, "    \"refused_keys\": {REFUSED_KEYS},");
+    let _ = writeln!(out, "    \"refused_max\": {REFUSED_MAX},");
+    let _ = writeln!(
+        out,
+        "    \"first_refusal_statements\": {},",
+        attack.first_refusal_statements
+    );
+    let _ = writeln!(out, "    \"first_refusals\": {},", attack.first_refusals);
+    let _ = writeln!(out, "    \"rows\": [");
+    for (i, row) in attack.rows.iter().enumerate() {
+        let _ = write!(
+            out,
+            "      {{\"keys\": {}, \"refusal_cache_and_merging\": {}, \
+             \"attempts_per_sec\": {}, \"p50_us\": {}, \"p99_us\": {}, \
+             \"attempts\": {}, \"statements\": {}, \"statements_per_attempt\": {}, \
+             \"floor\": \"upsert_alone\", \"floor_keys\": {}, \"ops_ratio\": {}, \
+             \"ops_ratios\": {}, \"attempts_per_sec_each\": {}, \"p99_us_each\": {}}}",
+            json_str(row.keys.name()),
+            row.defaults,
+            json_num(row.ops_per_sec()),
+            json_num(row.p50_us()),
+            json_num(row.p99_us()),
+            row.calls,
+            row.statements,
+            json_num(row.statements_per_attempt()),
+            json_str(row.floor_keys().name()),
+            json_num(median(row.ops_ratios.iter().copied())),
+            json_nums(&row.ops_ratios),
+            json_nums(
+                &row.samples
+                    .iter()
+                    .map(|s| s.ops_per_sec)
+                    .collect::<Vec<_>>()
+            ),
+            json_nums(&row.samples.iter().map(|s| s.p99_us).collect::<Vec<_>>()),
+        );
+        let _ = writeln!(out, "{}", if i + 1 < attack.rows.len() { "," } else { "" });
+    }
+    let _ = writeln!(out, "    ]");
+    let _ = writeln!(out, "  }},");
+    let _ = writeln!(out, "  \"purge\": {{");
+    let _ = writeln!(out, "    \"closed_windows\": {},", purge.closed);
+    let _ = writeln!(out, "    \"open_windows\": {},", purge.open);
+    let _ = writeln!(out, "    \"deleted\": {},", purge.deleted);
+    let _ = writeln!(out, "    \"statements\": {},", purge.statements);
+    let _ = writeln!(out, "    \"secs\": {},", json_num(purge.took.as_secs_f64()));
+    let _ = writeln!(
+        out,
+        "    \"rows_per_sec\": {},",
+        json_num(purge.rows_per_sec())
+    );
+    for (name, sample) in [
+        ("writers_during", purge.during),
+        ("writers_alone", purge.alone),
+    ] {
+        let _ = writeln!(
+            out,
+            "    \"{name}\": {{\"tasks\": {WIDE}, \"ops_per_sec\": {}, \"p50_us\": {}, \
+             \"p99_us\": {}}},",
+            json_num(sample.ops_per_sec),
+            json_num(sample.p50_us),
+            json_num(sample.p99_us)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "    \"writers_p99_ratio\": {},",
+        json_num(purge.p99_ratio())
+    );
+    let _ = writeln!(out, "    \"writes\": {},", purge.writes);
+    let _ = writeln!(out, "    \"open_sum_before\": {},", purge.open_sum_before);
+    let _ = writeln!(out, "    \"open_sum_after\": {},", purge.open_sum_after);
+    let _ = writeln!(out, "    \"open_rows_after\": {},", purge.open_rows_after);
+    let _ = writeln!(out, "    \"closed_left\": {},", purge.closed_left);
+    let _ = writeln!(out, "    \"intact\": {}", purge.intact());
+    let _ = writeln!(out, "  }},");
     let _ = writeln!(out, "  \"targets\": [");
     for (i, target) in targets.iter().enumerate() {
         let _ = writeln!(
             out,
-            "    {{\"name\": {}, \"value\": {}, \"bound\": {}, \"at_most\": {}, \"holds\": {}}}{}",
+            "    {{\"name\": {}, \"value\": {}, \"bound\": {}, \"comparison\": {}, \
+             \"at_most\": {}, \"check\": {}, \"holds\": {}}}{}",
             json_str(&target.name),
             json_num(target.value),
             json_num(target.bound),
-            target.at_most,
+            json_str(target.comparison.json_name()),
+            target.comparison == Comparison::AtMost,
+            target.check,
             target.holds(),
             if i + 1 < targets.len() { "," } else { "" }
         );
@@ -984,10 +2140,17 @@ fn main() {
         .enable_all()
         .build()
         .expect("building the Tokio runtime");
-    runtime.block_on(run(mode));
+    let checks_hold = runtime.block_on(run(mode));
+    drop(runtime);
+    if !checks_hold {
+        eprintln!("a check of correctness failed: see the targets marked [check]");
+        std::process::exit(1);
+    }
 }
 
-async fn run(mode: Mode) {
+/// Runs everything and prints the report; returns whether every check of
+/// correctness held.
+async fn run(mode: Mode) -> bool {
     let began = Instant::now();
     eprintln!("starting a durable throwaway PostgreSQL (or using DATABASE_URL) ...");
     let server = Server::from_env_or_start(Options { durable: true });
@@ -1078,6 +2241,13 @@ async fn run(mode: Mode) {
             .map(|held| limiter(Postgres::new(lend(Arc::clone(held)))))
             .collect::<Vec<_>>(),
     );
+    let relaxed = Arc::new(
+        conns
+            .iter()
+            .map(|held| limiter(Postgres::new(lend(Arc::clone(held))).with_relaxed_durability()))
+            .collect::<Vec<_>>(),
+    );
+    let address = Limit::new(ADDRESS_LIMIT_NAME, MAX_ATTEMPTS, MAX_WINDOW).expect("a valid limit");
     let connecting = Arc::new(vec![limiter(Postgres::new(db.config()))]);
     let bench = Bench {
         mode,
@@ -1090,11 +2260,35 @@ async fn run(mode: Mode) {
         failed: limiter_op(Arc::clone(&limiters), limit.clone(), What::Failed),
         hit: limiter_op(Arc::clone(&limiters), limit.clone(), What::Hit),
         reset: limiter_op(Arc::clone(&limiters), limit.clone(), What::Reset),
+        check_all: several_op(
+            Arc::clone(&limiters),
+            limit.clone(),
+            address.clone(),
+            What::CheckAll,
+        ),
+        failed_all: several_op(
+            Arc::clone(&limiters),
+            limit.clone(),
+            address.clone(),
+            What::FailedAll,
+        ),
+        relaxed_failed: limiter_op(relaxed, limit.clone(), What::RelaxedFailed),
         connect_per_call: limiter_op(connecting, limit.clone(), What::ConnectPerCall),
     };
 
+    let attack = Attack {
+        pool: Pool::new(Arc::clone(&conns)),
+        counting: Arc::new(limit.clone()),
+        refused: Arc::new(
+            Limit::new(REFUSED_LIMIT_NAME, REFUSED_MAX, MAX_WINDOW).expect("a valid limit"),
+        ),
+    };
+    attack.refuse_keys().await;
+
     let mut results = Results::new();
-    // The table is new: it has had inserts only.
+    let mut attack_results = AttackResults::new();
+    // The table is new: it has had inserts only (the refused keys' updates
+    // are left out below with the attack's).
     let mut counters = Updates::default();
     let mut random_updates = Updates::default();
     let mut hot_updates = Updates::default();
@@ -1120,9 +2314,13 @@ async fn run(mode: Mode) {
             match keys {
                 Keys::Random => random_updates.add(now.since(counters)),
                 Keys::Hot => hot_updates.add(now.since(counters)),
+                Keys::Refused => unreachable!("the blocks use random keys and the hot key"),
             }
             counters = now;
         }
+        attack_round(&bench, &attack, &mut results, &mut attack_results).await;
+        // The attack's updates are neither block's.
+        counters = updates(&bench.conns, &admin).await;
         eprintln!(
             "round {}/{} done in {:.1}s",
             round + 1,
@@ -1131,8 +2329,24 @@ async fn run(mode: Mode) {
         );
     }
 
+    eprintln!("purge at scale ...");
+    let purge_began = Instant::now();
+    let purge = purge_at_scale(&server, mode).await;
+    eprintln!(
+        "purge at scale done in {:.1}s",
+        purge_began.elapsed().as_secs_f64()
+    );
+
     println!();
     print_table(&results);
+    println!();
+    print_several(&results);
+    println!();
+    print_relaxed(&results);
+    println!();
+    print_attack(&results, &attack_results);
+    println!();
+    print_purge(&purge);
 
     println!();
     println!("heap-only (HOT) updates of platformkit_limits, from pg_stat_user_tables:");
@@ -1175,33 +2389,21 @@ async fn run(mode: Mode) {
         println!("  {name:<58} {:>9}", show_signed_us(us));
     }
 
-    let targets = targets(&results);
+    let targets = targets(&results, &attack_results, &purge);
     println!();
-    println!("targets:");
-    for target in &targets {
-        println!(
-            "  {:<4} {} = {} ({} {:.2})",
-            if target.holds() { "ok" } else { "MISS" },
-            target.name,
-            if target.value.is_finite() {
-                format!("{:.2}", target.value)
-            } else {
-                "-".to_owned()
-            },
-            if target.at_most { "≤" } else { "≥" },
-            target.bound
-        );
-    }
+    print_targets(&targets);
 
     let path = json_path();
-    let json = to_json(
+    let json = to_json(&Report {
         mode,
-        &machine,
-        &results,
+        machine: &machine,
+        results: &results,
         random_updates,
         hot_updates,
-        &targets,
-    );
+        attack: &attack_results,
+        purge: &purge,
+        targets: &targets,
+    });
     match path
         .parent()
         .map_or(Ok(()), std::fs::create_dir_all)
@@ -1211,6 +2413,7 @@ async fn run(mode: Mode) {
         Err(e) => eprintln!("\ncould not write {}: {e}", path.display()),
     }
     eprintln!("done in {:.1}s", began.elapsed().as_secs_f64());
+    targets.iter().filter(|t| t.check).all(Target::holds)
 }
 
 fn show_signed_us(us: f64) -> String {
@@ -1222,7 +2425,8 @@ fn show_signed_us(us: f64) -> String {
 }
 
 /// One block of a round: at 1 and at [`WIDE`] connections, each operation
-/// right after its floor, and the read alone right after `check`. Returns
+/// right after its floor, then (over random keys) what is compared to the
+/// operation right after it, and the read alone right after `check`. Returns
 /// this round's held `failed` at 1 connection, which connecting per call is
 /// compared to.
 async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) -> Sample {
@@ -1235,6 +2439,12 @@ async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) -> Sample {
             results.record(floor, floor_keys, conns, floor_sample, None);
             let sample = measure(&bench.op(what), conns, keys, bench.mode).await;
             results.record(what, Some(keys), conns, sample, Some(floor_sample));
+            if keys == Keys::Random {
+                for &next in what.followed_by() {
+                    let next_sample = measure(&bench.op(next), conns, keys, bench.mode).await;
+                    results.record(next, Some(keys), conns, next_sample, Some(sample));
+                }
+            }
             if what == What::Failed && conns == 1 {
                 held_failed = Some(sample);
             }
