@@ -112,7 +112,8 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true);
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_relaxed THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     END IF;
@@ -160,7 +161,8 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true);
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_relaxed THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     END IF;
@@ -219,7 +221,8 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true);
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
     WITH asked AS (
         SELECT t.key, t.ord, t.max, t.lockout, t.secs * interval '1 second' AS width,
@@ -228,7 +231,12 @@ BEGIN
         FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
              WITH ORDINALITY AS t(key, secs, max, lockout, ord)
     )
-    SELECT pg_catalog.array_agg(COALESCE(l.count, 0) ORDER BY a.ord),
+    -- A correlated subquery per pair: one index probe each, whatever the
+    -- planner guesses of the array's length (a join could scan the table).
+    SELECT pg_catalog.array_agg(
+               COALESCE((SELECT l.count FROM platformkit_limits AS l
+                         WHERE l.key = a.key AND l.window_start = a.start), 0)
+               ORDER BY a.ord),
            pg_catalog.array_agg(a.start + a.width ORDER BY a.ord),
            pg_catalog.array_agg(
                CASE WHEN p_previous THEN
@@ -245,8 +253,7 @@ BEGIN
                END
                ORDER BY a.ord)
     INTO o_counts, o_window_ends, o_previous, o_locked_until
-    FROM asked AS a
-    LEFT JOIN platformkit_limits AS l ON l.key = a.key AND l.window_start = a.start;
+    FROM asked AS a;
 END
 $$;
 
@@ -269,7 +276,8 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true);
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
     v_start := pg_catalog.date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
     o_window_end := v_start + v_window;
@@ -306,7 +314,8 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true);
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_relaxed THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     END IF;
@@ -329,7 +338,8 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true);
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_relaxed THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     END IF;
@@ -352,7 +362,8 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true);
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     DELETE FROM platformkit_limits AS l
     USING (
         SELECT d.key, d.window_start FROM platformkit_limits AS d
