@@ -157,7 +157,7 @@ impl<S: Store> Limiter<S> {
         Limiter {
             store,
             budget: DEFAULT_BUDGET,
-            fallback: Memory::current_only(),
+            fallback: Memory::bounded(),
             refusals: RefusalCache::new(DEFAULT_REFUSAL_CACHE_KEYS),
             merger: Some(Merger::default()),
         }
@@ -579,16 +579,15 @@ impl<S: Store> Limiter<S> {
                 (Verdict::uncounted(limit, false, cause), CountedIn::Nowhere)
             }
             WhenUnreachable::CountLocally => {
-                let now = Instant::now();
-                match self.fallback.count(op, limit, key, 1, now).await {
-                    Ok(counted) => (
-                        decide(op, limit, &counted).because_unreachable(cause),
-                        CountedIn::Fallback,
-                    ),
-                    // The in-process count cannot fail; were it ever to,
-                    // the limit's intent (hold the line) is to refuse.
-                    Err(_) => (Verdict::uncounted(limit, false, cause), CountedIn::Nowhere),
-                }
+                // On the store's clock as this process sees it (a pinned
+                // clock in tests), so the local count agrees with the store.
+                let counted = self
+                    .fallback
+                    .count_at(op, limit, key, 1, self.store.local_now());
+                (
+                    decide(op, limit, &counted).because_unreachable(cause),
+                    CountedIn::Fallback,
+                )
             }
             _ => (Verdict::uncounted(limit, true, cause), CountedIn::Nowhere),
         }

@@ -39,9 +39,9 @@ use crate::{Error, Limit, ManualClock, Strategy};
 pub struct Memory {
     windows: Mutex<HashMap<String, BTreeMap<i64, u64>>>,
     clock: Clock,
-    /// Keep only the current window of each key: for the limiter's local
-    /// fallback, which must not grow without bound.
-    current_only: bool,
+    /// Drop what `purge` would drop (windows closed a day and a window ago)
+    /// as it goes: for the limiter's local fallback, which nothing purges.
+    bounded: bool,
 }
 
 impl Memory {
@@ -56,11 +56,11 @@ impl Memory {
         self
     }
 
-    /// A fake that keeps only each key's current window: the limiter's local
-    /// count while the database is unreachable.
-    pub(crate) fn current_only() -> Self {
+    /// A fake that drops what `purge` would drop as it writes: the
+    /// limiter's local count while the database is unreachable.
+    pub(crate) fn bounded() -> Self {
         Memory {
-            current_only: true,
+            bounded: true,
             ..Self::default()
         }
     }
@@ -68,27 +68,17 @@ impl Memory {
     fn now(&self) -> SystemTime {
         self.clock.pinned().unwrap_or_else(SystemTime::now)
     }
-}
 
-/// The largest count, as in PostgreSQL's `bigint`.
-const MAX_COUNT: u64 = i64::MAX as u64;
-
-impl Store for Memory {}
-
-impl sealed::Sealed for Memory {
-    fn local_now(&self) -> SystemTime {
-        self.clock.pinned().unwrap_or_else(SystemTime::now)
-    }
-
-    async fn count(
+    /// One counting operation at `now`.
+    pub(crate) fn count_at(
         &self,
         op: Op,
         limit: &Limit,
         key: &str,
         n: u64,
-        _deadline: Instant,
-    ) -> Result<Counted, Error> {
-        let now_micros = micros_since_epoch(self.now());
+        now: SystemTime,
+    ) -> Counted {
+        let now_micros = micros_since_epoch(now);
         let (start, end) = window_of(now_micros, limit.window_secs());
         let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
         let width = end - start;
@@ -121,23 +111,50 @@ impl sealed::Sealed for Memory {
                 .unwrap_or(0),
             Op::Failed | Op::Hit => {
                 let key_windows = windows.entry(key.to_owned()).or_default();
-                if self.current_only {
-                    // The current window, and the one before for sliding
-                    // windows.
-                    key_windows.retain(|&s, _| s == start || s == start - width);
+                if self.bounded {
+                    // What purge keeps: windows closed less than a day ago,
+                    // or less than a window ago (lockouts and sliding
+                    // windows read them).
+                    let day = 24 * 60 * 60 * 1_000_000;
+                    key_windows.retain(|&s, _| {
+                        let end = s + width;
+                        end >= now_micros - day || end >= now_micros - width
+                    });
                 }
                 let count = key_windows.entry(start).or_insert(0);
                 *count = count.saturating_add(n).min(MAX_COUNT);
                 *count
             }
         };
-        Ok(Counted {
+        Counted {
             count,
             previous,
             locked_until,
             window_end: from_micros(end),
             now: from_micros(now_micros),
-        })
+        }
+    }
+}
+
+/// The largest count, as in PostgreSQL's `bigint`.
+const MAX_COUNT: u64 = i64::MAX as u64;
+
+impl Store for Memory {}
+
+impl sealed::Sealed for Memory {
+    fn local_now(&self) -> SystemTime {
+        self.clock.pinned().unwrap_or_else(SystemTime::now)
+    }
+
+    async fn count(
+        &self,
+        op: Op,
+        limit: &Limit,
+        key: &str,
+        n: u64,
+        _deadline: Instant,
+    ) -> Result<Counted, Error> {
+        Ok(self.count_at(op, limit, key, n, self.now()))
     }
 
     async fn count_many(

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use platformkit_limit::{
     Key, Limit, LimitConn, Limiter, MAX_BUDGET, ManualClock, Memory, Postgres, Reservation, SCHEMA,
-    Verdict,
+    Store, Verdict, WhenUnreachable,
 };
 use platformkit_limit_testdb::{Server, TestDb};
 use proptest::prelude::*;
@@ -588,6 +588,137 @@ proptest! {
     #[test]
     fn both_limiters_agree(case in case()) {
         play(&case)?;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The local count while the database is gone
+// ---------------------------------------------------------------------------
+
+/// Runs one call on a limiter; `None` for a reset (whose result the caller
+/// checks).
+async fn act<S: Store>(
+    limiter: &Limiter<S>,
+    call: &Call,
+    limit: &Limit,
+    key: &Key,
+    all: &[(&Limit, &Key)],
+) -> Result<Option<Vec<Verdict>>, platformkit_limit::Error> {
+    Ok(Some(match call {
+        Call::Check => vec![limiter.check(limit, key).await?],
+        Call::Failed => vec![limiter.failed(limit, key).await?],
+        Call::Hit => vec![limiter.hit(limit, key).await?],
+        Call::Reserve { succeed } => {
+            let reservation = limiter.reserve(limit, key).await?;
+            let verdict = reservation.verdict().clone();
+            if let (true, Reservation::Granted(permit)) = (*succeed, reservation) {
+                permit.succeeded().await?;
+            }
+            vec![verdict]
+        }
+        Call::CheckAll => limiter.check_all(all).await?.into_vec(),
+        Call::FailedAll => limiter.failed_all(all).await?.into_vec(),
+        Call::HitAll => limiter.hit_all(all).await?.into_vec(),
+        Call::Reset => return Ok(None),
+    }))
+}
+
+/// A limiter whose database is never there, for limits that count locally:
+/// its verdicts must be `Memory`'s, marked unreachable.
+fn play_local(case: &Case) -> Result<(), TestCaseError> {
+    let fx = fixture();
+    let prefix = fx.case_prefix("local");
+    let limits: Vec<Limit> = case
+        .limits
+        .iter()
+        .enumerate()
+        .map(|(i, &(max, window, sliding, lockout))| {
+            let limit = Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window))
+                .unwrap()
+                .when_unreachable(WhenUnreachable::CountLocally);
+            let limit = if sliding { limit.sliding() } else { limit };
+            if lockout > 0 {
+                limit.lockout(Duration::from_secs(lockout)).unwrap()
+            } else {
+                limit
+            }
+        })
+        .collect();
+    let keys: Vec<Key> = case.keys.iter().map(|p| Key::new(*p).unwrap()).collect();
+    let clock = ManualClock::new(
+        UNIX_EPOCH + Duration::new(case.start.0, 0) + Duration::from_micros(case.start.1.into()),
+    );
+    let gone = || async { Err::<Box<Client>, _>(std::io::Error::other("the database is gone")) };
+    let down = Limiter::new(Postgres::new(gone).with_clock(clock.clone())).without_refusal_cache();
+    let mem = Limiter::new(Memory::new().with_clock(clock.clone())).without_refusal_cache();
+    fx.runtime.block_on(async {
+        for (i, op) in case.ops.iter().enumerate() {
+            match op.advance {
+                Advance::Stay => {}
+                Advance::By(by) => clock.advance(by),
+                Advance::ToEdge {
+                    limit,
+                    offset_micros,
+                } => {
+                    let now = micros(clock.now());
+                    let width = case.limits[limit].1 * MICROS_PER_SEC;
+                    let target = ((now / width + 1) * width).saturating_add_signed(offset_micros);
+                    if target > now {
+                        clock.set(at_micros(target));
+                    }
+                }
+            }
+            let (limit, key) = (&limits[op.limit], &keys[op.key]);
+            let all: Vec<(&Limit, &Key)> = limits.iter().map(|l| (l, key)).collect();
+            let d = act(&down, &op.call, limit, key, &all).await;
+            let m = act(&mem, &op.call, limit, key, &all).await;
+            let m = m.map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: Memory: {e:?}")))?;
+            let Some(m) = m else {
+                let d = down.reset(limit, key).await;
+                prop_assert!(
+                    d.is_err_and(|e| e.is_unreachable()),
+                    "op {i}: reset says unreachable"
+                );
+                mem.reset(limit, key).await.unwrap();
+                continue;
+            };
+            let d = d
+                .map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: local: {e:?}")))?
+                .expect("not a reset");
+            for (d, m) in d.iter().zip(&m) {
+                prop_assert!(
+                    d.is_unreachable(),
+                    "op {i} {op:?}: the local verdict says unreachable"
+                );
+                let (d, m) = (Seen::from(d), Seen::from(m));
+                prop_assert_eq!(
+                    Seen {
+                        unreachable: false,
+                        ..d
+                    },
+                    m,
+                    "op {} {:?}: the local count, then Memory",
+                    i,
+                    op
+                );
+            }
+        }
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases() / 2,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_local_count_agrees_with_memory(case in case()) {
+        play_local(&case)?;
     }
 }
 
