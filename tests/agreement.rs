@@ -426,49 +426,72 @@ impl Model {
     }
 }
 
+impl Case {
+    /// The case's limits, named under `prefix`, each deciding `unreachable`
+    /// as given when the store cannot be reached.
+    fn limits(&self, prefix: &str, unreachable: WhenUnreachable) -> Vec<Limit> {
+        self.limits
+            .iter()
+            .enumerate()
+            .map(|(i, &(max, window, sliding, lockout))| {
+                let limit = Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window))
+                    .unwrap()
+                    .when_unreachable(unreachable);
+                let limit = if sliding { limit.sliding() } else { limit };
+                if lockout > 0 {
+                    limit.lockout(Duration::from_secs(lockout)).unwrap()
+                } else {
+                    limit
+                }
+            })
+            .collect()
+    }
+
+    fn keys(&self) -> Vec<Key> {
+        self.keys.iter().map(|p| Key::new(*p).unwrap()).collect()
+    }
+
+    /// A clock at the case's start.
+    fn clock(&self) -> ManualClock {
+        ManualClock::new(
+            UNIX_EPOCH
+                + Duration::new(self.start.0, 0)
+                + Duration::from_micros(self.start.1.into()),
+        )
+    }
+
+    /// Moves `clock` as `op` says.
+    fn advance(&self, clock: &ManualClock, op: &Op) {
+        match op.advance {
+            Advance::Stay => {}
+            Advance::By(by) => clock.advance(by),
+            Advance::ToEdge {
+                limit,
+                offset_micros,
+            } => {
+                let now = micros(clock.now());
+                let width = self.limits[limit].1 * MICROS_PER_SEC;
+                let edge = (now / width + 1) * width;
+                let target = edge.saturating_add_signed(offset_micros);
+                if target > now {
+                    clock.set(at_micros(target));
+                }
+            }
+        }
+    }
+}
+
 fn play(case: &Case) -> Result<(), TestCaseError> {
     let fx = fixture();
-    let prefix = fx.case_prefix("agree");
-    let limits: Vec<Limit> = case
-        .limits
-        .iter()
-        .enumerate()
-        .map(|(i, &(max, window, sliding, lockout))| {
-            let limit =
-                Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window)).unwrap();
-            let limit = if sliding { limit.sliding() } else { limit };
-            if lockout > 0 {
-                limit.lockout(Duration::from_secs(lockout)).unwrap()
-            } else {
-                limit
-            }
-        })
-        .collect();
-    let keys: Vec<Key> = case.keys.iter().map(|p| Key::new(*p).unwrap()).collect();
-    let clock = ManualClock::new(
-        UNIX_EPOCH + Duration::new(case.start.0, 0) + Duration::from_micros(case.start.1.into()),
-    );
+    let limits = case.limits(&fx.case_prefix("agree"), WhenUnreachable::Allow);
+    let keys = case.keys();
+    let clock = case.clock();
     let (pg, mem) = fx.limiters(&clock);
     let mut model = Model::default();
 
     fx.runtime.block_on(async {
         for (i, op) in case.ops.iter().enumerate() {
-            match op.advance {
-                Advance::Stay => {}
-                Advance::By(by) => clock.advance(by),
-                Advance::ToEdge {
-                    limit,
-                    offset_micros,
-                } => {
-                    let now = micros(clock.now());
-                    let width = case.limits[limit].1 * MICROS_PER_SEC;
-                    let edge = (now / width + 1) * width;
-                    let target = edge.saturating_add_signed(offset_micros);
-                    if target > now {
-                        clock.set(at_micros(target));
-                    }
-                }
-            }
+            case.advance(&clock, op);
             let now = clock.now();
             let (limit, key) = (&limits[op.limit], &keys[op.key]);
             let all: Vec<(&Limit, &Key)> = limits.iter().map(|l| (l, key)).collect();
@@ -627,47 +650,15 @@ async fn act<S: Store>(
 /// its verdicts must be `Memory`'s, marked unreachable.
 fn play_local(case: &Case) -> Result<(), TestCaseError> {
     let fx = fixture();
-    let prefix = fx.case_prefix("local");
-    let limits: Vec<Limit> = case
-        .limits
-        .iter()
-        .enumerate()
-        .map(|(i, &(max, window, sliding, lockout))| {
-            let limit = Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window))
-                .unwrap()
-                .when_unreachable(WhenUnreachable::CountLocally);
-            let limit = if sliding { limit.sliding() } else { limit };
-            if lockout > 0 {
-                limit.lockout(Duration::from_secs(lockout)).unwrap()
-            } else {
-                limit
-            }
-        })
-        .collect();
-    let keys: Vec<Key> = case.keys.iter().map(|p| Key::new(*p).unwrap()).collect();
-    let clock = ManualClock::new(
-        UNIX_EPOCH + Duration::new(case.start.0, 0) + Duration::from_micros(case.start.1.into()),
-    );
+    let limits = case.limits(&fx.case_prefix("local"), WhenUnreachable::CountLocally);
+    let keys = case.keys();
+    let clock = case.clock();
     let gone = || async { Err::<Box<Client>, _>(std::io::Error::other("the database is gone")) };
     let down = Limiter::new(Postgres::new(gone).with_clock(clock.clone())).without_refusal_cache();
     let mem = Limiter::new(Memory::new().with_clock(clock.clone())).without_refusal_cache();
     fx.runtime.block_on(async {
         for (i, op) in case.ops.iter().enumerate() {
-            match op.advance {
-                Advance::Stay => {}
-                Advance::By(by) => clock.advance(by),
-                Advance::ToEdge {
-                    limit,
-                    offset_micros,
-                } => {
-                    let now = micros(clock.now());
-                    let width = case.limits[limit].1 * MICROS_PER_SEC;
-                    let target = ((now / width + 1) * width).saturating_add_signed(offset_micros);
-                    if target > now {
-                        clock.set(at_micros(target));
-                    }
-                }
-            }
+            case.advance(&clock, op);
             let (limit, key) = (&limits[op.limit], &keys[op.key]);
             let all: Vec<(&Limit, &Key)> = limits.iter().map(|l| (l, key)).collect();
             let d = act(&down, &op.call, limit, key, &all).await;
