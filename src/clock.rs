@@ -64,6 +64,12 @@ pub(crate) enum Clock {
 }
 
 impl Clock {
+    /// The time as this process sees it: the pinned clock's, or the
+    /// system's.
+    pub(crate) fn local_now(&self) -> SystemTime {
+        self.pinned().unwrap_or_else(SystemTime::now)
+    }
+
     /// The pinned time, if the clock is pinned.
     pub(crate) fn pinned(&self) -> Option<SystemTime> {
         match self {

@@ -382,12 +382,7 @@ impl<S: Store> Limiter<S> {
                 let mut verdicts = Vec::with_capacity(stored.len());
                 for ((limit, _), counted) in stored.iter().zip(&counted) {
                     let verdict = decide(op, limit, counted);
-                    let outcome = if verdict.is_allowed() {
-                        Outcome::Allowed
-                    } else {
-                        Outcome::Refused
-                    };
-                    metric::record(limit, op.name(), outcome, took);
+                    metric::record(limit, op.name(), Outcome::of(&verdict), took);
                     verdicts.push(verdict);
                 }
                 Ok(Verdicts(verdicts))
@@ -397,7 +392,7 @@ impl<S: Store> Limiter<S> {
                 let mut verdicts = Vec::with_capacity(stored.len());
                 for (limit, key) in &stored {
                     crate::trace::unreachable(limit.name(), op.name(), &cause);
-                    let (verdict, _) = self.when_unreachable(op, limit, key, cause.clone()).await;
+                    let (verdict, _) = self.when_unreachable(op, limit, key, cause.clone());
                     metric::record(limit, op.name(), Outcome::Unreachable, took);
                     verdicts.push(verdict);
                 }
@@ -547,18 +542,12 @@ impl<S: Store> Limiter<S> {
             }
             Err(e) if e.is_unreachable() => {
                 crate::trace::unreachable(limit.name(), operation, &e);
-                Ok(self.when_unreachable(op, limit, key, Arc::new(e)).await)
+                Ok(self.when_unreachable(op, limit, key, Arc::new(e)))
             }
             Err(e) => Err(e),
         };
         let outcome = match &result {
-            Ok((_, CountedIn::Store)) => {
-                if result.as_ref().is_ok_and(|(v, _)| v.is_allowed()) {
-                    Outcome::Allowed
-                } else {
-                    Outcome::Refused
-                }
-            }
+            Ok((verdict, CountedIn::Store)) => Outcome::of(verdict),
             Ok(_) => Outcome::Unreachable,
             Err(_) => Outcome::Error,
         };
@@ -567,7 +556,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The verdict when the store could not be reached: the limit decides.
-    async fn when_unreachable(
+    fn when_unreachable(
         &self,
         op: Op,
         limit: &Limit,

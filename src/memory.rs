@@ -65,10 +65,6 @@ impl Memory {
         }
     }
 
-    fn now(&self) -> SystemTime {
-        self.clock.pinned().unwrap_or_else(SystemTime::now)
-    }
-
     /// One counting operation at `now`.
     pub(crate) fn count_at(
         &self,
@@ -143,7 +139,7 @@ impl Store for Memory {}
 
 impl sealed::Sealed for Memory {
     fn local_now(&self) -> SystemTime {
-        self.clock.pinned().unwrap_or_else(SystemTime::now)
+        self.clock.local_now()
     }
 
     async fn count(
@@ -154,7 +150,7 @@ impl sealed::Sealed for Memory {
         n: u64,
         _deadline: Instant,
     ) -> Result<Counted, Error> {
-        Ok(self.count_at(op, limit, key, n, self.now()))
+        Ok(self.count_at(op, limit, key, n, self.clock.local_now()))
     }
 
     async fn count_many(

@@ -63,6 +63,15 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// The outcome of a verdict the store gave.
+    pub(crate) fn of(verdict: &crate::Verdict) -> Self {
+        if verdict.is_allowed() {
+            Outcome::Allowed
+        } else {
+            Outcome::Refused
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",

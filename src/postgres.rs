@@ -90,7 +90,7 @@ impl<C: LimitConn> Store for Postgres<C> {}
 
 impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     fn local_now(&self) -> SystemTime {
-        self.clock.pinned().unwrap_or_else(SystemTime::now)
+        self.clock.local_now()
     }
 
     async fn count(
