@@ -66,8 +66,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let nowhere = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let mut config = db.config();
-    config.port(nowhere);
+    // A fresh config: adding a port to one that has one would be
+    // a configuration error, not an unreachable server.
+    let mut config = tokio_postgres::Config::new();
+    config.host("127.0.0.1").port(nowhere).user("limit_owner");
     let cut_off = Limiter::new(Postgres::new(config)).with_budget(Duration::from_millis(500))?;
     let verdict = cut_off.check(&login, &alice).await?;
     println!("\nreplica C, database unreachable: {}", show(&verdict));

@@ -47,6 +47,10 @@ pub enum ErrorKind {
     /// PostgreSQL refused the limiter's statement: a misconfiguration such as
     /// a missing table, a missing privilege or a row-level security denial.
     Query,
+    /// No connection could be had for a reason an outage does not explain:
+    /// an invalid configuration, bad credentials, a database that does not
+    /// exist. A misconfiguration, never a silent allow.
+    Misconfigured,
     /// The connection source handed over a connection that was inside a
     /// transaction of the caller's. The limiter never commits a caller's
     /// work: that transaction was rolled back.
@@ -64,6 +68,14 @@ pub enum ErrorKind {
 pub(crate) enum Inner {
     #[snafu(display("{operation}: the connection source could not provide a connection"))]
     Connect {
+        operation: &'static str,
+        source: BoxError,
+    },
+
+    #[snafu(display(
+        "{operation}: the connection source failed for a reason an outage does not explain"
+    ))]
+    Misconfigured {
         operation: &'static str,
         source: BoxError,
     },
@@ -141,6 +153,7 @@ impl Error {
             }
             Inner::Merged { source, .. } => source.kind(),
             Inner::Query { .. } | Inner::Unexpected { .. } => ErrorKind::Query,
+            Inner::Misconfigured { .. } => ErrorKind::Misconfigured,
             Inner::InTransaction { .. } => ErrorKind::InTransaction,
             Inner::InvalidLimit { .. } => ErrorKind::InvalidLimit,
             Inner::InvalidKey { .. } => ErrorKind::InvalidKey,
@@ -157,6 +170,9 @@ impl Error {
     /// The SQLSTATE PostgreSQL answered with, if it answered with one.
     pub fn code(&self) -> Option<&SqlState> {
         match &self.0 {
+            Inner::Misconfigured { source, .. } => source
+                .downcast_ref::<tokio_postgres::Error>()
+                .and_then(tokio_postgres::Error::code),
             Inner::ConnectionLost { source, .. }
             | Inner::ServerTimeout { source, .. }
             | Inner::Query { source, .. }
@@ -196,7 +212,21 @@ impl Error {
         Error(Inner::Unexpected { operation, what })
     }
 
+    /// A connection source's failure: unreachable, unless a PostgreSQL
+    /// error in its chain shows a misconfiguration (a refusal with a SQLSTATE
+    /// that is not the server going away, an invalid configuration, a failed
+    /// authentication).
     pub(crate) fn connect(operation: &'static str, source: BoxError) -> Self {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
+        while let Some(error) = cause {
+            if error
+                .downcast_ref::<tokio_postgres::Error>()
+                .is_some_and(misconfigured)
+            {
+                return Error(Inner::Misconfigured { operation, source });
+            }
+            cause = error.source();
+        }
         Error(Inner::Connect { operation, source })
     }
 
@@ -228,6 +258,25 @@ impl Error {
             Some(_) => Inner::Query { operation, source },
         };
         Error(inner)
+    }
+}
+
+/// Whether a connection attempt failed for a reason an outage does not
+/// explain. tokio-postgres does not expose its error kinds; its messages for
+/// them are stable and are matched here.
+fn misconfigured(error: &tokio_postgres::Error) -> bool {
+    match error.code() {
+        Some(code) => !server_going_away(code) && *code != SqlState::QUERY_CANCELED,
+        None => {
+            let message = error.to_string();
+            [
+                "invalid configuration",
+                "invalid connection string",
+                "authentication error",
+            ]
+            .iter()
+            .any(|kind| message.starts_with(kind))
+        }
     }
 }
 

@@ -43,8 +43,10 @@ fn emitted() -> Emitted {
                 .port();
             let server = Server::shared();
             let db = server.database(SCHEMA).await;
-            let mut closed = db.config();
-            closed.port(nowhere);
+            // A fresh config: adding a port to one that has one would be
+            // a configuration error, not an unreachable server.
+            let mut closed = tokio_postgres::Config::new();
+            closed.host("127.0.0.1").port(nowhere).user("limit_owner");
             let unreachable = Limiter::new(Postgres::new(closed.clone()))
                 .with_budget(Duration::from_millis(500))
                 .expect("a budget");

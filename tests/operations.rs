@@ -121,8 +121,10 @@ fn unreachable_outcomes_and_purges_are_warning_events_without_the_key() {
                 .expect("a free port")
                 .port();
             let db = Server::shared().database(SCHEMA).await;
-            let mut closed = db.config();
-            closed.port(nowhere);
+            // A fresh config: adding a port to one that has one would be
+            // a configuration error, not an unreachable server.
+            let mut closed = tokio_postgres::Config::new();
+            closed.host("127.0.0.1").port(nowhere).user("limit_owner");
             let limiter = Limiter::new(Postgres::new(closed))
                 .with_budget(Duration::from_millis(500))
                 .expect("a budget");
@@ -160,5 +162,35 @@ fn unreachable_outcomes_and_purges_are_warning_events_without_the_key() {
             !fields.contains("secret-alice"),
             "an event shows the key: {fields}"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misconfigured_connection_source_is_an_error_never_an_allow() {
+    let db = Server::shared().database(SCHEMA).await;
+    let limit = Limit::new("login", 3, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("k");
+
+    // The server answers, and refuses: the database does not exist.
+    let mut missing = db.config();
+    missing.dbname("no_such_database");
+    // The configuration itself is invalid: two ports for one host.
+    let mut invalid = db.config();
+    invalid.port(1);
+    for (what, config) in [
+        ("a missing database", missing),
+        ("an invalid configuration", invalid),
+    ] {
+        let limiter = Limiter::new(Postgres::new(config));
+        let error = limiter
+            .failed(&limit, &key)
+            .await
+            .expect_err("a misconfiguration is an error");
+        assert_eq!(
+            error.kind(),
+            platformkit_limit::ErrorKind::Misconfigured,
+            "{what}: {error}"
+        );
+        assert!(!error.is_unreachable(), "{what}");
     }
 }
