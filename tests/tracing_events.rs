@@ -1,0 +1,111 @@
+//! With the `tracing` feature, every unreachable outcome and every purge is a
+//! warning event that names the limit and the cause, never the key.
+//!
+//! Its own test binary: `tracing` caches each call site's interest in a
+//! subscriber, and a test elsewhere in the same process touching the same
+//! call sites with no subscriber installed can race that cache.
+#![cfg(feature = "tracing")]
+
+use std::time::Duration;
+
+use platformkit_limit::{Key, Limit, Limiter, Postgres, SCHEMA};
+use platformkit_limit_testdb::Server;
+
+mod events {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata, Subscriber};
+
+    /// The warning events seen, as `field=value` strings.
+    #[derive(Clone, Default)]
+    pub struct Seen(pub Arc<Mutex<Vec<(Level, String)>>>);
+
+    struct Fields(String);
+
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={:?} ", field.name(), value));
+        }
+    }
+
+    impl Subscriber for Seen {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut fields = Fields(String::new());
+            event.record(&mut fields);
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .push((*event.metadata().level(), fields.0));
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+}
+
+#[test]
+fn unreachable_outcomes_and_purges_are_warning_events_without_the_key() {
+    let seen = events::Seen::default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    tracing::subscriber::with_default(seen.clone(), || {
+        runtime.block_on(async {
+            let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let db = Server::shared().database(SCHEMA).await;
+            // A fresh config: adding a port to one that has one would be
+            // a configuration error, not an unreachable server.
+            let mut closed = tokio_postgres::Config::new();
+            closed.host("127.0.0.1").port(nowhere).user("limit_owner");
+            let limiter = Limiter::new(Postgres::new(closed))
+                .with_budget(Duration::from_millis(500))
+                .expect("a budget");
+            let limit = Limit::new("login", 3, Duration::from_secs(60)).expect("a limit");
+            let key = Key::email("secret-alice@example.com");
+            let verdict = limiter.failed(&limit, &key).await.expect("a verdict");
+            assert!(verdict.is_unreachable());
+            platformkit_limit::purge(&db.config())
+                .await
+                .expect("a purge");
+        });
+    });
+    let seen = seen.0.lock().expect("not poisoned").clone();
+    let warnings: Vec<&String> = seen
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::WARN)
+        .map(|(_, fields)| fields)
+        .collect();
+    let unreachable = warnings
+        .iter()
+        .find(|f| f.contains("fail-open"))
+        .expect("a warning for the unreachable outcome");
+    assert!(unreachable.contains("limit=\"login\""), "{unreachable}");
+    assert!(
+        unreachable.contains("operation=\"failed\""),
+        "{unreachable}"
+    );
+    assert!(unreachable.contains("cause="), "{unreachable}");
+    assert!(
+        warnings.iter().any(|f| f.contains("purged")),
+        "a warning for the purge: {warnings:?}"
+    );
+    for (_, fields) in &seen {
+        assert!(
+            !fields.contains("secret-alice"),
+            "an event shows the key: {fields}"
+        );
+    }
+}
