@@ -1,15 +1,57 @@
 -- platformkit-limit: a limit is a row.
 --
--- One row per key per window. Only the limiter writes it, inside its own
--- short system transaction; every other transaction can neither read nor
--- write it (FORCE ROW LEVEL SECURITY, one policy, both directions).
+-- One row per key per window, in the table platformkit.platformkit_limits.
+-- Only the limiter writes it, inside its own short system transaction; every
+-- other transaction can neither read nor write it (FORCE ROW LEVEL SECURITY,
+-- one policy, both directions).
 --
--- Safe to apply twice. Needs PostgreSQL 14 or newer (date_bin, procedures
--- with OUT parameters).
--- Apply it as the role that should own the table (the migration role); the
--- limiter connects as any role with SELECT, INSERT, UPDATE and DELETE on it.
+-- Everything lives in the schema `platformkit`, which PUBLIC cannot use: a
+-- login without the grants below cannot even name the table, so it cannot
+-- queue for the table's locks either (PostgreSQL takes some table locks
+-- before it checks table privileges, but never before schema USAGE).
+--
+-- Safe to apply twice, and safe to apply over the earlier layout (table and
+-- procedures in `public`): the table moves with its rows, the old procedures
+-- go. Needs PostgreSQL 14 or newer. Apply it as the role that should own the
+-- table (the migration role); then grant the limiter's role what
+-- `platformkit_limit::grants(role)` prints:
+--
+--   GRANT USAGE ON SCHEMA platformkit TO app;
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits TO app;
+--   GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO app;
+--
+-- (run that again after applying a newer version of this file).
 
-CREATE TABLE IF NOT EXISTS platformkit_limits (
+CREATE SCHEMA IF NOT EXISTS platformkit;
+REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
+
+-- The earlier layout kept everything in `public`. Move the table (its rows,
+-- index, policy and grants go with it) and the policy's function; drop the
+-- old procedures.
+DO $$
+DECLARE
+    old pg_catalog.regprocedure;
+BEGIN
+    IF pg_catalog.to_regclass('public.platformkit_limits') IS NOT NULL
+       AND pg_catalog.to_regclass('platformkit.platformkit_limits') IS NULL THEN
+        ALTER TABLE public.platformkit_limits SET SCHEMA platformkit;
+    END IF;
+    IF pg_catalog.to_regprocedure('public.platformkit_is_system()') IS NOT NULL
+       AND pg_catalog.to_regprocedure('platformkit.platformkit_is_system()') IS NULL THEN
+        ALTER FUNCTION public.platformkit_is_system() SET SCHEMA platformkit;
+    END IF;
+    FOR old IN
+        SELECT p.oid FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace = 'public'::pg_catalog.regnamespace
+          AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%'
+          AND p.prokind OPERATOR(pg_catalog.=) 'p'
+    LOOP
+        EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
+    END LOOP;
+END
+$$;
+
+CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
     -- The limit's name and the encoded key: 'login|email|alice@example.com'.
     key          text        NOT NULL,
     -- When the window opened, on the database's clock.
@@ -22,21 +64,56 @@ CREATE TABLE IF NOT EXISTS platformkit_limits (
     -- Failures (or asks) counted in the window. Never negative; the
     -- limiter saturates instead of overflowing.
     count        bigint      NOT NULL CHECK (count >= 0),
-    PRIMARY KEY (key, window_start)
+    PRIMARY KEY (key, window_start),
+    -- A window purge can always delete: finite, forwards, at most 366 days.
+    CONSTRAINT platformkit_limits_window_sane CHECK (
+        isfinite(window_start) AND isfinite(window_end)
+        AND window_end > window_start
+        AND window_end - window_start <= interval '31622400 seconds')
 )
 -- Leave room on each page so that an update of count stays on the same page
 -- and is heap-only (count is in no index): a hot key churns no index.
 WITH (fillfactor = 80);
 
--- The purge scans by window_end.
-CREATE INDEX IF NOT EXISTS platformkit_limits_window_end
-    ON platformkit_limits (window_end);
+-- What needs the table's strongest lock runs only when it changes something:
+-- re-applying this file behind a long reader must not queue every limiter
+-- call behind it.
+DO $$
+DECLARE
+    t pg_catalog.regclass := 'platformkit.platformkit_limits'::pg_catalog.regclass;
+BEGIN
+    -- A table moved from the earlier layout lacks the window check. Rows
+    -- from before it are not validated (purge deletes any that break it).
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_constraint AS c
+        WHERE c.conrelid OPERATOR(pg_catalog.=) t
+          AND c.conname OPERATOR(pg_catalog.=) 'platformkit_limits_window_sane'
+    ) THEN
+        ALTER TABLE platformkit.platformkit_limits
+            ADD CONSTRAINT platformkit_limits_window_sane CHECK (
+                isfinite(window_start) AND isfinite(window_end)
+                AND window_end > window_start
+                AND window_end - window_start <= interval '31622400 seconds')
+            NOT VALID;
+    END IF;
+    -- The purge scans by window_end.
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
+        CREATE INDEX platformkit_limits_window_end
+            ON platformkit.platformkit_limits (window_end);
+    END IF;
+    IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
+            FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
+        ALTER TABLE platformkit.platformkit_limits ENABLE ROW LEVEL SECURITY;
+        ALTER TABLE platformkit.platformkit_limits FORCE ROW LEVEL SECURITY;
+    END IF;
+END
+$$;
 
 -- The system switch: on only inside the limiter's own transaction, where the
--- procedures below set it with set_config(..., is_local => true). An exact comparison; the
--- search_path is pinned so that no object on the caller's path can stand in
--- for the built-ins.
-CREATE OR REPLACE FUNCTION platformkit_is_system() RETURNS boolean
+-- procedures below set it with set_config(..., is_local => true). An exact
+-- comparison; the search_path is pinned so that no object on the caller's
+-- path can stand in for the built-ins.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_is_system() RETURNS boolean
     LANGUAGE sql
     STABLE
     PARALLEL SAFE
@@ -45,47 +122,63 @@ AS $$
     SELECT COALESCE(current_setting('platformkit.system', true) = 'on', false)
 $$;
 
-ALTER TABLE platformkit_limits ENABLE ROW LEVEL SECURITY;
-ALTER TABLE platformkit_limits FORCE ROW LEVEL SECURITY;
-
 -- One policy for every command, in both directions. The call is wrapped in a
 -- scalar subquery so that it is evaluated once per statement, not per row.
 DO $$
 BEGIN
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_policy
-        WHERE polrelid = 'platformkit_limits'::regclass
-          AND polname = 'platformkit_limits_system_only'
+        WHERE polrelid OPERATOR(pg_catalog.=) 'platformkit.platformkit_limits'::pg_catalog.regclass
+          AND polname OPERATOR(pg_catalog.=) 'platformkit_limits_system_only'
     ) THEN
-        CREATE POLICY platformkit_limits_system_only ON platformkit_limits
+        CREATE POLICY platformkit_limits_system_only ON platformkit.platformkit_limits
             FOR ALL
-            USING ((SELECT platformkit_is_system()))
-            WITH CHECK ((SELECT platformkit_is_system()));
+            USING ((SELECT platformkit.platformkit_is_system()))
+            WITH CHECK ((SELECT platformkit.platformkit_is_system()));
     END IF;
 END
 $$;
 
 -- The limiter's operations. Each is called as one statement,
--- `CALL platformkit_limit_…(…)`, in autocommit: one message, one round
--- trip, and plans the server caches. Each begins the same way:
+-- `CALL platformkit.platformkit_limit_…(p_… => $1, …)`, in autocommit: one
+-- message, one round trip. Each begins with the same prologue, written out
+-- in each (a nested CALL would cost every call), word for word: a test
+-- compares them. In order:
 --
---   COMMIT: ends the implicit transaction of the CALL and starts the
---     limiter's own. Inside a transaction block of the caller's, PostgreSQL
---     refuses it (2D000 invalid_transaction_termination): the limiter never
---     joins, commits or leaks into a caller's transaction.
---   SET TRANSACTION: READ COMMITTED and READ WRITE, whatever the session's
---     defaults (a serializable default would make concurrent upserts fail).
---   set_config(…, true): the system switch, the budget as lock_timeout,
---     row_security on, for this transaction only. The transaction ends when
---     the CALL does, and the settings with it.
+--   1. Refuse (2D000 invalid_transaction_termination) when the statement
+--      runs inside a transaction that has written anything: a DO block, a
+--      caller's procedure, or an extended-protocol pipeline before its Sync.
+--      Inside a transaction block the COMMIT below is refused with the same
+--      code. Either way the limiter never commits a caller's work.
+--   2. COMMIT: ends the CALL's implicit transaction and starts the
+--      limiter's own.
+--   3. SET TRANSACTION: READ COMMITTED and READ WRITE, whatever the
+--      session's defaults (a serializable default would make concurrent
+--      upserts fail; a standby refuses READ WRITE with 25006).
+--   4. Pin the search_path to pg_catalog, pg_temp for this transaction:
+--      nothing the caller, its "$user" schema, a writable public schema or
+--      pg_temp holds can stand in for a built-in. Every expression comes
+--      after this line; before it there is only qualified calls and no
+--      DECLARE initialiser. The table is always named with its schema.
+--   5. Check the budget (1 to 60000 ms, MAX_BUDGET in Rust) and refuse
+--      (PK001) when the session's statement_timeout (or transaction_timeout)
+--      is shorter than the budget: the server would cancel the call before
+--      the limiter gives up on it, and a cancel the limiter did not send is
+--      never an outage.
+--   6. Four set_config(…, true) calls, for this transaction only: the system
+--      switch, the budget as lock_timeout, row_security on, and one generic
+--      plan per statement.
 --
--- Each procedure writes this prologue out rather than calling a shared one:
--- a nested CALL would cost every call a little more.
+-- Each procedure then checks its own parameters against the bounds the Rust
+-- side enforces (22023 invalid_parameter_value otherwise; a test holds the
+-- two to the same numbers), does its one statement, and ends with COMMIT, so
+-- that nothing of the limiter's transaction (the switch, the settings, a row
+-- lock) outlives the CALL, whoever called it.
 --
 -- Keys arrive as parameters only. Time comes from the database's clock
--- unless the caller pins it (p_at, for tests). The window arithmetic adds
--- microsecond intervals and bins from the Unix epoch: the session's TimeZone
--- and DateStyle do not matter.
+-- unless the caller pins it (p_at, for tests; 1900 to 2200). The window
+-- arithmetic adds microsecond intervals and bins from the Unix epoch: the
+-- session's TimeZone and DateStyle do not matter.
 
 -- Adds p_add to the key's count in the current window and returns the count,
 -- the window's end and the time. The addition saturates at the largest
@@ -93,7 +186,7 @@ $$;
 -- sliding windows); with p_lockout_secs > 0, the latest lockout of an
 -- earlier window of the key whose count reached p_max: that window's end
 -- plus the lockout, if still to come.
-CREATE OR REPLACE PROCEDURE platformkit_limit_add(
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add(
     p_key text, p_add bigint, p_window_secs bigint, p_at timestamptz,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
     p_max bigint, p_lockout_secs bigint,
@@ -105,37 +198,63 @@ CREATE OR REPLACE PROCEDURE platformkit_limit_add(
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_window interval := p_window_secs * interval '1 second';
-    v_start timestamptz;
+    v_window pg_catalog.interval;
+    v_start pg_catalog.timestamptz;
 BEGIN
+    -- prologue
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '2D000',
+            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
-    IF p_relaxed THEN
-        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
     END IF;
-    o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
-    v_start := pg_catalog.date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
-    INSERT INTO platformkit_limits AS l (key, window_start, window_end, count)
+    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
+       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PK001',
+            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
+    END IF;
+    PERFORM set_config('platformkit.system', 'on', true),
+            set_config('lock_timeout', p_budget_ms::text, true),
+            set_config('row_security', 'on', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- end of prologue
+    IF p_relaxed THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
+       OR p_add IS NULL OR p_add < 1
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND 86400
+       OR p_previous IS NULL OR p_relaxed IS NULL
+       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    v_window := make_interval(secs => p_window_secs);
+    o_now := COALESCE(p_at, statement_timestamp());
+    v_start := date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
+    INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
     VALUES (p_key, v_start, v_start + v_window, p_add)
     ON CONFLICT (key, window_start) DO UPDATE
         SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
     RETURNING l.count, l.window_start + v_window,
         CASE WHEN p_previous THEN
-            (SELECT p.count FROM platformkit_limits AS p
+            (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
         CASE WHEN p_lockout_secs > 0 THEN
-            (SELECT max(x.window_end) + p_lockout_secs * interval '1 second'
-             FROM platformkit_limits AS x
+            (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
+             FROM platformkit.platformkit_limits AS x
              WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-               AND x.window_end + p_lockout_secs * interval '1 second' > o_now)
+               AND x.window_end + make_interval(secs => p_lockout_secs) > o_now)
         END
     INTO o_count, o_window_end, o_previous, o_locked_until;
     o_previous := COALESCE(o_previous, 0);
+    COMMIT;
 END
 $$;
 
@@ -145,7 +264,7 @@ $$;
 -- same pairs in any order lock them in the same order and cannot deadlock;
 -- a pair given twice counts twice. Returns the counts and window ends in the
 -- order given.
-CREATE OR REPLACE PROCEDURE platformkit_limit_add_many(
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_many(
     p_keys text[], p_window_secs bigint[], p_add bigint, p_at timestamptz,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
     p_maxes bigint[], p_lockout_secs bigint[],
@@ -157,25 +276,58 @@ CREATE OR REPLACE PROCEDURE platformkit_limit_add_many(
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- prologue
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '2D000',
+            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
-    IF p_relaxed THEN
-        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
     END IF;
-    o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
+    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
+       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PK001',
+            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
+    END IF;
+    PERFORM set_config('platformkit.system', 'on', true),
+            set_config('lock_timeout', p_budget_ms::text, true),
+            set_config('row_security', 'on', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- end of prologue
+    IF p_relaxed THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    IF p_add IS NULL OR p_add < 1 OR p_previous IS NULL OR p_relaxed IS NULL
+       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
+       OR cardinality(p_keys) NOT BETWEEN 1 AND 64
+       OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
+       OR EXISTS (
+           SELECT FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs) AS t(key, secs, max, lockout)
+           WHERE NOT COALESCE(octet_length(t.key) BETWEEN 1 AND 249
+                              AND t.secs BETWEEN 1 AND 31622400
+                              AND t.max BETWEEN 1 AND 1000000000
+                              AND t.lockout BETWEEN 0 AND 86400, false)) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    o_now := COALESCE(p_at, statement_timestamp());
     WITH asked AS (
-        SELECT t.key, t.ord, t.max, t.lockout, t.secs * interval '1 second' AS width,
-               pg_catalog.date_bin(t.secs * interval '1 second', o_now,
-                                   timestamptz '1970-01-01 00:00:00+00') AS start
+        SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
+               date_bin(make_interval(secs => t.secs), o_now,
+                        timestamptz '1970-01-01 00:00:00+00') AS start
         FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
              WITH ORDINALITY AS t(key, secs, max, lockout, ord)
     ), counted AS (
-        INSERT INTO platformkit_limits AS l (key, window_start, window_end, count)
-        SELECT key, start, max(start + width), LEAST(p_add * count(*), 9223372036854775807)
+        -- At most 64 pairs, so p_add * count(*) saturates without overflow
+        -- when p_add is at most the largest bigint divided by the pairs.
+        INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
+        SELECT key, start, max(start + width),
+               CASE WHEN p_add > 9223372036854775807 / count(*) THEN 9223372036854775807
+                    ELSE p_add * count(*) END
         FROM asked
         GROUP BY key, start
         ORDER BY key, start
@@ -183,30 +335,31 @@ BEGIN
             SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
         RETURNING l.key, l.window_start, l.count
     )
-    SELECT pg_catalog.array_agg(c.count ORDER BY a.ord),
-           pg_catalog.array_agg(a.start + a.width ORDER BY a.ord),
-           pg_catalog.array_agg(
+    SELECT array_agg(c.count ORDER BY a.ord),
+           array_agg(a.start + a.width ORDER BY a.ord),
+           array_agg(
                CASE WHEN p_previous THEN
-                   COALESCE((SELECT p.count FROM platformkit_limits AS p
+                   COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
                              WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                ELSE 0 END
                ORDER BY a.ord),
-           pg_catalog.array_agg(
+           array_agg(
                CASE WHEN a.lockout > 0 THEN
-                   (SELECT max(x.window_end) + a.lockout * interval '1 second'
-                    FROM platformkit_limits AS x
+                   (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                    FROM platformkit.platformkit_limits AS x
                     WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                      AND x.window_end + a.lockout * interval '1 second' > o_now)
+                      AND x.window_end + make_interval(secs => a.lockout) > o_now)
                END
                ORDER BY a.ord)
     INTO o_counts, o_window_ends, o_previous, o_locked_until
     FROM asked AS a
     JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
+    COMMIT;
 END
 $$;
 
 -- Reads the count of each (key, window) pair; writes nothing.
-CREATE OR REPLACE PROCEDURE platformkit_limit_read_many(
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_read_many(
     p_keys text[], p_window_secs bigint[], p_at timestamptz, p_budget_ms bigint,
     p_previous boolean, p_maxes bigint[], p_lockout_secs bigint[],
     INOUT o_counts bigint[] DEFAULT NULL,
@@ -217,48 +370,78 @@ CREATE OR REPLACE PROCEDURE platformkit_limit_read_many(
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- prologue
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '2D000',
+            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
-    o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    END IF;
+    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
+       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PK001',
+            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
+    END IF;
+    PERFORM set_config('platformkit.system', 'on', true),
+            set_config('lock_timeout', p_budget_ms::text, true),
+            set_config('row_security', 'on', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- end of prologue
+    IF p_previous IS NULL
+       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
+       OR cardinality(p_keys) NOT BETWEEN 1 AND 64
+       OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
+       OR EXISTS (
+           SELECT FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs) AS t(key, secs, max, lockout)
+           WHERE NOT COALESCE(octet_length(t.key) BETWEEN 1 AND 249
+                              AND t.secs BETWEEN 1 AND 31622400
+                              AND t.max BETWEEN 1 AND 1000000000
+                              AND t.lockout BETWEEN 0 AND 86400, false)) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    o_now := COALESCE(p_at, statement_timestamp());
     WITH asked AS (
-        SELECT t.key, t.ord, t.max, t.lockout, t.secs * interval '1 second' AS width,
-               pg_catalog.date_bin(t.secs * interval '1 second', o_now,
-                                   timestamptz '1970-01-01 00:00:00+00') AS start
+        SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
+               date_bin(make_interval(secs => t.secs), o_now,
+                        timestamptz '1970-01-01 00:00:00+00') AS start
         FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
              WITH ORDINALITY AS t(key, secs, max, lockout, ord)
     )
     -- A correlated subquery per pair: one index probe each, whatever the
     -- planner guesses of the array's length (a join could scan the table).
-    SELECT pg_catalog.array_agg(
-               COALESCE((SELECT l.count FROM platformkit_limits AS l
+    SELECT array_agg(
+               COALESCE((SELECT l.count FROM platformkit.platformkit_limits AS l
                          WHERE l.key = a.key AND l.window_start = a.start), 0)
                ORDER BY a.ord),
-           pg_catalog.array_agg(a.start + a.width ORDER BY a.ord),
-           pg_catalog.array_agg(
+           array_agg(a.start + a.width ORDER BY a.ord),
+           array_agg(
                CASE WHEN p_previous THEN
-                   COALESCE((SELECT p.count FROM platformkit_limits AS p
+                   COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
                              WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                ELSE 0 END
                ORDER BY a.ord),
-           pg_catalog.array_agg(
+           array_agg(
                CASE WHEN a.lockout > 0 THEN
-                   (SELECT max(x.window_end) + a.lockout * interval '1 second'
-                    FROM platformkit_limits AS x
+                   (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                    FROM platformkit.platformkit_limits AS x
                     WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                      AND x.window_end + a.lockout * interval '1 second' > o_now)
+                      AND x.window_end + make_interval(secs => a.lockout) > o_now)
                END
                ORDER BY a.ord)
     INTO o_counts, o_window_ends, o_previous, o_locked_until
     FROM asked AS a;
+    COMMIT;
 END
 $$;
 
 -- Reads the key's count in the current window; writes nothing.
-CREATE OR REPLACE PROCEDURE platformkit_limit_read(
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_read(
     p_key text, p_window_secs bigint, p_at timestamptz, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint,
     INOUT o_count bigint DEFAULT NULL,
@@ -269,111 +452,204 @@ CREATE OR REPLACE PROCEDURE platformkit_limit_read(
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_window interval := p_window_secs * interval '1 second';
-    v_start timestamptz;
+    v_window pg_catalog.interval;
+    v_start pg_catalog.timestamptz;
 BEGIN
+    -- prologue
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '2D000',
+            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
-    o_now := COALESCE(p_at, pg_catalog.statement_timestamp());
-    v_start := pg_catalog.date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    END IF;
+    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
+       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PK001',
+            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
+    END IF;
+    PERFORM set_config('platformkit.system', 'on', true),
+            set_config('lock_timeout', p_budget_ms::text, true),
+            set_config('row_security', 'on', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- end of prologue
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND 86400
+       OR p_previous IS NULL
+       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    v_window := make_interval(secs => p_window_secs);
+    o_now := COALESCE(p_at, statement_timestamp());
+    v_start := date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
     o_window_end := v_start + v_window;
     SELECT
-        (SELECT l.count FROM platformkit_limits AS l
+        (SELECT l.count FROM platformkit.platformkit_limits AS l
          WHERE l.key = p_key AND l.window_start = v_start),
         CASE WHEN p_previous THEN
-            (SELECT p.count FROM platformkit_limits AS p
+            (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
         CASE WHEN p_lockout_secs > 0 THEN
-            (SELECT max(x.window_end) + p_lockout_secs * interval '1 second'
-             FROM platformkit_limits AS x
+            (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
+             FROM platformkit.platformkit_limits AS x
              WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-               AND x.window_end + p_lockout_secs * interval '1 second' > o_now)
+               AND x.window_end + make_interval(secs => p_lockout_secs) > o_now)
         END
     INTO o_count, o_previous, o_locked_until;
     o_count := COALESCE(o_count, 0);
     o_previous := COALESCE(o_previous, 0);
+    COMMIT;
 END
 $$;
 
 -- Takes p_n back from the key's count in the window that starts at
 -- p_window_start (a reserved attempt that succeeded), never below zero;
 -- returns the count. A window that is gone stays gone.
-CREATE OR REPLACE PROCEDURE platformkit_limit_take_back(
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_take_back(
     p_key text, p_window_start timestamptz, p_n bigint,
     p_budget_ms bigint, p_relaxed boolean,
     INOUT o_count bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- prologue
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '2D000',
+            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
-    IF p_relaxed THEN
-        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
     END IF;
-    UPDATE platformkit_limits
+    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
+       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PK001',
+            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
+    END IF;
+    PERFORM set_config('platformkit.system', 'on', true),
+            set_config('lock_timeout', p_budget_ms::text, true),
+            set_config('row_security', 'on', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- end of prologue
+    IF p_relaxed THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
+       OR p_n IS NULL OR p_n < 1 OR p_relaxed IS NULL
+       OR p_window_start IS NULL OR NOT isfinite(p_window_start) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    UPDATE platformkit.platformkit_limits
         SET count = GREATEST(count - p_n, 0)
         WHERE key = p_key AND window_start = p_window_start
         RETURNING count INTO o_count;
     o_count := COALESCE(o_count, 0);
+    COMMIT;
 END
 $$;
 
 -- Deletes every window of the key; returns how many went.
-CREATE OR REPLACE PROCEDURE platformkit_limit_reset(
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_reset(
     p_key text, p_budget_ms bigint, p_relaxed boolean,
     INOUT o_deleted bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- prologue
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '2D000',
+            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
-    IF p_relaxed THEN
-        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
     END IF;
-    DELETE FROM platformkit_limits WHERE key = p_key;
+    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
+       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PK001',
+            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
+    END IF;
+    PERFORM set_config('platformkit.system', 'on', true),
+            set_config('lock_timeout', p_budget_ms::text, true),
+            set_config('row_security', 'on', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- end of prologue
+    IF p_relaxed THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249 OR p_relaxed IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    DELETE FROM platformkit.platformkit_limits WHERE key = p_key;
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
+    COMMIT;
 END
 $$;
 
 -- Deletes at most p_batch rows whose window closed more than 24 hours ago
 -- and more than one window length ago (a sliding window still reads the
 -- window before the current one), skipping rows another transaction holds;
--- returns how many went.
-CREATE OR REPLACE PROCEDURE platformkit_limit_purge(
+-- returns how many went. The test is done in epoch seconds (float8), which
+-- cannot overflow or fail on any stored row; a row that breaks the window
+-- check (one stored before the check existed) is deleted.
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge(
     p_batch bigint, p_budget_ms bigint,
     INOUT o_deleted bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- prologue
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '2D000',
+            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
-    DELETE FROM platformkit_limits AS l
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    END IF;
+    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
+       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PK001',
+            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
+    END IF;
+    PERFORM set_config('platformkit.system', 'on', true),
+            set_config('lock_timeout', p_budget_ms::text, true),
+            set_config('row_security', 'on', true),
+            set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- end of prologue
+    IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    DELETE FROM platformkit.platformkit_limits AS l
     USING (
-        SELECT d.key, d.window_start FROM platformkit_limits AS d
-        WHERE d.window_end < pg_catalog.statement_timestamp() - interval '24 hours'
-          AND d.window_end < pg_catalog.statement_timestamp() - (d.window_end - d.window_start)
+        SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
+        WHERE (d.window_end < statement_timestamp() - interval '24 hours'
+               OR d.window_end = timestamptz 'infinity')
+          AND (NOT isfinite(d.window_start) OR NOT isfinite(d.window_end)
+               OR d.window_end <= d.window_start
+               OR 2 * date_part('epoch', d.window_end) - date_part('epoch', d.window_start)
+                  < date_part('epoch', statement_timestamp()))
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
     ) AS doomed
     WHERE l.key = doomed.key AND l.window_start = doomed.window_start;
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
+    COMMIT;
 END
 $$;
 
+-- Only the roles granted EXECUTE (see the top of this file) may call the
+-- limiter's routines; PUBLIC may not.
+REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM PUBLIC;

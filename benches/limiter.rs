@@ -67,7 +67,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Statement};
 
-/// The upsert of `platformkit_limit_add` (`schema.sql`) for a fixed window
+/// The upsert of `platformkit.platformkit_limit_add` (`schema.sql`) for a fixed window
 /// (the default), as one statement that works out the window itself: the
 /// write of every `failed` and `hit`, without the procedure and its
 /// transaction around it. Keep the two in step.
@@ -80,14 +80,14 @@ WITH clock AS (
                                timestamptz '1970-01-01 00:00:00+00') AS start
     FROM clock
 )
-INSERT INTO platformkit_limits AS l (key, window_start, window_end, count)
+INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
 SELECT $1::text, win.start, win.start + $3::int8 * interval '1 second', $2::int8
 FROM win
 ON CONFLICT (key, window_start) DO UPDATE
     SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
 RETURNING l.count, l.window_end, (SELECT now FROM clock)";
 
-/// The read of `platformkit_limit_read` (`schema.sql`) as one statement: what
+/// The read of `platformkit.platformkit_limit_read` (`schema.sql`) as one statement: what
 /// `check` reads, without the procedure and its transaction around it.
 const READ: &str = "\
 WITH clock AS (
@@ -98,7 +98,7 @@ WITH clock AS (
                                timestamptz '1970-01-01 00:00:00+00') AS start
     FROM clock
 )
-SELECT COALESCE((SELECT l.count FROM platformkit_limits AS l
+SELECT COALESCE((SELECT l.count FROM platformkit.platformkit_limits AS l
                  WHERE l.key = $1::text AND l.window_start = win.start), 0::int8),
        win.start + $2::int8 * interval '1 second',
        win.now
@@ -1128,7 +1128,7 @@ async fn purge_at_scale(server: &Server, mode: Mode) -> PurgeReport {
 
     // The superuser is not subject to row-level security.
     admin
-        .batch_execute("ALTER TABLE platformkit_limits SET (autovacuum_enabled = off)")
+        .batch_execute("ALTER TABLE platformkit.platformkit_limits SET (autovacuum_enabled = off)")
         .await
         .unwrap_or_else(|e| panic!("turning autovacuum off: {e}"));
     let open_start: SystemTime = admin
@@ -1145,7 +1145,7 @@ async fn purge_at_scale(server: &Server, mode: Mode) -> PurgeReport {
     // Closed window k of key n: [open start - (k + 3) days, open start - (k + 2) days).
     let written_closed = admin
         .execute(
-            "INSERT INTO platformkit_limits (key, window_start, window_end, count)
+            "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
              SELECT $1::text || (g % $2::int8), w.start, w.start + $3::int8 * interval '1 second',
                     1 + g % 5
              FROM pg_catalog.generate_series(0, $4::int8 - 1) AS g,
@@ -1158,7 +1158,7 @@ async fn purge_at_scale(server: &Server, mode: Mode) -> PurgeReport {
         .unwrap_or_else(|e| panic!("writing the closed windows: {e}"));
     let written_open = admin
         .execute(
-            "INSERT INTO platformkit_limits (key, window_start, window_end, count)
+            "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
              SELECT $1::text || g, $2::timestamptz, $2::timestamptz + $3::int8 * interval '1 second', 1
              FROM pg_catalog.generate_series(0, $4::int8 - 1) AS g",
             &[&prefix, &open_start, &window_secs, &open],
@@ -1169,7 +1169,7 @@ async fn purge_at_scale(server: &Server, mode: Mode) -> PurgeReport {
         (written_closed, written_open),
         (mode.purge_closed, mode.purge_open)
     );
-    settle(&admin, "VACUUM (ANALYZE) platformkit_limits").await;
+    settle(&admin, "VACUUM (ANALYZE) platformkit.platformkit_limits").await;
     eprintln!(
         "purge: {written_closed} closed and {written_open} open windows written and settled in {:.1}s",
         written_began.elapsed().as_secs_f64()
@@ -1202,7 +1202,7 @@ async fn purge_at_scale(server: &Server, mode: Mode) -> PurgeReport {
         "purge: {deleted} rows in {:.1}s; the writers alone for as long ...",
         took.as_secs_f64()
     );
-    settle(&admin, "VACUUM platformkit_limits").await;
+    settle(&admin, "VACUUM platformkit.platformkit_limits").await;
     let ((), alone) = while_writing(
         &writers,
         WIDE,
@@ -1216,7 +1216,7 @@ async fn purge_at_scale(server: &Server, mode: Mode) -> PurgeReport {
     let (open_rows_after, open_sum_after) = open_windows(&admin, open_start).await;
     let closed_left: i64 = admin
         .query_one(
-            "SELECT count(*) FROM platformkit_limits WHERE window_start < $1",
+            "SELECT count(*) FROM platformkit.platformkit_limits WHERE window_start < $1",
             &[&open_start],
         )
         .await
@@ -1268,7 +1268,7 @@ async fn settle(admin: &Client, vacuum: &str) {
 async fn open_windows(admin: &Client, open_start: SystemTime) -> (i64, i64) {
     let row = admin
         .query_one(
-            "SELECT count(*), COALESCE(sum(count), 0)::int8 FROM platformkit_limits
+            "SELECT count(*), COALESCE(sum(count), 0)::int8 FROM platformkit.platformkit_limits
              WHERE window_start >= $1",
             &[&open_start],
         )
@@ -1424,7 +1424,7 @@ async fn updates(conns: &[Held], reader: &Client) -> Updates {
     let row = reader
         .query_one(
             "SELECT n_tup_upd, n_tup_hot_upd FROM pg_catalog.pg_stat_user_tables \
-             WHERE relid = 'platformkit_limits'::regclass",
+             WHERE relid = 'platformkit.platformkit_limits'::regclass",
             &[],
         )
         .await
@@ -2196,7 +2196,7 @@ async fn run(mode: Mode) -> bool {
     // The superuser is not subject to row-level security.
     let prefilled = admin
         .execute(
-            "INSERT INTO platformkit_limits (key, window_start, window_end, count)
+            "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
              SELECT $1::text || g, w.start, w.start + $2::int8 * interval '1 second', 1
              FROM pg_catalog.generate_series(0, $3::int8 - 1, $4::int8) AS g,
                   (SELECT pg_catalog.date_bin($2::int8 * interval '1 second',
@@ -2213,7 +2213,7 @@ async fn run(mode: Mode) -> bool {
         .await
         .unwrap_or_else(|e| panic!("writing the first rows: {e}"));
     admin
-        .batch_execute("VACUUM (ANALYZE) platformkit_limits")
+        .batch_execute("VACUUM (ANALYZE) platformkit.platformkit_limits")
         .await
         .unwrap_or_else(|e| panic!("VACUUM: {e}"));
     eprintln!("database {}: {prefilled} rows written first", db.name());
@@ -2349,7 +2349,9 @@ async fn run(mode: Mode) -> bool {
     print_purge(&purge);
 
     println!();
-    println!("heap-only (HOT) updates of platformkit_limits, from pg_stat_user_tables:");
+    println!(
+        "heap-only (HOT) updates of platformkit.platformkit_limits, from pg_stat_user_tables:"
+    );
     for (name, updates) in [("hot key", hot_updates), ("random keys", random_updates)] {
         println!(
             "  {name:<12} {:>6.1}% of {} updates",

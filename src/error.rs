@@ -32,35 +32,144 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub struct Error(Inner);
 
 /// The kinds of [`Error`] a caller can match on.
+///
+/// Only [`Connect`](ErrorKind::Connect) and [`Timeout`](ErrorKind::Timeout)
+/// mean the store is unreachable ([`Error::is_unreachable`]), the only
+/// failures a limit may fail open on. Every SQLSTATE PostgreSQL can answer is
+/// read by this table (an exact code first, then its two-letter class);
+/// anything it does not name is [`Query`](ErrorKind::Query):
+///
+/// | SQLSTATE | name | kind |
+/// |---|---|---|
+/// | `08P01` | protocol_violation | Query |
+/// | `08` | connection_exception (the class) | Connect |
+/// | `57P01` | admin_shutdown | Connect |
+/// | `57P02` | crash_shutdown | Connect |
+/// | `57P03` | cannot_connect_now | Connect |
+/// | `53300` | too_many_connections | Connect |
+/// | `25006` | read_only_sql_transaction | Connect |
+/// | `57014` | query_canceled | Timeout if this call sent the cancel, else Cancelled |
+/// | `55P03` | lock_not_available | LockTimeout |
+/// | `2D000` | invalid_transaction_termination | InTransaction |
+/// | `25P02` | in_failed_sql_transaction | InTransaction |
+/// | `PK001` | the session's timeout is shorter than the budget | Misconfigured |
+/// | `22023` | invalid_parameter_value | Query |
+///
+/// `25006` is what a hot standby answers: the primary is not where the
+/// connection source pointed (a standby, or an old primary during a
+/// failover), so the store is unreachable and the limit's
+/// [`WhenUnreachable`](crate::WhenUnreachable) applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
     /// No connection could be had, or it was lost during the call: the
     /// connection source failed, the server refused or dropped the
-    /// connection, or it is shutting down. The store is unreachable.
+    /// connection, is shutting down, or is a standby. The store is
+    /// unreachable.
     Connect,
-    /// The call's budget ran out, on the client (waiting for a connection or
-    /// an answer) or on the server (the budget as `lock_timeout`, or the
-    /// session's own `statement_timeout`).
-    /// The store is unreachable.
+    /// The call's budget ran out: on the client (waiting for a connection or
+    /// an answer), or on the server after this call sent its own cancel
+    /// request. The store is unreachable.
     Timeout,
     /// PostgreSQL refused the limiter's statement: a misconfiguration such as
-    /// a missing table, a missing privilege or a row-level security denial.
+    /// a missing table, a missing privilege, a row-level security denial or a
+    /// parameter out of bounds.
     Query,
-    /// No connection could be had for a reason an outage does not explain:
-    /// an invalid configuration, bad credentials, a database that does not
-    /// exist. A misconfiguration, never a silent allow.
+    /// No connection could be had for a reason an outage does not explain
+    /// (an invalid configuration, bad credentials, a database that does not
+    /// exist), or the session's `statement_timeout` (or
+    /// `transaction_timeout`) is shorter than the budget. A misconfiguration,
+    /// never a silent allow.
     Misconfigured,
     /// The connection source handed over a connection that was inside a
     /// transaction of the caller's. The limiter never commits a caller's
     /// work: that transaction was rolled back.
     InTransaction,
+    /// A lock the statement needed was held past the server's part of the
+    /// budget (`55P03`). The server answered, so it is not down: another
+    /// session holds a lock on the limiter's table or rows. Never an allow.
+    LockTimeout,
+    /// PostgreSQL cancelled the statement and this limiter did not ask it
+    /// to: another session's `pg_cancel_backend`, or a timeout the limiter
+    /// does not know of. Never an allow.
+    Cancelled,
     /// A [`Limit`](crate::Limit) that makes no sense.
     InvalidLimit,
     /// A [`Key`](crate::Key) that cannot be built.
     InvalidKey,
-    /// An option (a budget, a batch size) that makes no sense.
+    /// An option (a budget, a batch size, a pinned time) that makes no sense.
     InvalidOption,
+}
+
+/// How the crate reads a SQLSTATE: the rows of the table in [`ErrorKind`]'s
+/// docs, in the same order (a test holds the two together).
+const SQLSTATES: &[(&str, &str, Class)] = &[
+    ("08P01", "protocol_violation", Class::Refused),
+    ("08", "connection_exception (the class)", Class::Gone),
+    ("57P01", "admin_shutdown", Class::Gone),
+    ("57P02", "crash_shutdown", Class::Gone),
+    ("57P03", "cannot_connect_now", Class::Gone),
+    ("53300", "too_many_connections", Class::Gone),
+    ("25006", "read_only_sql_transaction", Class::Gone),
+    ("57014", "query_canceled", Class::Cancelled),
+    ("55P03", "lock_not_available", Class::LockTimeout),
+    (
+        "2D000",
+        "invalid_transaction_termination",
+        Class::InTransaction,
+    ),
+    ("25P02", "in_failed_sql_transaction", Class::InTransaction),
+    (
+        "PK001",
+        "the session's timeout is shorter than the budget",
+        Class::Misconfigured,
+    ),
+    ("22023", "invalid_parameter_value", Class::Refused),
+];
+
+/// What a SQLSTATE means to the limiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// The server is going away or is not the primary: unreachable.
+    Gone,
+    /// A cancel: unreachable only when this call sent it.
+    Cancelled,
+    /// A lock held past the budget.
+    LockTimeout,
+    /// The connection was inside a caller's transaction.
+    InTransaction,
+    /// The session's settings make every call fail.
+    Misconfigured,
+    /// Anything else: PostgreSQL refused the statement.
+    Refused,
+}
+
+impl Class {
+    fn of(code: &SqlState) -> Class {
+        let code = code.code();
+        SQLSTATES
+            .iter()
+            .find(|(c, _, _)| *c == code)
+            .or_else(|| {
+                SQLSTATES
+                    .iter()
+                    .find(|(c, _, _)| c.len() == 2 && code.starts_with(c))
+            })
+            .map_or(Class::Refused, |(_, _, class)| *class)
+    }
+
+    /// The kind as the docs' table names it.
+    #[cfg(test)]
+    fn described(self) -> &'static str {
+        match self {
+            Class::Gone => "Connect",
+            Class::Cancelled => "Timeout if this call sent the cancel, else Cancelled",
+            Class::LockTimeout => "LockTimeout",
+            Class::InTransaction => "InTransaction",
+            Class::Misconfigured => "Misconfigured",
+            Class::Refused => "Query",
+        }
+    }
 }
 
 #[derive(Debug, Snafu)]
@@ -92,8 +201,33 @@ pub(crate) enum Inner {
         budget: Duration,
     },
 
-    #[snafu(display("{operation}: PostgreSQL stopped the statement (lock timeout or cancel)"))]
+    #[snafu(display(
+        "{operation}: PostgreSQL stopped the statement at this call's cancel request"
+    ))]
     ServerTimeout {
+        operation: &'static str,
+        source: tokio_postgres::Error,
+    },
+
+    #[snafu(display("{operation}: a lock the statement needed was held past the server's budget"))]
+    LockTimeout {
+        operation: &'static str,
+        source: tokio_postgres::Error,
+    },
+
+    #[snafu(display(
+        "{operation}: PostgreSQL cancelled the statement, and this limiter did not ask it to"
+    ))]
+    Cancelled {
+        operation: &'static str,
+        source: tokio_postgres::Error,
+    },
+
+    #[snafu(display(
+        "{operation}: the session's statement_timeout or transaction_timeout is shorter \
+         than the limiter's budget"
+    ))]
+    SessionTimeout {
         operation: &'static str,
         source: tokio_postgres::Error,
     },
@@ -153,7 +287,9 @@ impl Error {
             }
             Inner::Merged { source, .. } => source.kind(),
             Inner::Query { .. } | Inner::Unexpected { .. } => ErrorKind::Query,
-            Inner::Misconfigured { .. } => ErrorKind::Misconfigured,
+            Inner::Misconfigured { .. } | Inner::SessionTimeout { .. } => ErrorKind::Misconfigured,
+            Inner::LockTimeout { .. } => ErrorKind::LockTimeout,
+            Inner::Cancelled { .. } => ErrorKind::Cancelled,
             Inner::InTransaction { .. } => ErrorKind::InTransaction,
             Inner::InvalidLimit { .. } => ErrorKind::InvalidLimit,
             Inner::InvalidKey { .. } => ErrorKind::InvalidKey,
@@ -175,6 +311,9 @@ impl Error {
                 .and_then(tokio_postgres::Error::code),
             Inner::ConnectionLost { source, .. }
             | Inner::ServerTimeout { source, .. }
+            | Inner::LockTimeout { source, .. }
+            | Inner::Cancelled { source, .. }
+            | Inner::SessionTimeout { source, .. }
             | Inner::Query { source, .. }
             | Inner::InTransaction { source, .. } => source.code(),
             Inner::Merged { source, .. } => source.code(),
@@ -235,29 +374,36 @@ impl Error {
     }
 
     /// Sorts an error from PostgreSQL into "unreachable" (the connection is
-    /// gone, the server is going away, or the budget ran out on the server)
-    /// and everything else, which is a hard error.
+    /// gone, the server is going away or is a standby) and everything else,
+    /// which is a hard error; see the table in [`ErrorKind`].
     pub(crate) fn from_postgres(operation: &'static str, source: tokio_postgres::Error) -> Self {
-        let inner = match source.code() {
-            None if source.is_closed() || io_caused(&source) => {
+        Error::from_call(operation, source, false)
+    }
+
+    /// As [`Error::from_postgres`], for the answer to a call that sent its
+    /// own cancel request when `cancel_sent`: only then is a cancel the
+    /// budget running out.
+    pub(crate) fn from_call(
+        operation: &'static str,
+        source: tokio_postgres::Error,
+        cancel_sent: bool,
+    ) -> Self {
+        let Some(code) = source.code() else {
+            return Error(if source.is_closed() || io_caused(&source) {
                 Inner::ConnectionLost { operation, source }
-            }
-            None => Inner::Query { operation, source },
-            Some(code)
-                if *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE =>
-            {
-                Inner::ServerTimeout { operation, source }
-            }
-            Some(code) if server_going_away(code) => Inner::ConnectionLost { operation, source },
-            Some(code)
-                if *code == SqlState::INVALID_TRANSACTION_TERMINATION
-                    || *code == SqlState::IN_FAILED_SQL_TRANSACTION =>
-            {
-                Inner::InTransaction { operation, source }
-            }
-            Some(_) => Inner::Query { operation, source },
+            } else {
+                Inner::Query { operation, source }
+            });
         };
-        Error(inner)
+        Error(match Class::of(code) {
+            Class::Gone => Inner::ConnectionLost { operation, source },
+            Class::Cancelled if cancel_sent => Inner::ServerTimeout { operation, source },
+            Class::Cancelled => Inner::Cancelled { operation, source },
+            Class::LockTimeout => Inner::LockTimeout { operation, source },
+            Class::InTransaction => Inner::InTransaction { operation, source },
+            Class::Misconfigured => Inner::SessionTimeout { operation, source },
+            Class::Refused => Inner::Query { operation, source },
+        })
     }
 }
 
@@ -266,7 +412,7 @@ impl Error {
 /// them are stable and are matched here.
 fn misconfigured(error: &tokio_postgres::Error) -> bool {
     match error.code() {
-        Some(code) => !server_going_away(code) && *code != SqlState::QUERY_CANCELED,
+        Some(code) => !matches!(Class::of(code), Class::Gone | Class::Cancelled),
         None => {
             let message = error.to_string();
             [
@@ -284,13 +430,37 @@ fn io_caused(error: &tokio_postgres::Error) -> bool {
     std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
 }
 
-fn server_going_away(code: &SqlState) -> bool {
-    // Connection exceptions, except a protocol violation: that one means the
-    // client and server disagree (a mismatched schema or a bug), which
-    // must never pass for an unreachable store.
-    (code.code().starts_with("08") && *code != SqlState::PROTOCOL_VIOLATION)
-        || *code == SqlState::ADMIN_SHUTDOWN
-        || *code == SqlState::CRASH_SHUTDOWN
-        || *code == SqlState::CANNOT_CONNECT_NOW
-        || *code == SqlState::TOO_MANY_CONNECTIONS
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table in `ErrorKind`'s docs is the table the code reads, row for
+    /// row.
+    #[test]
+    fn the_sqlstate_table_in_the_docs_is_the_one_the_code_reads() {
+        let source = include_str!("error.rs");
+        let documented: Vec<&str> = source
+            .lines()
+            .map(str::trim)
+            .filter_map(|line| line.strip_prefix("/// | `"))
+            .collect();
+        let read: Vec<String> = SQLSTATES
+            .iter()
+            .map(|(code, name, class)| format!("{code}` | {name} | {} |", class.described()))
+            .collect();
+        assert_eq!(documented, read);
+    }
+
+    #[test]
+    fn a_code_is_read_exactly_first_then_by_its_class() {
+        assert_eq!(Class::of(&SqlState::PROTOCOL_VIOLATION), Class::Refused);
+        assert_eq!(Class::of(&SqlState::CONNECTION_FAILURE), Class::Gone);
+        assert_eq!(Class::of(&SqlState::READ_ONLY_SQL_TRANSACTION), Class::Gone);
+        assert_eq!(Class::of(&SqlState::LOCK_NOT_AVAILABLE), Class::LockTimeout);
+        assert_eq!(
+            Class::of(&SqlState::from_code("PK001")),
+            Class::Misconfigured
+        );
+        assert_eq!(Class::of(&SqlState::UNDEFINED_TABLE), Class::Refused);
+    }
 }

@@ -41,13 +41,16 @@ pub use crate::postgres::Postgres;
 pub use crate::purge::{
     MIN_PURGE_INTERVAL, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, PurgeTask, purge,
 };
+pub use crate::sql::grants;
 pub use crate::store::Store;
 pub use crate::verdict::Verdict;
 
-/// The schema: the table `platformkit_limits`, the function
-/// `platformkit_is_system()`, row-level security and its one policy, and the
-/// index `purge` needs. A script that is safe to apply twice, for your own
-/// migrations. PostgreSQL 14 or newer.
+/// The schema: in the schema `platformkit`, which PUBLIC cannot use, the
+/// table `platformkit_limits`, the function `platformkit_is_system()`,
+/// row-level security and its one policy, the index `purge` needs, and the
+/// limiter's procedures. A script that is safe to apply twice (and over the
+/// earlier layout in `public`, keeping its rows), for your own migrations;
+/// then run [`grants`] for the limiter's role. PostgreSQL 14 or newer.
 pub const SCHEMA: &str = sql::SCHEMA;
 
 /// Internals exposed for the fuzz targets and property tests; not part of the

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use tokio_postgres::{Client, Row};
 
 use crate::clock::Clock;
-use crate::sql::{self, budget_ms};
+use crate::sql::{self, Budget};
 use crate::store::{Counted, Op, Store, sealed};
 use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
 
@@ -78,6 +78,26 @@ impl<C: LimitConn> Postgres<C> {
         &self.conns
     }
 
+    /// The pinned time, if the clock is pinned: within the years the
+    /// procedures accept (1900 to 2199).
+    fn pinned(&self) -> Result<Option<SystemTime>, Error> {
+        let Some(pinned) = self.clock.pinned() else {
+            return Ok(None);
+        };
+        let secs = match pinned.duration_since(std::time::UNIX_EPOCH) {
+            Ok(after) => i64::try_from(after.as_secs()).unwrap_or(i64::MAX),
+            Err(before) => -i64::try_from(before.duration().as_secs()).unwrap_or(i64::MAX),
+        };
+        if (sql::MIN_PINNED_UNIX_SECS..sql::END_PINNED_UNIX_SECS).contains(&secs) {
+            Ok(Some(pinned))
+        } else {
+            Err(Error::invalid_option(
+                "clock",
+                "a pinned clock must be within the years 1900 to 2199",
+            ))
+        }
+    }
+
     async fn connection(&self, operation: &'static str) -> Result<C::Conn, Error> {
         self.conns
             .conn()
@@ -103,8 +123,8 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     ) -> Result<Counted, Error> {
         let conn = self.connection(op.name()).await?;
         let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
-        let pinned: Option<SystemTime> = self.clock.pinned();
-        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let pinned = self.pinned()?;
+        let budget = Budget::until(deadline);
         let previous = limit.strategy() == Strategy::Sliding;
         let max = i64::from(limit.max());
         let lockout = i64::try_from(limit.lockout_secs()).expect("at most a day");
@@ -114,12 +134,12 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&key, Type::TEXT),
                     (&window, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
-                    (&budget, Type::INT8),
+                    (&budget.server_ms, Type::INT8),
                     (&previous, Type::BOOL),
                     (&max, Type::INT8),
                     (&lockout, Type::INT8),
                 ];
-                call(&conn, op.name(), sql::READ, &params, deadline).await?
+                call(&conn, op.name(), sql::READ, &params, budget).await?
             }
             Op::Failed | Op::Hit => {
                 let n = i64::try_from(n).unwrap_or(i64::MAX);
@@ -128,13 +148,13 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&n, Type::INT8),
                     (&window, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
-                    (&budget, Type::INT8),
+                    (&budget.server_ms, Type::INT8),
                     (&self.relaxed, Type::BOOL),
                     (&previous, Type::BOOL),
                     (&max, Type::INT8),
                     (&lockout, Type::INT8),
                 ];
-                call(&conn, op.name(), sql::ADD, &params, deadline).await?
+                call(&conn, op.name(), sql::ADD, &params, budget).await?
             }
         };
         let get = |e| Error::from_postgres(op.name(), e);
@@ -164,8 +184,8 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             .iter()
             .map(|(limit, _)| i64::try_from(limit.window_secs()).expect("at most 366 days"))
             .collect();
-        let pinned: Option<SystemTime> = self.clock.pinned();
-        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let pinned = self.pinned()?;
+        let budget = Budget::until(deadline);
         let previous = pairs
             .iter()
             .any(|(limit, _)| limit.strategy() == Strategy::Sliding);
@@ -180,12 +200,12 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&keys, Type::TEXT_ARRAY),
                     (&windows, Type::INT8_ARRAY),
                     (&pinned, Type::TIMESTAMPTZ),
-                    (&budget, Type::INT8),
+                    (&budget.server_ms, Type::INT8),
                     (&previous, Type::BOOL),
                     (&maxes, Type::INT8_ARRAY),
                     (&lockouts, Type::INT8_ARRAY),
                 ];
-                call(&conn, op.name(), sql::READ_MANY, &params, deadline).await?
+                call(&conn, op.name(), sql::READ_MANY, &params, budget).await?
             }
             Op::Failed | Op::Hit => {
                 let one = 1_i64;
@@ -194,13 +214,13 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&windows, Type::INT8_ARRAY),
                     (&one, Type::INT8),
                     (&pinned, Type::TIMESTAMPTZ),
-                    (&budget, Type::INT8),
+                    (&budget.server_ms, Type::INT8),
                     (&self.relaxed, Type::BOOL),
                     (&previous, Type::BOOL),
                     (&maxes, Type::INT8_ARRAY),
                     (&lockouts, Type::INT8_ARRAY),
                 ];
-                call(&conn, op.name(), sql::ADD_MANY, &params, deadline).await?
+                call(&conn, op.name(), sql::ADD_MANY, &params, budget).await?
             }
         };
         let get = |e| Error::from_postgres(op.name(), e);
@@ -242,35 +262,31 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         deadline: Instant,
     ) -> Result<u64, Error> {
         let conn = self.connection("take_back").await?;
-        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let budget = Budget::until(deadline);
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         let params: [(&(dyn ToSql + Sync), Type); 5] = [
             (&key, Type::TEXT),
             (&window_start, Type::TIMESTAMPTZ),
             (&n, Type::INT8),
-            (&budget, Type::INT8),
+            (&budget.server_ms, Type::INT8),
             (&self.relaxed, Type::BOOL),
         ];
-        let row = call(&conn, "take_back", sql::TAKE_BACK, &params, deadline).await?;
+        let row = call(&conn, "take_back", sql::TAKE_BACK, &params, budget).await?;
         deleted(&row, "take_back")
     }
 
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
         let conn = self.connection("reset").await?;
-        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
+        let budget = Budget::until(deadline);
         let params: [(&(dyn ToSql + Sync), Type); 3] = [
             (&key, Type::TEXT),
-            (&budget, Type::INT8),
+            (&budget.server_ms, Type::INT8),
             (&self.relaxed, Type::BOOL),
         ];
-        let row = call(&conn, "reset", sql::RESET, &params, deadline).await?;
+        let row = call(&conn, "reset", sql::RESET, &params, budget).await?;
         deleted(&row, "reset")
     }
 }
-
-/// How long before the deadline an unanswered `CALL` is sent a cancel
-/// request (at most a tenth of the budget).
-const CANCEL_AHEAD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A count as stored. The table's CHECK keeps counts non-negative; were one
 /// ever negative, refusing is the safe reading.
@@ -285,14 +301,14 @@ fn stored_count(count: i64) -> u64 {
 /// budget) cannot leave the connection inside a transaction: the request is
 /// already queued on the connection, and the server finishes it alone.
 ///
-/// The server stops too: its lock waits end at `lock_timeout`, the budget
-/// left; and a `CALL` still unanswered when [`CANCEL_AHEAD`] (or a tenth) of
-/// the budget remains is sent a cancel request (what psql's Ctrl-C sends,
+/// The server stops too, as [`Budget`] splits the time: its lock waits end
+/// at `lock_timeout` (a hard error), and a `CALL` still unanswered at
+/// `budget.cancel_at` is sent a cancel request (what psql's Ctrl-C sends,
 /// over a new connection without TLS; a server that requires TLS refuses it
 /// and the lock timeout still holds). The cancel is sent while this call
 /// still holds the connection, so it can only reach this `CALL`: through
 /// PgBouncer, a client that holds no server connection has nothing to
-/// cancel.
+/// cancel. A cancel this call did not send is a hard error.
 ///
 /// A connection handed over inside the caller's transaction makes the
 /// procedure fail before it does anything; that transaction, now aborted, is
@@ -302,17 +318,17 @@ pub(crate) async fn call(
     operation: &'static str,
     statement: &str,
     params: &[(&(dyn ToSql + Sync), Type)],
-    deadline: Instant,
+    budget: Budget,
 ) -> Result<Row, Error> {
     crate::metric::statement_sent(operation);
-    let left = deadline.saturating_duration_since(Instant::now());
-    let cancel_at = deadline - CANCEL_AHEAD.min(left / 10);
+    let mut cancel_sent = false;
     let answer = client.query_typed_one(statement, params);
     tokio::pin!(answer);
     let answer = tokio::select! {
         biased;
         answer = &mut answer => answer,
-        () = tokio::time::sleep_until(cancel_at) => {
+        () = tokio::time::sleep_until(budget.cancel_at) => {
+            cancel_sent = true;
             let token = client.cancel_token();
             tokio::spawn(async move {
                 let _ = token.cancel_query(tokio_postgres::NoTls).await;
@@ -323,7 +339,7 @@ pub(crate) async fn call(
     match answer {
         Ok(row) => Ok(row),
         Err(e) => {
-            let error = Error::from_postgres(operation, e);
+            let error = Error::from_call(operation, e, cancel_sent);
             if error.kind() == ErrorKind::InTransaction {
                 // Best effort: the error says what happened either way.
                 let _ = client.batch_execute("ROLLBACK").await;

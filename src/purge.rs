@@ -6,7 +6,7 @@ use postgres_types::{ToSql, Type};
 use tokio::time::{Instant, timeout_at};
 
 use crate::postgres::{call, deleted};
-use crate::sql::{self, budget_ms};
+use crate::sql::{self, Budget};
 use crate::{Error, LimitConn, metric};
 
 /// Rows deleted per batch: small enough that no batch holds row locks for
@@ -66,10 +66,12 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
             .conn()
             .await
             .map_err(|e| Error::connect("purge", e.into()))?;
-        let budget = budget_ms(deadline.saturating_duration_since(Instant::now()));
-        let params: [(&(dyn ToSql + Sync), Type); 2] =
-            [(&PURGE_BATCH_ROWS, Type::INT8), (&budget, Type::INT8)];
-        let row = call(&conn, "purge", sql::PURGE_BATCH, &params, deadline).await?;
+        let budget = Budget::until(deadline);
+        let params: [(&(dyn ToSql + Sync), Type); 2] = [
+            (&PURGE_BATCH_ROWS, Type::INT8),
+            (&budget.server_ms, Type::INT8),
+        ];
+        let row = call(&conn, "purge", sql::PURGE_BATCH, &params, budget).await?;
         deleted(&row, "purge")
     };
     match timeout_at(deadline, batch).await {

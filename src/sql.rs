@@ -2,71 +2,122 @@
 //!
 //! `schema.sql` at the crate root is the one source of truth for the schema
 //! and the limiter's procedures; it is exported as [`SCHEMA`](crate::SCHEMA).
+//! What each procedure does first (its prologue) is explained once, at the
+//! top of `schema.sql`.
 //!
-//! # One call, one statement, one round trip
-//!
-//! Each operation is one `CALL` of a procedure from `schema.sql`, sent in
-//! autocommit with the key as a bind parameter: one message, one network
-//! round trip, and plans the server caches per connection. The procedure
-//! opens the limiter's own short system transaction (see `schema.sql`):
-//!
-//! - `COMMIT` first, which PostgreSQL refuses inside a caller's transaction
-//!   block (`2D000`), so the limiter never joins, commits or leaks into a
-//!   caller's transaction;
-//! - `READ COMMITTED, READ WRITE` whatever the session's defaults;
-//! - the system switch, the budget as `lock_timeout`, and `row_security` on,
-//!   with `set_config(…, true)`: for that transaction only, which ends with
-//!   the `CALL`.
+//! Each operation is one `CALL` of a procedure, sent in autocommit with the
+//! key as a bind parameter and every argument named (`p_key => $1`): one
+//! message, one network round trip.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// The schema, as a script that is safe to apply twice.
 pub(crate) const SCHEMA: &str = include_str!("../schema.sql");
 
-/// Adds `$2` to the key's count in the current window.
-///
-/// `$1` stored key, `$2` how many to add, `$3` window in seconds, `$4` the
-/// pinned time or NULL for the database's clock, `$5` budget in
-/// milliseconds, `$6` relaxed durability, `$7` whether to read the previous
-/// window too (sliding windows). Returns the count, the window's end, the
-/// time and the previous window's count. `$8` max and `$9` lockout in
-/// seconds (0 for none): it also returns when an earlier exhausted window's
-/// lockout ends.
-pub(crate) const ADD: &str = "CALL platformkit_limit_add($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+/// Adds `p_add` to the key's count in the current window. Returns the count,
+/// the window's end, the time, the previous window's count and the end of a
+/// lockout.
+pub(crate) const ADD: &str = "CALL platformkit.platformkit_limit_add(\
+    p_key => $1, p_add => $2, p_window_secs => $3, p_at => $4, p_budget_ms => $5, \
+    p_relaxed => $6, p_previous => $7, p_max => $8, p_lockout_secs => $9)";
 
-/// Adds `$3` to the count of each pair of `$1` (stored keys) and `$2`
-/// (windows in seconds), in (key, window) order. `$4` pinned time or NULL,
-/// `$5` budget in milliseconds, `$6` relaxed durability, `$7` whether to
-/// read the previous windows. Returns the counts and window ends in the
-/// order given, the time, and the previous counts.
-pub(crate) const ADD_MANY: &str =
-    "CALL platformkit_limit_add_many($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+/// Adds `p_add` to the count of each (key, window) pair, in (key, window)
+/// order. Returns arrays in the order given.
+pub(crate) const ADD_MANY: &str = "CALL platformkit.platformkit_limit_add_many(\
+    p_keys => $1, p_window_secs => $2, p_add => $3, p_at => $4, p_budget_ms => $5, \
+    p_relaxed => $6, p_previous => $7, p_maxes => $8, p_lockout_secs => $9)";
 
-/// Reads the count of each pair of `$1` and `$2`. `$3` pinned time or NULL,
-/// `$4` budget in milliseconds, `$5` whether to read the previous windows.
-pub(crate) const READ_MANY: &str = "CALL platformkit_limit_read_many($1, $2, $3, $4, $5, $6, $7)";
+/// Reads the count of each (key, window) pair; writes nothing.
+pub(crate) const READ_MANY: &str = "CALL platformkit.platformkit_limit_read_many(\
+    p_keys => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
+    p_previous => $5, p_maxes => $6, p_lockout_secs => $7)";
 
 /// Reads the key's count in the current window; writes nothing.
+pub(crate) const READ: &str = "CALL platformkit.platformkit_limit_read(\
+    p_key => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
+    p_previous => $5, p_max => $6, p_lockout_secs => $7)";
+
+/// Takes `p_n` back from the key's count in the window starting at
+/// `p_window_start`, never below zero. Returns the count.
+pub(crate) const TAKE_BACK: &str = "CALL platformkit.platformkit_limit_take_back(\
+    p_key => $1, p_window_start => $2, p_n => $3, p_budget_ms => $4, p_relaxed => $5)";
+
+/// Deletes every window of the key. Returns how many rows went.
+pub(crate) const RESET: &str = "CALL platformkit.platformkit_limit_reset(\
+    p_key => $1, p_budget_ms => $2, p_relaxed => $3)";
+
+/// Deletes at most `p_batch` rows whose window closed more than 24 hours
+/// ago. Returns how many rows went.
+pub(crate) const PURGE_BATCH: &str =
+    "CALL platformkit.platformkit_limit_purge(p_batch => $1, p_budget_ms => $2)";
+
+/// The earliest time a clock may be pinned to (1900-01-01 UTC), as the
+/// procedures check it.
+pub(crate) const MIN_PINNED_UNIX_SECS: i64 = -2_208_988_800;
+
+/// The end of the times a clock may be pinned to (2200-01-01 UTC, excluded).
+pub(crate) const END_PINNED_UNIX_SECS: i64 = 7_258_118_400;
+
+/// How a call's budget is split between the server and the client.
 ///
-/// `$1` stored key, `$2` window in seconds, `$3` the pinned time or NULL,
-/// `$4` budget in milliseconds, `$5` whether to read the previous window,
-/// `$6` max, `$7` lockout in seconds. Returns the count, the window's end,
-/// the time, the previous count and the end of a lockout.
-pub(crate) const READ: &str = "CALL platformkit_limit_read($1, $2, $3, $4, $5, $6, $7)";
+/// The server's part, sent as `p_budget_ms` and applied as `lock_timeout`,
+/// ends first: a lock held past it is answered with `55P03`, a hard error
+/// (the server answered: it is not down). Then, if the `CALL` is still
+/// unanswered, the client sends a cancel request, and a `57014` that follows
+/// it is this call's own: the store is too slow, so unreachable. Then the
+/// client gives up.
+///
+/// ```text
+/// |--------- server: left - 2a ---------|-- a --|-- a --|
+/// sent                           lock_timeout  cancel  deadline
+/// ```
+///
+/// where `a` is a tenth of what is left, at most 100 ms.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Budget {
+    /// The server's part, in whole milliseconds (at least 1).
+    pub(crate) server_ms: i64,
+    /// When the client sends a cancel request.
+    pub(crate) cancel_at: Instant,
+}
 
-/// Takes `$3` back from the key's count in the window starting at `$2`,
-/// never below zero. `$1` stored key, `$4` budget in milliseconds, `$5`
-/// relaxed durability. Returns the count.
-pub(crate) const TAKE_BACK: &str = "CALL platformkit_limit_take_back($1, $2, $3, $4, $5)";
+/// The most a cancel request is sent ahead of the deadline.
+const CANCEL_AHEAD: Duration = Duration::from_millis(100);
 
-/// Deletes every window of the key. `$1` stored key, `$2` budget in
-/// milliseconds, `$3` relaxed durability. Returns how many rows went.
-pub(crate) const RESET: &str = "CALL platformkit_limit_reset($1, $2, $3)";
+impl Budget {
+    /// The split of what is left until `deadline`.
+    pub(crate) fn until(deadline: Instant) -> Budget {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ahead = CANCEL_AHEAD.min(left / 10);
+        let server = left.saturating_sub(ahead * 2);
+        Budget {
+            server_ms: i64::try_from(server.as_millis().max(1)).unwrap_or(i64::MAX),
+            cancel_at: deadline - ahead,
+        }
+    }
+}
 
-/// Deletes at most `$1` rows whose window closed more than 24 hours ago.
-/// `$2` budget in milliseconds. Returns how many rows went.
-pub(crate) const PURGE_BATCH: &str = "CALL platformkit_limit_purge($1, $2)";
-
-/// The budget as the server takes it: whole milliseconds, at least 1 (0
-/// would mean no limit).
-pub(crate) fn budget_ms(budget: std::time::Duration) -> i64 {
-    i64::try_from(budget.as_millis().max(1)).unwrap_or(i64::MAX)
+/// The statements that give `role` what the limiter needs, and nothing
+/// more: the schema, the table's rows (under row-level security, so only
+/// inside the limiter's procedures), and the procedures. Run them as the
+/// schema's owner after applying [`SCHEMA`](crate::SCHEMA), and again after
+/// applying a newer version of it.
+///
+/// ```
+/// assert_eq!(
+///     platformkit_limit::grants("app"),
+///     "GRANT USAGE ON SCHEMA platformkit TO \"app\";\n\
+///      GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits TO \"app\";\n\
+///      GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO \"app\";\n"
+/// );
+/// ```
+pub fn grants(role: &str) -> String {
+    let role = format!("\"{}\"", role.replace('"', "\"\""));
+    format!(
+        "GRANT USAGE ON SCHEMA platformkit TO {role};\n\
+         GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits TO {role};\n\
+         GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO {role};\n"
+    )
 }

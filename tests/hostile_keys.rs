@@ -76,7 +76,7 @@ fn hostile_subjects() -> Vec<Subject> {
         parts("a trailing empty part", ["x", ""]),
         parts(
             "a quote and SQL",
-            ["x", "'); DROP TABLE platformkit_limits; --"],
+            ["x", "'); DROP TABLE platformkit.platformkit_limits; --"],
         ),
         parts("a percent and underscore", ["x", "%_"]),
         parts("escape-looking text", ["x", "\\x00"]),
@@ -173,7 +173,7 @@ async fn hostile_keys_never_break_the_statement() {
     let admin = db.connect_admin().await;
     let row = admin
         .query_one(
-            "SELECT count(*), max(octet_length(key)) FROM platformkit_limits",
+            "SELECT count(*), max(octet_length(key)) FROM platformkit.platformkit_limits",
             &[],
         )
         .await

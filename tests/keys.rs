@@ -59,7 +59,7 @@ fn is_lower_hex(s: &str) -> bool {
 // Golden vectors
 // ---------------------------------------------------------------------------
 
-// THE KEY ENCODING IS STORED DATA. Every row of `platformkit_limits` holds an
+// THE KEY ENCODING IS STORED DATA. Every row of `platformkit.platformkit_limits` holds an
 // encoded key; if a vector below has to change, every key already stored no
 // longer matches what the new code computes, and every counter in every
 // deployment silently starts again from zero on deploy (a lockout forgotten,

@@ -39,7 +39,7 @@ async fn stored_count(db: &TestDb) -> i64 {
     db.connect_admin()
         .await
         .query_one(
-            "SELECT COALESCE(sum(count), 0)::int8 FROM platformkit_limits",
+            "SELECT COALESCE(sum(count), 0)::int8 FROM platformkit.platformkit_limits",
             &[],
         )
         .await

@@ -15,7 +15,7 @@ async fn the_schema_is_safe_to_apply_twice() {
     let admin = db.connect_admin().await;
     let policies: i64 = admin
         .query_one(
-            "SELECT count(*) FROM pg_policy WHERE polrelid = 'platformkit_limits'::regclass",
+            "SELECT count(*) FROM pg_policy WHERE polrelid = 'platformkit.platformkit_limits'::regclass",
             &[],
         )
         .await
@@ -37,7 +37,7 @@ async fn the_purge_schedule_purges_at_once_and_stops_when_told() {
     let admin = db.connect_admin().await;
     admin
         .batch_execute(
-            "INSERT INTO platformkit_limits (key, window_start, window_end, count)
+            "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
              SELECT 'old|' || i, now() - interval '3 days', now() - interval '2 days', 1
              FROM generate_series(1, 100) AS i",
         )
@@ -45,7 +45,7 @@ async fn the_purge_schedule_purges_at_once_and_stops_when_told() {
         .expect("closed windows");
     let left = async || -> i64 {
         admin
-            .query_one("SELECT count(*) FROM platformkit_limits", &[])
+            .query_one("SELECT count(*) FROM platformkit.platformkit_limits", &[])
             .await
             .expect("a count")
             .get(0)

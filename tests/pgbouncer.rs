@@ -92,22 +92,22 @@ async fn observe(client: &Client, expected_pid: i32) {
         "the system switch leaked to another client of the server connection: {switch:?}"
     );
     let is_system: bool = client
-        .query_typed_one("SELECT platformkit_is_system()", &[])
+        .query_typed_one("SELECT platformkit.platformkit_is_system()", &[])
         .await
-        .expect("SELECT platformkit_is_system()")
+        .expect("SELECT platformkit.platformkit_is_system()")
         .get(0);
     assert!(
         !is_system,
-        "platformkit_is_system() is true outside the limiter"
+        "platformkit.platformkit_is_system() is true outside the limiter"
     );
     let visible: i64 = client
-        .query_typed_one("SELECT count(*) FROM platformkit_limits", &[])
+        .query_typed_one("SELECT count(*) FROM platformkit.platformkit_limits", &[])
         .await
         .expect("counting the rows")
         .get(0);
     assert_eq!(
         visible, 0,
-        "rows of platformkit_limits are visible outside the limiter's transaction"
+        "rows of platformkit.platformkit_limits are visible outside the limiter's transaction"
     );
     assert_eq!(
         backend_pid(client).await,
@@ -121,7 +121,7 @@ async fn observe(client: &Client, expected_pid: i32) {
 async fn rows_in_table(db: &TestDb) -> i64 {
     db.connect_admin()
         .await
-        .query_one("SELECT count(*) FROM platformkit_limits", &[])
+        .query_one("SELECT count(*) FROM platformkit.platformkit_limits", &[])
         .await
         .expect("counting the rows as the superuser")
         .get(0)
@@ -206,7 +206,7 @@ async fn every_operation_works_through_pgbouncer_in_transaction_mode() {
         .batch_execute(
             "BEGIN;
              SELECT pg_catalog.set_config('platformkit.system', 'on', true);
-             INSERT INTO platformkit_limits (key, window_start, window_end, count)
+             INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
              VALUES ('login|old', now() - interval '3 days', now() - interval '2 days', 5);
              COMMIT;",
         )

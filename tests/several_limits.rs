@@ -120,7 +120,10 @@ async fn opposite_orders_in_concurrent_calls_cannot_deadlock() {
     }
     let admin = db.connect_admin().await;
     let counts: Vec<i64> = admin
-        .query("SELECT count FROM platformkit_limits ORDER BY key", &[])
+        .query(
+            "SELECT count FROM platformkit.platformkit_limits ORDER BY key",
+            &[],
+        )
         .await
         .expect("a system read")
         .iter()

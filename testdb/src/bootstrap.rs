@@ -12,11 +12,13 @@ use crate::connect;
 pub(crate) const OWNER: &str = "limit_owner";
 /// The role an application connects as: may read and write the tables, nothing more.
 pub(crate) const TENANT: &str = "limit_tenant";
+/// A login with no grants at all: what PUBLIC may do, nothing more.
+pub(crate) const STRANGER: &str = "limit_stranger";
 
 /// Key of the advisory lock serialising role setup among processes sharing a server.
 const ROLE_SETUP_LOCK: i64 = 0x706b_6c69_6d69_7401;
 
-/// Creates (or corrects) [`OWNER`] and [`TENANT`]. Both get the password of `admin`, if
+/// Creates (or corrects) [`OWNER`], [`TENANT`] and [`STRANGER`]. All get the password of `admin`, if
 /// it has one, so they can log in wherever the administrator can.
 pub(crate) async fn ensure_roles(admin: &Config) {
     let client = connect(admin).await;
@@ -52,7 +54,7 @@ pub(crate) async fn ensure_roles(admin: &Config) {
         .execute("SELECT pg_advisory_lock($1)", &[&ROLE_SETUP_LOCK])
         .await
         .unwrap_or_else(|e| panic!("taking the role setup lock: {}", describe(&e)));
-    for role in [OWNER, TENANT] {
+    for role in [OWNER, TENANT, STRANGER] {
         match client
             .batch_execute(&format!("CREATE ROLE {role} {attributes}"))
             .await
@@ -121,9 +123,25 @@ pub(crate) async fn create_database(
                 describe(&e)
             )
         });
+        // Every schema the script created (and public): USAGE, its tables'
+        // rows, and EXECUTE on its routines, as an application role has.
         client
             .batch_execute(&format!(
-                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {TENANT};"
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {TENANT};
+                 DO $$
+                 DECLARE s name;
+                 BEGIN
+                     FOR s IN SELECT nspname FROM pg_catalog.pg_namespace
+                              WHERE nspowner = current_user::regrole
+                                AND nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'
+                     LOOP
+                         EXECUTE format('GRANT USAGE ON SCHEMA %I TO {TENANT}', s);
+                         EXECUTE format(
+                             'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %I TO {TENANT}', s);
+                         EXECUTE format('GRANT EXECUTE ON ALL ROUTINES IN SCHEMA %I TO {TENANT}', s);
+                     END LOOP;
+                 END
+                 $$;"
             ))
             .await
             .unwrap_or_else(|e| panic!("granting {TENANT} the tables of {name}: {}", describe(&e)));

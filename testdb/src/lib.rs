@@ -45,13 +45,14 @@
 //!
 //! # Roles and databases
 //!
-//! Every server gets two ordinary roles (created idempotently; concurrent processes may
+//! Every server gets three ordinary roles (created idempotently; concurrent processes may
 //! share a `DATABASE_URL` server): `limit_owner` (`LOGIN NOSUPERUSER NOBYPASSRLS
-//! NOCREATEDB NOCREATEROLE`), which owns each test database and the tables its schema
-//! creates, as a migration role would in production; and `limit_tenant` (`LOGIN
-//! NOSUPERUSER NOBYPASSRLS`), which may connect and read and write those tables, as an
-//! application would. Throwaway servers need no passwords; on a `DATABASE_URL` server
-//! that has one, both roles get the URL's password.
+//! NOCREATEDB NOCREATEROLE`), which owns each test database and the schemas and tables
+//! its script creates, as a migration role would in production; `limit_tenant` (`LOGIN
+//! NOSUPERUSER NOBYPASSRLS`), which may use those schemas, read and write their tables
+//! and execute their routines, as an application would; and `limit_stranger`, a login
+//! granted nothing, as any other login on a shared server. Throwaway servers need no
+//! passwords; on a `DATABASE_URL` server that has one, all three get the URL's password.
 //!
 //! # PgBouncer
 //!
@@ -98,7 +99,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, NoTls};
 
-use crate::bootstrap::{OWNER, TENANT};
+use crate::bootstrap::{OWNER, STRANGER, TENANT};
 use crate::cluster::Cluster;
 
 pub use crate::pgbouncer::PgBouncer;
@@ -259,8 +260,8 @@ impl Server {
 
     /// Creates a fresh, uniquely named database owned by `limit_owner` and applies
     /// `schema` (an SQL script) to it connected as `limit_owner`, so that role owns what
-    /// the script creates. `limit_tenant` may then read and write every table in schema
-    /// `public`.
+    /// the script creates. `limit_tenant` may then use every schema the script created
+    /// (and `public`), read and write their tables and execute their routines.
     ///
     /// Panics, with the server's error, if any step fails.
     pub async fn database(&self, schema: &str) -> TestDb {
@@ -311,6 +312,7 @@ pub struct TestDb {
     admin: Config,
     owner: Config,
     tenant: Config,
+    stranger: Config,
 }
 
 impl TestDb {
@@ -324,6 +326,7 @@ impl TestDb {
             admin: as_role(server.admin.get_user().unwrap_or("postgres")),
             owner: as_role(OWNER),
             tenant: as_role(TENANT),
+            stranger: as_role(STRANGER),
             host: server.host.clone(),
             port: server.port,
             name,
@@ -346,6 +349,13 @@ impl TestDb {
     /// tables.
     pub fn tenant_config(&self) -> Config {
         self.tenant.clone()
+    }
+
+    /// Connection settings as `limit_stranger` (`LOGIN NOSUPERUSER NOBYPASSRLS`), a
+    /// login granted nothing: it has only what PUBLIC has (CONNECT, TEMP, and whatever
+    /// the database's schemas give PUBLIC).
+    pub fn stranger_config(&self) -> Config {
+        self.stranger.clone()
     }
 
     /// Superuser connection settings for this database.
