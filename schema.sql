@@ -600,8 +600,9 @@ $$;
 -- and more than one window length ago (a sliding window still reads the
 -- window before the current one), skipping rows another transaction holds;
 -- returns how many went. The test is done in epoch seconds (float8), which
--- cannot overflow or fail on any stored row; a row that breaks the window
--- check (one stored before the check existed) is deleted.
+-- cannot overflow or fail on any stored row. A row that breaks the window
+-- check (one stored before the check existed: not finite, backwards, longer
+-- than 366 days, or ending more than 367 days from now) is deleted.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge(
     p_batch bigint, p_budget_ms bigint,
     INOUT o_deleted bigint DEFAULT NULL)
@@ -636,9 +637,10 @@ BEGIN
     USING (
         SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
         WHERE (d.window_end < statement_timestamp() - interval '24 hours'
-               OR d.window_end = timestamptz 'infinity')
+               OR d.window_end > statement_timestamp() + interval '31708800 seconds')
           AND (NOT isfinite(d.window_start) OR NOT isfinite(d.window_end)
                OR d.window_end <= d.window_start
+               OR date_part('epoch', d.window_end) - date_part('epoch', d.window_start) > 31622400
                OR 2 * date_part('epoch', d.window_end) - date_part('epoch', d.window_start)
                   < date_part('epoch', statement_timestamp()))
         LIMIT p_batch

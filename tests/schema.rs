@@ -1,0 +1,507 @@
+//! What `schema.sql` promises on its own: the procedures check their
+//! parameters against the very bounds the Rust side enforces, purge cannot
+//! fail on any stored row, an install from the earlier layout (everything in
+//! `public`) moves with its rows, re-applying it queues behind no reader, and
+//! every procedure begins with the same prologue.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use platformkit_limit::{
+    ErrorKind, Key, Limit, Limiter, MAX_ATTEMPTS, MAX_BUDGET, MAX_KEY_BYTES, MAX_LOCKOUT,
+    MAX_NAME_BYTES, MAX_PAIRS, MAX_WINDOW, MIN_WINDOW, ManualClock, PURGE_BATCH_ROWS, Postgres,
+    SCHEMA, purge,
+};
+use platformkit_limit_testdb::{Server, TestDb};
+use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+
+/// The schema as it was before it moved into `platformkit`: the layout an
+/// existing install has.
+const SCHEMA_IN_PUBLIC: &str = include_str!("fixtures/schema-in-public.sql");
+
+/// The longest stored key: the limit's name, `|`, the encoded key.
+const MAX_STORED_KEY_BYTES: usize = MAX_NAME_BYTES + 1 + MAX_KEY_BYTES;
+
+/// Runs `sql` as the limiter's role; `Ok` or the SQLSTATE it failed with.
+async fn run(client: &Client, sql: &str) -> Result<(), SqlState> {
+    client
+        .batch_execute(sql)
+        .await
+        .map_err(|e| e.code().cloned().unwrap_or_else(|| panic!("{sql}: {e}")))
+}
+
+/// The arguments of one direct `CALL` of `platformkit_limit_add`, as SQL
+/// literals; every one valid unless a case changes it.
+#[derive(Clone)]
+struct Add {
+    key: String,
+    add: String,
+    window: String,
+    at: String,
+    budget: String,
+    max: String,
+    lockout: String,
+}
+
+impl Add {
+    fn valid() -> Add {
+        Add {
+            key: "'bounds|k'".into(),
+            add: "1".into(),
+            window: "60".into(),
+            at: "NULL".into(),
+            budget: "2000".into(),
+            max: "5".into(),
+            lockout: "0".into(),
+        }
+    }
+
+    fn sql(&self) -> String {
+        format!(
+            "CALL platformkit.platformkit_limit_add(p_key => {}, p_add => {}, \
+             p_window_secs => {}, p_at => {}, p_budget_ms => {}, p_relaxed => false, \
+             p_previous => true, p_max => {}, p_lockout_secs => {})",
+            self.key, self.add, self.window, self.at, self.budget, self.max, self.lockout
+        )
+    }
+}
+
+fn secs(d: Duration) -> String {
+    d.as_secs().to_string()
+}
+
+/// Every bound a `Limit`, a `Key`, a budget and a pinned clock have in Rust
+/// is the bound the procedure checks: the value at the bound is accepted,
+/// one past it is refused with 22023, and nothing is written by a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_procedures_check_every_bound_the_rust_side_enforces() {
+    let db = Server::shared().database(SCHEMA).await;
+    let app = db.connect_tenant().await;
+    let long_key = |n: usize| format!("'{}'", "k".repeat(n));
+    type Change = fn(&mut Add, String);
+    let cases: Vec<(&str, Change, String, bool)> = vec![
+        ("window", |a, v| a.window = v, secs(MIN_WINDOW), true),
+        (
+            "window",
+            |a, v| a.window = v,
+            (MIN_WINDOW.as_secs() - 1).to_string(),
+            false,
+        ),
+        ("window", |a, v| a.window = v, secs(MAX_WINDOW), true),
+        (
+            "window",
+            |a, v| a.window = v,
+            (MAX_WINDOW.as_secs() + 1).to_string(),
+            false,
+        ),
+        ("window", |a, v| a.window = v, "NULL".into(), false),
+        ("max", |a, v| a.max = v, "1".into(), true),
+        ("max", |a, v| a.max = v, "0".into(), false),
+        ("max", |a, v| a.max = v, MAX_ATTEMPTS.to_string(), true),
+        (
+            "max",
+            |a, v| a.max = v,
+            (u64::from(MAX_ATTEMPTS) + 1).to_string(),
+            false,
+        ),
+        ("lockout", |a, v| a.lockout = v, secs(MAX_LOCKOUT), true),
+        (
+            "lockout",
+            |a, v| a.lockout = v,
+            (MAX_LOCKOUT.as_secs() + 1).to_string(),
+            false,
+        ),
+        ("lockout", |a, v| a.lockout = v, "-1".into(), false),
+        ("budget", |a, v| a.budget = v, "1".into(), true),
+        ("budget", |a, v| a.budget = v, "0".into(), false),
+        ("budget", |a, v| a.budget = v, "NULL".into(), false),
+        (
+            "budget",
+            |a, v| a.budget = v,
+            MAX_BUDGET.as_millis().to_string(),
+            true,
+        ),
+        (
+            "budget",
+            |a, v| a.budget = v,
+            (MAX_BUDGET.as_millis() + 1).to_string(),
+            false,
+        ),
+        ("add", |a, v| a.add = v, i64::MAX.to_string(), true),
+        ("add", |a, v| a.add = v, "0".into(), false),
+        ("add", |a, v| a.add = v, "-3".into(), false),
+        (
+            "at",
+            |a, v| a.at = v,
+            "'1900-01-01 00:00:00+00'".into(),
+            true,
+        ),
+        (
+            "at",
+            |a, v| a.at = v,
+            "'1899-12-31 23:59:59+00'".into(),
+            false,
+        ),
+        (
+            "at",
+            |a, v| a.at = v,
+            "'2199-12-31 23:59:59+00'".into(),
+            true,
+        ),
+        (
+            "at",
+            |a, v| a.at = v,
+            "'2200-01-01 00:00:00+00'".into(),
+            false,
+        ),
+        ("at", |a, v| a.at = v, "'infinity'".into(), false),
+        ("at", |a, v| a.at = v, "'-infinity'".into(), false),
+        (
+            "key",
+            |a, v| a.key = v,
+            long_key(MAX_STORED_KEY_BYTES),
+            true,
+        ),
+        (
+            "key",
+            |a, v| a.key = v,
+            long_key(MAX_STORED_KEY_BYTES + 1),
+            false,
+        ),
+        ("key", |a, v| a.key = v, "''".into(), false),
+        ("key", |a, v| a.key = v, "NULL".into(), false),
+    ];
+    for (what, change, value, accepted) in cases {
+        let mut add = Add::valid();
+        if !accepted {
+            // A refused call under a key of its own: none may be stored.
+            add.key = "'refused|k'".into();
+        }
+        change(&mut add, value.clone());
+        let outcome = run(&app, &add.sql()).await;
+        if accepted {
+            assert_eq!(outcome, Ok(()), "{what} = {value} was refused");
+        } else {
+            assert_eq!(
+                outcome,
+                Err(SqlState::INVALID_PARAMETER_VALUE),
+                "{what} = {value}"
+            );
+        }
+    }
+    // The refused calls wrote nothing.
+    let stored = keys(&mut db.connect().await).await;
+    assert!(!stored.is_empty());
+    assert!(
+        stored
+            .iter()
+            .all(|(key, _)| key != "refused|k" && key.len() <= MAX_STORED_KEY_BYTES),
+        "a refused call was stored"
+    );
+
+    // The other procedures' own parameters.
+    let refused = [
+        "CALL platformkit.platformkit_limit_take_back(p_key => 'bounds|k', \
+         p_window_start => now(), p_n => -1, p_budget_ms => 2000, p_relaxed => false)",
+        "CALL platformkit.platformkit_limit_take_back(p_key => 'bounds|k', \
+         p_window_start => now(), p_n => 0, p_budget_ms => 2000, p_relaxed => false)",
+        "CALL platformkit.platformkit_limit_take_back(p_key => 'bounds|k', \
+         p_window_start => 'infinity', p_n => 1, p_budget_ms => 2000, p_relaxed => false)",
+        "CALL platformkit.platformkit_limit_reset(p_key => '', p_budget_ms => 2000, \
+         p_relaxed => false)",
+        "CALL platformkit.platformkit_limit_reset(p_key => 'bounds|k', p_budget_ms => 0, \
+         p_relaxed => false)",
+        "CALL platformkit.platformkit_limit_read(p_key => 'bounds|k', p_window_secs => 0, \
+         p_at => NULL, p_budget_ms => 2000, p_previous => false, p_max => 5, \
+         p_lockout_secs => 0)",
+        &format!(
+            "CALL platformkit.platformkit_limit_purge(p_batch => {}, p_budget_ms => 2000)",
+            PURGE_BATCH_ROWS + 1
+        ),
+        "CALL platformkit.platformkit_limit_purge(p_batch => 0, p_budget_ms => 2000)",
+        &many("add_many", MAX_PAIRS + 1, "60"),
+        &many("read_many", MAX_PAIRS + 1, "60"),
+        &many("add_many", 2, "0"),
+        &many("read_many", 0, "60"),
+    ];
+    for sql in refused {
+        assert_eq!(
+            run(&app, sql).await,
+            Err(SqlState::INVALID_PARAMETER_VALUE),
+            "{sql}"
+        );
+    }
+    let accepted = [
+        &format!(
+            "CALL platformkit.platformkit_limit_purge(p_batch => {PURGE_BATCH_ROWS}, \
+             p_budget_ms => 2000)"
+        ),
+        &many("add_many", MAX_PAIRS, "60"),
+        &many("read_many", MAX_PAIRS, "60"),
+    ];
+    for sql in accepted {
+        assert_eq!(run(&app, sql).await, Ok(()), "{sql}");
+    }
+}
+
+/// A direct `CALL` of `add_many` or `read_many` over `pairs` copies of one
+/// pair with a window of `window` seconds.
+fn many(procedure: &str, pairs: usize, window: &str) -> String {
+    let keys = vec!["'bounds|many'"; pairs].join(", ");
+    let windows = vec![window; pairs].join(", ");
+    let maxes = vec!["5"; pairs].join(", ");
+    let lockouts = vec!["0"; pairs].join(", ");
+    let add = if procedure == "add_many" {
+        "p_add => 1, p_relaxed => false, "
+    } else {
+        ""
+    };
+    format!(
+        "CALL platformkit.platformkit_limit_{procedure}(p_keys => ARRAY[{keys}]::text[], \
+         p_window_secs => ARRAY[{windows}]::int8[], {add}p_at => NULL, p_budget_ms => 2000, \
+         p_previous => false, p_maxes => ARRAY[{maxes}]::int8[], \
+         p_lockout_secs => ARRAY[{lockouts}]::int8[])"
+    )
+}
+
+/// `add_many` with the same pair twice and the largest amount saturates at
+/// the largest bigint instead of failing on the multiplication.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_many_saturates_a_huge_amount_over_repeated_pairs() {
+    let db = Server::shared().database(SCHEMA).await;
+    let app = db.connect_tenant().await;
+    let row = app
+        .query_one(
+            &format!(
+                "CALL platformkit.platformkit_limit_add_many(\
+                 p_keys => ARRAY['sat|k', 'sat|k'], p_window_secs => ARRAY[60, 60]::int8[], \
+                 p_add => {}, p_at => NULL, p_budget_ms => 2000, p_relaxed => false, \
+                 p_previous => false, p_maxes => ARRAY[5, 5]::int8[], \
+                 p_lockout_secs => ARRAY[0, 0]::int8[])",
+                i64::MAX
+            ),
+            &[],
+        )
+        .await
+        .expect("a saturated count, not an overflow");
+    let counts: Vec<i64> = row.get(0);
+    assert_eq!(counts, [i64::MAX, i64::MAX]);
+}
+
+/// A pinned clock outside the years the procedures accept is refused in
+/// Rust, before any statement, as the procedures would refuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_pinned_outside_1900_to_2199_is_an_invalid_option() {
+    let db = Server::shared().database(SCHEMA).await;
+    let login = Limit::new("login", 5, Duration::from_secs(60)).unwrap();
+    let first = UNIX_EPOCH - Duration::from_secs(2_208_988_800);
+    let end = UNIX_EPOCH + Duration::from_secs(7_258_118_400);
+    for (at, ok) in [
+        (first, true),
+        (first - Duration::from_secs(1), false),
+        (end - Duration::from_secs(1), true),
+        (end, false),
+    ] {
+        let limiter = Limiter::new(Postgres::new(db.config()).with_clock(ManualClock::new(at)));
+        let result = limiter.failed(&login, &Key::opaque("k")).await;
+        if ok {
+            assert_eq!(result.expect("within the years").count(), Some(1));
+        } else {
+            let err = result.expect_err("outside the years");
+            assert_eq!(err.kind(), ErrorKind::InvalidOption, "{err:?}");
+        }
+    }
+}
+
+/// Rows as an install of the earlier layout could hold them: some written
+/// by ordinary calls, some planted through direct calls with parameters
+/// nothing checked then (`p_at => '-infinity'`, `'infinity'`, a window of
+/// 285,000 years).
+async fn install_in_public_with_rows() -> TestDb {
+    let db = Server::shared().empty_database().await;
+    let mut owner = db.connect().await;
+    owner.batch_execute(SCHEMA_IN_PUBLIC).await.unwrap();
+    let tx = owner.transaction().await.unwrap();
+    tx.batch_execute(
+        "SET LOCAL platformkit.system = 'on';
+         INSERT INTO public.platformkit_limits (key, window_start, window_end, count) VALUES
+           ('login|open', date_bin('60 s', now(), '1970-01-01Z'),
+                          date_bin('60 s', now(), '1970-01-01Z') + interval '60 s', 4),
+           ('login|closed', now() - interval '3 days', now() - interval '3 days' + interval '60 s', 2),
+           ('x|minus-infinity', '-infinity', '-infinity', 1),
+           ('x|infinity', 'infinity', 'infinity', 1),
+           ('x|ages', now() - interval '2 days', now() + interval '285000 years', 1),
+           ('x|backwards', now() - interval '2 days', now() - interval '3 days', 1);",
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    db
+}
+
+async fn keys(client: &mut Client) -> Vec<(String, i64)> {
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL platformkit.system = 'on'")
+        .await
+        .unwrap();
+    let rows = tx
+        .query(
+            "SELECT key, count FROM platformkit.platformkit_limits ORDER BY key",
+            &[],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+/// Applying the schema over the earlier layout moves the table with every
+/// row into `platformkit`, leaves nothing of the limiter in `public`, and
+/// the limiter counts on from the moved counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_over_the_public_layout_keeps_every_row() {
+    let db = install_in_public_with_rows().await;
+    let mut owner = db.connect().await;
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    owner.batch_execute(SCHEMA).await.expect("and again");
+    assert_eq!(keys(&mut owner).await.len(), 6, "every row moved");
+    let left: i64 = owner
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n \
+               ON n.oid = c.relnamespace WHERE n.nspname = 'public' \
+               AND c.relname LIKE 'platformkit%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let routines: i64 = owner
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_proc \
+             WHERE pronamespace = 'public'::regnamespace AND proname LIKE 'platformkit%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        (left, routines),
+        (0, 0),
+        "the limiter left something in public"
+    );
+
+    // The moved table takes the limiter's calls.
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let login = Limit::new("login", 5, Duration::from_secs(60)).unwrap();
+    let verdict = limiter.failed(&login, &Key::opaque("after")).await.unwrap();
+    assert_eq!(verdict.count(), Some(1));
+    let moved = keys(&mut owner).await;
+    assert!(moved.contains(&("login|open".to_owned(), 4)), "{moved:?}");
+}
+
+/// No stored row can make purge fail, not even one planted before the
+/// window check existed: purge deletes the broken rows and the closed
+/// windows, and keeps the open one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_cannot_fail_on_any_stored_row() {
+    let db = install_in_public_with_rows().await;
+    let mut owner = db.connect().await;
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let deleted = purge(&db.config()).await.expect("purge on every row");
+    assert_eq!(deleted, 5);
+    let kept: Vec<String> = keys(&mut owner).await.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(kept, ["login|open"]);
+}
+
+/// The window check refuses the rows the earlier layout let through, on a
+/// new install and on a moved table alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_table_refuses_a_window_purge_could_not_delete() {
+    let fresh = Server::shared().database(SCHEMA).await;
+    let moved = install_in_public_with_rows().await;
+    moved.connect().await.batch_execute(SCHEMA).await.unwrap();
+    for db in [fresh, moved] {
+        let mut owner = db.connect().await;
+        for (start, end) in [
+            ("'-infinity'", "'-infinity'"),
+            ("now()", "'infinity'"),
+            ("now()", "now() - interval '1 second'"),
+            ("now()", "now() + interval '367 days'"),
+        ] {
+            let tx = owner.transaction().await.unwrap();
+            tx.batch_execute("SET LOCAL platformkit.system = 'on'")
+                .await
+                .unwrap();
+            let err = tx
+                .batch_execute(&format!(
+                    "INSERT INTO platformkit.platformkit_limits VALUES ('k', {start}, {end}, 1)"
+                ))
+                .await
+                .expect_err("a window purge could not delete was stored");
+            assert_eq!(
+                err.code(),
+                Some(&SqlState::CHECK_VIOLATION),
+                "{start}..{end}"
+            );
+        }
+    }
+}
+
+/// Re-applying the schema when nothing changes takes no lock on the table:
+/// behind a long reader (a pg_dump, a report) it does not queue, so it does
+/// not queue every limiter call behind itself either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reapplying_the_schema_waits_for_no_reader() {
+    let db = Server::shared().database(SCHEMA).await;
+    let mut reader = db.connect().await;
+    let long_read = reader.transaction().await.unwrap();
+    long_read
+        .batch_execute("SELECT count(*) FROM platformkit.platformkit_limits")
+        .await
+        .unwrap();
+    let migrator = db.connect().await;
+    migrator
+        .batch_execute("SET lock_timeout = '2s'")
+        .await
+        .unwrap();
+    migrator
+        .batch_execute(SCHEMA)
+        .await
+        .expect("the re-apply waited for the reader's lock");
+    long_read.rollback().await.unwrap();
+}
+
+/// Every procedure begins with the same prologue, word for word: the
+/// guarantees it carries (never inside a caller's transaction, search_path
+/// pinned, budget checked, the switch for this transaction only) hold for
+/// all or none.
+#[test]
+fn every_procedure_begins_with_the_same_prologue() {
+    let procedures: Vec<&str> = SCHEMA
+        .split("CREATE OR REPLACE PROCEDURE")
+        .skip(1)
+        .collect();
+    assert_eq!(procedures.len(), 7);
+    let prologues: Vec<&str> = procedures
+        .iter()
+        .map(|body| {
+            let start = body.find("-- prologue\n").expect("a prologue");
+            let end = body.find("-- end of prologue\n").expect("its end");
+            &body[start..end]
+        })
+        .collect();
+    for (procedure, prologue) in procedures.iter().zip(&prologues) {
+        let name = procedure.split('(').next().unwrap_or_default().trim();
+        assert_eq!(prologue, &prologues[0], "{name}'s prologue differs");
+        let before = &procedure[..procedure.find("-- prologue\n").unwrap()];
+        assert!(
+            !before.contains(":="),
+            "{name} has a DECLARE initialiser, run before the search_path is pinned"
+        );
+        let body_end = procedure.find("\nEND\n$$;").expect("the body's end");
+        assert!(
+            procedure[..body_end].trim_end().ends_with("COMMIT;"),
+            "{name} does not end with its own COMMIT"
+        );
+    }
+}
