@@ -6,6 +6,7 @@ mod checks;
 mod clock;
 mod conn;
 mod error;
+pub mod guide;
 mod key;
 mod limit;
 mod limiter;

@@ -1,0 +1,404 @@
+//! # How the limiter works
+//!
+//! This module holds no items: it is the design of the crate, written once.
+//! The docs of each type and method say what that item does and link here
+//! for the why.
+//!
+//! - [One call's path](#one-calls-path), from `failed` to the row and back
+//! - [The procedures' prologue](#the-procedures-prologue), the limiter's own
+//!   short transaction
+//! - [The schema](#the-schema): the table, row-level security, purge
+//! - [The refusal cache](#the-refusal-cache) and [merging](#merging), the
+//!   two defences under attack
+//! - [Windows](#windows): fixed and sliding
+//! - [Fail-open](#fail-open): what happens when the database is gone
+//! - [In a service](#in-a-service): the steps for your own app
+//!
+//! Outside the crate docs: each promise with the test that keeps it
+//! ([docs/GUARANTEES.md]), the benchmark figures ([docs/PERFORMANCE.md]),
+//! who is trusted with what ([docs/THREAT_MODEL.md]) and the modules of the
+//! source ([docs/ARCHITECTURE.md]).
+//!
+//! [docs/GUARANTEES.md]: https://github.com/platformkit/platformkit-limit/blob/main/docs/GUARANTEES.md
+//! [docs/PERFORMANCE.md]: https://github.com/platformkit/platformkit-limit/blob/main/docs/PERFORMANCE.md
+//! [docs/THREAT_MODEL.md]: https://github.com/platformkit/platformkit-limit/blob/main/docs/THREAT_MODEL.md
+//! [docs/ARCHITECTURE.md]: https://github.com/platformkit/platformkit-limit/blob/main/docs/ARCHITECTURE.md
+//!
+//! # One call's path
+//!
+//! Take `limiter.failed(&login, &alice)` over [`Postgres`]:
+//!
+//! 1. **The stored key.** The limiter puts the limit's name in front of the
+//!    key's encoding: `login|email|alice@example.com`. The same [`Key`] under
+//!    two limits is two counters.
+//! 2. **The refusal cache.** If this process saw the store refuse this key
+//!    and the refusal has not reopened yet, that refusal is the answer, with
+//!    no round trip ([below](#the-refusal-cache)).
+//! 3. **The budget.** From here on everything, getting a connection
+//!    included, ends within the limiter's budget (2 seconds unless set with
+//!    [`Limiter::with_budget`]).
+//! 4. **Merging.** If a statement for this key is already in flight from
+//!    this process, the call joins the next one instead of sending its own
+//!    ([below](#merging)).
+//! 5. **A connection.** The store asks your [`LimitConn`] for one
+//!    connection: a pool's, the request's own, or a new one from a
+//!    [`tokio_postgres::Config`]. The crate keeps no pool and no connection
+//!    between calls.
+//! 6. **One statement.** It sends one `CALL` of one of the limiter's
+//!    procedures from [`SCHEMA`]
+//!    (`CALL platformkit.platformkit_limit_add(p_key => $1, …)`), in
+//!    autocommit, with the key as a bind parameter: one message, one network
+//!    round trip, and plans the server caches per connection.
+//! 7. **The procedure** opens the limiter's own short system transaction
+//!    with [the prologue](#the-procedures-prologue), checks its parameters
+//!    and runs its one statement: an upsert for `failed`, `hit` and
+//!    `reserve`, a read for `check`, a delete for `reset`, an update for a
+//!    permit's take-back. The window comes from the database's clock. It ends
+//!    with its own `COMMIT`.
+//! 8. **The verdict.** The procedure returns counts: the window's count, the
+//!    previous window's (for a sliding limit), the end of a lockout, the
+//!    window's end and the time. One pure function turns counts into a
+//!    [`Verdict`]; [`Memory`] uses the same function, so the two stores cannot
+//!    drift apart.
+//! 9. **After.** A refusal goes into the refusal cache until it reopens. If
+//!    the store could not be reached, the limit decides ([fail-open]); any
+//!    other failure is an [`Error`]. The call is counted in the
+//!    [metrics](crate::metric).
+//!
+//! The connection goes back to your source idle, outside any transaction.
+//!
+//! `check` before an attempt and `failed` after it race: a thousand
+//! concurrent requests all pass the check before the first failure is
+//! written. [`Limiter::reserve`] counts the attempt in the same statement
+//! that decides. The several-limits calls ([`Limiter::check_all`] and its
+//! siblings) send one statement for all their pairs.
+//!
+//! ## The budget on the server
+//!
+//! The budget left when the `CALL` is sent is split in three, so that the
+//! server stops before the client gives up. With `a` a tenth of what is left
+//! (at most 100 ms):
+//!
+//! ```text
+//! |--------- server: left - 2a ---------|-- a --|-- a --|
+//! sent                           lock_timeout  cancel  deadline
+//! ```
+//!
+//! 1. The procedure sets the server's part as `lock_timeout`. A lock held by
+//!    another session past it ends the call with SQLSTATE 55P03: the server
+//!    answered, so it is not down, and the call is an
+//!    [`ErrorKind::LockTimeout`] error, never an allow.
+//! 2. A `CALL` still unanswered at the cancel mark is sent a cancel request,
+//!    the one psql's Ctrl-C sends, while the limiter still holds the
+//!    connection, so it can only reach this call. The server stops (57014),
+//!    and since this call sent the cancel, the store counts as unreachable
+//!    ([`ErrorKind::Timeout`]). A cancel the limiter did not send is
+//!    [`ErrorKind::Cancelled`], never an allow. (A `statement_timeout`
+//!    cannot do this job: a procedure cannot re-arm its own statement's
+//!    timer.)
+//! 3. If the deadline comes anyway, the request is already on its way: the
+//!    server finishes or cancels it alone, and the connection goes back
+//!    outside any transaction.
+//!
+//! The cancel request goes over a new connection without TLS: a server that
+//! accepts only TLS refuses it, and then `lock_timeout` alone bounds the call
+//! on the server.
+//!
+//! ## Why procedures
+//!
+//! The alternative, an explicit `BEGIN`, a `SET LOCAL` for the switch, the
+//! statement and `COMMIT`, even pipelined into one round trip, is several
+//! protocol messages and a statement planned afresh on every call. The
+//! procedures need no special privilege to create: the switch is set inside
+//! their body, not with a `SET` clause on a custom parameter (which
+//! PostgreSQL 15 refuses to ordinary roles without a grant).
+//!
+//! # The procedures' prologue
+//!
+//! Every procedure in [`SCHEMA`] begins the same way, between the comments
+//! `-- prologue` and `-- end of prologue`. Each writes the prologue out
+//! rather than calling a shared one: a nested `CALL` would cost every call a
+//! little more.
+//!
+//! 1. **Refuse inside a transaction that has written** (SQLSTATE 2D000): a
+//!    `DO` block, a caller's procedure, or an extended-protocol pipeline
+//!    before its Sync.
+//! 2. **`COMMIT`**, which ends the `CALL`'s implicit transaction and starts
+//!    the limiter's own. PostgreSQL refuses it inside a transaction block of
+//!    the caller's, with the same 2D000. Either way the limiter never commits
+//!    a caller's work: a connection handed over inside the caller's
+//!    transaction is an [`ErrorKind::InTransaction`] error, that transaction
+//!    is rolled back so the connection goes back idle, and nothing of it is
+//!    committed.
+//! 3. **`SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE`**,
+//!    whatever the session's defaults (a serializable default would make
+//!    concurrent upserts fail; a standby refuses `READ WRITE` with 25006,
+//!    which counts as unreachable).
+//! 4. **Pin the `search_path`** to `pg_catalog, pg_temp` for this
+//!    transaction, so that nothing the caller, its `"$user"` schema, a
+//!    writable `public` or `pg_temp` holds can stand in for a built-in. Every
+//!    expression comes after this step, and the table is always named with
+//!    its schema.
+//! 5. **Check the budget** (1 to 60,000 ms, [`MAX_BUDGET`]) and refuse
+//!    (SQLSTATE PK001, [`ErrorKind::Misconfigured`]) when the session's
+//!    `statement_timeout` or `transaction_timeout` is shorter than the
+//!    budget: the server would cancel the call before the limiter gives up
+//!    on it, and a cancel the limiter did not send is never an outage.
+//! 6. **Four `set_config(…, true)` calls**, each for this transaction only:
+//!    - `platformkit.system` to `on`: the system switch that the table's
+//!      row-level security policy asks for;
+//!    - `lock_timeout` to the server's part of the budget, in milliseconds;
+//!    - `row_security` to `on`;
+//!    - `plan_cache_mode` to `force_generic_plan`, so that the procedure's
+//!      statements are planned once per connection rather than on every
+//!      call.
+//!
+//! After the prologue, the procedures that write (add, add-many, take-back,
+//! reset) set `synchronous_commit` to `off` for their transaction when the
+//! store has [relaxed durability](crate::Postgres::with_relaxed_durability).
+//! Then each procedure checks its parameters against the bounds the Rust
+//! side enforces (SQLSTATE 22023 otherwise), runs its one statement and ends
+//! with `COMMIT`: nothing of the limiter's transaction (the switch, the
+//! settings, a row lock) outlives the `CALL`, whoever called it.
+//!
+//! The session's other settings cannot break it: its isolation level,
+//! read-only default, `TimeZone`, `DateStyle`, `search_path` and
+//! `row_security` are overridden or do not matter (the window arithmetic
+//! adds microsecond intervals and bins from the Unix epoch).
+//!
+//! # The schema
+//!
+//! [`SCHEMA`] (the file `schema.sql`) is a script safe to apply twice: put it
+//! in your migrations, applied as the role that should own the table.
+//! PostgreSQL 14 or newer. Everything lives in the schema `platformkit`,
+//! which PUBLIC cannot use: a login without the grants cannot even name the
+//! table. It creates:
+//!
+//! - `platformkit.platformkit_limits(key text, window_start timestamptz,
+//!   window_end timestamptz, count bigint)`, primary key
+//!   `(key, window_start)`: one row per key per window. `window_end` is there
+//!   because limits have windows of different lengths and purge must know
+//!   when each closed; a check keeps every window finite, forwards and at
+//!   most 366 days long;
+//! - the index on `window_end` that purge scans;
+//! - `platformkit.platformkit_is_system()`:
+//!   `current_setting('platformkit.system', true) = 'on'`, with a pinned
+//!   `search_path`;
+//! - `ENABLE` and `FORCE ROW LEVEL SECURITY`, and one policy for every
+//!   command, `USING` and `WITH CHECK` both `platformkit_is_system()`: an
+//!   ordinary transaction can neither read nor write limits;
+//! - the limiter's procedures, one per operation.
+//!
+//! Applied over the earlier layout (everything in `public`), it moves the
+//! table with its rows and drops the old procedures. Then give the role the
+//! limiter connects as what [`grants`] prints: `USAGE` on the schema,
+//! `SELECT, INSERT, UPDATE, DELETE` on the table and `EXECUTE` on the
+//! procedures (again after applying a newer version). Owning the table is
+//! fine: `FORCE` applies the policy to the owner too.
+//!
+//! [`purge`] deletes the rows whose window closed more than a day ago and
+//! more than one window length ago (a sliding window still reads the window
+//! before the current one), in batches, each its own short system
+//! transaction, skipping rows a limiter call holds. Run it hourly from your
+//! sweep job, or let [`PurgeTask`] run it in a tokio task.
+//!
+//! # The refusal cache
+//!
+//! Under a credential-stuffing run most attempts are at keys already
+//! refused. Answering them in process keeps the attacker's load off the
+//! shared database, which is what keeps the limiter reachable (an unreachable
+//! limiter fails open). So once the store refuses a key, this process
+//! answers "refused" for it with no round trip until the moment the store
+//! said it reopens.
+//!
+//! - **It can never allow.** It holds only refusals the store gave, and
+//!   answers only "refused", only until the reopening, measured from before
+//!   the call, so never later than the store would.
+//! - **Staleness.** A `reset` (or a successful [`Permit`]) through this
+//!   process clears its entry. A reset made through another replica is seen
+//!   here at the latest when the cached refusal reopens.
+//! - **Bounded.** At most [`DEFAULT_REFUSAL_CACHE_KEYS`] keys by default
+//!   ([`Limiter::with_refusal_cache`] sets another bound,
+//!   [`Limiter::without_refusal_cache`] turns it off), evicted by
+//!   [quick_cache](https://docs.rs/quick_cache)'s S3-FIFO policy; the
+//!   per-entry expiry, on the store's clock, is the crate's own.
+//! - **Not counted.** Refused attempts answered here are not counted in the
+//!   database. With a fixed window that changes no verdict; with a sliding
+//!   window or a lockout it would only have prolonged the refusal.
+//! - `check`, `failed`, `hit` and `reserve` read and fill it; the
+//!   several-limits calls neither read nor fill it.
+//!
+//! The metrics show the load it saves: `platformkit_limit_calls_total`
+//! counts the refusals it answered with `source="cache"`, and
+//! `platformkit_limit_statements_total` counts the statements actually sent
+//! (see [`metric`](crate::metric)).
+//!
+//! # Merging
+//!
+//! Concurrent `failed`, `hit` and `reserve` calls for the same key in one
+//! process share one statement that adds their number at once.
+//!
+//! The first caller for a key sends its statement at once, alone: merging
+//! adds no wait. Callers that arrive while it is in flight queue up; when it
+//! returns, the first of them sends one statement for the whole queue,
+//! adding its length, and each caller gets its own position's count: the
+//! store's new count minus the callers after it. So `hit` still lets exactly
+//! as many through as the limit leaves, and every count is written. Only
+//! calls for the same stored key merge: a caller never waits on another
+//! key's statement.
+//!
+//! Under a hot key (credential stuffing at one account) this turns a row
+//! lock held through each commit, one caller at a time, into one lock and
+//! one commit per batch. On by default; [`Limiter::without_merging`] turns
+//! it off, and every call then sends its own statement.
+//!
+//! # Windows
+//!
+//! Each limit counts in fixed windows (the default) or with a sliding
+//! estimate ([`Limit::sliding`]). Windows start at whole multiples of the
+//! window's length since the Unix epoch, on the database's clock, so every
+//! replica agrees on when a window opens and closes. Both strategies keep one
+//! row per key per window and send one statement per call.
+//!
+//! | strategy | counts | the most let through in an instant | in any interval of length L ≤ W |
+//! |---|---|---|---|
+//! | fixed | the current window | `max` | **2 × `max`**, for any L ≥ 1 s: `max` just before an edge and `max` just after |
+//! | sliding | the current window plus the previous one weighted by how much of it still overlaps the last W | `max` | ⌈`max` × (1 + L/W)⌉ |
+//!
+//! An attacker that asks exactly when an ask would pass, in bursts either
+//! side of edges at many offsets and in steady streams, gets at most this
+//! many through in any interval of L seconds, with `max` 10 and W 60 s:
+//!
+//! | L (s) | 0 | 1 | 2 | 5 | 10 | 15 | 20 | 30 | 45 | 60 |
+//! |---|---|---|---|---|---|---|---|---|---|---|
+//! | fixed | 10 | 20 | 20 | 20 | 20 | 20 | 20 | 20 | 20 | 20 |
+//! | sliding | 10 | 11 | 11 | 11 | 12 | 13 | 14 | 15 | 18 | 20 |
+//!
+//! The same edge, with `max` 3:
+//!
+//! ```
+//! use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
+//! use std::time::{Duration, UNIX_EPOCH};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let window = Duration::from_secs(60);
+//! // One second before a window's edge.
+//! let clock = ManualClock::new(UNIX_EPOCH + window * 30_000_000 - Duration::from_secs(1));
+//! let limiter = Limiter::new(Memory::new().with_clock(clock.clone()));
+//! let fixed = Limit::new("fixed", 3, window)?;
+//! let sliding = Limit::new("sliding", 3, window)?.sliding();
+//! let key = Key::opaque("victim");
+//! for limit in [&fixed, &sliding] {
+//!     for _ in 0..3 {
+//!         assert!(limiter.hit(limit, &key).await?.is_allowed());
+//!     }
+//! }
+//!
+//! clock.advance(Duration::from_secs(2)); // one second past the edge
+//! // The fixed window starts again from zero: 6 asks in 2 seconds.
+//! for _ in 0..3 {
+//!     assert!(limiter.hit(&fixed, &key).await?.is_allowed());
+//! }
+//! // The sliding estimate still weighs the last window at 59/60: one more
+//! // ask fits (4 in 2 seconds, ⌈3 × (1 + 2/60)⌉), the next does not.
+//! assert!(limiter.hit(&sliding, &key).await?.is_allowed());
+//! assert!(limiter.hit(&sliding, &key).await?.is_refused());
+//! # Ok::<(), platformkit_limit::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! A refused sliding verdict's
+//! [`retry_after`](crate::Verdict::retry_after) is the first moment the
+//! estimate falls below `max`, not the window's end. Purge keeps a row until
+//! its window closed a day ago and one window length ago, so a sliding
+//! window always finds the window before it.
+//!
+//! A lockout ([`Limit::lockout`]) keeps a key refused for a while after the
+//! end of a window in which it reached `max`. It is read from that window's
+//! own row, so one row per key per window still holds.
+//!
+//! # Fail-open
+//!
+//! When the store cannot be reached within the budget, the limit's
+//! [`WhenUnreachable`] decides: by default the attempt is allowed without a
+//! count. Whatever the choice, the verdict says so
+//! ([`Verdict::is_unreachable`], and [`Verdict::unreachable`] for the cause),
+//! the call is counted with `outcome="unreachable"`, and with the `tracing`
+//! feature a warning event names the limit, the operation and the cause
+//! (never the key).
+//!
+//! Unreachable means [`ErrorKind::Connect`] or [`ErrorKind::Timeout`]: the
+//! connection source failed, the connection was refused or lost, the server
+//! is shutting down, full or a standby, or the budget ran out (waiting for a
+//! connection, or for an answer the limiter then cancelled). Everything else
+//! is a hard [`Error`], never a silent allow: a missing table, a missing
+//! privilege, a row-level security denial, a lock another session held past
+//! the server's part of the budget, a cancel the limiter did not send, a
+//! connection inside a transaction, a session timeout shorter than the
+//! budget, and a connection source that fails for a reason an outage does
+//! not explain. [`ErrorKind`]'s docs hold the table of SQLSTATEs. A `reset`
+//! allows nothing and refuses nothing, so there unreachable is an error too.
+//!
+//! Fail-open gives whoever can make the database unreachable attempts
+//! without a count while it lasts. Alert on `outcome="unreachable"` (the
+//! repository's `contrib/prometheus/alerts.yml` pages on any in 5 minutes),
+//! and choose [`WhenUnreachable::Refuse`] or
+//! [`WhenUnreachable::CountLocally`] for the limits where that is worse than
+//! locking users out.
+//!
+//! # In a service
+//!
+//! 1. Apply [`SCHEMA`] in your migrations, and run what [`grants`] prints
+//!    for the limiter's role.
+//! 2. Build one `Limiter::new(Postgres::new(pool.clone()))` at start-up and
+//!    share it in your state. Pools are sources behind cargo features
+//!    (`deadpool`, `bb8`); the pool's wait counts against the call's budget,
+//!    so an exhausted pool is an unreachable store once the budget is spent,
+//!    never a hang.
+//! 3. Make each [`Limit`] once.
+//! 4. In the handler, `check` before the expensive work and `failed` after a
+//!    failure (or [`Limiter::reserve`] before it), and answer a refused
+//!    verdict with 429 and [`retry_after`](crate::Verdict::retry_after)
+//!    rounded up to whole seconds.
+//! 5. Install a Prometheus recorder, give the duration histogram buckets,
+//!    and alert on `outcome="unreachable"`.
+//! 6. Run [`purge`] hourly, or start a [`PurgeTask`].
+//!
+//! The repository's `examples/axum_login.rs` is a complete axum service
+//! doing all of this: `cargo run --example axum_login --features deadpool`.
+//!
+//! [fail-open]: #fail-open
+//! [`DEFAULT_REFUSAL_CACHE_KEYS`]: crate::DEFAULT_REFUSAL_CACHE_KEYS
+//! [`Error`]: crate::Error
+//! [`ErrorKind::InTransaction`]: crate::ErrorKind::InTransaction
+//! [`ErrorKind::Misconfigured`]: crate::ErrorKind::Misconfigured
+//! [`Key`]: crate::Key
+//! [`Limit`]: crate::Limit
+//! [`Limit::lockout`]: crate::Limit::lockout
+//! [`Limit::sliding`]: crate::Limit::sliding
+//! [`LimitConn`]: crate::LimitConn
+//! [`Limiter::check_all`]: crate::Limiter::check_all
+//! [`Limiter::reserve`]: crate::Limiter::reserve
+//! [`Limiter::with_budget`]: crate::Limiter::with_budget
+//! [`Limiter::with_refusal_cache`]: crate::Limiter::with_refusal_cache
+//! [`Limiter::without_merging`]: crate::Limiter::without_merging
+//! [`Limiter::without_refusal_cache`]: crate::Limiter::without_refusal_cache
+//! [`Memory`]: crate::Memory
+//! [`Permit`]: crate::Permit
+//! [`PurgeTask`]: crate::PurgeTask
+//! [`SCHEMA`]: crate::SCHEMA
+//! [`Verdict`]: crate::Verdict
+//! [`Verdict::is_unreachable`]: crate::Verdict::is_unreachable
+//! [`Verdict::unreachable`]: crate::Verdict::unreachable
+//! [`WhenUnreachable`]: crate::WhenUnreachable
+//! [`WhenUnreachable::CountLocally`]: crate::WhenUnreachable::CountLocally
+//! [`WhenUnreachable::Refuse`]: crate::WhenUnreachable::Refuse
+//! [`Postgres`]: crate::Postgres
+//! [`ErrorKind`]: crate::ErrorKind
+//! [`ErrorKind::Connect`]: crate::ErrorKind::Connect
+//! [`ErrorKind::Timeout`]: crate::ErrorKind::Timeout
+//! [`ErrorKind::LockTimeout`]: crate::ErrorKind::LockTimeout
+//! [`ErrorKind::Cancelled`]: crate::ErrorKind::Cancelled
+//! [`MAX_BUDGET`]: crate::MAX_BUDGET
+//! [`grants`]: crate::grants
+//! [`purge`]: fn@crate::purge
