@@ -1,5 +1,53 @@
+//! A rate limiter whose state is a row in PostgreSQL: one limit shared by
+//! every replica, outliving every deploy.
+//!
+//! A [`Limiter`] answers "may this attempt go ahead?" with a [`Verdict`] and
+//! counts what you tell it to. Its store is [`Postgres`], where each key's
+//! count in each window is a row of `platformkit.platformkit_limits` (apply
+//! [`SCHEMA`] in your migrations, then [`grants`]), or [`Memory`], the same
+//! limiter in a map for your unit tests. Each call to `Postgres` borrows one
+//! connection from your [`LimitConn`] (a pool, an async closure, a config)
+//! and sends one statement. When the database cannot be reached within the
+//! budget, the limit's [`WhenUnreachable`] decides and the verdict says so;
+//! every other failure is an [`Error`].
+//!
+//! ```
+//! use platformkit_limit::{Key, Limit, Limiter, Memory};
+//! use std::time::Duration;
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! // In production: Limiter::new(Postgres::new(pool)).
+//! let limiter = Limiter::new(Memory::new());
+//! let login = Limit::new("login", 3, Duration::from_secs(15 * 60))?;
+//! let alice = Key::email("alice@example.com");
+//!
+//! for _ in 0..3 {
+//!     // Before the password work:
+//!     assert!(limiter.check(&login, &alice).await?.is_allowed());
+//!     // After a wrong password:
+//!     limiter.failed(&login, &alice).await?;
+//! }
+//! let verdict = limiter.check(&login, &alice).await?;
+//! assert!(verdict.is_refused());
+//! assert!(verdict.retry_after().is_some()); // for a 429's Retry-After
+//! # Ok::<(), platformkit_limit::Error>(())
+//! # }).unwrap();
+//! ```
+//!
+//! How a call works, and why (the procedures, the refusal cache, merging,
+//! windows, fail-open), is in the [`guide`]. Start from [`Limiter`]
+//! (`check`, `failed`, `hit`, [`reserve`](Limiter::reserve), `reset`),
+//! [`Limit`] and [`Key`]; then [`Postgres`], [`purge`] and the [`metric`]s.
+//!
+//! # Features
+//!
+//! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`;
+//! - `bb8`: [`LimitConn`] for `bb8::Pool` of
+//!   `bb8_postgres::PostgresConnectionManager`;
+//! - `tracing`: a warning event on every unreachable outcome and every purge
+//!   (never the key).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
-#![doc = include_str!("../README.md")]
 
 mod cache;
 mod checks;
@@ -65,3 +113,9 @@ pub mod internal {
         pub use crate::checks::*;
     }
 }
+
+/// The README's example, compiled by `cargo test --doc` so the front page
+/// cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
