@@ -140,34 +140,11 @@ END
 $$;
 
 -- The limiter's operations. Each is called as one statement,
--- `CALL platformkit.platformkit_limit_…(p_… => $1, …)`, in autocommit: one
--- message, one round trip. Each begins with the same prologue, written out
--- in each (a nested CALL would cost every call), word for word: a test
--- compares them. In order:
---
---   1. Refuse (2D000 invalid_transaction_termination) when the statement
---      runs inside a transaction that has written anything: a DO block, a
---      caller's procedure, or an extended-protocol pipeline before its Sync.
---      Inside a transaction block the COMMIT below is refused with the same
---      code. Either way the limiter never commits a caller's work.
---   2. COMMIT: ends the CALL's implicit transaction and starts the
---      limiter's own.
---   3. SET TRANSACTION: READ COMMITTED and READ WRITE, whatever the
---      session's defaults (a serializable default would make concurrent
---      upserts fail; a standby refuses READ WRITE with 25006).
---   4. Pin the search_path to pg_catalog, pg_temp for this transaction:
---      nothing the caller, its "$user" schema, a writable public schema or
---      pg_temp holds can stand in for a built-in. Every expression comes
---      after this line; before it there is only qualified calls and no
---      DECLARE initialiser. The table is always named with its schema.
---   5. Check the budget (1 to 60000 ms, MAX_BUDGET in Rust) and refuse
---      (PK001) when the session's statement_timeout (or transaction_timeout)
---      is shorter than the budget: the server would cancel the call before
---      the limiter gives up on it, and a cancel the limiter did not send is
---      never an outage.
---   6. Four set_config(…, true) calls, for this transaction only: the system
---      switch, the budget as lock_timeout, row_security on, and one generic
---      plan per statement.
+-- `CALL platformkit.platformkit_limit_…(p_… => $1, …)`, in autocommit, and
+-- begins with the same prologue, written out in each between `-- prologue`
+-- and `-- end of prologue`. What each of its steps is for is described once,
+-- in the crate's guide:
+-- https://docs.rs/platformkit-limit/latest/platformkit_limit/guide/index.html#the-procedures-prologue
 --
 -- Each procedure then checks its own parameters against the bounds the Rust
 -- side enforces (22023 invalid_parameter_value otherwise; a test holds the

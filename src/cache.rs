@@ -1,30 +1,12 @@
 //! The refusal cache: once a key is refused, this process answers "refused"
 //! for it without a round trip until the verdict's reopening time.
 //!
-//! Under a credential-stuffing run most attempts are at keys already refused;
-//! answering them here keeps the attacker's load off the shared database,
-//! which is what keeps the limiter reachable (an unreachable limiter fails
-//! open).
-//!
-//! - **It can never allow.** It holds only refusals the database gave, and
-//!   answers only "refused", only until the moment the database said the key
-//!   reopens (measured from before the call, so never later than the
-//!   database would).
-//! - **Staleness.** A `reset` (or a successful permit) through this process
-//!   clears its entry. A reset made through another replica is seen here at
-//!   the latest when the cached refusal reopens.
-//! - **Bounded.** At most the configured number of keys
-//!   ([`DEFAULT_REFUSAL_CACHE_KEYS`](crate::DEFAULT_REFUSAL_CACHE_KEYS) by
-//!   default), evicted by [`quick_cache`]'s S3-FIFO policy; expired entries
-//!   are dropped when read.
-//! - Refused attempts answered here are not counted in the database (a `hit`
-//!   or `failed` at a refused key changes no verdict of a fixed window; for
-//!   a sliding window or a lockout it would only have prolonged the
-//!   refusal). The metrics count them with `source="cache"`.
-//!
-//! [`quick_cache`] is used because it is a small, well-kept, sharded
-//! concurrent cache with a hard size bound; the expiry, which is per entry
-//! and on the store's clock, is ours.
+//! What it promises (it never allows, how stale it can be, its bound, what
+//! it does not count) is written once, in the
+//! [guide](crate::guide#the-refusal-cache). Here: the entries live in a
+//! [`quick_cache`] (a small, well-kept, sharded concurrent cache with a hard
+//! size bound and S3-FIFO eviction); the expiry, per entry and on the
+//! store's clock, is ours, and an expired entry is dropped when read.
 
 use std::time::SystemTime;
 

@@ -1,36 +1,5 @@
 //! [`Key`]: who or what a limit counts, encoded so that PostgreSQL always
-//! accepts it.
-//!
-//! # The encoding
-//!
-//! A key is a list of parts (for example the subject's kind and the subject).
-//! Each part is escaped and the parts are joined with `|`:
-//!
-//! | in a part                                   | becomes         |
-//! |---------------------------------------------|-----------------|
-//! | `\`                                         | `\\`            |
-//! | `\|` (the separator)                        | `\|`            |
-//! | `~` (the digest marker)                     | `\~`            |
-//! | a control character (U+0000–U+001F, U+007F–U+009F) | `\xHH`   |
-//! | anything else                               | itself          |
-//!
-//! When the result is longer than [`MAX_KEY_BYTES`], it is cut to a readable
-//! prefix (never inside an escape) followed by `~` and the SHA-256 of the
-//! whole encoding in hex.
-//!
-//! The result is valid UTF-8 with no NUL and no control character, and at
-//! most [`MAX_KEY_BYTES`] long, so it is always a valid `text` value and a
-//! valid btree index entry. The encoding is injective: two different part
-//! lists never give the same key (short of a SHA-256 collision), because
-//! escaping is reversible, an unescaped `|` only ever separates parts, and an
-//! unescaped `~` only ever introduces a digest.
-//!
-//! The limiter puts the limit's name in front (`name|…`), so the same key
-//! under two limits is two counters.
-//!
-//! **The encoding is part of the stored data.** Changing it changes every
-//! stored key, which silently resets every counter on deploy; the golden
-//! vectors in the tests pin it.
+//! accepts it. The encoding is documented on [`Key`].
 
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
@@ -63,6 +32,45 @@ const DIGEST_SUFFIX_BYTES: usize = 1 + 64;
 /// assert_ne!(key, tricky);
 /// # Ok::<(), platformkit_limit::Error>(())
 /// ```
+///
+/// | constructor | the key | normalizes |
+/// |---|---|---|
+/// | [`Key::new`] | the parts, escaped and joined | nothing |
+/// | [`Key::opaque`] | `id\|<id>` | nothing |
+/// | [`Key::email`] | `email\|<address>` | trims white space; NFKC and full case folding, to a fixed point |
+/// | [`Key::username`] | `user\|<name>` | as `email` |
+/// | [`Key::ip`], [`Key::ip_grouped`] | `ip\|<address or network>` | IPv4-mapped IPv6 to IPv4; other IPv6 to its /64 (or the prefix given) |
+///
+/// # The encoding
+///
+/// A key is a list of parts (for example the subject's kind and the subject).
+/// Each part is escaped and the parts are joined with `|`:
+///
+/// | in a part                                   | becomes         |
+/// |---------------------------------------------|-----------------|
+/// | `\`                                         | `\\`            |
+/// | `\|` (the separator)                        | `\\|`           |
+/// | `~` (the digest marker)                     | `\~`            |
+/// | a control character (U+0000–U+001F, U+007F–U+009F) | `\xHH`   |
+/// | anything else                               | itself          |
+///
+/// When the result is longer than [`MAX_KEY_BYTES`], it is cut to a readable
+/// prefix (never inside an escape) followed by `~` and the SHA-256 of the
+/// whole encoding in hex.
+///
+/// The result is valid UTF-8 with no NUL and no control character, and at
+/// most [`MAX_KEY_BYTES`] long, so it is always a valid `text` value and a
+/// valid btree index entry. The encoding is injective: two different part
+/// lists never give the same key (short of a SHA-256 collision), because
+/// escaping is reversible, an unescaped `|` only ever separates parts, and an
+/// unescaped `~` only ever introduces a digest.
+///
+/// The limiter puts the limit's name in front (`name|…`), so the same key
+/// under two limits is two counters.
+///
+/// **The encoding is part of the stored data.** Changing it changes every
+/// stored key, which silently resets every counter on deploy; the golden
+/// vectors in the tests pin it.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Key {
     encoded: Box<str>,

@@ -19,9 +19,11 @@ pub const MAX_ATTEMPTS: u32 = 1_000_000_000;
 
 /// A named policy: at most `max` attempts per key in each window of `window`.
 ///
-/// Windows are fixed: they start at whole multiples of the window length
-/// since the Unix epoch, on the database's clock, so every replica agrees on
-/// when a window opens and closes.
+/// Windows start at whole multiples of the window length since the Unix
+/// epoch, on the database's clock, so every replica agrees on when a window
+/// opens and closes. A limit counts in fixed windows by default, or with a
+/// sliding estimate over two of them ([`Limit::sliding`]); the
+/// [guide](crate::guide#windows) compares the two.
 ///
 /// The name namespaces keys (the same [`Key`](crate::Key) under two limits is
 /// two counters) and labels the metrics. It is 1 to 48 bytes of ASCII
@@ -60,21 +62,19 @@ pub struct Limit {
 /// for a day after it closes, and the lockout is read from that row.
 pub const MAX_LOCKOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// How a limit counts over time.
-///
-/// | strategy | what it counts | burst it allows |
-/// |---|---|---|
-/// | `Fixed` (default) | the current window | 2 × max in an instant: max just before a window's edge and max just after |
-/// | `Sliding` | the current window plus the previous one weighted by how much of it still overlaps the last window's length | at most max in an instant, and at most ⌈max × (1 + L/W)⌉ in any interval of length L |
-///
-/// Both keep one row per key per window.
+/// How a limit counts over time: what each lets through around a window's
+/// edge is in the [guide](crate::guide#windows).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Strategy {
-    /// Fixed windows, aligned to the Unix epoch.
+    /// Fixed windows, aligned to the Unix epoch: the current window's count.
+    /// Up to 2 × max in any interval that spans an edge, however short: max
+    /// just before the edge and max just after.
     #[default]
     Fixed,
-    /// A sliding-window estimate over two fixed windows.
+    /// A sliding-window estimate over two fixed windows: the current
+    /// window's count plus the previous one's, weighted by how much of it
+    /// still overlaps the last window's length.
     Sliding,
 }
 
@@ -85,8 +85,10 @@ pub enum Strategy {
 /// | choice | the attempt | the risk |
 /// |---|---|---|
 /// | `Allow` (default) | allowed, not counted | whoever can make the database unreachable gets unlimited attempts while it lasts |
-/// | `Refuse` | refused | whoever can make the database unreachable locks everyone out of the route (fail-closed) |
-/// | `CountLocally` | decided by a count in this process, the same limit per replica | N replicas allow up to N × max while it lasts; counts made meanwhile are not in the database afterwards |
+/// | `Refuse` | refused, with no `retry_after` (answer 503) | whoever can make the database unreachable locks everyone out of the route (fail-closed) |
+/// | `CountLocally` | decided by a count in this process, the same limit per replica: the same arithmetic as the store, on the store's clock as this process sees it, bounded as `purge` bounds the table | N replicas allow up to N × max while it lasts; counts made meanwhile are not in the database afterwards |
+///
+/// See [fail-open](crate::guide#fail-open) for what counts as unreachable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WhenUnreachable {

@@ -101,11 +101,12 @@ pub const MAX_BUDGET: Duration = Duration::from_secs(60);
 ///
 /// Every call, getting the connection included, ends within the budget
 /// (2 seconds unless set with [`Limiter::with_budget`]). When the store
-/// cannot be reached within it, the attempt is **allowed**, the verdict says
-/// so ([`Verdict::is_unreachable`]) and the `unreachable` outcome is counted:
-/// fail-open, loudly. Any other failure (a missing table, a missing privilege,
-/// a connection handed over inside a transaction) is an [`Error`], never a
-/// silent allow.
+/// cannot be reached within it, the attempt is **allowed** (unless the limit
+/// chose otherwise with [`WhenUnreachable`]), the verdict says so
+/// ([`Verdict::is_unreachable`]) and the `unreachable` outcome is counted:
+/// [fail-open](crate::guide#fail-open), loudly. Any other failure (a missing
+/// table, a missing privilege, a connection handed over inside a
+/// transaction) is an [`Error`], never a silent allow.
 ///
 /// The usual shape of a login:
 ///
@@ -187,16 +188,9 @@ impl<S: Store> Limiter<S> {
         Ok(self)
     }
 
-    /// Sets how many refused keys the refusal cache holds (it is on by
+    /// Sets how many refused keys the
+    /// [refusal cache](crate::guide#the-refusal-cache) holds (it is on by
     /// default, with [`DEFAULT_REFUSAL_CACHE_KEYS`]).
-    ///
-    /// Once a key is refused, this process answers "refused" for it without
-    /// a round trip until the moment the store said it reopens. The cache can
-    /// never allow: it holds only refusals the store gave. A `reset` through
-    /// this process clears its entry; a reset through another replica is
-    /// seen here at the latest when the cached refusal reopens. Refused
-    /// attempts it answers are not counted in the store. The several-limits
-    /// calls neither read nor fill it.
     ///
     /// # Errors
     ///
@@ -220,19 +214,16 @@ impl<S: Store> Limiter<S> {
         Ok(self)
     }
 
-    /// Turns the refusal cache off: every call asks the store.
+    /// Turns the [refusal cache](crate::guide#the-refusal-cache) off: every
+    /// call asks the store.
     pub fn without_refusal_cache(mut self) -> Self {
         self.refusals = RefusalCache::off();
         self
     }
 
-    /// Turns off merging: by default, concurrent `failed`, `hit` and
-    /// `reserve` calls for the same key in this process share one statement
-    /// that adds their number at once (the first caller never waits; callers
-    /// that arrive while a statement for the key is in flight go in the next
-    /// one), and each caller still gets its own position's count, so `hit`
-    /// lets exactly as many through as the limit leaves. Off, every call
-    /// sends its own statement.
+    /// Turns off [merging](crate::guide#merging): by default, concurrent
+    /// `failed`, `hit` and `reserve` calls for the same key in this process
+    /// share one statement. Off, every call sends its own statement.
     pub fn without_merging(mut self) -> Self {
         self.merger = None;
         self

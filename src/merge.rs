@@ -1,19 +1,12 @@
-//! Merged counts for one hot key: concurrent `failed` and `hit` calls for the
-//! same key in this process share one statement that adds their number at
-//! once.
+//! Merged counts for one hot key: concurrent `failed`, `hit` and `reserve`
+//! calls for the same key in this process share one statement that adds
+//! their number at once.
 //!
-//! The first caller for a key sends its statement at once, alone: merging
-//! adds no wait. Callers that arrive while it is in flight queue up; when it
-//! returns, the first of them sends one statement for the whole queue,
-//! adding its length, and each caller gets its own position's count: the
-//! store's new count minus the callers after it. So `hit` still lets exactly
-//! as many through as the limit leaves, and every count is written. Only
-//! calls for the same stored key merge: a caller never waits on another
-//! key's statement.
-//!
-//! Under a hot key (credential stuffing at one account) this turns a row
-//! lock held through each commit, one caller at a time, into one lock and
-//! one commit per batch.
+//! Who sends, who waits and which count each caller gets is written once, in
+//! the [guide](crate::guide#merging). Here: a queue per key while a
+//! statement for it is in flight, the leader's batch, and [`Leading`], which
+//! answers the batch and hands the lead on when the leader's call is dropped
+//! at its budget.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -18,7 +18,8 @@ use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
 /// one statement, a `CALL` of the limiter's procedure, which runs the
 /// operation inside the limiter's own short system transaction: one message,
 /// one network round trip. Keys travel only as bind parameters. The window
-/// comes from the database's clock.
+/// comes from the database's clock. The [guide](crate::guide#one-calls-path)
+/// follows one call through it.
 ///
 /// ```no_run
 /// use platformkit_limit::{Key, Limit, Limiter, Postgres};

@@ -2,12 +2,13 @@
 //!
 //! `schema.sql` at the crate root is the one source of truth for the schema
 //! and the limiter's procedures; it is exported as [`SCHEMA`](crate::SCHEMA).
-//! What each procedure does first (its prologue) is explained once, at the
-//! top of `schema.sql`.
 //!
 //! Each operation is one `CALL` of a procedure, sent in autocommit with the
 //! key as a bind parameter and every argument named (`p_key => $1`): one
-//! message, one network round trip.
+//! message, one network round trip. Why, and the prologue every procedure
+//! begins with, are in the guide
+//! ([one call's path](crate::guide#one-calls-path),
+//! [the procedures' prologue](crate::guide#the-procedures-prologue)).
 
 use std::time::Duration;
 
@@ -49,7 +50,8 @@ pub(crate) const RESET: &str = "CALL platformkit.platformkit_limit_reset(\
     p_key => $1, p_budget_ms => $2, p_relaxed => $3)";
 
 /// Deletes at most `p_batch` rows whose window closed more than 24 hours
-/// ago. Returns how many rows went.
+/// ago and more than one window length ago, skipping rows another
+/// transaction holds. Returns how many rows went.
 pub(crate) const PURGE_BATCH: &str =
     "CALL platformkit.platformkit_limit_purge(p_batch => $1, p_budget_ms => $2)";
 
