@@ -13,12 +13,25 @@
 //! | `platformkit_limit_purged_rows_total` | counter | — |
 //! | `platformkit_limit_purge_failures_total` | counter | — |
 //!
-//! `operation` is `check`, `failed`, `hit`, `reserve`, `reset` or
-//! `take_back`; `source` is `store` or `cache` (a refusal the refusal cache
-//! answered without a round trip). `outcome` is
-//! `allowed`, `refused`, `unreachable` (the store could not be reached and
-//! the attempt was allowed: fail-open), `error` (a hard error returned to the
-//! caller) or, for `reset`, `cleared`.
+//! In `calls_total` and `call_duration_seconds`, `operation` is the call:
+//! `check`, `failed`, `hit`, `reserve`, `reset` or `take_back` (a permit's
+//! success); the several-limits calls count once per pair, as `check`,
+//! `failed` or `hit`. In `statements_total` it is the statement sent:
+//! `check`, `failed`, `hit` (a reservation's statement too), `reset`,
+//! `take_back` or `purge`.
+//!
+//! `source` is `store` or `cache` (a refusal the
+//! [refusal cache](crate::guide#the-refusal-cache) answered without a round
+//! trip). `outcome` is `allowed`, `refused`, `unreachable` (the store could
+//! not be reached and the limit's
+//! [`WhenUnreachable`](crate::WhenUnreachable) decided), `error` (a hard
+//! error returned to the caller) or, for `reset` and `take_back`, `cleared`.
+//!
+//! Give the duration histogram buckets in your exporter so that dashboards
+//! can plot percentiles (the repository's `examples/axum_login.rs` does).
+//! The repository's `contrib/` has Prometheus alerts (failing open, errors,
+//! refusals spiking, a failing purge) and a Grafana dashboard over these
+//! metrics.
 
 use std::time::Duration;
 
@@ -44,7 +57,9 @@ pub const STATEMENTS_TOTAL: &str = "platformkit_limit_statements_total";
 
 /// Label: the limit's name.
 pub const LABEL_LIMIT: &str = "limit";
-/// Label: `check`, `failed`, `hit` or `reset`.
+/// Label: the operation, `check`, `failed`, `hit`, `reserve`, `reset` or
+/// `take_back` for a call, and also `purge` for a statement (see the module
+/// docs).
 pub const LABEL_OPERATION: &str = "operation";
 /// Label: `allowed`, `refused`, `unreachable`, `error` or `cleared`.
 pub const LABEL_OUTCOME: &str = "outcome";

@@ -1,4 +1,5 @@
-//! [`purge`]: empties windows that closed more than a day ago.
+//! [`purge`]: empties windows that closed more than a day (and a window
+//! length) ago.
 
 use std::time::Duration;
 
@@ -17,15 +18,16 @@ pub const PURGE_BATCH_ROWS: i64 = 5_000;
 /// The budget of one batch.
 pub const PURGE_BATCH_BUDGET: Duration = Duration::from_secs(10);
 
-/// Deletes the rows whose window closed more than 24 hours ago, and returns
-/// how many went.
+/// Deletes the rows whose window closed more than 24 hours ago and more than
+/// one window length ago (a sliding window still reads the window before
+/// the current one), and returns how many went.
 ///
 /// Run it hourly from the service's sweep job (cron `0 * * * *`). It works in
 /// batches of [`PURGE_BATCH_ROWS`], each its own short system transaction on
 /// a connection borrowed from `conns` for that batch alone, skipping rows
 /// that a limiter call holds at that moment, so it never holds locks for long
 /// and never waits on a login. Open windows and windows closed less than a day
-/// ago are never touched.
+/// (or a window length) ago are never touched.
 ///
 /// # Errors
 ///

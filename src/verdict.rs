@@ -74,9 +74,10 @@ impl Verdict {
         self.unreachable.as_deref()
     }
 
-    /// The key's count in the current window (see the table above): the
-    /// store's, or the local fallback's when the store was unreachable and
-    /// the limit falls back to a local count; `None` when nothing counted.
+    /// The key's count in the current window (see the table above), or for a
+    /// sliding limit the weighted estimate, rounded up: the store's, or the
+    /// local fallback's when the store was unreachable and the limit falls
+    /// back to a local count; `None` when nothing counted.
     pub fn count(&self) -> Option<u64> {
         self.counts.as_ref().map(|c| c.count)
     }
@@ -89,8 +90,10 @@ impl Verdict {
             .map(|c| u64::from(c.max).saturating_sub(c.count))
     }
 
-    /// When the current window closes and the count starts again; `None`
-    /// when nothing counted.
+    /// For an allowed verdict, when the current window closes; for a
+    /// refusal, the first moment the next attempt may go ahead (the window's
+    /// end, the moment a sliding estimate falls below max, or the end of a
+    /// lockout). `None` when nothing counted.
     pub fn reopens_at(&self) -> Option<SystemTime> {
         self.counts.as_ref().map(|c| c.window_end)
     }
