@@ -17,6 +17,7 @@ mod deadpool_impl {
 
     /// A connection borrowed from a [`deadpool_postgres::Pool`] for one call;
     /// back in the pool when dropped.
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     #[derive(Debug)]
     pub struct DeadpoolConn(deadpool_postgres::Object);
 
@@ -36,6 +37,7 @@ mod deadpool_impl {
     /// # let _ = limiter;
     /// # }
     /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     impl LimitConn for deadpool_postgres::Pool {
         type Conn = DeadpoolConn;
         type Error = deadpool_postgres::PoolError;
@@ -65,6 +67,7 @@ mod bb8_impl {
     /// # let _ = limiter;
     /// # }
     /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "bb8")))]
     impl<T> LimitConn for bb8::Pool<PostgresConnectionManager<T>>
     where
         T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
