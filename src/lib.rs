@@ -99,7 +99,8 @@ pub use crate::verdict::Verdict;
 /// row-level security and its one policy, the index `purge` needs, and the
 /// limiter's procedures. A script that is safe to apply twice (and over the
 /// earlier layout in `public`, keeping its rows), for your own migrations;
-/// then run [`grants`] for the limiter's role. PostgreSQL 14 or newer.
+/// then run [`grants`] for the limiter's role. PostgreSQL 14 or newer. The
+/// [guide](crate::guide#the-schema) says what each part is for.
 pub const SCHEMA: &str = sql::SCHEMA;
 
 /// Internals exposed for the fuzz targets and property tests; not part of the
