@@ -199,7 +199,9 @@
 //! [`purge`] deletes the rows whose window closed more than a day ago and
 //! more than one window length ago (a sliding window still reads the window
 //! before the current one), in batches, each its own short system
-//! transaction, skipping rows a limiter call holds. Run it hourly from your
+//! transaction, skipping rows a limiter call holds. It also deletes any row
+//! no limit could have written (one stored before the table's check
+//! existed), so no stored row can make it fail. Run it hourly from your
 //! sweep job, or let [`PurgeTask`] run it in a tokio task.
 //!
 //! # The refusal cache
