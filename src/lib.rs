@@ -44,7 +44,7 @@
 //! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`;
 //! - `bb8`: [`LimitConn`] for `bb8::Pool` of
 //!   `bb8_postgres::PostgresConnectionManager`;
-//! - `tracing`: a warning event on every unreachable outcome and every purge
+//! - `tracing`: a warning on every unreachable outcome and failed purge, info on a purge
 //!   (never the key).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]

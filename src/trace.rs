@@ -1,6 +1,7 @@
-//! Warning events through `tracing`, with the `tracing` feature: one on every
-//! unreachable outcome (the limiter failed open) and one on every purge. They
-//! carry the limit's name, the operation and the cause, never the key.
+//! Events through `tracing`, with the `tracing` feature: a warning on every
+//! unreachable outcome (the limiter failed open) and on a failed purge, and
+//! an info event on a purge that succeeded. They carry the limit's name, the
+//! operation and the cause, never the key.
 //! Without the feature these are no-ops.
 
 use crate::Error;
@@ -17,7 +18,7 @@ pub(crate) fn unreachable(limit: &str, operation: &'static str, cause: &Error) {
 
 #[cfg(feature = "tracing")]
 pub(crate) fn purged(rows: u64) {
-    tracing::warn!(rows, "platformkit-limit: purged closed windows");
+    tracing::info!(rows, "platformkit-limit: purged closed windows");
 }
 
 #[cfg(feature = "tracing")]

@@ -53,7 +53,7 @@ mod events {
 }
 
 #[test]
-fn unreachable_outcomes_and_purges_are_warning_events_without_the_key() {
+fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
     let seen = events::Seen::default();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -99,8 +99,13 @@ fn unreachable_outcomes_and_purges_are_warning_events_without_the_key() {
     );
     assert!(unreachable.contains("cause="), "{unreachable}");
     assert!(
-        warnings.iter().any(|f| f.contains("purged")),
-        "a warning for the purge: {warnings:?}"
+        !warnings.iter().any(|f| f.contains("purged")),
+        "a successful purge is a warning: {warnings:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|(level, f)| *level == tracing::Level::INFO && f.contains("purged")),
+        "no info event for the purge: {seen:?}"
     );
     for (_, fields) in &seen {
         assert!(
