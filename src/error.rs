@@ -293,4 +293,8 @@ fn server_going_away(code: &SqlState) -> bool {
         || *code == SqlState::CRASH_SHUTDOWN
         || *code == SqlState::CANNOT_CONNECT_NOW
         || *code == SqlState::TOO_MANY_CONNECTIONS
+        // A write refused by a read-only server: a hot standby, or an old
+        // primary demoted during a failover. The primary is not here, so
+        // the store is unreachable.
+        || *code == SqlState::READ_ONLY_SQL_TRANSACTION
 }
