@@ -61,7 +61,8 @@
 //! the primary before (or after) are on the standby too; [`TestDb::on`] reaches one
 //! there. [`Server::wait_for_standby`] waits until the standby has replayed everything
 //! the primary had written, [`Server::make_synchronous`] makes a primary started with
-//! [`Options::durable`] acknowledge commits only once the standby has them, and
+//! [`Options::durable`] acknowledge commits only once the standby has them,
+//! [`Server::stop_streaming`] cuts the standby off from its primary, and
 //! [`Server::promote`] turns the standby into a primary, for failover tests. A standby is
 //! run and cleaned up like any throwaway server.
 //!
@@ -433,6 +434,56 @@ impl Server {
                 standby.port,
                 STANDBY_TIMEOUT.as_secs(),
                 standby.log_tail()
+            );
+            deadline.pause().await;
+        }
+    }
+
+    /// Cuts this standby (from [`Server::standby`]) off from its primary, as a network
+    /// partition would: empties its `primary_conninfo` (with `ALTER SYSTEM`), reloads its
+    /// configuration and waits until its WAL receiver is gone. It keeps what it has
+    /// received and can still be promoted; it receives nothing more, so a primary that
+    /// made it synchronous acknowledges no commit from then on.
+    ///
+    /// Panics if this server is not a standby from [`Server::standby`], and if its WAL
+    /// receiver is still running a minute later.
+    pub async fn stop_streaming(&self) {
+        assert!(
+            self.standby_name().is_some(),
+            "stop_streaming: the server at {}:{} is not a standby from Server::standby",
+            self.host,
+            self.port
+        );
+        let client = connect(&self.admin).await;
+        for statement in [
+            "ALTER SYSTEM SET primary_conninfo = ''",
+            "SELECT pg_catalog.pg_reload_conf()",
+        ] {
+            client
+                .batch_execute(statement)
+                .await
+                .unwrap_or_else(|e| panic!("{statement}: {}", bootstrap::describe(&e)));
+        }
+        let deadline = Deadline::after(STANDBY_TIMEOUT);
+        loop {
+            let receivers: i64 = client
+                .query_one("SELECT count(*) FROM pg_catalog.pg_stat_wal_receiver", &[])
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("reading pg_stat_wal_receiver: {}", bootstrap::describe(&e))
+                })
+                .get(0);
+            if receivers == 0 {
+                return;
+            }
+            assert!(
+                !deadline.passed(),
+                "the standby at {}:{} still had its WAL receiver {} seconds after its \
+                 primary_conninfo was emptied\n{}",
+                self.host,
+                self.port,
+                STANDBY_TIMEOUT.as_secs(),
+                self.log_tail()
             );
             deadline.pause().await;
         }

@@ -371,11 +371,43 @@ async fn a_synchronous_standby_has_every_acknowledged_commit() {
             .await
             .unwrap();
     }
+    // Cut off, the standby acknowledges nothing more: a commit waits for it.
+    standby.stop_streaming().await;
+    let waiting = tokio::spawn(async move {
+        owner
+            .execute("INSERT INTO buckets VALUES ('unacknowledged', 0)", &[])
+            .await
+    });
+    let admin = connect(&primary.admin_config()).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let waits: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waits == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the commit did not wait for the standby"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     // No wait for the standby: the acknowledgements were its.
     tokio::task::block_in_place(|| {
         primary.pg_ctl(&["stop", "-m", "immediate"]);
         standby.promote();
     });
+    assert!(
+        waiting.await.unwrap().is_err(),
+        "the commit the standby never had was not acknowledged"
+    );
     let promoted = db.on(&standby).connect().await;
     let kept: i64 = promoted
         .query_one("SELECT count(*) FROM buckets", &[])
