@@ -255,6 +255,7 @@ impl Error {
             {
                 Inner::InTransaction { operation, source }
             }
+            Some(_) if in_recovery(&source) => Inner::ConnectionLost { operation, source },
             Some(_) => Inner::Query { operation, source },
         };
         Error(inner)
@@ -297,4 +298,18 @@ fn server_going_away(code: &SqlState) -> bool {
         // primary demoted during a failover. The primary is not here, so
         // the store is unreachable.
         || *code == SqlState::READ_ONLY_SQL_TRANSACTION
+}
+
+/// Whether a server in recovery (a hot standby, or an old primary demoted
+/// during a failover) refused the procedures' `SET TRANSACTION ... READ
+/// WRITE`: it answers 0A000 feature_not_supported ("cannot set transaction
+/// read-write mode during recovery"), not 25006. That code alone is too
+/// broad to mean the primary is not here, so the statement it refused,
+/// named in the error's context, narrows it: READ WRITE at the start of a
+/// transaction is refused with 0A000 during recovery only.
+fn in_recovery(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|db| {
+        *db.code() == SqlState::FEATURE_NOT_SUPPORTED
+            && db.where_().is_some_and(|w| w.contains("SET TRANSACTION"))
+    })
 }
