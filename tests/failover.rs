@@ -6,7 +6,9 @@
 //! applies and says so, never a silent allow. A connection source that names
 //! both servers and asks for a read-write session follows the promotion with
 //! no restart, and finds the counts from before the failover there. With a
-//! synchronous standby, no count the limiter acknowledged is lost.
+//! synchronous standby, no count the limiter acknowledged is lost, except
+//! in one case kept here as an ignored test known to fail: a commit whose
+//! wait for the standby the budget's cancel request ends is acknowledged.
 //!
 //! Every wait is bounded and panics with what it waited for; no assertion is
 //! about how long anything took.
@@ -336,6 +338,59 @@ async fn a_synchronous_standby_loses_no_acknowledged_count_across_a_failover() {
         count <= CONCURRENT + 1,
         "the promoted standby counts {count}, more than the {} failures called",
         CONCURRENT + 1
+    );
+
+    drop(service);
+    block_in_place(|| drop((standby, primary)));
+}
+
+/// Known to fail: a call whose commit waits for a synchronous standby that
+/// does not answer is acknowledged at the end of its budget, and its count
+/// is lost when the standby takes over. The limiter sends a cancel request
+/// shortly before the budget runs out; PostgreSQL answers a cancel during a
+/// synchronous-replication wait with a WARNING ("canceling wait for
+/// synchronous replication due to user request": the transaction has
+/// committed locally, but might not have been replicated) and completes the
+/// `CALL`, so the limiter receives the new count in time and reports it as
+/// counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known to fail: the budget's cancel request ends the wait for the synchronous \
+            standby and the count is acknowledged without it"]
+async fn a_count_the_synchronous_standby_never_had_is_never_acknowledged() {
+    const BEFORE: u64 = 5;
+
+    let (primary, db, standby) = primary_and_standby(Options { durable: true });
+    primary.make_synchronous(&standby).await;
+    let clock = pinned_clock();
+    let login = limit("login");
+    let alice = Key::email("alice@example.com");
+    let service =
+        Limiter::new(Postgres::new(read_write_of_both(&db, &standby)).with_clock(clock.clone()))
+            .with_budget(Duration::from_secs(1))
+            .expect("a valid budget")
+            .without_refusal_cache();
+    for n in 1..=BEFORE {
+        let verdict = service.failed(&login, &alice).await.expect("a verdict");
+        assert_counted(&verdict, "a failure before the standby is cut off");
+        assert_eq!(verdict.count(), Some(n));
+    }
+
+    standby.stop_streaming().await;
+    // The commit waits for the standby until the budget runs out.
+    let verdict = service.failed(&login, &alice).await.expect("a verdict");
+    let acknowledged = BEFORE + u64::from(!verdict.is_unreachable());
+
+    block_in_place(|| {
+        primary.pg_ctl(&["stop", "-m", "immediate"]);
+        standby.promote();
+    });
+    let verdict = service.check(&login, &alice).await.expect("a verdict");
+    assert_counted(&verdict, "the check through the promoted standby");
+    let count = verdict.count().expect("counted");
+    assert!(
+        count >= acknowledged,
+        "{acknowledged} failures were acknowledged but the promoted standby counts {count}: \
+         an acknowledged count was lost"
     );
 
     drop(service);
