@@ -183,6 +183,10 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '2D000',
             MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
     END IF;
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING ERRCODE = '25006',
+            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
@@ -257,6 +261,10 @@ BEGIN
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '2D000',
             MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING ERRCODE = '25006',
+            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
@@ -352,6 +360,10 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '2D000',
             MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
     END IF;
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING ERRCODE = '25006',
+            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
@@ -437,6 +449,10 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '2D000',
             MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
     END IF;
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING ERRCODE = '25006',
+            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
@@ -500,6 +516,10 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '2D000',
             MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
     END IF;
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING ERRCODE = '25006',
+            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
@@ -544,6 +564,10 @@ BEGIN
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '2D000',
             MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING ERRCODE = '25006',
+            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
@@ -590,6 +614,10 @@ BEGIN
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '2D000',
             MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
+    END IF;
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING ERRCODE = '25006',
+            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;

@@ -209,6 +209,11 @@ pub(crate) enum Inner {
         source: tokio_postgres::Error,
     },
 
+    #[snafu(display(
+        "{operation}: the answer came after this call's cancel request, at the end of its budget"
+    ))]
+    AnsweredAfterCancel { operation: &'static str },
+
     #[snafu(display("{operation}: a lock the statement needed was held past the server's budget"))]
     LockTimeout {
         operation: &'static str,
@@ -282,9 +287,10 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match &self.0 {
             Inner::Connect { .. } | Inner::ConnectionLost { .. } => ErrorKind::Connect,
-            Inner::Timeout { .. } | Inner::ServerTimeout { .. } | Inner::Abandoned => {
-                ErrorKind::Timeout
-            }
+            Inner::Timeout { .. }
+            | Inner::ServerTimeout { .. }
+            | Inner::AnsweredAfterCancel { .. }
+            | Inner::Abandoned => ErrorKind::Timeout,
             Inner::Merged { source, .. } => source.kind(),
             Inner::Query { .. } | Inner::Unexpected { .. } => ErrorKind::Query,
             Inner::Misconfigured { .. } | Inner::SessionTimeout { .. } => ErrorKind::Misconfigured,
@@ -367,6 +373,14 @@ impl Error {
             cause = error.source();
         }
         Error(Inner::Connect { operation, source })
+    }
+
+    /// An answer that came after this call's own cancel request: the budget
+    /// ran out, whatever the answer says. (A commit waiting for a synchronous
+    /// standby is answered, with only a warning, when it is cancelled: not
+    /// replicated, so never to be taken as acknowledged.)
+    pub(crate) fn answered_after_cancel(operation: &'static str) -> Self {
+        Error(Inner::AnsweredAfterCancel { operation })
     }
 
     pub(crate) fn timeout(operation: &'static str, budget: Duration) -> Self {

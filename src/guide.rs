@@ -122,7 +122,8 @@
 //!
 //! 1. **Refuse inside a transaction that has written** (SQLSTATE 2D000): a
 //!    `DO` block, a caller's procedure, or an extended-protocol pipeline
-//!    before its Sync.
+//!    before its Sync. Refuse on a standby (SQLSTATE 25006, which counts as
+//!    unreachable: the primary is not where the connection source pointed).
 //! 2. **`COMMIT`**, which ends the `CALL`'s implicit transaction and starts
 //!    the limiter's own. PostgreSQL refuses it inside a transaction block of
 //!    the caller's, with the same 2D000. Either way the limiter never commits
@@ -132,8 +133,7 @@
 //!    committed.
 //! 3. **`SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE`**,
 //!    whatever the session's defaults (a serializable default would make
-//!    concurrent upserts fail; a standby refuses `READ WRITE` with 25006,
-//!    which counts as unreachable).
+//!    concurrent upserts fail).
 //! 4. **Pin the `search_path`** to `pg_catalog, pg_temp` for this
 //!    transaction, so that nothing the caller, its `"$user"` schema, a
 //!    writable `public` or `pg_temp` holds can stand in for a built-in. Every

@@ -309,7 +309,10 @@ fn stored_count(count: i64) -> u64 {
 /// and the lock timeout still holds). The cancel is sent while this call
 /// still holds the connection, so it can only reach this `CALL`: through
 /// PgBouncer, a client that holds no server connection has nothing to
-/// cancel. A cancel this call did not send is a hard error.
+/// cancel. A cancel this call did not send is a hard error; an answer that
+/// comes after this call's cancel is the budget running out, never an
+/// acknowledgement (a commit waiting for a synchronous standby is answered
+/// when cancelled, without the standby).
 ///
 /// A connection handed over inside the caller's transaction makes the
 /// procedure fail before it does anything; that transaction, now aborted, is
@@ -338,6 +341,7 @@ pub(crate) async fn call(
         }
     };
     match answer {
+        Ok(_) if cancel_sent => Err(Error::answered_after_cancel(operation)),
         Ok(row) => Ok(row),
         Err(e) => {
             let error = Error::from_call(operation, e, cancel_sent);

@@ -36,6 +36,10 @@ pub(crate) struct Cluster {
     data_dir: PathBuf,
     log_path: PathBuf,
     port: u16,
+    /// For a hot standby from [`Cluster::standby`]: the name it streams under (its
+    /// `cluster_name`, hence its `application_name` on the primary) and of its replication
+    /// slot there.
+    standby_name: Option<String>,
     /// The postmaster we spawned, until it has exited and been reaped. A postmaster
     /// restarted by `pg_ctl` is not our child and is not tracked here. The lock also
     /// serialises control operations.
@@ -48,6 +52,7 @@ impl fmt::Debug for Cluster {
             .field("bin_dir", &self.bin_dir)
             .field("data_dir", &self.data_dir)
             .field("port", &self.port)
+            .field("standby_name", &self.standby_name)
             .finish_non_exhaustive()
     }
 }
@@ -64,17 +69,9 @@ impl Cluster {
         let bin_dir = locate::bin_dir();
         let run_as = RunAs::get();
         let template = template(bin_dir, run_as);
-        let dir = process::new_cluster_dir();
-        let mut cluster = Cluster {
-            bin_dir,
-            run_as,
-            data_dir: dir.join("data"),
-            log_path: dir.join(LOG_FILE),
-            dir,
-            port: 0,
-            child: Mutex::new(None),
-        };
-        // From here on, a panic drops `cluster`, which stops the server and removes `dir`.
+        // From here on, a panic drops the cluster, which stops the server and removes its
+        // directory.
+        let cluster = Cluster::new(bin_dir, run_as, false);
         copy_tree(template, &cluster.data_dir, run_as).unwrap_or_else(|e| {
             panic!(
                 "copying the initialised cluster {} to {}: {e}",
@@ -82,8 +79,96 @@ impl Cluster {
                 cluster.data_dir.display()
             )
         });
+        cluster.boot(options)
+    }
+
+    /// Creates a hot standby of `primary`: a base backup taken with `pg_basebackup -R`
+    /// (which writes `standby.signal` and `primary_conninfo`) through a replication slot of
+    /// its own on the primary, started on a port of its own. Returns once it accepts
+    /// connections, which a standby does once its data is consistent.
+    pub(crate) fn standby(primary: &Cluster, options: &Options) -> Cluster {
+        let cluster = Cluster::new(primary.bin_dir, primary.run_as, true);
+        let name = cluster
+            .standby_name
+            .as_deref()
+            .expect("a standby has a name");
+        fs::create_dir(&cluster.data_dir)
+            .and_then(|()| {
+                fs::set_permissions(&cluster.data_dir, fs::Permissions::from_mode(0o700))
+            })
+            .and_then(|()| RunAs::chown(cluster.run_as, &cluster.data_dir))
+            .unwrap_or_else(|e| panic!("creating {}: {e}", cluster.data_dir.display()));
+
+        let mut command = cluster.command("pg_basebackup");
+        command
+            .args(["--host", "127.0.0.1", "--port"])
+            .arg(primary.port.to_string())
+            .args(["--username", SUPERUSER, "--pgdata"])
+            .arg(&cluster.data_dir)
+            .args([
+                "--write-recovery-conf",
+                "--wal-method=stream",
+                "--checkpoint=fast",
+                "--create-slot",
+                "--slot",
+                name,
+                "--no-password",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if !options.durable {
+            command.arg("--no-sync");
+        }
+        let program = cluster.bin_dir.join("pg_basebackup");
+        // Tied to this process like the servers, so that it cannot outlive it either.
+        let output = process::spawn_tied_to_process_with(command, libc::SIGTERM)
+            .and_then(Child::wait_with_output)
+            .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
+        if !output.status.success() {
+            panic!(
+                "{} failed ({}) for a standby of the server in {}:\n{}{}\n--- tail of {} ---\n{}",
+                program.display(),
+                output.status,
+                primary.data_dir.display(),
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr),
+                primary.log_path.display(),
+                primary.log_tail()
+            );
+        }
+        cluster.boot(options)
+    }
+
+    /// A cluster not yet on disk: a fresh directory, with nothing in it yet.
+    fn new(bin_dir: &'static Path, run_as: Option<RunAs>, standby: bool) -> Cluster {
+        let dir = process::new_cluster_dir();
+        // `standby_<pid>_<n>`, after the directory: unique on this machine, and usable
+        // unquoted as an application_name and a replication slot's name.
+        let standby_name = standby.then(|| {
+            let base = dir
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            format!("standby_{}", base.replace('-', "_"))
+        });
+        Cluster {
+            bin_dir,
+            run_as,
+            data_dir: dir.join("data"),
+            log_path: dir.join(LOG_FILE),
+            dir,
+            port: 0,
+            standby_name,
+            child: Mutex::new(None),
+        }
+    }
+
+    /// Creates the log, writes the settings and starts the postmaster on a free port,
+    /// trying another port when the chosen one was taken meanwhile.
+    fn boot(self, options: &Options) -> Cluster {
+        let mut cluster = self;
+        let bin_dir = cluster.bin_dir;
         File::create(&cluster.log_path)
-            .and_then(|_| RunAs::chown(run_as, &cluster.log_path))
+            .and_then(|_| RunAs::chown(cluster.run_as, &cluster.log_path))
             .unwrap_or_else(|e| panic!("creating {}: {e}", cluster.log_path.display()));
 
         for _ in 0..PORT_ATTEMPTS {
@@ -124,6 +209,10 @@ impl Cluster {
         self.bin_dir
     }
 
+    pub(crate) fn standby_name(&self) -> Option<&str> {
+        self.standby_name.as_deref()
+    }
+
     fn lock_child(&self) -> MutexGuard<'_, Option<Child>> {
         self.child
             .lock()
@@ -151,6 +240,16 @@ impl Cluster {
              log_min_messages = warning\n",
             port = self.port
         );
+        if let Some(name) = &self.standby_name {
+            // A standby's walreceiver connects to the primary with its cluster_name as
+            // application_name (pg_basebackup -R wrote a primary_conninfo without one): the
+            // name synchronous_standby_names and pg_stat_replication know it by.
+            settings.push_str(&format!(
+                "# A hot standby, streaming from its primary.\n\
+                 cluster_name = '{name}'\n\
+                 hot_standby = on\n"
+            ));
+        }
         if !options.durable {
             settings.push_str(
                 "# Throwaway data: trade crash safety for speed.\n\
@@ -263,6 +362,10 @@ impl Cluster {
                 self.log_tail()
             );
         }
+    }
+
+    pub(crate) fn log_path(&self) -> &Path {
+        &self.log_path
     }
 
     /// The last lines of the server log, for error messages.

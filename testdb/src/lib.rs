@@ -54,6 +54,19 @@
 //! granted nothing, as any other login on a shared server. Throwaway servers need no
 //! passwords; on a `DATABASE_URL` server that has one, all three get the URL's password.
 //!
+//! # Standbys and failover
+//!
+//! [`Server::standby`] starts a hot standby of a server from [`Server::start`]: a base
+//! backup (`pg_basebackup -R`, through a replication slot of its own) into a directory of
+//! its own, started on its own port, streaming the primary's WAL. Databases created on
+//! the primary before (or after) are on the standby too; [`TestDb::on`] reaches one
+//! there. [`Server::wait_for_standby`] waits until the standby has replayed everything
+//! the primary had written, [`Server::make_synchronous`] makes a primary started with
+//! [`Options::durable`] acknowledge commits only once the standby has them,
+//! [`Server::stop_streaming`] cuts the standby off from its primary, and
+//! [`Server::promote`] turns the standby into a primary, for failover tests. A standby is
+//! run and cleaned up like any throwaway server.
+//!
 //! # PgBouncer
 //!
 //! [`PgBouncer::start`] puts a PgBouncer in transaction pooling mode in front of a server,
@@ -147,7 +160,13 @@ impl Server {
     ///
     /// Blocks; may be called from inside or outside a Tokio runtime.
     pub fn start(options: Options) -> Server {
-        let cluster = Cluster::start(&options);
+        let server = Server::owned(Cluster::start(&options));
+        server.ensure_roles();
+        server
+    }
+
+    /// A server for a cluster this process started.
+    fn owned(cluster: Cluster) -> Server {
         let host = "127.0.0.1".to_owned();
         let port = cluster.port();
         let mut admin = Config::new();
@@ -157,14 +176,12 @@ impl Server {
             .user(cluster::SUPERUSER)
             .dbname("postgres")
             .connect_timeout(Duration::from_secs(30));
-        let server = Server {
+        Server {
             admin,
             host,
             port,
             cluster: Some(cluster),
-        };
-        server.ensure_roles();
-        server
+        }
     }
 
     /// The server named by `DATABASE_URL` if it is set, else a new throwaway server
@@ -258,6 +275,271 @@ impl Server {
         }
     }
 
+    /// Starts a hot standby of this server (which must be one this process started): a
+    /// base backup taken with `pg_basebackup -R` as the superuser (initdb's
+    /// `pg_hba.conf` trusts replication connections from 127.0.0.1), through a
+    /// replication slot of its own on this server, into a directory of its own, started
+    /// on a port of its own with `options` and the same settings as any throwaway server.
+    /// It streams this server's WAL asynchronously (see [`Server::make_synchronous`]) and
+    /// answers read-only queries; everything this server holds when it is called, roles
+    /// and databases included, is on the standby when it returns (reach a database there
+    /// with [`TestDb::on`]). Later writes arrive as it replays them: wait for them with
+    /// [`Server::wait_for_standby`].
+    ///
+    /// The standby is cleaned up like any server from [`Server::start`]: stopped and its
+    /// directory removed when dropped, and never outliving the process. Promote it with
+    /// [`Server::promote`].
+    ///
+    /// Blocks; may be called from inside or outside a Tokio runtime. Panics, with
+    /// `pg_basebackup`'s output or the tail of a server log, if a step fails, and for a
+    /// server this process did not start.
+    pub fn standby(&self, options: Options) -> Server {
+        let Some(primary) = &self.cluster else {
+            panic!(
+                "a standby of the server at {}:{}: it comes from DATABASE_URL, not from this \
+                 process; only servers from Server::start can have one",
+                self.host, self.port
+            )
+        };
+        Server::owned(Cluster::standby(primary, &options))
+    }
+
+    /// For a standby from [`Server::standby`], the name it streams under: its
+    /// `application_name` on the primary (in `pg_stat_replication`, and as
+    /// `synchronous_standby_names` names it) and its replication slot's name there.
+    /// `None` for any other server.
+    pub fn standby_name(&self) -> Option<&str> {
+        self.cluster.as_ref().and_then(Cluster::standby_name)
+    }
+
+    /// Makes `standby` (from [`Server::standby`] on this server) synchronous: sets this
+    /// server's `synchronous_standby_names` to its name (with `ALTER SYSTEM`, so a restart
+    /// keeps it), reloads the configuration, and waits until `pg_stat_replication` reports
+    /// the standby as `sync`. From then on, a commit on this server with
+    /// `synchronous_commit = on` is acknowledged only once the standby has flushed its
+    /// WAL, so a promoted standby has every acknowledged commit.
+    ///
+    /// Panics if this server runs with `synchronous_commit` off or `local` (start it with
+    /// [`Options::durable`]), where nothing would wait for the standby; if `standby` is not
+    /// a standby from [`Server::standby`]; and if the standby is not `sync` within a
+    /// minute.
+    pub async fn make_synchronous(&self, standby: &Server) {
+        let name = standby.standby_name().unwrap_or_else(|| {
+            panic!(
+                "make_synchronous: the server at {}:{} is not a standby from Server::standby",
+                standby.host, standby.port
+            )
+        });
+        let client = connect(&self.admin).await;
+        let commit: String = client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .unwrap_or_else(|e| panic!("SHOW synchronous_commit: {}", bootstrap::describe(&e)))
+            .get(0);
+        assert!(
+            commit != "off" && commit != "local",
+            "make_synchronous: the server at {}:{} runs with synchronous_commit = {commit}, so \
+             no commit would wait for the standby; start it with Options {{ durable: true }}",
+            self.host,
+            self.port
+        );
+        client
+            .batch_execute(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '\"{name}\"'"
+            ))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "setting synchronous_standby_names: {}",
+                    bootstrap::describe(&e)
+                )
+            });
+        client
+            .batch_execute("SELECT pg_catalog.pg_reload_conf()")
+            .await
+            .unwrap_or_else(|e| panic!("reloading the configuration: {}", bootstrap::describe(&e)));
+        let deadline = Deadline::after(STANDBY_TIMEOUT);
+        loop {
+            let state: Option<String> = client
+                .query_opt(
+                    "SELECT sync_state FROM pg_catalog.pg_stat_replication \
+                     WHERE application_name = $1",
+                    &[&name],
+                )
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("reading pg_stat_replication: {}", bootstrap::describe(&e))
+                })
+                .map(|row| row.get(0));
+            if state.as_deref() == Some("sync") {
+                return;
+            }
+            assert!(
+                !deadline.passed(),
+                "make_synchronous: {name} was not a synchronous standby of {}:{} within {} seconds \
+             (its sync_state: {state:?})\n{}",
+                self.host,
+                self.port,
+                STANDBY_TIMEOUT.as_secs(),
+                standby.log_tail()
+            );
+            deadline.pause().await;
+        }
+    }
+
+    /// Waits until `standby` (a standby of this server) has replayed all the WAL this
+    /// server had written when called: until its `pg_last_wal_replay_lsn()` has reached
+    /// this server's `pg_current_wal_insert_lsn()`. Every commit made here before the call
+    /// is then visible on the standby, and survives this server's loss.
+    ///
+    /// The insert position, not `pg_current_wal_lsn()` (the write position): with
+    /// `synchronous_commit` off, as on servers without [`Options::durable`], the last
+    /// commits may still be in WAL buffers, behind the write position, until the WAL
+    /// writer writes them (within `wal_writer_delay`).
+    ///
+    /// Panics if the standby has not caught up within a minute.
+    pub async fn wait_for_standby(&self, standby: &Server) {
+        let primary = connect(&self.admin).await;
+        let target: String = primary
+            .query_one("SELECT pg_catalog.pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "reading the current WAL position: {}",
+                    bootstrap::describe(&e)
+                )
+            })
+            .get(0);
+        let replica = connect(&standby.admin).await;
+        let deadline = Deadline::after(STANDBY_TIMEOUT);
+        loop {
+            let row = replica
+                .query_one(
+                    "SELECT pg_catalog.pg_last_wal_replay_lsn()::text, \
+                            COALESCE(pg_catalog.pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+                    &[&target],
+                )
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("reading the standby's replay position: {}", bootstrap::describe(&e))
+                });
+            if row.get::<_, bool>(1) {
+                return;
+            }
+            let replayed: Option<String> = row.get(0);
+            assert!(
+                !deadline.passed(),
+                "the standby at {}:{} had not replayed up to {target} within {} seconds (replayed \
+             up to {replayed:?})\n{}",
+                standby.host,
+                standby.port,
+                STANDBY_TIMEOUT.as_secs(),
+                standby.log_tail()
+            );
+            deadline.pause().await;
+        }
+    }
+
+    /// Cuts this standby (from [`Server::standby`]) off from its primary, as a network
+    /// partition would: empties its `primary_conninfo` (with `ALTER SYSTEM`), reloads its
+    /// configuration and waits until its WAL receiver is gone. It keeps what it has
+    /// received and can still be promoted; it receives nothing more, so a primary that
+    /// made it synchronous acknowledges no commit from then on.
+    ///
+    /// Panics if this server is not a standby from [`Server::standby`], and if its WAL
+    /// receiver is still running a minute later.
+    pub async fn stop_streaming(&self) {
+        assert!(
+            self.standby_name().is_some(),
+            "stop_streaming: the server at {}:{} is not a standby from Server::standby",
+            self.host,
+            self.port
+        );
+        let client = connect(&self.admin).await;
+        for statement in [
+            "ALTER SYSTEM SET primary_conninfo = ''",
+            "SELECT pg_catalog.pg_reload_conf()",
+        ] {
+            client
+                .batch_execute(statement)
+                .await
+                .unwrap_or_else(|e| panic!("{statement}: {}", bootstrap::describe(&e)));
+        }
+        let deadline = Deadline::after(STANDBY_TIMEOUT);
+        loop {
+            let receivers: i64 = client
+                .query_one("SELECT count(*) FROM pg_catalog.pg_stat_wal_receiver", &[])
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("reading pg_stat_wal_receiver: {}", bootstrap::describe(&e))
+                })
+                .get(0);
+            if receivers == 0 {
+                return;
+            }
+            assert!(
+                !deadline.passed(),
+                "the standby at {}:{} still had its WAL receiver {} seconds after its \
+                 primary_conninfo was emptied\n{}",
+                self.host,
+                self.port,
+                STANDBY_TIMEOUT.as_secs(),
+                self.log_tail()
+            );
+            deadline.pause().await;
+        }
+    }
+
+    /// Promotes this standby (from [`Server::standby`]) to a primary with
+    /// `pg_ctl promote -w`, and waits until it accepts writes (`pg_is_in_recovery()` is
+    /// false). It keeps its port; it no longer follows anything.
+    ///
+    /// Blocks; may be called from inside or outside a Tokio runtime. Panics if pg_ctl
+    /// fails (for example, for a server that is not a standby) and if the server still
+    /// reports being in recovery a minute later.
+    pub fn promote(&self) {
+        self.pg_ctl(&["promote", "-w"]);
+        block_on(async {
+            let client = connect(&self.admin).await;
+            let deadline = Deadline::after(STANDBY_TIMEOUT);
+            loop {
+                let in_recovery: bool = client
+                    .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
+                    .await
+                    .unwrap_or_else(|e| panic!("pg_is_in_recovery(): {}", bootstrap::describe(&e)))
+                    .get(0);
+                if !in_recovery {
+                    return;
+                }
+                assert!(
+                    !deadline.passed(),
+                    "the server at {}:{} was still in recovery {} seconds after \
+                     `pg_ctl promote -w`\n{}",
+                    self.host,
+                    self.port,
+                    STANDBY_TIMEOUT.as_secs(),
+                    self.log_tail()
+                );
+                deadline.pause().await;
+            }
+        });
+    }
+
+    /// The tail of the server log, headed by its path, for panic messages; empty for a
+    /// `DATABASE_URL` server.
+    fn log_tail(&self) -> String {
+        self.cluster
+            .as_ref()
+            .map(|c| {
+                format!(
+                    "--- tail of {} ---\n{}",
+                    c.log_path().display(),
+                    c.log_tail()
+                )
+            })
+            .unwrap_or_default()
+    }
+
     /// Creates a fresh, uniquely named database owned by `limit_owner` and applies
     /// `schema` (an SQL script) to it connected as `limit_owner`, so that role owns what
     /// the script creates. `limit_tenant` may then use every schema the script created
@@ -279,6 +561,27 @@ impl Server {
         let db = TestDb::new(self, unique_database_name());
         bootstrap::create_database(&self.admin, &db.owner, &db.name, schema).await;
         db
+    }
+}
+
+/// How long the standby operations wait for the standby to reach a state.
+const STANDBY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The end of a bounded wait for a server to reach a state, polled every 20 ms.
+struct Deadline(std::time::Instant);
+
+impl Deadline {
+    fn after(timeout: Duration) -> Deadline {
+        Deadline(std::time::Instant::now() + timeout)
+    }
+
+    fn passed(&self) -> bool {
+        std::time::Instant::now() >= self.0
+    }
+
+    /// Waits a moment before the next poll.
+    async fn pause(&self) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -331,6 +634,13 @@ impl TestDb {
             port: server.port,
             name,
         }
+    }
+
+    /// The same database through `server`: a standby of the server it was created on
+    /// (see [`Server::standby`]), which replicates every database, or that standby once
+    /// promoted. Only the host and port differ.
+    pub fn on(&self, server: &Server) -> TestDb {
+        TestDb::new(server, self.name.clone())
     }
 
     /// The database's name.

@@ -278,12 +278,159 @@ fn server_can_be_started_and_dropped_outside_a_runtime() {
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_replays_its_primary_and_takes_over_when_promoted() {
+    let primary = tokio::task::block_in_place(|| Server::start(Options::default()));
+    assert_eq!(primary.standby_name(), None);
+    // Created before the base backup: the standby starts with it.
+    let db = primary.database(SCHEMA).await;
+    let owner = db.connect().await;
+    owner
+        .execute("INSERT INTO buckets VALUES ('before', 1)", &[])
+        .await
+        .unwrap();
+
+    let standby = tokio::task::block_in_place(|| primary.standby(Options::default()));
+    assert!(standby.is_owned());
+    assert_ne!(standby.port(), primary.port());
+    let name = standby
+        .standby_name()
+        .expect("a standby has a name")
+        .to_owned();
+
+    // Written after the base backup: streamed.
+    owner
+        .execute("INSERT INTO buckets VALUES ('after', 2)", &[])
+        .await
+        .unwrap();
+    primary.wait_for_standby(&standby).await;
+
+    let on_standby = db.on(&standby);
+    assert_eq!(on_standby.name(), db.name());
+    let reader = on_standby.connect().await;
+    let rows = reader
+        .query("SELECT key, tokens FROM buckets ORDER BY key", &[])
+        .await
+        .unwrap();
+    let rows: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(rows, [("after".to_owned(), 2), ("before".to_owned(), 1)]);
+    let error = reader
+        .execute("INSERT INTO buckets VALUES ('refused', 3)", &[])
+        .await
+        .expect_err("a hot standby refuses writes");
+    assert_eq!(error.code(), Some(&SqlState::READ_ONLY_SQL_TRANSACTION));
+
+    // The primary knows it under its name, as an asynchronous standby.
+    let admin = connect(&primary.admin_config()).await;
+    let state: String = admin
+        .query_one(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "async");
+
+    tokio::task::block_in_place(|| {
+        primary.pg_ctl(&["stop", "-m", "immediate"]);
+        standby.promote();
+    });
+    let writer = on_standby.connect().await;
+    let in_recovery: bool = writer
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!in_recovery);
+    writer
+        .execute("INSERT INTO buckets VALUES ('promoted', 3)", &[])
+        .await
+        .unwrap();
+
+    let port = standby.port();
+    drop((reader, writer));
+    tokio::task::block_in_place(|| drop((standby, primary)));
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_standby_has_every_acknowledged_commit() {
+    let primary = tokio::task::block_in_place(|| Server::start(Options { durable: true }));
+    let db = primary.database(SCHEMA).await;
+    let standby = tokio::task::block_in_place(|| primary.standby(Options::default()));
+    primary.make_synchronous(&standby).await;
+
+    let owner = db.connect().await;
+    for i in 0..20_i64 {
+        owner
+            .execute(
+                "INSERT INTO buckets VALUES ($1, $2)",
+                &[&format!("k{i}"), &i],
+            )
+            .await
+            .unwrap();
+    }
+    // Cut off, the standby acknowledges nothing more: a commit waits for it.
+    standby.stop_streaming().await;
+    let waiting = tokio::spawn(async move {
+        owner
+            .execute("INSERT INTO buckets VALUES ('unacknowledged', 0)", &[])
+            .await
+    });
+    let admin = connect(&primary.admin_config()).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let waits: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waits == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the commit did not wait for the standby"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // No wait for the standby: the acknowledgements were its.
+    tokio::task::block_in_place(|| {
+        primary.pg_ctl(&["stop", "-m", "immediate"]);
+        standby.promote();
+    });
+    assert!(
+        waiting.await.unwrap().is_err(),
+        "the commit the standby never had was not acknowledged"
+    );
+    let promoted = db.on(&standby).connect().await;
+    let kept: i64 = promoted
+        .query_one("SELECT count(*) FROM buckets", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "synchronous_commit = off")]
+async fn a_standby_cannot_be_made_synchronous_where_commits_do_not_wait() {
+    let primary = tokio::task::block_in_place(|| Server::start(Options::default()));
+    let standby = tokio::task::block_in_place(|| primary.standby(Options::default()));
+    primary.make_synchronous(&standby).await;
+}
+
 /// Marker the child process prints its ports and pid after.
 const CHILD_MARKER: &str = "testdb-child:";
 
 /// Run by `servers_do_not_outlive_their_process` in a child process: starts the shared
-/// server and a restarted own server (whose postmaster is then not our child), reports
-/// them, and waits to be killed.
+/// server, a restarted own server (whose postmaster is then not our child) and a standby
+/// of it, reports them, and waits to be killed.
 #[test]
 #[ignore = "run in a child process by servers_do_not_outlive_their_process"]
 fn child_process_body() {
@@ -293,15 +440,17 @@ fn child_process_body() {
     let shared = Server::shared();
     let own = Server::start(Options::default());
     own.pg_ctl(&["restart", "-m", "fast", "-w"]);
+    let standby = own.standby(Options::default());
     println!(
-        "{CHILD_MARKER} {} {} {}",
+        "{CHILD_MARKER} {} {} {} {}",
         shared.port(),
         own.port(),
+        standby.port(),
         std::process::id()
     );
-    // Keep `own` alive: only the exit of the process may clean it up.
+    // Keep `own` and `standby` alive: only the exit of the process may clean them up.
     std::thread::sleep(Duration::from_secs(600));
-    drop(own);
+    drop((standby, own));
 }
 
 #[test]
@@ -324,10 +473,16 @@ fn servers_do_not_outlive_their_process() {
         .split_whitespace()
         .map(|f| f.parse().unwrap())
         .collect();
-    let (shared_port, own_port, pid) = (fields[0] as u16, fields[1] as u16, fields[2]);
+    let (shared_port, own_port, standby_port, pid) = (
+        fields[0] as u16,
+        fields[1] as u16,
+        fields[2] as u16,
+        fields[3],
+    );
     assert_eq!(pid, child.id());
     assert!(TcpStream::connect(("127.0.0.1", shared_port)).is_ok());
     assert!(TcpStream::connect(("127.0.0.1", own_port)).is_ok());
+    assert!(TcpStream::connect(("127.0.0.1", standby_port)).is_ok());
 
     // No destructor runs on SIGKILL.
     child.kill().unwrap();
@@ -353,14 +508,15 @@ fn servers_do_not_outlive_their_process() {
     loop {
         let shared_up = TcpStream::connect(("127.0.0.1", shared_port)).is_ok();
         let own_up = TcpStream::connect(("127.0.0.1", own_port)).is_ok();
+        let standby_up = TcpStream::connect(("127.0.0.1", standby_port)).is_ok();
         let dirs = leftovers();
-        if !shared_up && !own_up && dirs.is_empty() {
+        if !shared_up && !own_up && !standby_up && dirs.is_empty() {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "30 s after the process died: shared server up: {shared_up}, own server up: \
-             {own_up}, directories left: {dirs:?}"
+             {own_up}, standby up: {standby_up}, directories left: {dirs:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
