@@ -6,9 +6,10 @@
 //! promise the attack tried to break.
 //!
 //! The attacks and their SQL are those of the schema red-team report
-//! (sections 2, 3 and 6). Sessions that play the attacker set
+//! (sections 2, 3 and 6). The sessions of the login with no grants set
 //! `lock_timeout = '5s'`, so an attack that queues for a lock ends with an
-//! error instead of hanging the test.
+//! error instead of hanging the test. Every limiter here runs on a clock
+//! pinned at 10:30 UTC, so that no test straddles two windows.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -48,11 +49,16 @@ async fn db_with_caller_work() -> TestDb {
     db
 }
 
-/// The time the tests of name lookup pin: 2026-01-01 10:30:00 UTC, in the
-/// middle of the hour window 10:00–11:00 UTC.
+/// The time every test pins: 2026-01-01 10:30:00 UTC, in the middle of the
+/// hour window 10:00–11:00 UTC.
 const JAN_1_1030_UTC: u64 = 1_767_263_400;
 const JAN_1_1000_UTC: u64 = JAN_1_1030_UTC - 30 * 60;
 const JAN_1_1100_UTC: u64 = JAN_1_1030_UTC + 30 * 60;
+
+/// The clock of every limiter here, pinned at 10:30 UTC.
+fn pinned_clock() -> ManualClock {
+    ManualClock::new(UNIX_EPOCH + Duration::from_secs(JAN_1_1030_UTC))
+}
 
 /// One connection held for the whole test, as a framework holds the
 /// connection of a request.
@@ -206,8 +212,8 @@ async fn six_failures_count_for_real<S: Store>(db: &TestDb, limiter: &Limiter<S>
 fn pinned_limiter(
     held: &Arc<Mutex<Client>>,
 ) -> Limiter<Postgres<impl LimitConn<Conn = OwnedMutexGuard<Client>, Error = Infallible>>> {
-    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(JAN_1_1030_UTC));
-    Limiter::new(Postgres::new(lend(Arc::clone(held))).with_clock(clock)).without_refusal_cache()
+    Limiter::new(Postgres::new(lend(Arc::clone(held))).with_clock(pinned_clock()))
+        .without_refusal_cache()
 }
 
 /// `platformkit_limit_calls_total` by `(limit, operation, outcome)`.
@@ -341,7 +347,8 @@ async fn locks_of(admin: &Client, pids: &[i32]) -> (Vec<String>, i64) {
 async fn a_login_with_no_grants_takes_no_lock_on_the_table_and_the_limiter_keeps_counting() {
     let db = fresh_db().await;
     let admin = db.connect_admin().await;
-    let limiter = Limiter::new(Postgres::new(db.tenant_config())).without_refusal_cache();
+    let limiter = Limiter::new(Postgres::new(db.tenant_config()).with_clock(pinned_clock()))
+        .without_refusal_cache();
     let login = Limit::new("login", 100, Duration::from_secs(30 * 24 * 60 * 60)).unwrap();
     let alice = Key::email("alice@example.com");
 
@@ -360,6 +367,8 @@ async fn a_login_with_no_grants_takes_no_lock_on_the_table_and_the_limiter_keeps
 
     for (n, (what, sql)) in LOCK_FIRST.iter().enumerate() {
         queuer.batch_execute("BEGIN").await.unwrap();
+        // Refused at the schema, so before any lock: a command that had
+        // queued would have ended with 55P03 at the 5 s lock timeout.
         assert_denied_the_schema(queuer.batch_execute(sql).await, what);
 
         let (held, waits) = locks_of(&admin, &[holder_pid, queuer_pid]).await;
@@ -452,7 +461,7 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
     );
 
     stranger
-        .batch_execute("SET search_path = platformkit, public")
+        .batch_execute("SET search_path = platformkit")
         .await
         .unwrap();
     let (code, message) = refused(
@@ -490,6 +499,20 @@ async fn a_temporary_table_of_the_callers_does_not_stand_in_for_the_limiters_tab
         ))
         .await
         .expect("the shadow table");
+    {
+        // The session's unqualified name is the shadow.
+        let shadowing: bool = held
+            .lock()
+            .await
+            .query_one(
+                "SELECT 'platformkit_limits'::regclass = 'pg_temp.platformkit_limits'::regclass",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(shadowing);
+    }
 
     six_failures_count_for_real(&db, &pinned_limiter(&held), "temporary table").await;
 
@@ -519,6 +542,16 @@ async fn a_temporary_timestamptz_type_and_the_session_time_zone_do_not_move_the_
             )
             .await
             .expect("the shadow type");
+        // The session's unqualified timestamptz is the shadow.
+        let shadowing: bool = client
+            .query_one(
+                "SELECT 'timestamptz'::regtype <> 'pg_catalog.timestamptz'::regtype",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(shadowing);
         search_path(&client).await
     };
 
@@ -626,6 +659,21 @@ async fn a_strangers_operator_in_a_writable_public_schema_never_runs_inside_the_
         .batch_execute(&format!("SET search_path = {path}"))
         .await
         .unwrap();
+    {
+        // What the application's `bigint * interval` finds is the stranger's.
+        let planted: bool = held
+            .lock()
+            .await
+            .query_one(
+                "SELECT '*(bigint, interval)'::regoperator
+                      = 'public.*(bigint, interval)'::regoperator",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(planted);
+    }
 
     six_failures_count_for_real(&db, &pinned_limiter(&held), "the stranger's operator").await;
 
@@ -735,10 +783,11 @@ const OBSERVE: &str = "
     SELECT locks, coalesce(pg_catalog.current_setting('platformkit.system', true), ''),
            (SELECT count(*) FROM platformkit.platformkit_limits);";
 
-/// The limiter's add, as caller code writes it in PL/pgSQL.
+/// The limiter's add, as caller code writes it in PL/pgSQL (at 10:30 UTC).
 const ADD_IN_PLPGSQL: &str = "
     CALL platformkit.platformkit_limit_add(
-        p_key => 'login|k', p_add => 1, p_window_secs => 3600, p_at => NULL,
+        p_key => 'login|k', p_add => 1, p_window_secs => 3600,
+        p_at => '2026-01-01 10:30:00+00',
         p_budget_ms => 2000, p_relaxed => false, p_previous => false, p_max => 5,
         p_lockout_secs => 0, o_count => c, o_window_end => we, o_now => nw,
         o_previous => pv, o_locked_until => lu);";
@@ -753,7 +802,7 @@ async fn caller_code_after_the_call_sees_no_switch_no_rows_and_holds_no_lock_of_
     let db = db_with_caller_work().await;
     let tenant = db.connect_tenant().await;
     // Rows to see, had the switch stayed on.
-    let limiter = Limiter::new(Postgres::new(db.tenant_config()));
+    let limiter = Limiter::new(Postgres::new(db.tenant_config()).with_clock(pinned_clock()));
     let login = Limit::new("login", 5, Duration::from_secs(3600)).unwrap();
     limiter
         .failed(&login, &Key::email("alice@example.com"))
@@ -1016,7 +1065,7 @@ async fn a_pipelined_write_before_the_call_is_refused_and_not_committed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelined_statement_after_the_call_sees_no_switch_and_no_rows() {
     let db = fresh_db().await;
-    let limiter = Limiter::new(Postgres::new(db.tenant_config()));
+    let limiter = Limiter::new(Postgres::new(db.tenant_config()).with_clock(pinned_clock()));
     let login = Limit::new("login", 5, Duration::from_secs(3600)).unwrap();
     limiter
         .failed(&login, &Key::email("alice@example.com"))
@@ -1027,8 +1076,8 @@ async fn a_pipelined_statement_after_the_call_sees_no_switch_and_no_rows() {
     let (answers, status) = wire
         .pipeline(&[
             "CALL platformkit.platformkit_limit_read(p_key => 'login|email|alice@example.com', \
-             p_window_secs => 3600, p_at => NULL, p_budget_ms => 2000, p_previous => false, \
-             p_max => 5, p_lockout_secs => 0)",
+             p_window_secs => 3600, p_at => '2026-01-01 10:30:00+00', p_budget_ms => 2000, \
+             p_previous => false, p_max => 5, p_lockout_secs => 0)",
             "SELECT coalesce(pg_catalog.current_setting('platformkit.system', true), ''), \
              (SELECT count(*) FROM platformkit.platformkit_limits)",
         ])
@@ -1062,7 +1111,7 @@ async fn a_cancel_the_limiter_did_not_send_is_an_error_never_an_allow() {
     let db = fresh_db().await;
     // A long budget: the limiter's own lock timeout and cancel come long
     // after the stranger's cancel.
-    let limiter = Limiter::new(Postgres::new(db.tenant_config()))
+    let limiter = Limiter::new(Postgres::new(db.tenant_config()).with_clock(pinned_clock()))
         .with_budget(Duration::from_secs(10))
         .unwrap()
         .without_refusal_cache();
