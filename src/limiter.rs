@@ -8,7 +8,7 @@ use tokio::time::{Instant, timeout_at};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::cache::RefusalCache;
+use crate::cache::{DEFAULT_REFUSAL_TTL, Lookup, MAX_REFUSAL_TTL, RefusalCache};
 use crate::key::stored;
 use crate::merge::Merger;
 use crate::metric::{self, Outcome, Source};
@@ -158,7 +158,7 @@ impl<S: Store> Limiter<S> {
             store,
             budget: DEFAULT_BUDGET,
             fallback: Memory::bounded(),
-            refusals: RefusalCache::new(DEFAULT_REFUSAL_CACHE_KEYS),
+            refusals: RefusalCache::new(DEFAULT_REFUSAL_CACHE_KEYS, DEFAULT_REFUSAL_TTL),
             merger: Some(Merger::default()),
         }
     }
@@ -187,16 +187,52 @@ impl<S: Store> Limiter<S> {
         Ok(self)
     }
 
-    /// Sets how many refused keys the refusal cache holds (it is on by
-    /// default, with [`DEFAULT_REFUSAL_CACHE_KEYS`]).
+    /// Sets how many keys the refusal cache holds (it is on by default, with
+    /// [`DEFAULT_REFUSAL_CACHE_KEYS`]).
     ///
-    /// Once a key is refused, this process answers "refused" for it without
-    /// a round trip until the moment the store said it reopens. The cache can
-    /// never allow: it holds only refusals the store gave. A `reset` through
-    /// this process clears its entry; a reset through another replica is
-    /// seen here at the latest when the cached refusal reopens. Refused
-    /// attempts it answers are not counted in the store. The several-limits
-    /// calls neither read nor fill it.
+    /// The refusal cache keeps a credential-stuffing run off the store: for a
+    /// key being flooded with attempts, this process answers "refused"
+    /// itself, and asks the store about the key again at most once per TTL.
+    /// This is the one place its promises are written:
+    ///
+    /// - **Only for flooded keys.** It engages for a key once the store has
+    ///   refused it [`FLOOD_REFUSALS`](crate::FLOOD_REFUSALS) (3) times within
+    ///   [`FLOOD_SPAN`](crate::FLOOD_SPAN) (1 second) through this limiter,
+    ///   and stays engaged while refusals of the key (the store's or its own)
+    ///   keep coming that fast. A single refusal is never cached: a user
+    ///   refused once or twice has every call asked of the store.
+    /// - **Stale for at most a TTL.** An answer from the cache is a refusal
+    ///   the store gave to a call that asked at most the TTL earlier
+    ///   ([`DEFAULT_REFUSAL_TTL`](crate::DEFAULT_REFUSAL_TTL), 1 second; set
+    ///   with [`Limiter::with_refusal_ttl`]), or, while one call is refreshing
+    ///   it, at most the TTL and that call's round trip earlier; and never
+    ///   past the moment the store said the key reopens. So a `reset` made
+    ///   through another replica is seen here by the next call for a key that
+    ///   is not flooded, and for a flooded key by the first call that starts
+    ///   once the TTL has run out (calls that overlap that call's round trip
+    ///   still get the refusal). A `reset`, or a successful permit, through
+    ///   this limiter clears the key's entry at once.
+    /// - **At most one statement per flooded key per TTL.** When the TTL runs
+    ///   out while the key is still refused, exactly one call refreshes the
+    ///   refusal from the store while the others are still answered from the
+    ///   cache; refreshes start at least a TTL apart, so a flood of `T`
+    ///   seconds costs each flooded key at most `T / TTL + 1` statements per
+    ///   replica (with the default TTL, about one a second), plus the 3
+    ///   refusals that engaged it and the calls already on their way to the
+    ///   store when the third came back. A refreshing call that is dropped
+    ///   frees its claim at once, and one never polled again frees it a budget
+    ///   after it began, so no call can pin the cache; while the store is
+    ///   unreachable, the refresh is tried once per budget. At the reopening
+    ///   every call asks: the key may be open.
+    /// - **It can never allow.** It holds only refusals the store gave, and
+    ///   answers only "refused".
+    /// - Refused attempts it answers are not counted in the store (a `failed`
+    ///   or `hit` at a refused key changes no verdict of a fixed window; for a
+    ///   sliding window or a lockout it would only have prolonged the
+    ///   refusal). The metrics count them with `source="cache"`.
+    /// - It holds at most `keys` keys, those refused lately, evicted by
+    ///   [`quick_cache`](https://docs.rs/quick_cache)'s S3-FIFO policy. The
+    ///   several-limits calls neither read nor fill it.
     ///
     /// # Errors
     ///
@@ -216,13 +252,43 @@ impl<S: Store> Limiter<S> {
                 "at most ten million keys",
             ));
         }
-        self.refusals = RefusalCache::new(keys);
+        self.refusals = RefusalCache::new(keys, self.refusals.ttl());
+        Ok(self)
+    }
+
+    /// Sets how long the refusal cache answers for a flooded key before one
+    /// call asks the store again (1 second by default,
+    /// [`DEFAULT_REFUSAL_TTL`](crate::DEFAULT_REFUSAL_TTL)): how long a reset
+    /// made through another replica can go unseen here, and the spacing of
+    /// the statements a flooded key still costs (see
+    /// [`Limiter::with_refusal_cache`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
+    /// TTL shorter than a millisecond or longer than
+    /// [`MAX_REFUSAL_TTL`](crate::MAX_REFUSAL_TTL) (a minute).
+    pub fn with_refusal_ttl(mut self, ttl: Duration) -> Result<Self, Error> {
+        if ttl < Duration::from_millis(1) {
+            return Err(Error::invalid_option(
+                "refusal TTL",
+                "the TTL must be at least one millisecond, or turn the cache off with \
+                 without_refusal_cache",
+            ));
+        }
+        if ttl > MAX_REFUSAL_TTL {
+            return Err(Error::invalid_option(
+                "refusal TTL",
+                "the TTL must be at most 60 seconds",
+            ));
+        }
+        self.refusals.set_ttl(ttl);
         Ok(self)
     }
 
     /// Turns the refusal cache off: every call asks the store.
     pub fn without_refusal_cache(mut self) -> Self {
-        self.refusals = RefusalCache::off();
+        self.refusals = RefusalCache::off(self.refusals.ttl());
         self
     }
 
@@ -246,6 +312,12 @@ impl<S: Store> Limiter<S> {
     /// Whether the refusal cache is on.
     pub fn has_refusal_cache(&self) -> bool {
         self.refusals.is_on()
+    }
+
+    /// How long the refusal cache answers for a flooded key before asking
+    /// the store again (see [`Limiter::with_refusal_ttl`]).
+    pub fn refusal_ttl(&self) -> Duration {
+        self.refusals.ttl()
     }
 
     /// The budget of every call.
@@ -510,16 +582,21 @@ impl<S: Store> Limiter<S> {
     ) -> Result<(Verdict, CountedIn), Error> {
         let started = Instant::now();
         let asked_at = self.store.local_now();
-        if let Some(verdict) = self.refusals.get(key, asked_at) {
-            metric::record_from(
-                limit,
-                operation,
-                Outcome::Refused,
-                Source::Cache,
-                started.elapsed(),
-            );
-            return Ok((verdict, CountedIn::Nowhere));
-        }
+        // A claim to refresh a cached refusal, if this call holds one: it
+        // ends with the answer below, or when this future is dropped.
+        let refresh = match self.refusals.get(key, asked_at, self.budget) {
+            Lookup::Refused(verdict) => {
+                metric::record_from(
+                    limit,
+                    operation,
+                    Outcome::Refused,
+                    Source::Cache,
+                    started.elapsed(),
+                );
+                return Ok((verdict, CountedIn::Nowhere));
+            }
+            Lookup::Ask(refresh) => refresh,
+        };
         let deadline = started + self.budget;
         let counting = async {
             match (op, &self.merger) {
@@ -537,10 +614,11 @@ impl<S: Store> Limiter<S> {
         let result = match result {
             Ok(counted) => {
                 let verdict = decide(op, limit, &counted);
-                self.refusals.put(key, &verdict, asked_at);
+                self.refusals.answered(key, &verdict, asked_at, refresh);
                 Ok((verdict, CountedIn::Store))
             }
             Err(e) if e.is_unreachable() => {
+                self.refusals.unanswered(refresh);
                 crate::trace::unreachable(limit.name(), operation, &e);
                 Ok(self.when_unreachable(op, limit, key, Arc::new(e)))
             }
