@@ -22,7 +22,8 @@
 //!   100 keys already refused and one hot key still counting, with the
 //!   refusal cache and merging (the defaults) and without, counting the
 //!   statements sent (with the cache, a flooded key still costs one
-//!   statement per TTL, against the bound the cache states);
+//!   statement per TTL: the refused keys are hammered for at least 2.5 TTLs,
+//!   and their statements compared with the bound the cache states);
 //! - [`purge`] at scale, in a database of its own: a million closed windows
 //!   purged while 16 writers count on the open ones, against the same
 //!   writers alone.
@@ -149,6 +150,14 @@ const MAX_ATTEMPTS: u32 = 1_000_000_000;
 
 /// The wide concurrency: tasks, each with a held connection of its own.
 const WIDE: usize = 16;
+
+/// The shortest flood at the refused keys with the refusal cache on: two
+/// and a half TTLs, so that each key's refusal is refreshed (twice or
+/// three times) while it is measured, in quick mode too.
+const FLOOD: Duration = match DEFAULT_REFUSAL_TTL.saturating_mul(5).checked_div(2) {
+    Some(flood) => flood,
+    None => unreachable!(),
+};
 
 /// How long PostgreSQL 15 and newer keep a backend's table counters before
 /// flushing them to the shared statistics (at most once a second), plus a
@@ -1029,9 +1038,17 @@ async fn attack_round(
                 attack_results.rounds += 1;
             }
             let op = shared_failed_op(limiter, limit);
+            let mode = if defaults && keys == Keys::Refused {
+                Mode {
+                    measure: bench.mode.measure.max(FLOOD),
+                    ..bench.mode
+                }
+            } else {
+                bench.mode
+            };
             let before = attack.pool.lent();
             let began = Instant::now();
-            let sample = measure(&op, WIDE, keys, bench.mode).await;
+            let sample = measure(&op, WIDE, keys, mode).await;
             let took = began.elapsed();
             let statements = attack.pool.lent() - before;
             attack_results.record(keys, defaults, sample, statements, took, floor);
