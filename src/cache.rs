@@ -1,29 +1,174 @@
-//! The refusal cache: once a key is refused, this process answers "refused"
-//! for it without a round trip until the verdict's reopening time.
+//! The refusal cache: for a key being flooded with attempts, this process
+//! answers "refused" itself, asking the store again at most once per TTL.
 //!
-//! What it promises (it never allows, how stale it can be, its bound, what
-//! it does not count) is written once, in the
-//! [guide](crate::guide#the-refusal-cache). Here: the entries live in a
-//! [`quick_cache`] (a small, well-kept, sharded concurrent cache with a hard
-//! size bound and S3-FIFO eviction); the expiry, per entry and on the
-//! store's clock, is ours, and an expired entry is dropped when read.
+//! What it promises (when it engages, how stale it can be, the statements it
+//! leaves) is written once, in the
+//! [guide](crate::guide#the-refusal-cache). This page is how it keeps those
+//! promises.
+//!
+//! Each key the store refused has an entry (a small state behind a mutex,
+//! shared through [`quick_cache`], which bounds how many keys there are):
+//!
+//! - `refusals`: the times of the latest [`FLOOD_REFUSALS`] refusals of the
+//!   key this process answered, from the store or from the cache. The key is
+//!   *flooded* when all of them fall within [`FLOOD_SPAN`].
+//! - `held`: the refusal being answered from the cache, if the key was
+//!   flooded when the store gave it. It is *fresh* for the TTL from the
+//!   moment its call asked (never past the reopening the store reported);
+//!   while fresh, every call is answered with it.
+//! - `claim`: once `held` is past its TTL, the first call claims the refresh
+//!   and asks the store; calls that come while the claim stands are still
+//!   answered with `held`. The claim ends when its call's answer is in (a
+//!   refusal while still flooded is held afresh; an allow clears the entry),
+//!   when its call is dropped, or a budget after it was made, whichever
+//!   comes first: a future that is never polled again cannot pin the cache.
+//!   A call that ends without the store's answer (unreachable) leaves its
+//!   claim to go stale, so a store that is down gets one attempt per budget
+//!   from here, not one per caller.
+//! - Past the reopening, `held` is dropped and every call asks: the key may
+//!   be open.
+//!
+//! All times are on the limiter's local timeline (the store's
+//! [`local_now`](crate::store::sealed::Sealed::local_now): the system clock,
+//! or a [`ManualClock`](crate::ManualClock) in tests). A clock that moves
+//! back before a held refusal's or a claim's moment drops the refusal, or
+//! lets the next call claim, rather than stretching either.
+//!
+//! [`quick_cache`] is used because it is a small, well-kept, sharded
+//! concurrent cache with a hard size bound (S3-FIFO eviction); the expiry,
+//! which is per entry and on the store's clock, is ours.
 
-use std::time::SystemTime;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use crate::Verdict;
 
-/// A cached refusal.
-#[derive(Clone)]
-struct Entry {
+/// How many refusals of one key, within [`FLOOD_SPAN`], make it flooded: the
+/// refusal cache answers for a key only once the store has refused it this
+/// many times within the span through this process (see
+/// [`Limiter::with_refusal_cache`](crate::Limiter::with_refusal_cache)).
+pub const FLOOD_REFUSALS: usize = 3;
+
+/// The span within which [`FLOOD_REFUSALS`] refusals of one key make it
+/// flooded: one second.
+pub const FLOOD_SPAN: Duration = Duration::from_secs(1);
+
+/// How long the refusal cache answers for a flooded key before asking the
+/// store again, by default: one second (see
+/// [`Limiter::with_refusal_ttl`](crate::Limiter::with_refusal_ttl)).
+pub const DEFAULT_REFUSAL_TTL: Duration = Duration::from_secs(1);
+
+/// The longest TTL the refusal cache accepts: a minute.
+pub const MAX_REFUSAL_TTL: Duration = Duration::from_secs(60);
+
+/// A refusal the store gave, answered again while fresh.
+struct Held {
     verdict: Verdict,
-    /// The moment, on the limiter's local timeline, at which the refusal
-    /// ends.
-    until: SystemTime,
+    /// When the call that got it asked.
+    asked_at: SystemTime,
+    /// When the store said the key reopens: never answered past it.
+    reopens: SystemTime,
+    /// The end of its TTL (or the reopening, if sooner).
+    fresh_until: SystemTime,
+}
+
+/// The claim of one call to refresh a held refusal.
+#[derive(Clone, Copy)]
+struct Claim {
+    token: u64,
+    at: SystemTime,
+}
+
+#[derive(Default)]
+struct State {
+    /// The latest refusals answered for the key, oldest first.
+    refusals: [Option<SystemTime>; FLOOD_REFUSALS],
+    held: Option<Held>,
+    claim: Option<Claim>,
+}
+
+impl State {
+    /// Counts a refusal answered at `at` (kept if among the latest).
+    fn record(&mut self, at: SystemTime) {
+        if let Some(free) = self.refusals.iter_mut().find(|t| t.is_none()) {
+            *free = Some(at);
+        } else if let Some(oldest) = self.refusals.iter_mut().min() {
+            if *oldest < Some(at) {
+                *oldest = Some(at);
+            }
+        }
+    }
+
+    /// Whether the key is flooded at `now`: its latest [`FLOOD_REFUSALS`]
+    /// refusals all within [`FLOOD_SPAN`] before `now`.
+    fn flooded(&self, now: SystemTime) -> bool {
+        let mut oldest = None;
+        for t in &self.refusals {
+            let Some(t) = *t else {
+                return false;
+            };
+            oldest = Some(oldest.map_or(t, |o: SystemTime| o.min(t)));
+        }
+        oldest.is_some_and(|oldest| match now.duration_since(oldest) {
+            Ok(ago) => ago < FLOOD_SPAN,
+            Err(_) => true,
+        })
+    }
+
+    /// Whether the entry says nothing any more: nothing held, no claim, and
+    /// no refusal within the span before `now`.
+    fn idle(&self, now: SystemTime) -> bool {
+        self.held.is_none()
+            && self.claim.is_none()
+            && self
+                .refusals
+                .iter()
+                .flatten()
+                .all(|&t| t > now || now.duration_since(t).is_ok_and(|ago| ago >= FLOOD_SPAN))
+    }
+}
+
+type Shared = Arc<Mutex<State>>;
+
+fn lock(state: &Shared) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the cache says of a call.
+pub(crate) enum Lookup {
+    /// Refused, answered from the cache.
+    Refused(Verdict),
+    /// Ask the store; with the claim to refresh, if this call holds it.
+    Ask(Option<Refresh>),
+}
+
+/// The claim to refresh a held refusal from the store. Dropped, it lets the
+/// next call claim at once; kept by [`RefusalCache::unanswered`], it stands
+/// until it goes stale.
+pub(crate) struct Refresh {
+    state: Shared,
+    token: u64,
+    release: bool,
+}
+
+impl Drop for Refresh {
+    fn drop(&mut self) {
+        if self.release {
+            let mut state = lock(&self.state);
+            if state.claim.is_some_and(|c| c.token == self.token) {
+                state.claim = None;
+            }
+        }
+    }
 }
 
 pub(crate) struct RefusalCache {
-    entries: Option<quick_cache::sync::Cache<String, Entry>>,
+    entries: Option<quick_cache::sync::Cache<String, Shared>>,
     capacity: usize,
+    ttl: Duration,
+    tokens: AtomicU64,
 }
 
 impl std::fmt::Debug for RefusalCache {
@@ -31,22 +176,30 @@ impl std::fmt::Debug for RefusalCache {
         f.debug_struct("RefusalCache")
             .field("enabled", &self.entries.is_some())
             .field("capacity", &self.capacity)
+            .field("ttl", &self.ttl)
             .finish()
     }
 }
 
 impl RefusalCache {
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// A cache of at most `capacity` keys, answering for a flooded key for
+    /// `ttl` at a time.
+    pub(crate) fn new(capacity: usize, ttl: Duration) -> Self {
         RefusalCache {
             entries: Some(quick_cache::sync::Cache::new(capacity)),
             capacity,
+            ttl,
+            tokens: AtomicU64::new(0),
         }
     }
 
-    pub(crate) fn off() -> Self {
+    /// No cache (the TTL is kept for a cache turned on later).
+    pub(crate) fn off(ttl: Duration) -> Self {
         RefusalCache {
             entries: None,
             capacity: 0,
+            ttl,
+            tokens: AtomicU64::new(0),
         }
     }
 
@@ -54,38 +207,118 @@ impl RefusalCache {
         self.entries.is_some()
     }
 
-    /// The cached refusal of `key` at `now`, with its wait shortened to
-    /// `now`; expired entries are dropped.
-    pub(crate) fn get(&self, key: &str, now: SystemTime) -> Option<Verdict> {
-        let entries = self.entries.as_ref()?;
-        let entry = entries.get(key)?;
-        if now < entry.until {
-            Some(entry.verdict.seen_at(now, entry.until))
-        } else {
-            entries.remove_if(key, |e| e.until <= now);
-            None
-        }
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
     }
 
-    /// Remembers a refusal the store gave, for as long as the store said it
-    /// lasts, counted from `asked_at` (the local time before the call).
-    pub(crate) fn put(&self, key: &str, verdict: &Verdict, asked_at: SystemTime) {
+    pub(crate) fn set_ttl(&mut self, ttl: Duration) {
+        self.ttl = ttl;
+    }
+
+    /// What to do with a call for `key` starting at `now`, whose budget is
+    /// `budget`: answer the held refusal (its wait shortened to `now`), or
+    /// ask the store, claiming the refresh if the held refusal is past its
+    /// TTL and no call's claim stands.
+    pub(crate) fn get(&self, key: &str, now: SystemTime, budget: Duration) -> Lookup {
+        let Some(entries) = &self.entries else {
+            return Lookup::Ask(None);
+        };
+        let Some(shared) = entries.get(key) else {
+            return Lookup::Ask(None);
+        };
+        let mut state = lock(&shared);
+        let Some(held) = &state.held else {
+            let idle = state.idle(now);
+            drop(state);
+            if idle {
+                entries.remove_if(key, |e| Arc::ptr_eq(e, &shared) && lock(e).idle(now));
+            }
+            return Lookup::Ask(None);
+        };
+        if now >= held.reopens || now < held.asked_at {
+            state.held = None;
+            state.claim = None;
+            return Lookup::Ask(None);
+        }
+        let verdict = held.verdict.seen_at(now, held.reopens);
+        let fresh = now < held.fresh_until;
+        let claimed = state.claim.is_some_and(|c| {
+            c.at <= now && c.at.checked_add(budget).is_some_and(|stale| now < stale)
+        });
+        if fresh || claimed {
+            state.record(now);
+            return Lookup::Refused(verdict);
+        }
+        let token = self.tokens.fetch_add(1, Ordering::Relaxed);
+        state.claim = Some(Claim { token, at: now });
+        drop(state);
+        Lookup::Ask(Some(Refresh {
+            state: shared,
+            token,
+            release: true,
+        }))
+    }
+
+    /// Takes in the store's answer to a call for `key` that asked at
+    /// `asked_at`: a refusal is counted, and held if the key is flooded; an
+    /// allow clears the entry. The call's claim, if any, ends.
+    pub(crate) fn answered(
+        &self,
+        key: &str,
+        verdict: &Verdict,
+        asked_at: SystemTime,
+        refresh: Option<Refresh>,
+    ) {
         let Some(entries) = &self.entries else {
             return;
         };
-        if verdict.is_allowed() || verdict.is_unreachable() {
+        if verdict.is_unreachable() {
+            // Not the store's answer: nothing learnt.
+            self.unanswered(refresh);
+            return;
+        }
+        if verdict.is_allowed() {
+            // Read first: most allowed keys have no entry, and a read takes
+            // only a shared lock.
+            if entries.contains_key(key) {
+                entries.remove(key);
+            }
             return;
         }
         let Some(wait) = verdict.retry_after() else {
             return;
         };
-        entries.insert(
-            key.to_owned(),
-            Entry {
-                verdict: verdict.clone(),
-                until: asked_at + wait,
-            },
-        );
+        let shared = entries
+            .get_or_insert_with(key, || Ok::<_, Infallible>(Shared::default()))
+            .unwrap_or_else(|never| match never {});
+        let mut state = lock(&shared);
+        state.record(asked_at);
+        let newer = state.held.as_ref().is_none_or(|h| h.asked_at <= asked_at);
+        if newer {
+            state.held = state.flooded(asked_at).then(|| {
+                let reopens = asked_at + wait;
+                Held {
+                    verdict: verdict.clone(),
+                    asked_at,
+                    reopens,
+                    fresh_until: asked_at
+                        .checked_add(self.ttl)
+                        .map_or(reopens, |end| end.min(reopens)),
+                }
+            });
+        }
+        // The claim ends after the entry is updated, so that no call claims
+        // again in between.
+        drop(state);
+        drop(refresh);
+    }
+
+    /// A call that ended without the store's answer: its claim, if any,
+    /// stands until it goes stale, so the next attempt waits a budget.
+    pub(crate) fn unanswered(&self, refresh: Option<Refresh>) {
+        if let Some(mut refresh) = refresh {
+            refresh.release = false;
+        }
     }
 
     /// Forgets `key`: after a reset or a success through this process.
@@ -93,5 +326,190 @@ impl RefusalCache {
         if let Some(entries) = &self.entries {
             entries.remove(key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::*;
+    use crate::store::{Counted, Op};
+    use crate::verdict::decide;
+    use crate::{Error, Limit};
+
+    const BUDGET: Duration = Duration::from_secs(2);
+
+    fn t(millis: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000) + Duration::from_millis(millis)
+    }
+
+    /// A refusal by a limit of 1 per hour, given at `now`.
+    fn refused(now: SystemTime) -> Verdict {
+        let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
+        let verdict = decide(
+            Op::Check,
+            &limit,
+            &Counted {
+                count: 1,
+                previous: 0,
+                locked_until: None,
+                window_end: t(3_600_000),
+                now,
+            },
+        );
+        assert!(verdict.is_refused());
+        verdict
+    }
+
+    fn allowed(now: SystemTime) -> Verdict {
+        let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
+        decide(
+            Op::Check,
+            &limit,
+            &Counted {
+                count: 0,
+                previous: 0,
+                locked_until: None,
+                window_end: t(3_600_000),
+                now,
+            },
+        )
+    }
+
+    fn cache() -> RefusalCache {
+        RefusalCache::new(100, DEFAULT_REFUSAL_TTL)
+    }
+
+    /// Asks as `Limiter::run` does; `Some` is the claim (or none) of a call
+    /// sent to the store, `None` an answer from the cache.
+    fn ask(cache: &RefusalCache, now: SystemTime) -> Option<Option<Refresh>> {
+        match cache.get("k", now, BUDGET) {
+            Lookup::Refused(v) => {
+                assert!(v.is_refused(), "the cache answers only refused");
+                None
+            }
+            Lookup::Ask(claim) => Some(claim),
+        }
+    }
+
+    /// A call at `now` the store refuses; whether it reached the store.
+    fn refused_call(cache: &RefusalCache, now: SystemTime) -> bool {
+        match ask(cache, now) {
+            None => false,
+            Some(claim) => {
+                cache.answered("k", &refused(now), now, claim);
+                true
+            }
+        }
+    }
+
+    #[test]
+    fn engages_at_the_third_refusal_within_the_span() {
+        let c = cache();
+        assert!(refused_call(&c, t(0)));
+        assert!(refused_call(&c, t(600)));
+        // The first two fell more than a span apart from the third.
+        assert!(refused_call(&c, t(1_000)));
+        assert!(refused_call(&c, t(1_100)), "refusals at 0.6, 1.0, 1.1 s");
+        assert!(!refused_call(&c, t(1_200)), "cached");
+    }
+
+    #[test]
+    fn one_refresh_per_ttl_while_flooded() {
+        let c = cache();
+        for ms in [0, 1, 2] {
+            assert!(refused_call(&c, t(ms)));
+        }
+        let mut sent = 0;
+        // Every millisecond for 10 s.
+        for ms in 3..10_003 {
+            sent += u32::from(refused_call(&c, t(ms)));
+        }
+        assert_eq!(sent, 10, "one refresh per second of flood");
+    }
+
+    #[test]
+    fn the_claim_holds_others_off_and_ends_when_dropped_or_stale() {
+        let c = cache();
+        for ms in [0, 1, 2] {
+            assert!(refused_call(&c, t(ms)));
+        }
+        let claim = ask(&c, t(1_002)).expect("past the TTL: asks");
+        assert!(claim.is_some(), "and claims the refresh");
+        assert!(ask(&c, t(1_003)).is_none(), "the others are answered");
+        drop(claim);
+        let claim = ask(&c, t(1_004)).expect("a dropped claim frees the refresh");
+        assert!(claim.is_some());
+        // A claim whose call is never polled again goes stale after a
+        // budget.
+        std::mem::forget(claim);
+        assert!(ask(&c, t(1_004) + BUDGET - Duration::from_millis(1)).is_none());
+        assert!(ask(&c, t(1_004) + BUDGET).is_some_and(|claim| claim.is_some()));
+    }
+
+    #[test]
+    fn an_unanswered_refresh_keeps_its_claim_until_stale() {
+        let c = cache();
+        for ms in [0, 1, 2] {
+            assert!(refused_call(&c, t(ms)));
+        }
+        let claim = ask(&c, t(1_002)).expect("asks");
+        c.unanswered(claim);
+        assert!(ask(&c, t(1_003)).is_none());
+        assert!(ask(&c, t(1_002) + BUDGET).is_some());
+    }
+
+    #[test]
+    fn an_allow_or_a_forget_clears_the_entry() {
+        let c = cache();
+        for ms in [0, 1, 2] {
+            assert!(refused_call(&c, t(ms)));
+        }
+        let claim = ask(&c, t(1_002)).expect("asks");
+        c.answered("k", &allowed(t(1_002)), t(1_002), claim);
+        assert!(ask(&c, t(1_003)).is_some(), "allowed: nothing held");
+        // And the count starts again.
+        assert!(refused_call(&c, t(1_004)));
+        assert!(refused_call(&c, t(1_005)));
+        assert!(refused_call(&c, t(1_006)));
+        assert!(!refused_call(&c, t(1_007)));
+        c.forget("k");
+        assert!(refused_call(&c, t(1_008)));
+    }
+
+    #[test]
+    fn a_refresh_after_the_flood_ended_is_not_held() {
+        let c = cache();
+        for ms in [0, 1, 2] {
+            assert!(refused_call(&c, t(ms)));
+        }
+        // The next attempt comes a minute later: refreshed, and not held.
+        assert!(refused_call(&c, t(60_000)));
+        assert!(refused_call(&c, t(60_001)));
+    }
+
+    #[test]
+    fn never_past_the_reopening() {
+        let c = RefusalCache::new(100, MAX_REFUSAL_TTL);
+        let reopens = t(3_600_000);
+        let at = reopens - Duration::from_millis(10);
+        for _ in 0..3 {
+            assert!(refused_call(&c, at));
+        }
+        assert!(!refused_call(&c, reopens - Duration::from_micros(1)));
+        assert!(refused_call(&c, reopens));
+    }
+
+    #[test]
+    fn an_unreachable_verdict_is_not_a_refusal_to_hold() {
+        let c = cache();
+        let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
+        let cause = Arc::new(Error::timeout("check", BUDGET));
+        let refused = Verdict::uncounted(&limit, false, cause);
+        for _ in 0..5 {
+            c.answered("k", &refused, t(0), None);
+        }
+        assert!(ask(&c, t(1)).is_some());
     }
 }

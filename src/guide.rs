@@ -31,9 +31,9 @@
 //! 1. **The stored key.** The limiter puts the limit's name in front of the
 //!    key's encoding: `login|email|alice@example.com`. The same [`Key`] under
 //!    two limits is two counters.
-//! 2. **The refusal cache.** If this process saw the store refuse this key
-//!    and the refusal has not reopened yet, that refusal is the answer, with
-//!    no round trip ([below](#the-refusal-cache)).
+//! 2. **The refusal cache.** If this key is being flooded and the store
+//!    refused it within the last TTL, that refusal is the answer, with no
+//!    round trip ([below](#the-refusal-cache)).
 //! 3. **The budget.** From here on everything, getting a connection
 //!    included, ends within the limiter's budget (2 seconds unless set with
 //!    [`Limiter::with_budget`]).
@@ -60,7 +60,7 @@
 //!    window's end and the time. One pure function turns counts into a
 //!    [`Verdict`]; [`Memory`] uses the same function, so the two stores cannot
 //!    drift apart.
-//! 9. **After.** A refusal goes into the refusal cache until it reopens. If
+//! 9. **After.** A refusal of a flooded key goes into the refusal cache. If
 //!    the store could not be reached, the limit decides ([fail-open]); any
 //!    other failure is an [`Error`]. The call is counted in the
 //!    [metrics](crate::metric).
@@ -208,25 +208,46 @@
 //!
 //! Under a credential-stuffing run most attempts are at keys already
 //! refused. Answering them in process keeps the attacker's load off the
-//! shared database, which is what keeps the limiter reachable (an unreachable
-//! limiter fails open). So once the store refuses a key, this process
-//! answers "refused" for it with no round trip until the moment the store
-//! said it reopens.
+//! shared database, which is what keeps the limiter reachable. So for a key
+//! being flooded with attempts, this process answers "refused" itself, and
+//! asks the store about the key again at most once per TTL.
 //!
+//! - **Only for flooded keys.** It engages for a key once the store has
+//!   refused it [`FLOOD_REFUSALS`] (3) times within [`FLOOD_SPAN`] (1
+//!   second) through this limiter, and stays engaged while refusals of the
+//!   key (the store's or its own) keep coming that fast. A single refusal is
+//!   never cached: a user refused once or twice has every call asked of the
+//!   store.
+//! - **Stale for at most a TTL.** An answer from the cache is a refusal the
+//!   store gave to a call that asked at most the TTL earlier
+//!   ([`DEFAULT_REFUSAL_TTL`], 1 second; set with
+//!   [`Limiter::with_refusal_ttl`]), or, while one call is refreshing it, at
+//!   most the TTL and that call's round trip earlier; and never past the
+//!   moment the store said the key reopens. So a `reset` made through
+//!   another replica (support unlocking a user) is seen here by the next
+//!   call for a key that is not flooded, and for a flooded key by the first
+//!   call that starts once the TTL has run out. A `reset`, or a successful
+//!   [`Permit`], through this limiter clears the key's entry at once.
+//! - **At most one statement per flooded key per TTL.** When the TTL runs
+//!   out while the key is still refused, exactly one call refreshes the
+//!   refusal from the store while the others are still answered from the
+//!   cache; refreshes start at least a TTL apart, so a flood of `T` seconds
+//!   costs each flooded key at most `T / TTL + 1` statements per replica
+//!   (with the default TTL, about one a second), plus the 3 refusals that
+//!   engaged it and the calls already on their way to the store when the
+//!   third came back. A refreshing call that is dropped frees its claim at
+//!   once, and one never polled again frees it a budget after it began, so
+//!   no call can pin the cache; while the store is unreachable, the refresh
+//!   is tried once per budget.
 //! - **It can never allow.** It holds only refusals the store gave, and
-//!   answers only "refused", only until the reopening, measured from before
-//!   the call, so never later than the store would.
-//! - **Staleness.** A `reset` (or a successful [`Permit`]) through this
-//!   process clears its entry. A reset made through another replica is seen
-//!   here at the latest when the cached refusal reopens.
-//! - **Bounded.** At most [`DEFAULT_REFUSAL_CACHE_KEYS`] keys by default
-//!   ([`Limiter::with_refusal_cache`] sets another bound,
-//!   [`Limiter::without_refusal_cache`] turns it off), evicted by
-//!   [quick_cache](https://docs.rs/quick_cache)'s S3-FIFO policy; the
-//!   per-entry expiry, on the store's clock, is the crate's own.
+//!   answers only "refused".
 //! - **Not counted.** Refused attempts answered here are not counted in the
 //!   database. With a fixed window that changes no verdict; with a sliding
 //!   window or a lockout it would only have prolonged the refusal.
+//! - **Bounded.** At most [`DEFAULT_REFUSAL_CACHE_KEYS`] keys by default
+//!   ([`Limiter::with_refusal_cache`] sets another bound,
+//!   [`Limiter::without_refusal_cache`] turns it off), evicted by
+//!   [quick_cache](https://docs.rs/quick_cache)'s S3-FIFO policy.
 //! - `check`, `failed`, `hit` and `reserve` read and fill it; the
 //!   several-limits calls neither read nor fill it.
 //!
@@ -371,6 +392,10 @@
 //!
 //! [fail-open]: #fail-open
 //! [`DEFAULT_REFUSAL_CACHE_KEYS`]: crate::DEFAULT_REFUSAL_CACHE_KEYS
+//! [`DEFAULT_REFUSAL_TTL`]: crate::DEFAULT_REFUSAL_TTL
+//! [`FLOOD_REFUSALS`]: crate::FLOOD_REFUSALS
+//! [`FLOOD_SPAN`]: crate::FLOOD_SPAN
+//! [`Limiter::with_refusal_ttl`]: crate::Limiter::with_refusal_ttl
 //! [`Error`]: crate::Error
 //! [`ErrorKind::InTransaction`]: crate::ErrorKind::InTransaction
 //! [`ErrorKind::Misconfigured`]: crate::ErrorKind::Misconfigured

@@ -71,6 +71,7 @@ mod store;
 mod trace;
 mod verdict;
 
+pub use crate::cache::{DEFAULT_REFUSAL_TTL, FLOOD_REFUSALS, FLOOD_SPAN, MAX_REFUSAL_TTL};
 pub use crate::clock::ManualClock;
 pub use crate::conn::{Connect, Connected, LimitConn};
 pub use crate::error::{BoxError, Error, ErrorKind};

@@ -8,7 +8,7 @@ use tokio::time::{Instant, timeout_at};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::cache::RefusalCache;
+use crate::cache::{DEFAULT_REFUSAL_TTL, Lookup, MAX_REFUSAL_TTL, RefusalCache};
 use crate::key::stored;
 use crate::merge::Merger;
 use crate::metric::{self, Outcome, Source};
@@ -159,7 +159,7 @@ impl<S: Store> Limiter<S> {
             store,
             budget: DEFAULT_BUDGET,
             fallback: Memory::bounded(),
-            refusals: RefusalCache::new(DEFAULT_REFUSAL_CACHE_KEYS),
+            refusals: RefusalCache::new(DEFAULT_REFUSAL_CACHE_KEYS, DEFAULT_REFUSAL_TTL),
             merger: Some(Merger::default()),
         }
     }
@@ -210,14 +210,44 @@ impl<S: Store> Limiter<S> {
                 "at most ten million keys",
             ));
         }
-        self.refusals = RefusalCache::new(keys);
+        self.refusals = RefusalCache::new(keys, self.refusals.ttl());
+        Ok(self)
+    }
+
+    /// Sets how long the refusal cache answers for a flooded key before one
+    /// call asks the store again (1 second by default,
+    /// [`DEFAULT_REFUSAL_TTL`](crate::DEFAULT_REFUSAL_TTL)): how long a reset
+    /// made through another replica can go unseen here, and the spacing of
+    /// the statements a flooded key still costs (see
+    /// [`Limiter::with_refusal_cache`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
+    /// TTL shorter than a millisecond or longer than
+    /// [`MAX_REFUSAL_TTL`](crate::MAX_REFUSAL_TTL) (a minute).
+    pub fn with_refusal_ttl(mut self, ttl: Duration) -> Result<Self, Error> {
+        if ttl < Duration::from_millis(1) {
+            return Err(Error::invalid_option(
+                "refusal TTL",
+                "the TTL must be at least one millisecond, or turn the cache off with \
+                 without_refusal_cache",
+            ));
+        }
+        if ttl > MAX_REFUSAL_TTL {
+            return Err(Error::invalid_option(
+                "refusal TTL",
+                "the TTL must be at most 60 seconds",
+            ));
+        }
+        self.refusals.set_ttl(ttl);
         Ok(self)
     }
 
     /// Turns the [refusal cache](crate::guide#the-refusal-cache) off: every
     /// call asks the store.
     pub fn without_refusal_cache(mut self) -> Self {
-        self.refusals = RefusalCache::off();
+        self.refusals = RefusalCache::off(self.refusals.ttl());
         self
     }
 
@@ -237,6 +267,12 @@ impl<S: Store> Limiter<S> {
     /// Whether the refusal cache is on.
     pub fn has_refusal_cache(&self) -> bool {
         self.refusals.is_on()
+    }
+
+    /// How long the refusal cache answers for a flooded key before asking
+    /// the store again (see [`Limiter::with_refusal_ttl`]).
+    pub fn refusal_ttl(&self) -> Duration {
+        self.refusals.ttl()
     }
 
     /// The budget of every call.
@@ -501,16 +537,21 @@ impl<S: Store> Limiter<S> {
     ) -> Result<(Verdict, CountedIn), Error> {
         let started = Instant::now();
         let asked_at = self.store.local_now();
-        if let Some(verdict) = self.refusals.get(key, asked_at) {
-            metric::record_from(
-                limit,
-                operation,
-                Outcome::Refused,
-                Source::Cache,
-                started.elapsed(),
-            );
-            return Ok((verdict, CountedIn::Nowhere));
-        }
+        // A claim to refresh a cached refusal, if this call holds one: it
+        // ends with the answer below, or when this future is dropped.
+        let refresh = match self.refusals.get(key, asked_at, self.budget) {
+            Lookup::Refused(verdict) => {
+                metric::record_from(
+                    limit,
+                    operation,
+                    Outcome::Refused,
+                    Source::Cache,
+                    started.elapsed(),
+                );
+                return Ok((verdict, CountedIn::Nowhere));
+            }
+            Lookup::Ask(refresh) => refresh,
+        };
         let deadline = started + self.budget;
         let counting = async {
             match (op, &self.merger) {
@@ -528,10 +569,11 @@ impl<S: Store> Limiter<S> {
         let result = match result {
             Ok(counted) => {
                 let verdict = decide(op, limit, &counted);
-                self.refusals.put(key, &verdict, asked_at);
+                self.refusals.answered(key, &verdict, asked_at, refresh);
                 Ok((verdict, CountedIn::Store))
             }
             Err(e) if e.is_unreachable() => {
+                self.refusals.unanswered(refresh);
                 crate::trace::unreachable(limit.name(), operation, &e);
                 Ok(self.when_unreachable(op, limit, key, Arc::new(e)))
             }

@@ -7,15 +7,15 @@
 //! form). The calls: check, failed, hit, reset, reserve (with or without
 //! success reported), and the several-limits calls.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use platformkit_limit::{
-    Key, Limit, LimitConn, Limiter, MAX_BUDGET, ManualClock, Memory, Postgres, Reservation, SCHEMA,
-    Store, Verdict, WhenUnreachable,
+    DEFAULT_REFUSAL_TTL, FLOOD_REFUSALS, FLOOD_SPAN, Key, Limit, LimitConn, Limiter, MAX_BUDGET,
+    ManualClock, Memory, Postgres, Reservation, SCHEMA, Store, Verdict, WhenUnreachable,
 };
 use platformkit_limit_testdb::{Server, TestDb};
 use proptest::prelude::*;
@@ -294,14 +294,41 @@ fn cases() -> u32 {
 /// the estimate (before its own ask, for `hit`) is below max.
 ///
 /// Both limiters keep their refusal cache on (the default), so the model
-/// keeps one too: a refusal from a single-limit call is answered again, with
-/// nothing counted, until the moment it reopens; a reset or a success
-/// forgets it; the several-limits calls neither read nor fill it.
+/// keeps one too: once a single-limit call's key has been refused
+/// `FLOOD_REFUSALS` times within `FLOOD_SPAN` (answers from the cache
+/// included), the refusal is answered again, with nothing counted, for the
+/// TTL or until it reopens, whichever is sooner; then the next call asks
+/// again. An allow, a reset or a success forgets the key; the several-limits
+/// calls neither read nor fill it.
 #[derive(Default)]
 struct Model {
     counts: HashMap<(usize, usize, u64), u64>,
-    /// (limit, key) → (the refusal, when it reopens in µs).
-    refusals: HashMap<(usize, usize), (Seen, u64)>,
+    /// (limit, key) → what the refusal cache knows of it.
+    refusals: HashMap<(usize, usize), Cached>,
+}
+
+/// The refusal cache's entry for one (limit, key).
+#[derive(Default)]
+struct Cached {
+    /// The latest refusals answered, in µs, oldest first.
+    times: VecDeque<u64>,
+    /// The refusal answered again, when it reopens and when its TTL ends,
+    /// in µs.
+    held: Option<(Seen, u64, u64)>,
+}
+
+impl Cached {
+    fn refused_at(&mut self, now: u64) {
+        self.times.push_back(now);
+        if self.times.len() > FLOOD_REFUSALS {
+            self.times.pop_front();
+        }
+    }
+
+    fn flooded(&self, now: u64) -> bool {
+        let span = u64::try_from(FLOOD_SPAN.as_micros()).unwrap();
+        self.times.len() == FLOOD_REFUSALS && now - self.times[0] < span
+    }
 }
 
 impl Model {
@@ -333,15 +360,17 @@ impl Model {
         let (max, window, sliding, lockout) = spec;
         let single = !matches!(call, Call::CheckAll | Call::FailedAll | Call::HitAll);
         if single {
-            if let Some((seen, until)) = self.refusals.get(&(limit, key)) {
-                if now < *until {
-                    return Seen {
-                        retry_after: Some(Duration::from_micros(until - now)),
+            let cached = self.refusals.entry((limit, key)).or_default();
+            if let Some((seen, reopens, fresh_until)) = &cached.held {
+                if now < *fresh_until {
+                    let seen = Seen {
+                        retry_after: Some(Duration::from_micros(reopens - now)),
                         ..seen.clone()
                     };
+                    cached.refused_at(now);
+                    return seen;
                 }
             }
-            self.refusals.remove(&(limit, key));
         }
         let width = window * MICROS_PER_SEC;
         let start = now / width * width;
@@ -404,8 +433,15 @@ impl Model {
             reopens_at: Some(at_micros(reopens)),
             retry_after: (!allowed).then(|| Duration::from_micros(reopens - now)),
         };
-        if single && !allowed {
-            self.refusals.insert((limit, key), (seen.clone(), reopens));
+        if single && allowed {
+            self.refusals.remove(&(limit, key));
+        } else if single {
+            let cached = self.refusals.entry((limit, key)).or_default();
+            cached.refused_at(now);
+            let ttl = u64::try_from(DEFAULT_REFUSAL_TTL.as_micros()).unwrap();
+            cached.held = cached
+                .flooded(now)
+                .then(|| (seen.clone(), reopens, reopens.min(now + ttl)));
         }
         seen
     }

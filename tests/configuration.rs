@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use platformkit_limit::{
     ErrorKind, Key, Limit, Limiter, MAX_ATTEMPTS, MAX_BUDGET, MAX_LOCKOUT, MAX_NAME_BYTES,
-    MAX_PAIRS, MAX_WINDOW, Memory, PurgeTask,
+    MAX_PAIRS, MAX_REFUSAL_TTL, MAX_WINDOW, Memory, PurgeTask,
 };
 
 fn login() -> Limit {
@@ -92,6 +92,24 @@ fn every_nonsensical_option_is_refused_when_it_is_set() {
                 .with_refusal_cache(10_000_001)
                 .expect_err("refused"),
         ),
+        (
+            "a refusal TTL of zero",
+            limiter()
+                .with_refusal_ttl(Duration::ZERO)
+                .expect_err("refused"),
+        ),
+        (
+            "a refusal TTL under a millisecond",
+            limiter()
+                .with_refusal_ttl(Duration::from_micros(999))
+                .expect_err("refused"),
+        ),
+        (
+            "a refusal TTL over a minute",
+            limiter()
+                .with_refusal_ttl(MAX_REFUSAL_TTL + Duration::from_millis(1))
+                .expect_err("refused"),
+        ),
     ];
     for (what, error) in refused {
         assert_eq!(error.kind(), ErrorKind::InvalidOption, "{what}: {error}");
@@ -138,4 +156,16 @@ fn the_boundaries_themselves_are_accepted() {
     );
     assert!(Limiter::new(Memory::new()).with_budget(MAX_BUDGET).is_ok());
     assert!(Limiter::new(Memory::new()).with_refusal_cache(1).is_ok());
+    for ttl in [Duration::from_millis(1), MAX_REFUSAL_TTL] {
+        let limiter = Limiter::new(Memory::new())
+            .with_refusal_ttl(ttl)
+            .expect("a TTL at the boundary");
+        assert_eq!(limiter.refusal_ttl(), ttl);
+        // Kept when the cache is sized or turned off and on again.
+        let limiter = limiter
+            .without_refusal_cache()
+            .with_refusal_cache(5)
+            .expect("a cache");
+        assert_eq!(limiter.refusal_ttl(), ttl);
+    }
 }

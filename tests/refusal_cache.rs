@@ -1,51 +1,377 @@
-//! The refusal cache: a refused key costs no round trip until it reopens,
-//! expires exactly at the reopening, is cleared by a reset through this
-//! process, is seen stale from another replica only until the reopening,
-//! never allows, and is bounded.
+//! The refusal cache (its promises are on `Limiter::with_refusal_cache`):
+//! only a flooded key is answered from it; an answer is at most a TTL old and
+//! never past the reopening; a reset through another replica is seen by the
+//! next call of a key that is not flooded, and within a TTL for one that is;
+//! under a flood one call per TTL reaches the store; a refreshing call that
+//! is dropped or never polled again does not pin it; it never allows, is
+//! cleared by a reset here, and is bounded.
+//!
+//! Time is a `ManualClock`; statements are counted by the connections lent.
 
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, UNIX_EPOCH};
+use std::task::Poll;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use platformkit_limit::{Key, Limit, LimitConn, Limiter, ManualClock, Postgres, SCHEMA};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use platformkit_limit::metric::{
+    CALLS_TOTAL, LABEL_OPERATION, LABEL_OUTCOME, LABEL_SOURCE, STATEMENTS_TOTAL,
+};
+use platformkit_limit::{
+    DEFAULT_BUDGET, DEFAULT_REFUSAL_TTL, FLOOD_REFUSALS, Key, Limit, LimitConn, Limiter,
+    MAX_REFUSAL_TTL, ManualClock, Postgres, SCHEMA,
+};
 use platformkit_limit_testdb::{Server, TestDb};
+use tokio::sync::RwLock;
 
 /// A connection source over `db` that counts the connections it lends: one
 /// per statement the limiter sends.
 fn counting(db: &TestDb) -> (impl LimitConn + 'static, Arc<AtomicUsize>) {
+    let (conns, lent, _gate) = gated(db);
+    (conns, lent)
+}
+
+/// As [`counting`], and each connection waits for a read of the gate: hold
+/// its write lock to keep a call waiting for its connection (counted, never
+/// sent).
+fn gated(db: &TestDb) -> (impl LimitConn + 'static, Arc<AtomicUsize>, Arc<RwLock<()>>) {
     let lent = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(RwLock::new(()));
     let config = db.config();
     let counter = lent.clone();
+    let door = gate.clone();
     let conns = move || {
         counter.fetch_add(1, Ordering::SeqCst);
         let config = config.clone();
-        async move { LimitConn::conn(&config).await }
+        let door = door.clone();
+        async move {
+            drop(door.read().await);
+            LimitConn::conn(&config).await
+        }
     };
-    (conns, lent)
+    (conns, lent, gate)
 }
 
 fn start() -> ManualClock {
     ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 60 * 60 + 5))
 }
 
+/// Refuses `key` under `limit` (a limit of 1) through `limiter` the
+/// [`FLOOD_REFUSALS`] times that engage the cache, at the clock's time.
+async fn flood<S: platformkit_limit::Store>(limiter: &Limiter<S>, limit: &Limit, key: &Key) {
+    for _ in 0..FLOOD_REFUSALS {
+        let verdict = limiter.failed(limit, key).await.expect("a verdict");
+        assert!(verdict.is_refused() && !verdict.is_unreachable());
+    }
+}
+
+/// Polls `call` once: far enough to take the refresh claim and wait for its
+/// connection behind the closed gate.
+async fn poll_once<F: Future>(call: &mut std::pin::Pin<Box<F>>) {
+    std::future::poll_fn(|cx| {
+        assert!(
+            call.as_mut().poll(cx).is_pending(),
+            "the call waits for its connection"
+        );
+        Poll::Ready(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_key_costs_no_round_trip_until_it_reopens_exactly() {
+async fn a_flooded_key_costs_no_round_trip_within_the_ttl_and_never_past_the_reopening() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = start();
+    let (conns, lent) = counting(&db);
+    let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()))
+        .with_refusal_ttl(MAX_REFUSAL_TTL)
+        .expect("a TTL");
+    assert!(limiter.has_refusal_cache(), "on by default");
+    assert_eq!(
+        Limiter::new(Postgres::new(db.config())).refusal_ttl(),
+        DEFAULT_REFUSAL_TTL
+    );
+    let limit = Limit::new("login", 2, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("victim");
+
+    assert!(
+        limiter
+            .failed(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_allowed()
+    );
+    // Refused, refused again: each asked of the store, not yet a flood.
+    let refused = limiter.failed(&limit, &key).await.expect("a verdict");
+    assert!(refused.is_refused());
+    let reopens = refused.reopens_at().expect("a reopening");
+    assert!(
+        limiter
+            .check(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_refused()
+    );
+    assert_eq!(lent.load(Ordering::SeqCst), 3, "two refusals: both asked");
+    // The third refusal within the span engages the cache.
+    assert!(
+        limiter
+            .check(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_refused()
+    );
+    assert_eq!(lent.load(Ordering::SeqCst), 4);
+
+    // Hammering the flooded key: every answer refused, no statement sent.
+    for _ in 0..50 {
+        for verdict in [
+            limiter.check(&limit, &key).await,
+            limiter.hit(&limit, &key).await,
+            limiter.failed(&limit, &key).await,
+        ] {
+            assert!(verdict.expect("a verdict").is_refused());
+        }
+    }
+    assert_eq!(
+        lent.load(Ordering::SeqCst),
+        4,
+        "0 round trips within the TTL"
+    );
+    // And none of those attempts was counted in the database.
+    let uncached =
+        Limiter::new(Postgres::new(db.config()).with_clock(clock.clone())).without_refusal_cache();
+    let stored = uncached.check(&limit, &key).await.expect("a verdict");
+    assert_eq!(stored.count(), Some(2));
+
+    // The reopening (55 s away) comes before the TTL (60 s) runs out: one
+    // microsecond before it, still answered here, the wait run down with the
+    // clock...
+    clock.set(reopens - Duration::from_micros(1));
+    let cached = limiter.check(&limit, &key).await.expect("a verdict");
+    assert!(cached.is_refused());
+    assert_eq!(cached.retry_after(), Some(Duration::from_micros(1)));
+    assert_eq!(lent.load(Ordering::SeqCst), 4);
+
+    // ... and at the reopening, asked again, and allowed.
+    clock.set(reopens);
+    let open = limiter.check(&limit, &key).await.expect("a verdict");
+    assert!(open.is_allowed());
+    assert_eq!(open.count(), Some(0));
+    assert_eq!(lent.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_through_another_replica_is_seen_by_the_next_call_here() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = start();
+    let (conns, lent) = counting(&db);
+    let here = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
+    let elsewhere = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
+    let limit = Limit::new("login", 1, Duration::from_secs(24 * 60 * 60)).expect("a limit");
+    let key = Key::opaque("locked-out-user");
+
+    // The user is refused here, and tries once more: refused again. Both
+    // answers are the store's.
+    assert!(
+        here.failed(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_refused()
+    );
+    assert!(
+        here.check(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_refused()
+    );
+    assert_eq!(lent.load(Ordering::SeqCst), 2);
+
+    // Support unlocks them through another replica, at the same instant.
+    elsewhere.reset(&limit, &key).await.expect("a reset");
+
+    let next = here.check(&limit, &key).await.expect("a verdict");
+    assert_eq!(
+        lent.load(Ordering::SeqCst),
+        3,
+        "the next call here reaches the store"
+    );
+    assert!(next.is_allowed(), "and sees the reset");
+    assert_eq!(next.count(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_here_clears_a_flooded_key_at_once() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
     let (conns, lent) = counting(&db);
     let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
-    assert!(limiter.has_refusal_cache(), "on by default");
-    let limit = Limit::new("login", 2, Duration::from_secs(60)).expect("a limit");
+    let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("account");
+
+    flood(&limiter, &limit, &key).await;
+    assert!(
+        limiter
+            .check(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_refused()
+    );
+    let before = lent.load(Ordering::SeqCst);
+    assert_eq!(before, FLOOD_REFUSALS, "the flood is answered here");
+
+    limiter.reset(&limit, &key).await.expect("a reset");
+    let after = limiter.check(&limit, &key).await.expect("a verdict");
+    assert!(after.is_allowed(), "a reset here clears the cached refusal");
+    assert_eq!(
+        lent.load(Ordering::SeqCst),
+        before + 2,
+        "the reset, the check"
+    );
+}
+
+/// How many concurrent calls each step of the flood makes.
+const BATCH: usize = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_costs_one_statement_per_ttl_and_a_reset_elsewhere_is_seen_within_one() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = start();
+    let (conns, lent) = counting(&db);
+    let here = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
+    let elsewhere = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
+    let ttl = here.refusal_ttl();
+    assert_eq!(ttl, Duration::from_secs(1));
+    let limit = Limit::new("login", 1, Duration::from_secs(60 * 60)).expect("a limit");
+    let key = Key::opaque("stuffed");
+
+    let began = clock.now();
+    assert!(
+        here.failed(&limit, &key)
+            .await
+            .expect("a verdict")
+            .is_refused()
+    );
+    assert_eq!(lent.load(Ordering::SeqCst), 1);
+
+    // One step of the flood: the clock moves 10 ms and BATCH calls run at
+    // once. Each step's answers, and the statements sent by TTL since the
+    // flood began.
+    let step = Duration::from_millis(10);
+    let mut per_ttl: Vec<usize> = Vec::new();
+    // The first refusal is counted in the first TTL.
+    let mut sent = 0;
+    let run_step = async |per_ttl: &mut Vec<usize>, sent: &mut usize| -> (SystemTime, Vec<bool>) {
+        clock.advance(step);
+        let now = clock.now();
+        let calls = (0..BATCH).map(|_| here.check(&limit, &key));
+        let answers: Vec<bool> = join_all(calls)
+            .await
+            .into_iter()
+            .map(|v| v.expect("a verdict").is_refused())
+            .collect();
+        let interval = usize::try_from(
+            now.duration_since(began).expect("forward").as_nanos() / ttl.as_nanos(),
+        )
+        .expect("a few");
+        if per_ttl.len() <= interval {
+            per_ttl.resize(interval + 1, 0);
+        }
+        let total = lent.load(Ordering::SeqCst);
+        per_ttl[interval] += total - *sent;
+        *sent = total;
+        (now, answers)
+    };
+
+    // Five seconds of flood: every answer refused.
+    while clock.now() < began + 5 * ttl {
+        let (now, answers) = run_step(&mut per_ttl, &mut sent).await;
+        assert!(answers.iter().all(|&refused| refused), "at {now:?}");
+    }
+    // The first TTL: the first refusal, then the first batch, all on its
+    // way to the store before any answer engaged the cache. Every TTL
+    // after: exactly one refresh.
+    assert!(
+        per_ttl[0] <= 1 + BATCH,
+        "engaging costs the refusals before it: {per_ttl:?}"
+    );
+    assert_eq!(
+        &per_ttl[1..5],
+        &[1, 1, 1, 1],
+        "one statement per TTL while flooded: {per_ttl:?}"
+    );
+
+    // Support unlocks the account through another replica.
+    let reset_at = clock.now();
+    elsewhere.reset(&limit, &key).await.expect("a reset");
+    let mut seen = None;
+    while clock.now() < reset_at + 3 * ttl {
+        let (now, answers) = run_step(&mut per_ttl, &mut sent).await;
+        let allowed = answers.iter().filter(|&&refused| !refused).count();
+        match seen {
+            None if allowed == 0 => {}
+            None => {
+                // The one call that refreshed sees the reset; the others
+                // of its batch still had the cached refusal.
+                assert_eq!(allowed, 1, "exactly one call refreshes");
+                seen = Some(now);
+            }
+            Some(_) => assert_eq!(allowed, BATCH, "every call after it is allowed"),
+        }
+    }
+    let seen = seen.expect("the reset is seen");
+    assert!(
+        seen <= reset_at + ttl,
+        "seen within one TTL: {:?} after the reset",
+        seen.duration_since(reset_at)
+    );
+}
+
+/// Runs `calls` at once within this task, as `futures::future::join_all`
+/// would (so they may borrow the limiter), and gives their outputs in order.
+async fn join_all<F: Future>(calls: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<_> = calls.map(|c| Some(Box::pin(c))).collect();
+    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (slot, out) in pending.iter_mut().zip(done.iter_mut()) {
+            if let Some(call) = slot {
+                match call.as_mut().poll(cx) {
+                    Poll::Ready(v) => {
+                        *out = Some(v);
+                        *slot = None;
+                    }
+                    Poll::Pending => all = false,
+                }
+            }
+        }
+        if all { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    done.into_iter().map(|v| v.expect("done")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_refresh_does_not_pin_the_cache() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = start();
+    let (conns, lent, gate) = gated(&db);
+    let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
+    let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
     let key = Key::opaque("victim");
+    flood(&limiter, &limit, &key).await;
+    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS);
 
-    limiter.failed(&limit, &key).await.expect("a verdict");
-    let refused = limiter.failed(&limit, &key).await.expect("a verdict");
-    assert!(refused.is_refused());
-    let reopens = refused.reopens_at().expect("a reopening");
-    assert_eq!(lent.load(Ordering::SeqCst), 2);
-
-    // Hammering the refused key: every answer refused, no statement sent.
-    for _ in 0..50 {
+    // Past the TTL, a call claims the refresh and waits for its connection.
+    clock.advance(limiter.refusal_ttl());
+    let closed = gate.write().await;
+    let mut refreshing = Box::pin(limiter.check(&limit, &key));
+    poll_once(&mut refreshing).await;
+    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS + 1);
+    // Meanwhile the others are answered here.
+    for _ in 0..10 {
         assert!(
             limiter
                 .check(&limit, &key)
@@ -53,90 +379,70 @@ async fn a_refused_key_costs_no_round_trip_until_it_reopens_exactly() {
                 .expect("a verdict")
                 .is_refused()
         );
-        assert!(
-            limiter
-                .hit(&limit, &key)
-                .await
-                .expect("a verdict")
-                .is_refused()
-        );
-        assert!(
-            limiter
-                .failed(&limit, &key)
-                .await
-                .expect("a verdict")
-                .is_refused()
-        );
     }
-    assert_eq!(
-        lent.load(Ordering::SeqCst),
-        2,
-        "0 round trips for a refused key"
-    );
+    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS + 1);
 
-    // One microsecond before the reopening: still cached, and the wait runs
-    // down with the clock.
-    clock.set(reopens - Duration::from_micros(1));
-    let cached = limiter.check(&limit, &key).await.expect("a verdict");
-    assert!(cached.is_refused());
-    assert_eq!(cached.retry_after(), Some(Duration::from_micros(1)));
-    assert_eq!(lent.load(Ordering::SeqCst), 2);
-
-    // At the reopening: asked again, and allowed, with the cached refusals
-    // not counted in the database.
-    clock.set(reopens);
-    let open = limiter.check(&limit, &key).await.expect("a verdict");
-    assert!(open.is_allowed());
-    assert_eq!(open.count(), Some(0));
-    assert_eq!(lent.load(Ordering::SeqCst), 3);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_here_clears_the_cache_and_a_reset_elsewhere_is_seen_at_the_reopening() {
-    let db = Server::shared().database(SCHEMA).await;
-    let clock = start();
-    let here = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
-    let elsewhere = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
-    let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
-    let key = Key::opaque("account");
-
-    let refused = here.failed(&limit, &key).await.expect("a verdict");
-    assert!(refused.is_refused());
-    here.reset(&limit, &key).await.expect("a reset");
+    // Dropped (a client went away): the next call refreshes, at the same
+    // instant.
+    drop(refreshing);
+    drop(closed);
     assert!(
-        here.check(&limit, &key)
-            .await
-            .expect("a verdict")
-            .is_allowed(),
-        "a reset through this process clears its cached refusal"
-    );
-
-    let refused = here.failed(&limit, &key).await.expect("a verdict");
-    let reopens = refused.reopens_at().expect("a reopening");
-    elsewhere.reset(&limit, &key).await.expect("a reset");
-    assert!(
-        elsewhere
+        limiter
             .check(&limit, &key)
             .await
             .expect("a verdict")
-            .is_allowed(),
-        "the database is reset"
+            .is_refused()
     );
+    assert_eq!(
+        lent.load(Ordering::SeqCst),
+        FLOOD_REFUSALS + 2,
+        "the dropped call's claim is gone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_never_polled_again_frees_the_cache_after_the_budget() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = start();
+    let (conns, lent, gate) = gated(&db);
+    let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
+    assert_eq!(limiter.budget(), DEFAULT_BUDGET);
+    let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("victim");
+    flood(&limiter, &limit, &key).await;
+
+    clock.advance(limiter.refusal_ttl());
+    let closed = gate.write().await;
+    let mut stalled = Box::pin(limiter.check(&limit, &key));
+    poll_once(&mut stalled).await;
+    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS + 1);
+    drop(closed);
+
+    // Held, never polled again: its claim stands for a budget...
+    clock.advance(DEFAULT_BUDGET - Duration::from_micros(1));
     assert!(
-        here.check(&limit, &key)
+        limiter
+            .check(&limit, &key)
             .await
             .expect("a verdict")
-            .is_refused(),
-        "this process still answers its cached refusal"
+            .is_refused()
     );
-    clock.set(reopens);
+    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS + 1);
+    // ... and no longer.
+    clock.advance(Duration::from_micros(1));
     assert!(
-        here.check(&limit, &key)
+        limiter
+            .check(&limit, &key)
             .await
             .expect("a verdict")
-            .is_allowed(),
-        "seen here at the latest at the reopening"
+            .is_refused()
     );
+    assert_eq!(
+        lent.load(Ordering::SeqCst),
+        FLOOD_REFUSALS + 2,
+        "a stale claim lets the next call refresh"
+    );
+    drop(stalled);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,13 +458,7 @@ async fn the_cache_never_allows_and_is_bounded() {
         .map(|i| Key::opaque(&format!("code-{i}")))
         .collect();
     for key in &keys {
-        assert!(
-            limiter
-                .failed(&limit, key)
-                .await
-                .expect("a verdict")
-                .is_refused()
-        );
+        flood(&limiter, &limit, key).await;
     }
     let before = lent.load(Ordering::SeqCst);
     for key in &keys {
@@ -190,4 +490,62 @@ async fn the_cache_never_allows_and_is_bounded() {
             .with_refusal_cache(0)
             .is_err()
     );
+}
+
+#[tokio::test]
+async fn answers_from_the_cache_are_counted_with_source_cache() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = start();
+    let limiter = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
+    let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("victim");
+    flood(&limiter, &limit, &key).await;
+    for _ in 0..2 {
+        assert!(
+            limiter
+                .check(&limit, &key)
+                .await
+                .expect("a verdict")
+                .is_refused()
+        );
+    }
+
+    let mut calls = BTreeMap::new();
+    let mut statements = 0;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default()
+        };
+        match (key.name(), value) {
+            (CALLS_TOTAL, DebugValue::Counter(n)) => {
+                calls.insert(
+                    (
+                        label(LABEL_OPERATION),
+                        label(LABEL_OUTCOME),
+                        label(LABEL_SOURCE),
+                    ),
+                    n,
+                );
+            }
+            (STATEMENTS_TOTAL, DebugValue::Counter(n)) => statements += n,
+            _ => {}
+        }
+    }
+    let expected: BTreeMap<(String, String, String), u64> = [
+        (("failed", "refused", "store"), 3),
+        (("check", "refused", "cache"), 2),
+    ]
+    .into_iter()
+    .map(|((op, outcome, source), n)| ((op.into(), outcome.into(), source.into()), n))
+    .collect();
+    assert_eq!(calls, expected);
+    assert_eq!(statements, 3, "the cache's answers sent nothing");
 }
