@@ -505,7 +505,7 @@ mod tests {
     fn an_unreachable_verdict_is_not_a_refusal_to_hold() {
         let c = cache();
         let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
-        let cause = Arc::new(Error::timeout("check", BUDGET));
+        let cause = Arc::new(Error::timeout(crate::operation::Operation::Check, BUDGET));
         let refused = Verdict::uncounted(&limit, false, cause);
         for _ in 0..5 {
             c.answered("k", &refused, t(0), None);

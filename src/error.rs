@@ -12,6 +12,8 @@
 use std::time::Duration;
 
 use snafu::Snafu;
+
+use crate::operation::Operation;
 use tokio_postgres::error::SqlState;
 
 /// A boxed error from a connection source.
@@ -177,7 +179,7 @@ impl Class {
 pub(crate) enum Inner {
     #[snafu(display("{operation}: the connection source could not provide a connection"))]
     Connect {
-        operation: &'static str,
+        operation: Operation,
         source: BoxError,
     },
 
@@ -185,19 +187,19 @@ pub(crate) enum Inner {
         "{operation}: the connection source failed for a reason an outage does not explain"
     ))]
     Misconfigured {
-        operation: &'static str,
+        operation: Operation,
         source: BoxError,
     },
 
     #[snafu(display("{operation}: the connection to PostgreSQL failed or was lost"))]
     ConnectionLost {
-        operation: &'static str,
+        operation: Operation,
         source: tokio_postgres::Error,
     },
 
     #[snafu(display("{operation}: no answer within the budget of {budget:?}"))]
     Timeout {
-        operation: &'static str,
+        operation: Operation,
         budget: Duration,
     },
 
@@ -205,18 +207,18 @@ pub(crate) enum Inner {
         "{operation}: PostgreSQL stopped the statement at this call's cancel request"
     ))]
     ServerTimeout {
-        operation: &'static str,
+        operation: Operation,
         source: tokio_postgres::Error,
     },
 
     #[snafu(display(
         "{operation}: the answer came after this call's cancel request, at the end of its budget"
     ))]
-    AnsweredAfterCancel { operation: &'static str },
+    AnsweredAfterCancel { operation: Operation },
 
     #[snafu(display("{operation}: a lock the statement needed was held past the server's budget"))]
     LockTimeout {
-        operation: &'static str,
+        operation: Operation,
         source: tokio_postgres::Error,
     },
 
@@ -224,7 +226,7 @@ pub(crate) enum Inner {
         "{operation}: PostgreSQL cancelled the statement, and this limiter did not ask it to"
     ))]
     Cancelled {
-        operation: &'static str,
+        operation: Operation,
         source: tokio_postgres::Error,
     },
 
@@ -233,13 +235,13 @@ pub(crate) enum Inner {
          than the limiter's budget"
     ))]
     SessionTimeout {
-        operation: &'static str,
+        operation: Operation,
         source: tokio_postgres::Error,
     },
 
     #[snafu(display("{operation}: PostgreSQL refused the limiter's statement"))]
     Query {
-        operation: &'static str,
+        operation: Operation,
         source: tokio_postgres::Error,
     },
 
@@ -248,7 +250,7 @@ pub(crate) enum Inner {
          the limiter needs an idle connection and rolled that transaction back"
     ))]
     InTransaction {
-        operation: &'static str,
+        operation: Operation,
         source: tokio_postgres::Error,
     },
 
@@ -259,13 +261,13 @@ pub(crate) enum Inner {
 
     #[snafu(display("{operation}: the merged statement for this key failed"))]
     Merged {
-        operation: &'static str,
+        operation: Operation,
         source: std::sync::Arc<Error>,
     },
 
     #[snafu(display("{operation}: PostgreSQL answered unexpectedly: {what}"))]
     Unexpected {
-        operation: &'static str,
+        operation: Operation,
         what: &'static str,
     },
 
@@ -349,11 +351,11 @@ impl Error {
         Error(Inner::Abandoned)
     }
 
-    pub(crate) fn merged(operation: &'static str, source: std::sync::Arc<Error>) -> Self {
+    pub(crate) fn merged(operation: Operation, source: std::sync::Arc<Error>) -> Self {
         Error(Inner::Merged { operation, source })
     }
 
-    pub(crate) fn unexpected(operation: &'static str, what: &'static str) -> Self {
+    pub(crate) fn unexpected(operation: Operation, what: &'static str) -> Self {
         Error(Inner::Unexpected { operation, what })
     }
 
@@ -361,7 +363,7 @@ impl Error {
     /// error in its chain shows a misconfiguration (a refusal with a SQLSTATE
     /// that is not the server going away, an invalid configuration, a failed
     /// authentication).
-    pub(crate) fn connect(operation: &'static str, source: BoxError) -> Self {
+    pub(crate) fn connect(operation: Operation, source: BoxError) -> Self {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
         while let Some(error) = cause {
             if error
@@ -379,18 +381,18 @@ impl Error {
     /// ran out, whatever the answer says. (A commit waiting for a synchronous
     /// standby is answered, with only a warning, when it is cancelled: not
     /// replicated, so never to be taken as acknowledged.)
-    pub(crate) fn answered_after_cancel(operation: &'static str) -> Self {
+    pub(crate) fn answered_after_cancel(operation: Operation) -> Self {
         Error(Inner::AnsweredAfterCancel { operation })
     }
 
-    pub(crate) fn timeout(operation: &'static str, budget: Duration) -> Self {
+    pub(crate) fn timeout(operation: Operation, budget: Duration) -> Self {
         Error(Inner::Timeout { operation, budget })
     }
 
     /// Sorts an error from PostgreSQL into "unreachable" (the connection is
     /// gone, the server is going away or is a standby) and everything else,
     /// which is a hard error; see the table in [`ErrorKind`].
-    pub(crate) fn from_postgres(operation: &'static str, source: tokio_postgres::Error) -> Self {
+    pub(crate) fn from_postgres(operation: Operation, source: tokio_postgres::Error) -> Self {
         Error::from_call(operation, source, false)
     }
 
@@ -398,7 +400,7 @@ impl Error {
     /// own cancel request when `cancel_sent`: only then is a cancel the
     /// budget running out.
     pub(crate) fn from_call(
-        operation: &'static str,
+        operation: Operation,
         source: tokio_postgres::Error,
         cancel_sent: bool,
     ) -> Self {

@@ -50,6 +50,7 @@
 #![deny(missing_docs)]
 
 mod cache;
+mod call;
 mod checks;
 mod clock;
 mod conn;
@@ -61,6 +62,7 @@ mod limiter;
 mod memory;
 mod merge;
 pub mod metric;
+mod operation;
 mod permit;
 #[cfg(any(feature = "deadpool", feature = "bb8"))]
 mod pool;

@@ -1,17 +1,15 @@
 //! [`Limiter`]: the front. Check before an attempt, record a failure after
 //! it, or do both at once.
 
-use std::time::Duration;
-
-use tokio::time::{Instant, timeout_at};
-
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::cache::{DEFAULT_REFUSAL_TTL, Lookup, MAX_REFUSAL_TTL, RefusalCache};
+use crate::call::Call;
 use crate::key::stored;
 use crate::merge::Merger;
 use crate::metric::{self, Outcome, Source};
+use crate::operation::Operation;
 use crate::store::sealed::Sealed as _;
 use crate::store::{Op, Store};
 use crate::verdict::decide;
@@ -396,20 +394,16 @@ impl<S: Store> Limiter<S> {
             .iter()
             .map(|(limit, key)| (*limit, stored(limit.name(), key)))
             .collect();
-        let started = Instant::now();
-        let deadline = started + self.budget;
-        let result = match timeout_at(deadline, self.store.count_many(op, &stored, deadline)).await
-        {
-            Ok(result) => result,
-            Err(_) => Err(Error::timeout(op.name(), self.budget)),
-        };
-        let took = started.elapsed();
+        let call = Call::start(op.into(), self.budget);
+        let result = call
+            .within(self.store.count_many(op, &stored, call.deadline()))
+            .await;
         match result {
             Ok(counted) => {
                 let mut verdicts = Vec::with_capacity(stored.len());
                 for ((limit, _), counted) in stored.iter().zip(&counted) {
                     let verdict = decide(op, limit, counted);
-                    metric::record(limit, op.name(), Outcome::of(&verdict), took);
+                    call.record(limit, Outcome::of(&verdict));
                     verdicts.push(verdict);
                 }
                 Ok(Verdicts(verdicts))
@@ -418,16 +412,15 @@ impl<S: Store> Limiter<S> {
                 let cause = Arc::new(e);
                 let mut verdicts = Vec::with_capacity(stored.len());
                 for (limit, key) in &stored {
-                    crate::trace::unreachable(limit.name(), op.name(), &cause);
+                    call.record_unreachable(limit, &cause);
                     let (verdict, _) = self.when_unreachable(op, limit, key, cause.clone());
-                    metric::record(limit, op.name(), Outcome::Unreachable, took);
                     verdicts.push(verdict);
                 }
                 Ok(Verdicts(verdicts))
             }
             Err(e) => {
                 for (limit, _) in &stored {
-                    metric::record(limit, op.name(), Outcome::Error, took);
+                    call.record(limit, Outcome::Error);
                 }
                 Err(e)
             }
@@ -476,7 +469,7 @@ impl<S: Store> Limiter<S> {
     /// the limit's [`WhenUnreachable`].
     pub async fn reserve(&self, limit: &Limit, key: &Key) -> Result<Reservation<'_, S>, Error> {
         let stored = stored(limit.name(), key);
-        let (verdict, counted_in) = self.run(Op::Hit, limit, &stored, "reserve").await?;
+        let (verdict, counted_in) = self.run(Op::Reserve, limit, &stored).await?;
         Ok(Permit::reservation(
             self, limit, stored, verdict, counted_in,
         ))
@@ -496,32 +489,23 @@ impl<S: Store> Limiter<S> {
 
     /// Clears a stored key, with the budget and the metrics.
     pub(crate) async fn reset_stored(&self, limit: &Limit, key: &str) -> Result<(), Error> {
-        let started = Instant::now();
-        let deadline = started + self.budget;
+        let call = Call::start(Operation::Reset, self.budget);
         self.refusals.forget(key);
         // The local count (if the limit ever fell back to it) is cleared too.
-        let _ = self.fallback.reset(key, deadline).await;
-        let result = match timeout_at(deadline, self.store.reset(key, deadline)).await {
-            Ok(result) => result.map(drop),
-            Err(_) => Err(Error::timeout("reset", self.budget)),
-        };
+        let _ = self.fallback.reset(key, call.deadline()).await;
+        let result = call
+            .within(self.store.reset(key, call.deadline()))
+            .await
+            .map(drop);
         // Again: a refusal cached by a call that raced the reset is stale.
         self.refusals.forget(key);
-        let outcome = match &result {
-            Ok(()) => Outcome::Cleared,
-            Err(e) if e.is_unreachable() => {
-                crate::trace::unreachable(limit.name(), "reset", e);
-                Outcome::Unreachable
-            }
-            Err(_) => Outcome::Error,
-        };
-        metric::record(limit, "reset", outcome, started.elapsed());
+        call.record_cleared(limit, &result);
         result
     }
 
     async fn counted(&self, op: Op, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
         let stored = stored(limit.name(), key);
-        self.run(op, limit, &stored, op.name())
+        self.run(op, limit, &stored)
             .await
             .map(|(verdict, _)| verdict)
     }
@@ -533,59 +517,45 @@ impl<S: Store> Limiter<S> {
         op: Op,
         limit: &Limit,
         key: &str,
-        operation: &'static str,
     ) -> Result<(Verdict, CountedIn), Error> {
-        let started = Instant::now();
+        let call = Call::start(op.into(), self.budget);
         let asked_at = self.store.local_now();
         // A claim to refresh a cached refusal, if this call holds one: it
         // ends with the answer below, or when this future is dropped.
         let refresh = match self.refusals.get(key, asked_at, self.budget) {
             Lookup::Refused(verdict) => {
-                metric::record_from(
-                    limit,
-                    operation,
-                    Outcome::Refused,
-                    Source::Cache,
-                    started.elapsed(),
-                );
+                call.record_from(limit, Outcome::Refused, Source::Cache);
                 return Ok((verdict, CountedIn::Nowhere));
             }
             Lookup::Ask(refresh) => refresh,
         };
-        let deadline = started + self.budget;
+        let deadline = call.deadline();
         let counting = async {
-            match (op, &self.merger) {
-                (Op::Failed | Op::Hit, Some(merger)) => merger
+            match &self.merger {
+                Some(merger) if op.adds() => merger
                     .add(key, |n| self.store.count(op, limit, key, n, deadline))
                     .await
-                    .map_err(|e| Error::merged(operation, e)),
+                    .map_err(|e| Error::merged(call.operation(), e)),
                 _ => self.store.count(op, limit, key, 1, deadline).await,
             }
         };
-        let result = match timeout_at(deadline, counting).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::timeout(operation, self.budget)),
-        };
-        let result = match result {
+        match call.within(counting).await {
             Ok(counted) => {
                 let verdict = decide(op, limit, &counted);
                 self.refusals.answered(key, &verdict, asked_at, refresh);
+                call.record(limit, Outcome::of(&verdict));
                 Ok((verdict, CountedIn::Store))
             }
             Err(e) if e.is_unreachable() => {
                 self.refusals.unanswered(refresh);
-                crate::trace::unreachable(limit.name(), operation, &e);
+                call.record_unreachable(limit, &e);
                 Ok(self.when_unreachable(op, limit, key, Arc::new(e)))
             }
-            Err(e) => Err(e),
-        };
-        let outcome = match &result {
-            Ok((verdict, CountedIn::Store)) => Outcome::of(verdict),
-            Ok(_) => Outcome::Unreachable,
-            Err(_) => Outcome::Error,
-        };
-        metric::record(limit, operation, outcome, started.elapsed());
-        result
+            Err(e) => {
+                call.record(limit, Outcome::Error);
+                Err(e)
+            }
+        }
     }
 
     /// The verdict when the store could not be reached: the limit decides.
@@ -624,34 +594,21 @@ impl<S: Store> Limiter<S> {
         window_start: SystemTime,
         counted_in: CountedIn,
     ) -> Result<(), Error> {
-        let started = Instant::now();
-        let deadline = started + self.budget;
+        let call = Call::start(Operation::TakeBack, self.budget);
         self.refusals.forget(key);
         let result = match counted_in {
-            CountedIn::Store => {
-                match timeout_at(
-                    deadline,
-                    self.store.take_back(key, window_start, 1, deadline),
-                )
+            CountedIn::Store => call
+                .within(self.store.take_back(key, window_start, 1, call.deadline()))
                 .await
-                {
-                    Ok(result) => result.map(drop),
-                    Err(_) => Err(Error::timeout("take_back", self.budget)),
-                }
-            }
+                .map(drop),
             CountedIn::Fallback => self
                 .fallback
-                .take_back(key, window_start, 1, deadline)
+                .take_back(key, window_start, 1, call.deadline())
                 .await
                 .map(drop),
             CountedIn::Nowhere => Ok(()),
         };
-        let outcome = match &result {
-            Ok(()) => Outcome::Cleared,
-            Err(e) if e.is_unreachable() => Outcome::Unreachable,
-            Err(_) => Outcome::Error,
-        };
-        metric::record(limit, "take_back", outcome, started.elapsed());
+        call.record_cleared(limit, &result);
         result
     }
 }

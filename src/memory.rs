@@ -105,7 +105,7 @@ impl Memory {
                 .and_then(|w| w.get(&start))
                 .copied()
                 .unwrap_or(0),
-            Op::Failed | Op::Hit => {
+            Op::Failed | Op::Hit | Op::Reserve => {
                 let key_windows = windows.entry(key.to_owned()).or_default();
                 if self.bounded {
                     // What purge keeps: windows closed less than a day ago,

@@ -13,12 +13,12 @@
 //! | `platformkit_limit_purged_rows_total` | counter | — |
 //! | `platformkit_limit_purge_failures_total` | counter | — |
 //!
-//! In `calls_total` and `call_duration_seconds`, `operation` is the call:
-//! `check`, `failed`, `hit`, `reserve`, `reset` or `take_back` (a permit's
-//! success); the several-limits calls count once per pair, as `check`,
-//! `failed` or `hit`. In `statements_total` it is the statement sent:
-//! `check`, `failed`, `hit` (a reservation's statement too), `reset`,
-//! `take_back` or `purge`.
+//! `operation` is one vocabulary in every metric, error and event: `check`,
+//! `failed`, `hit`, `reserve`, `reset`, `take_back` (a permit's success) or
+//! `purge` (in `statements_total` only). In `calls_total` and
+//! `call_duration_seconds` it is the call, and the several-limits calls count
+//! once per pair, as `check`, `failed` or `hit`; in `statements_total` it is
+//! the call the statement was sent for.
 //!
 //! `source` is `store` or `cache` (a refusal the
 //! [refusal cache](crate::guide#the-refusal-cache) answered without a round
@@ -38,6 +38,7 @@ use std::time::Duration;
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 
 use crate::Limit;
+use crate::operation::Operation;
 
 /// Counter of calls, by limit, operation and outcome.
 pub const CALLS_TOTAL: &str = "platformkit_limit_calls_total";
@@ -57,9 +58,8 @@ pub const STATEMENTS_TOTAL: &str = "platformkit_limit_statements_total";
 
 /// Label: the limit's name.
 pub const LABEL_LIMIT: &str = "limit";
-/// Label: the operation, `check`, `failed`, `hit`, `reserve`, `reset` or
-/// `take_back` for a call, and also `purge` for a statement (see the module
-/// docs).
+/// Label: the operation: `check`, `failed`, `hit`, `reserve`, `reset`,
+/// `take_back` or `purge` (see the module docs).
 pub const LABEL_OPERATION: &str = "operation";
 /// Label: `allowed`, `refused`, `unreachable`, `error` or `cleared`.
 pub const LABEL_OUTCOME: &str = "outcome";
@@ -136,13 +136,9 @@ pub(crate) enum Source {
     Cache,
 }
 
-pub(crate) fn record(limit: &Limit, operation: &'static str, outcome: Outcome, took: Duration) {
-    record_from(limit, operation, outcome, Source::Store, took);
-}
-
 pub(crate) fn record_from(
     limit: &Limit,
-    operation: &'static str,
+    operation: Operation,
     outcome: Outcome,
     source: Source,
     took: Duration,
@@ -154,7 +150,7 @@ pub(crate) fn record_from(
     counter!(
         CALLS_TOTAL,
         LABEL_LIMIT => limit.name_arc().clone(),
-        LABEL_OPERATION => operation,
+        LABEL_OPERATION => operation.label(),
         LABEL_OUTCOME => outcome.label(),
         LABEL_SOURCE => source,
     )
@@ -162,7 +158,7 @@ pub(crate) fn record_from(
     histogram!(
         CALL_DURATION_SECONDS,
         LABEL_LIMIT => limit.name_arc().clone(),
-        LABEL_OPERATION => operation,
+        LABEL_OPERATION => operation.label(),
     )
     .record(took.as_secs_f64());
 }
@@ -175,6 +171,6 @@ pub(crate) fn purge_failed() {
     counter!(PURGE_FAILURES_TOTAL).increment(1);
 }
 
-pub(crate) fn statement_sent(operation: &'static str) {
-    counter!(STATEMENTS_TOTAL, LABEL_OPERATION => operation).increment(1);
+pub(crate) fn statement_sent(operation: Operation) {
+    counter!(STATEMENTS_TOTAL, LABEL_OPERATION => operation.label()).increment(1);
 }

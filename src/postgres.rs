@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use tokio_postgres::{Client, Row};
 
 use crate::clock::Clock;
+use crate::operation::Operation;
 use crate::sql::{self, Budget};
 use crate::store::{Counted, Op, Store, sealed};
 use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
@@ -99,7 +100,7 @@ impl<C: LimitConn> Postgres<C> {
         }
     }
 
-    async fn connection(&self, operation: &'static str) -> Result<C::Conn, Error> {
+    async fn connection(&self, operation: Operation) -> Result<C::Conn, Error> {
         self.conns
             .conn()
             .await
@@ -122,7 +123,8 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         n: u64,
         deadline: Instant,
     ) -> Result<Counted, Error> {
-        let conn = self.connection(op.name()).await?;
+        let operation = Operation::from(op);
+        let conn = self.connection(operation).await?;
         let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
         let pinned = self.pinned()?;
         let budget = Budget::until(deadline);
@@ -140,9 +142,9 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&max, Type::INT8),
                     (&lockout, Type::INT8),
                 ];
-                call(&conn, op.name(), sql::READ, &params, budget).await?
+                call(&conn, operation, sql::READ, &params, budget).await?
             }
-            Op::Failed | Op::Hit => {
+            Op::Failed | Op::Hit | Op::Reserve => {
                 let n = i64::try_from(n).unwrap_or(i64::MAX);
                 let params: [(&(dyn ToSql + Sync), Type); 9] = [
                     (&key, Type::TEXT),
@@ -155,10 +157,10 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&max, Type::INT8),
                     (&lockout, Type::INT8),
                 ];
-                call(&conn, op.name(), sql::ADD, &params, budget).await?
+                call(&conn, operation, sql::ADD, &params, budget).await?
             }
         };
-        let get = |e| Error::from_postgres(op.name(), e);
+        let get = |e| Error::from_postgres(operation, e);
         let count: i64 = row.try_get(0).map_err(get)?;
         let window_end: SystemTime = row.try_get(1).map_err(get)?;
         let now: SystemTime = row.try_get(2).map_err(get)?;
@@ -179,7 +181,8 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         pairs: &[(&Limit, String)],
         deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
-        let conn = self.connection(op.name()).await?;
+        let operation = Operation::from(op);
+        let conn = self.connection(operation).await?;
         let keys: Vec<&str> = pairs.iter().map(|(_, key)| key.as_str()).collect();
         let windows: Vec<i64> = pairs
             .iter()
@@ -206,9 +209,9 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&maxes, Type::INT8_ARRAY),
                     (&lockouts, Type::INT8_ARRAY),
                 ];
-                call(&conn, op.name(), sql::READ_MANY, &params, budget).await?
+                call(&conn, operation, sql::READ_MANY, &params, budget).await?
             }
-            Op::Failed | Op::Hit => {
+            Op::Failed | Op::Hit | Op::Reserve => {
                 let one = 1_i64;
                 let params: [(&(dyn ToSql + Sync), Type); 9] = [
                     (&keys, Type::TEXT_ARRAY),
@@ -221,10 +224,10 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     (&maxes, Type::INT8_ARRAY),
                     (&lockouts, Type::INT8_ARRAY),
                 ];
-                call(&conn, op.name(), sql::ADD_MANY, &params, budget).await?
+                call(&conn, operation, sql::ADD_MANY, &params, budget).await?
             }
         };
-        let get = |e| Error::from_postgres(op.name(), e);
+        let get = |e| Error::from_postgres(operation, e);
         let counts: Vec<i64> = row.try_get(0).map_err(get)?;
         let window_ends: Vec<SystemTime> = row.try_get(1).map_err(get)?;
         let now: SystemTime = row.try_get(2).map_err(get)?;
@@ -236,7 +239,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             || locked_until.len() != pairs.len()
         {
             return Err(Error::unexpected(
-                op.name(),
+                operation,
                 "a different number of counts than pairs asked",
             ));
         }
@@ -262,7 +265,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         n: u64,
         deadline: Instant,
     ) -> Result<u64, Error> {
-        let conn = self.connection("take_back").await?;
+        let conn = self.connection(Operation::TakeBack).await?;
         let budget = Budget::until(deadline);
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         let params: [(&(dyn ToSql + Sync), Type); 5] = [
@@ -272,20 +275,20 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             (&budget.server_ms, Type::INT8),
             (&self.relaxed, Type::BOOL),
         ];
-        let row = call(&conn, "take_back", sql::TAKE_BACK, &params, budget).await?;
-        deleted(&row, "take_back")
+        let row = call(&conn, Operation::TakeBack, sql::TAKE_BACK, &params, budget).await?;
+        deleted(&row, Operation::TakeBack)
     }
 
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
-        let conn = self.connection("reset").await?;
+        let conn = self.connection(Operation::Reset).await?;
         let budget = Budget::until(deadline);
         let params: [(&(dyn ToSql + Sync), Type); 3] = [
             (&key, Type::TEXT),
             (&budget.server_ms, Type::INT8),
             (&self.relaxed, Type::BOOL),
         ];
-        let row = call(&conn, "reset", sql::RESET, &params, budget).await?;
-        deleted(&row, "reset")
+        let row = call(&conn, Operation::Reset, sql::RESET, &params, budget).await?;
+        deleted(&row, Operation::Reset)
     }
 }
 
@@ -319,7 +322,7 @@ fn stored_count(count: i64) -> u64 {
 /// rolled back so that the connection goes back idle.
 pub(crate) async fn call(
     client: &Client,
-    operation: &'static str,
+    operation: Operation,
     statement: &str,
     params: &[(&(dyn ToSql + Sync), Type)],
     budget: Budget,
@@ -355,7 +358,7 @@ pub(crate) async fn call(
 }
 
 /// Reads the one count column of a reset, purge or take-back.
-pub(crate) fn deleted(row: &Row, operation: &'static str) -> Result<u64, Error> {
+pub(crate) fn deleted(row: &Row, operation: Operation) -> Result<u64, Error> {
     let deleted: i64 = row
         .try_get(0)
         .map_err(|e| Error::from_postgres(operation, e))?;

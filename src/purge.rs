@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use postgres_types::{ToSql, Type};
-use tokio::time::{Instant, timeout_at};
 
+use crate::call::Call;
+use crate::operation::Operation;
 use crate::postgres::{call, deleted};
 use crate::sql::{self, Budget};
 use crate::{Error, LimitConn, metric};
@@ -62,24 +63,22 @@ pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
 }
 
 async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
-    let deadline = Instant::now() + PURGE_BATCH_BUDGET;
-    let batch = async {
-        let conn = conns
-            .conn()
-            .await
-            .map_err(|e| Error::connect("purge", e.into()))?;
-        let budget = Budget::until(deadline);
-        let params: [(&(dyn ToSql + Sync), Type); 2] = [
-            (&PURGE_BATCH_ROWS, Type::INT8),
-            (&budget.server_ms, Type::INT8),
-        ];
-        let row = call(&conn, "purge", sql::PURGE_BATCH, &params, budget).await?;
-        deleted(&row, "purge")
-    };
-    match timeout_at(deadline, batch).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::timeout("purge", PURGE_BATCH_BUDGET)),
-    }
+    let purge = Call::start(Operation::Purge, PURGE_BATCH_BUDGET);
+    purge
+        .within(async {
+            let conn = conns
+                .conn()
+                .await
+                .map_err(|e| Error::connect(Operation::Purge, e.into()))?;
+            let budget = Budget::until(purge.deadline());
+            let params: [(&(dyn ToSql + Sync), Type); 2] = [
+                (&PURGE_BATCH_ROWS, Type::INT8),
+                (&budget.server_ms, Type::INT8),
+            ];
+            let row = call(&conn, Operation::Purge, sql::PURGE_BATCH, &params, budget).await?;
+            deleted(&row, Operation::Purge)
+        })
+        .await
 }
 
 /// The shortest interval [`PurgeTask::every`] accepts: a minute.

@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
+use crate::operation::Operation;
 use crate::{Error, Limit};
 
 /// A store of counts: [`Postgres`](crate::Postgres) or
@@ -20,7 +21,8 @@ use crate::{Error, Limit};
 /// [`LimitConn`](crate::LimitConn) instead.
 pub trait Store: sealed::Sealed {}
 
-/// The counting operations.
+/// The counting operations: what a store counts, and how the verdict reads
+/// the count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     /// Read the count, write nothing.
@@ -29,14 +31,27 @@ pub enum Op {
     Failed,
     /// Add this ask, and tell whether it may go ahead.
     Hit,
+    /// As `Hit`, for a permit.
+    Reserve,
 }
 
 impl Op {
-    pub(crate) fn name(self) -> &'static str {
+    /// Whether the operation adds to the count.
+    pub(crate) fn adds(self) -> bool {
         match self {
-            Op::Check => "check",
-            Op::Failed => "failed",
-            Op::Hit => "hit",
+            Op::Check => false,
+            Op::Failed | Op::Hit | Op::Reserve => true,
+        }
+    }
+}
+
+impl From<Op> for Operation {
+    fn from(op: Op) -> Operation {
+        match op {
+            Op::Check => Operation::Check,
+            Op::Failed => Operation::Failed,
+            Op::Hit => Operation::Hit,
+            Op::Reserve => Operation::Reserve,
         }
     }
 }

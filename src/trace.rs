@@ -5,12 +5,13 @@
 //! Without the feature these are no-ops.
 
 use crate::Error;
+use crate::operation::Operation;
 
 #[cfg(feature = "tracing")]
-pub(crate) fn unreachable(limit: &str, operation: &'static str, cause: &Error) {
+pub(crate) fn unreachable(limit: &str, operation: Operation, cause: &Error) {
     tracing::warn!(
         limit,
-        operation,
+        operation = operation.label(),
         cause = %DisplayChain(cause),
         "platformkit-limit: store unreachable, attempt allowed (fail-open)"
     );
@@ -31,7 +32,7 @@ pub(crate) fn purge_failed(rows: u64, cause: &Error) {
 }
 
 #[cfg(not(feature = "tracing"))]
-pub(crate) fn unreachable(_limit: &str, _operation: &'static str, _cause: &Error) {}
+pub(crate) fn unreachable(_limit: &str, _operation: Operation, _cause: &Error) {}
 
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn purged(_rows: u64) {}

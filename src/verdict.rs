@@ -179,7 +179,7 @@ pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
     let cur = i128::from(counted.count);
     let weighted = prev * (w - elapsed) + cur * w;
     let own = match op {
-        Op::Hit => w,
+        Op::Hit | Op::Reserve => w,
         Op::Check | Op::Failed => 0,
     };
     // A lockout: an earlier window that reached max (the store says), or

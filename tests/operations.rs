@@ -91,3 +91,63 @@ async fn a_misconfigured_connection_source_is_an_error_never_an_allow() {
         assert!(!error.is_unreachable(), "{what}");
     }
 }
+
+/// One vocabulary: a reservation is `reserve` in the calls, in the
+/// statements sent and in its errors (its statement was once labelled
+/// `hit`), and a permit's success is `take_back`.
+#[tokio::test]
+async fn a_reservation_is_labelled_reserve_in_every_metric_and_error() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use platformkit_limit::Reservation;
+    use platformkit_limit::metric::{CALLS_TOTAL, LABEL_OPERATION, STATEMENTS_TOTAL};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let limit = Limit::new("login", 3, Duration::from_secs(60)).expect("a limit");
+    match limiter
+        .reserve(&limit, &Key::opaque("k"))
+        .await
+        .expect("a reservation")
+    {
+        Reservation::Granted(permit) => permit.succeeded().await.expect("taken back"),
+        Reservation::Refused(verdict) => panic!("refused: {verdict:?}"),
+    }
+
+    let mut seen: Vec<(&str, String)> = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let operation = key
+            .labels()
+            .find(|l| l.key() == LABEL_OPERATION)
+            .map(|l| l.value().to_owned())
+            .unwrap_or_default();
+        match (key.name(), value) {
+            (CALLS_TOTAL, DebugValue::Counter(1)) => seen.push(("calls", operation)),
+            (STATEMENTS_TOTAL, DebugValue::Counter(1)) => seen.push(("statements", operation)),
+            _ => {}
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("calls", "reserve".to_owned()),
+            ("calls", "take_back".to_owned()),
+            ("statements", "reserve".to_owned()),
+            ("statements", "take_back".to_owned()),
+        ]
+    );
+
+    // And its error names it: a database without the schema.
+    let empty = Server::shared().empty_database().await;
+    let limiter = Limiter::new(Postgres::new(empty.config()));
+    let err = match limiter.reserve(&limit, &Key::opaque("k")).await {
+        Err(err) => err,
+        Ok(_) => panic!("a reservation without the schema"),
+    };
+    assert!(err.to_string().starts_with("reserve:"), "{err}");
+}
