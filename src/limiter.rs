@@ -2,7 +2,7 @@
 //! it, or do both at once.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::cache::{DEFAULT_REFUSAL_TTL, Lookup, MAX_REFUSAL_TTL, RefusalCache};
 use crate::call::Call;
@@ -10,22 +10,11 @@ use crate::key::stored;
 use crate::merge::Merger;
 use crate::metric::{self, Outcome, Source};
 use crate::operation::Operation;
+use crate::permit::CountedIn;
 use crate::store::sealed::Sealed as _;
 use crate::store::{Op, Store};
 use crate::verdict::decide;
 use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreachable};
-
-/// Where a call's count went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CountedIn {
-    /// In the store.
-    Store,
-    /// In the limiter's local fallback, the store being unreachable.
-    Fallback,
-    /// Nowhere: the store was unreachable and the limit does not count
-    /// locally.
-    Nowhere,
-}
 
 /// The most (limit, key) pairs one [`Limiter::check_all`] (or `failed_all`,
 /// `hit_all`) call takes.
@@ -544,7 +533,8 @@ impl<S: Store> Limiter<S> {
                 let verdict = decide(op, limit, &counted);
                 self.refusals.answered(key, &verdict, asked_at, refresh);
                 call.record(limit, Outcome::of(&verdict));
-                Ok((verdict, CountedIn::Store))
+                let window_start = counted.window_start(limit);
+                Ok((verdict, CountedIn::Store { window_start }))
             }
             Err(e) if e.is_unreachable() => {
                 self.refusals.unanswered(refresh);
@@ -576,32 +566,32 @@ impl<S: Store> Limiter<S> {
                 let counted = self
                     .fallback
                     .count_at(op, limit, key, 1, self.store.local_now());
+                let window_start = counted.window_start(limit);
                 (
                     decide(op, limit, &counted).because_unreachable(cause),
-                    CountedIn::Fallback,
+                    CountedIn::Fallback { window_start },
                 )
             }
-            _ => (Verdict::uncounted(limit, true, cause), CountedIn::Nowhere),
+            WhenUnreachable::Allow => (Verdict::uncounted(limit, true, cause), CountedIn::Nowhere),
         }
     }
 
-    /// Takes one reserved attempt back from the window starting at
-    /// `window_start`, where `counted_in` says it was counted.
+    /// Takes one reserved attempt back from where `counted_in` says it was
+    /// counted: its window, in the store or the local fallback.
     pub(crate) async fn take_back(
         &self,
         limit: &Limit,
         key: &str,
-        window_start: SystemTime,
         counted_in: CountedIn,
     ) -> Result<(), Error> {
         let call = Call::start(Operation::TakeBack, self.budget);
         self.refusals.forget(key);
         let result = match counted_in {
-            CountedIn::Store => call
+            CountedIn::Store { window_start } => call
                 .within(self.store.take_back(key, window_start, 1, call.deadline()))
                 .await
                 .map(drop),
-            CountedIn::Fallback => self
+            CountedIn::Fallback { window_start } => self
                 .fallback
                 .take_back(key, window_start, 1, call.deadline())
                 .await

@@ -84,7 +84,7 @@ impl Memory {
                 .and_then(|w| w.get(&(start - width)))
                 .copied()
                 .unwrap_or(0),
-            _ => 0,
+            Strategy::Fixed => 0,
         };
         let lockout = i64::try_from(limit.lockout_secs()).unwrap_or(i64::MAX) * 1_000_000;
         let locked_until = if lockout > 0 {

@@ -1,10 +1,22 @@
 //! [`Permit`]: an attempt counted before the work it guards.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use crate::limiter::CountedIn;
 use crate::store::Store;
 use crate::{Error, Limit, Limiter, OnSuccess, Verdict};
+
+/// Where a reserved attempt was counted, and in which window: what a
+/// success takes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CountedIn {
+    /// In the store, in the window starting at `window_start`.
+    Store { window_start: SystemTime },
+    /// In the limiter's local fallback, the store being unreachable.
+    Fallback { window_start: SystemTime },
+    /// Nowhere: the store was unreachable and the limit does not count
+    /// locally.
+    Nowhere,
+}
 
 /// The answer to [`Limiter::reserve`].
 #[derive(Debug)]
@@ -75,12 +87,9 @@ impl<'a, S: Store> Permit<'a, S> {
     pub async fn succeeded(self) -> Result<(), Error> {
         match self.limit.success_policy() {
             OnSuccess::Reset => self.limiter.reset_stored(&self.limit, &self.key).await,
-            _ => {
-                let Some(window_start) = self.window_start() else {
-                    return Ok(());
-                };
+            OnSuccess::TakeBack => {
                 self.limiter
-                    .take_back(&self.limit, &self.key, window_start, self.counted_in)
+                    .take_back(&self.limit, &self.key, self.counted_in)
                     .await
             }
         }
@@ -89,10 +98,4 @@ impl<'a, S: Store> Permit<'a, S> {
     /// The attempt failed: it stays counted. The same as dropping the
     /// permit, said out loud.
     pub fn failed(self) {}
-
-    /// The start of the window the attempt was counted in.
-    fn window_start(&self) -> Option<SystemTime> {
-        let end = self.verdict.reopens_at()?;
-        end.checked_sub(Duration::from_secs(self.limit.window_secs()))
-    }
 }

@@ -72,6 +72,13 @@ pub struct Counted {
     pub now: SystemTime,
 }
 
+impl Counted {
+    /// When the current window opened: its end less `limit`'s window.
+    pub(crate) fn window_start(&self, limit: &Limit) -> SystemTime {
+        self.window_end - limit.window()
+    }
+}
+
 pub(crate) mod sealed {
     use super::*;
 

@@ -174,7 +174,7 @@ pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
     let elapsed = (now - start).clamp(0, w);
     let prev = match limit.strategy() {
         Strategy::Sliding => i128::from(counted.previous),
-        _ => 0,
+        Strategy::Fixed => 0,
     };
     let cur = i128::from(counted.count);
     let weighted = prev * (w - elapsed) + cur * w;
@@ -205,7 +205,7 @@ pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
             match limit.strategy() {
                 Strategy::Sliding => reopening(prev, cur, max, w, start),
                 // A fixed window starts again from zero.
-                _ => counted.window_end,
+                Strategy::Fixed => counted.window_end,
             }
         };
         locked_until.map_or(by_count, |until| until.max(by_count))
