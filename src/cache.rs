@@ -334,8 +334,8 @@ mod tests {
     use std::time::UNIX_EPOCH;
 
     use super::*;
+    use crate::decide::decide;
     use crate::store::{Counted, Op};
-    use crate::verdict::decide;
     use crate::{Error, Limit};
 
     const BUDGET: Duration = Duration::from_secs(2);

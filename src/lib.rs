@@ -54,21 +54,18 @@ mod call;
 mod checks;
 mod clock;
 mod conn;
+mod decide;
 mod error;
 pub mod guide;
 mod key;
 mod limit;
 mod limiter;
-mod memory;
 mod merge;
 pub mod metric;
 mod operation;
 mod permit;
 #[cfg(any(feature = "deadpool", feature = "bb8"))]
 mod pool;
-mod postgres;
-mod purge;
-mod sql;
 mod store;
 mod trace;
 mod verdict;
@@ -83,19 +80,19 @@ pub use crate::limit::{
     WhenUnreachable,
 };
 pub use crate::limiter::{
-    DEFAULT_BUDGET, DEFAULT_REFUSAL_CACHE_KEYS, Limiter, MAX_BUDGET, MAX_PAIRS, Verdicts,
+    DEFAULT_BUDGET, DEFAULT_REFUSAL_CACHE_KEYS, Limiter, MAX_BUDGET, MAX_PAIRS,
 };
-pub use crate::memory::Memory;
 pub use crate::permit::{Permit, Reservation};
 #[cfg(feature = "deadpool")]
 pub use crate::pool::DeadpoolConn;
-pub use crate::postgres::Postgres;
-pub use crate::purge::{
+pub use crate::store::Store;
+pub use crate::store::memory::Memory;
+pub use crate::store::postgres::Postgres;
+pub use crate::store::purge::{
     MIN_PURGE_INTERVAL, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, PurgeTask, purge,
 };
-pub use crate::sql::grants;
-pub use crate::store::Store;
-pub use crate::verdict::Verdict;
+pub use crate::store::sql::grants;
+pub use crate::verdict::{Verdict, Verdicts};
 
 /// The schema: in the schema `platformkit`, which PUBLIC cannot use, the
 /// table `platformkit_limits`, the function `platformkit_is_system()`,
@@ -104,7 +101,7 @@ pub use crate::verdict::Verdict;
 /// earlier layout in `public`, keeping its rows), for your own migrations;
 /// then run [`grants`] for the limiter's role. PostgreSQL 14 or newer. The
 /// [guide](crate::guide#the-schema) says what each part is for.
-pub const SCHEMA: &str = sql::SCHEMA;
+pub const SCHEMA: &str = store::sql::SCHEMA;
 
 /// Internals exposed for the fuzz targets and property tests; not part of the
 /// public API and not covered by semver.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::cache::{DEFAULT_REFUSAL_TTL, Lookup, MAX_REFUSAL_TTL, RefusalCache};
 use crate::call::Call;
+use crate::decide::decide;
 use crate::key::stored;
 use crate::merge::Merger;
 use crate::metric::{self, Outcome, Source};
@@ -13,64 +14,11 @@ use crate::operation::Operation;
 use crate::permit::CountedIn;
 use crate::store::sealed::Sealed as _;
 use crate::store::{Op, Store};
-use crate::verdict::decide;
-use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreachable};
+use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, Verdicts, WhenUnreachable};
 
 /// The most (limit, key) pairs one [`Limiter::check_all`] (or `failed_all`,
 /// `hit_all`) call takes.
 pub const MAX_PAIRS: usize = 64;
-
-/// The verdicts of a call over several (limit, key) pairs, in the order
-/// given.
-#[derive(Clone, Debug)]
-pub struct Verdicts(Vec<Verdict>);
-
-impl Verdicts {
-    /// Whether every limit allows the attempt.
-    pub fn is_allowed(&self) -> bool {
-        self.0.iter().all(Verdict::is_allowed)
-    }
-
-    /// Whether any limit refuses the attempt.
-    pub fn is_refused(&self) -> bool {
-        !self.is_allowed()
-    }
-
-    /// The first verdict, in the order given, that refuses.
-    pub fn refused_by(&self) -> Option<&Verdict> {
-        self.0.iter().find(|v| v.is_refused())
-    }
-
-    /// Whether the store could not be reached.
-    pub fn is_unreachable(&self) -> bool {
-        self.0.iter().any(Verdict::is_unreachable)
-    }
-
-    /// The longest wait among the refusals: when every refusing limit has
-    /// reopened. `None` unless refused by a count.
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.0.iter().filter_map(Verdict::retry_after).max()
-    }
-
-    /// The verdicts, in the order given.
-    pub fn iter(&self) -> std::slice::Iter<'_, Verdict> {
-        self.0.iter()
-    }
-
-    /// The verdicts, in the order given.
-    pub fn into_vec(self) -> Vec<Verdict> {
-        self.0
-    }
-}
-
-impl<'a> IntoIterator for &'a Verdicts {
-    type Item = &'a Verdict;
-    type IntoIter = std::slice::Iter<'a, Verdict>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
-    }
-}
 
 /// How many refused keys the refusal cache holds by default.
 pub const DEFAULT_REFUSAL_CACHE_KEYS: usize = 100_000;
@@ -395,7 +343,7 @@ impl<S: Store> Limiter<S> {
                     call.record(limit, Outcome::of(&verdict));
                     verdicts.push(verdict);
                 }
-                Ok(Verdicts(verdicts))
+                Ok(Verdicts::new(verdicts))
             }
             Err(e) if e.is_unreachable() => {
                 let cause = Arc::new(e);
@@ -405,7 +353,7 @@ impl<S: Store> Limiter<S> {
                     let (verdict, _) = self.when_unreachable(op, limit, key, cause.clone());
                     verdicts.push(verdict);
                 }
-                Ok(Verdicts(verdicts))
+                Ok(Verdicts::new(verdicts))
             }
             Err(e) => {
                 for (limit, _) in &stored {

@@ -7,9 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::clock::{from_micros, micros_since_epoch};
-use crate::store::{Counted, Op};
-use crate::{Error, Limit, Strategy};
+use crate::{Error, Limit};
 
 /// The answer to "may this attempt go ahead?".
 ///
@@ -121,6 +119,29 @@ impl Verdict {
 
     /// A verdict nothing counted: the store was unreachable and the limit
     /// allows (or refuses) without a count.
+    /// A verdict the store's counts decided (see [`decide`](crate::decide::decide)):
+    /// the count (an estimate for a sliding window), and when the next
+    /// attempt may go ahead, at the store's `now`.
+    pub(crate) fn counted(
+        limit: &Limit,
+        allowed: bool,
+        count: u64,
+        reopens_at: SystemTime,
+        now: SystemTime,
+    ) -> Self {
+        Verdict {
+            limit: limit.name_arc().clone(),
+            allowed,
+            counts: Some(Counts {
+                count,
+                max: limit.max(),
+                window_end: reopens_at,
+                now,
+            }),
+            unreachable: None,
+        }
+    }
+
     pub(crate) fn uncounted(limit: &Limit, allowed: bool, cause: Arc<Error>) -> Self {
         Verdict {
             limit: limit.name_arc().clone(),
@@ -148,92 +169,58 @@ impl Verdict {
     }
 }
 
-/// The window holding `now` for windows of `window_secs`: its start and end,
-/// in microseconds since the Unix epoch. The same arithmetic as the SQL's
-/// `date_bin(window, now, epoch)`.
-pub(crate) fn window_of(now_micros: i64, window_secs: u64) -> (i64, i64) {
-    let width = i64::try_from(window_secs).unwrap_or(i64::MAX / 1_000_000) * 1_000_000;
-    let start = now_micros.div_euclid(width) * width;
-    (start, start + width)
-}
+/// The verdicts of a call over several (limit, key) pairs, in the order
+/// given.
+#[derive(Clone, Debug)]
+pub struct Verdicts(Vec<Verdict>);
 
-/// Turns what a store counted into a verdict: the one decision both stores
-/// share.
-///
-/// In microseconds over a window of width `w` that began `e` ago, with
-/// `prev` the previous window's count (0 for fixed windows) and `cur` the
-/// current one's, the estimate times `w` is `prev × (w − e) + cur × w`. An
-/// attempt may go ahead while the estimate is below `max`: `check` and
-/// `failed` compare the estimate as it stands, `hit` the estimate before its
-/// own ask. Integer arithmetic only, so both stores decide the same.
-pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
-    let max = i128::from(limit.max());
-    let w = i128::from(limit.window_secs()) * 1_000_000;
-    let start = i128::from(micros_since_epoch(counted.window_end)) - w;
-    let now = i128::from(micros_since_epoch(counted.now));
-    let elapsed = (now - start).clamp(0, w);
-    let prev = match limit.strategy() {
-        Strategy::Sliding => i128::from(counted.previous),
-        Strategy::Fixed => 0,
-    };
-    let cur = i128::from(counted.count);
-    let weighted = prev * (w - elapsed) + cur * w;
-    let own = match op {
-        Op::Hit | Op::Reserve => w,
-        Op::Check | Op::Failed => 0,
-    };
-    // A lockout: an earlier window that reached max (the store says), or
-    // the current one before this call's own ask.
-    let locked_until = match limit.lockout_period() {
-        Some(lockout) if cur - own / w >= max => {
-            Some(counted.window_end + lockout).max(counted.locked_until)
-        }
-        Some(_) => counted.locked_until,
-        None => None,
+impl Verdicts {
+    pub(crate) fn new(verdicts: Vec<Verdict>) -> Self {
+        Verdicts(verdicts)
     }
-    .filter(|&until| until > counted.now);
-    let allowed = weighted - own < max * w && locked_until.is_none();
-    let estimate = u64::try_from((weighted + w - 1) / w).unwrap_or(u64::MAX);
-    let reopens_at = if allowed {
-        counted.window_end
-    } else {
-        // The first moment the next attempt may go ahead: when the count
-        // allows it and any lockout is over.
-        let by_count = if weighted < max * w {
-            counted.now
-        } else {
-            match limit.strategy() {
-                Strategy::Sliding => reopening(prev, cur, max, w, start),
-                // A fixed window starts again from zero.
-                Strategy::Fixed => counted.window_end,
-            }
-        };
-        locked_until.map_or(by_count, |until| until.max(by_count))
-    };
-    Verdict {
-        limit: limit.name_arc().clone(),
-        allowed,
-        counts: Some(Counts {
-            count: estimate,
-            max: limit.max(),
-            window_end: reopens_at,
-            now: counted.now,
-        }),
-        unreachable: None,
+
+    /// Whether every limit allows the attempt.
+    pub fn is_allowed(&self) -> bool {
+        self.0.iter().all(Verdict::is_allowed)
+    }
+
+    /// Whether any limit refuses the attempt.
+    pub fn is_refused(&self) -> bool {
+        !self.is_allowed()
+    }
+
+    /// The first verdict, in the order given, that refuses.
+    pub fn refused_by(&self) -> Option<&Verdict> {
+        self.0.iter().find(|v| v.is_refused())
+    }
+
+    /// Whether the store could not be reached.
+    pub fn is_unreachable(&self) -> bool {
+        self.0.iter().any(Verdict::is_unreachable)
+    }
+
+    /// The longest wait among the refusals: when every refusing limit has
+    /// reopened. `None` unless refused by a count.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.0.iter().filter_map(Verdict::retry_after).max()
+    }
+
+    /// The verdicts, in the order given.
+    pub fn iter(&self) -> std::slice::Iter<'_, Verdict> {
+        self.0.iter()
+    }
+
+    /// The verdicts, in the order given.
+    pub fn into_vec(self) -> Vec<Verdict> {
+        self.0
     }
 }
 
-/// For a sliding window whose estimate is at or above `max`, the first
-/// instant at which it drops below, if nothing more is counted: within the current window while the previous window's
-/// weight fades, or in the next one while the current window's does.
-fn reopening(prev: i128, cur: i128, max: i128, w: i128, start: i128) -> SystemTime {
-    let at = if cur < max {
-        // prev × (w − e) < (max − cur) × w  ⇔  e > w − (max − cur) × w / prev
-        // (prev > 0, or the estimate would already be below max).
-        start + (w * prev - (max - cur) * w).div_euclid(prev.max(1)) + 1
-    } else {
-        // Next window: cur × (w − e') < max × w  ⇔  e' > w × (cur − max) / cur
-        start + w + (w * (cur - max)).div_euclid(cur) + 1
-    };
-    from_micros(i64::try_from(at).unwrap_or(i64::MAX))
+impl<'a> IntoIterator for &'a Verdicts {
+    type Item = &'a Verdict;
+    type IntoIter = std::slice::Iter<'a, Verdict>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
 }

@@ -8,7 +8,7 @@ use tokio_postgres::{Client, Row};
 
 use crate::clock::Clock;
 use crate::operation::Operation;
-use crate::sql::{self, Budget};
+use crate::store::sql::{self, Budget};
 use crate::store::{Counted, Op, Store, sealed};
 use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
 

@@ -7,8 +7,8 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use crate::clock::{Clock, from_micros, micros_since_epoch};
+use crate::decide::window_of;
 use crate::store::{Counted, Op, Store, sealed};
-use crate::verdict::window_of;
 use crate::{Error, Limit, ManualClock, Strategy};
 
 /// The in-process fake: the same behaviour as [`Postgres`](crate::Postgres),

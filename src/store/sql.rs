@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The schema, as a script that is safe to apply twice.
-pub(crate) const SCHEMA: &str = include_str!("../schema.sql");
+pub(crate) const SCHEMA: &str = include_str!("../../schema.sql");
 
 /// Adds `p_add` to the key's count in the current window. Returns the count,
 /// the window's end, the time, the previous window's count and the end of a

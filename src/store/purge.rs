@@ -7,8 +7,8 @@ use postgres_types::{ToSql, Type};
 
 use crate::call::Call;
 use crate::operation::Operation;
-use crate::postgres::{call, deleted};
-use crate::sql::{self, Budget};
+use crate::store::postgres::{call, deleted};
+use crate::store::sql::{self, Budget};
 use crate::{Error, LimitConn, metric};
 
 /// Rows deleted per batch: small enough that no batch holds row locks for

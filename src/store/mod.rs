@@ -2,7 +2,12 @@
 //! [`Postgres`](crate::Postgres) and [`Memory`](crate::Memory).
 //!
 //! Stores only load and store counts; the verdict is decided by
-//! [`decide`](crate::verdict::decide), shared by both.
+//! [`decide`](crate::decide::decide), shared by both.
+
+pub(crate) mod memory;
+pub(crate) mod postgres;
+pub(crate) mod purge;
+pub(crate) mod sql;
 
 use std::future::Future;
 use std::time::SystemTime;
