@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
+use crate::error::TimeoutSnafu;
 use crate::metric::{self, Outcome, Source};
 use crate::operation::Operation;
 use crate::{Error, Limit};
@@ -45,9 +46,14 @@ impl Call {
         &self,
         work: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        timeout_at(self.deadline(), work)
-            .await
-            .unwrap_or_else(|_| Err(Error::timeout(self.operation, self.budget)))
+        timeout_at(self.deadline(), work).await.unwrap_or_else(|_| {
+            TimeoutSnafu {
+                operation: self.operation,
+                budget: self.budget,
+            }
+            .fail()
+            .map_err(Error::from)
+        })
     }
 
     /// Records `limit`'s outcome of this call, answered by the store.

@@ -7,7 +7,10 @@ use std::net::{IpAddr, Ipv6Addr};
 use sha2::{Digest, Sha256};
 use unicode_normalization::UnicodeNormalization;
 
+use snafu::ensure;
+
 use crate::Error;
+use crate::error::InvalidKeySnafu;
 
 /// The longest encoded key, in bytes (without the limit's name).
 pub const MAX_KEY_BYTES: usize = 200;
@@ -100,9 +103,12 @@ impl Key {
             any = true;
             escape_into(part.as_ref(), &mut encoded);
         }
-        if !any {
-            return Err(Error::invalid_key("a key needs at least one part"));
-        }
+        ensure!(
+            any,
+            InvalidKeySnafu {
+                reason: "a key needs at least one part"
+            }
+        );
         Ok(Key {
             encoded: bound(encoded).into_boxed_str(),
         })
@@ -190,11 +196,12 @@ impl Key {
     /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) when
     /// `v6_prefix` is 0 or above 128.
     pub fn ip_grouped(addr: IpAddr, v6_prefix: u8) -> Result<Self, Error> {
-        if v6_prefix == 0 || v6_prefix > 128 {
-            return Err(Error::invalid_key(
-                "an IPv6 prefix length is between 1 and 128",
-            ));
-        }
+        ensure!(
+            (1..=128).contains(&v6_prefix),
+            InvalidKeySnafu {
+                reason: "an IPv6 prefix length is between 1 and 128"
+            }
+        );
         let text = match addr {
             IpAddr::V4(v4) => v4.to_string(),
             IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

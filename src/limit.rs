@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use snafu::ensure;
+
 use crate::Error;
+use crate::error::InvalidLimitSnafu;
 
 /// The longest a limit's name may be, in bytes.
 pub const MAX_NAME_BYTES: usize = 48;
@@ -127,51 +130,34 @@ impl Limit {
     /// [`MAX_ATTEMPTS`]; when the window is shorter than [`MIN_WINDOW`],
     /// longer than [`MAX_WINDOW`], or not a whole number of seconds.
     pub fn new(name: &str, max: u32, window: Duration) -> Result<Self, Error> {
-        if name.is_empty() {
-            return Err(Error::invalid_limit(name, "the name is empty"));
-        }
-        if name.len() > MAX_NAME_BYTES {
-            return Err(Error::invalid_limit(
-                name,
-                format!("the name is longer than {MAX_NAME_BYTES} bytes"),
-            ));
-        }
-        if !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-        {
-            return Err(Error::invalid_limit(
-                name,
-                "the name may hold only ASCII letters, digits, '_', '-' and '.'",
-            ));
-        }
-        if max == 0 {
-            return Err(Error::invalid_limit(name, "max must be at least 1"));
-        }
-        if max > MAX_ATTEMPTS {
-            return Err(Error::invalid_limit(
-                name,
-                format!("max must be at most {MAX_ATTEMPTS}"),
-            ));
-        }
-        if window < MIN_WINDOW {
-            return Err(Error::invalid_limit(
-                name,
-                "the window must be at least one second",
-            ));
-        }
-        if window > MAX_WINDOW {
-            return Err(Error::invalid_limit(
-                name,
-                "the window must be at most 366 days",
-            ));
-        }
-        if window.subsec_nanos() != 0 {
-            return Err(Error::invalid_limit(
-                name,
-                "the window must be a whole number of seconds",
-            ));
-        }
+        let invalid = |reason: String| InvalidLimitSnafu { name, reason };
+        ensure!(!name.is_empty(), invalid("the name is empty".into()));
+        ensure!(
+            name.len() <= MAX_NAME_BYTES,
+            invalid(format!("the name is longer than {MAX_NAME_BYTES} bytes"))
+        );
+        ensure!(
+            name.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')),
+            invalid("the name may hold only ASCII letters, digits, '_', '-' and '.'".into())
+        );
+        ensure!(max >= 1, invalid("max must be at least 1".into()));
+        ensure!(
+            max <= MAX_ATTEMPTS,
+            invalid(format!("max must be at most {MAX_ATTEMPTS}"))
+        );
+        ensure!(
+            window >= MIN_WINDOW,
+            invalid("the window must be at least one second".into())
+        );
+        ensure!(
+            window <= MAX_WINDOW,
+            invalid("the window must be at most 366 days".into())
+        );
+        ensure!(
+            window.subsec_nanos() == 0,
+            invalid("the window must be a whole number of seconds".into())
+        );
         Ok(Limit {
             name: Arc::from(name),
             max,
@@ -204,24 +190,24 @@ impl Limit {
     /// lockout is shorter than a second, longer than [`MAX_LOCKOUT`], or not
     /// a whole number of seconds.
     pub fn lockout(mut self, lockout: Duration) -> Result<Self, Error> {
-        if lockout < Duration::from_secs(1) {
-            return Err(Error::invalid_limit(
-                &self.name,
-                "the lockout must be at least one second",
-            ));
-        }
-        if lockout > MAX_LOCKOUT {
-            return Err(Error::invalid_limit(
-                &self.name,
-                "the lockout must be at most a day: purge keeps a closed window's row for a day",
-            ));
-        }
-        if lockout.subsec_nanos() != 0 {
-            return Err(Error::invalid_limit(
-                &self.name,
-                "the lockout must be a whole number of seconds",
-            ));
-        }
+        let invalid = |reason: &'static str| InvalidLimitSnafu {
+            name: &*self.name,
+            reason,
+        };
+        ensure!(
+            lockout >= Duration::from_secs(1),
+            invalid("the lockout must be at least one second")
+        );
+        ensure!(
+            lockout <= MAX_LOCKOUT,
+            invalid(
+                "the lockout must be at most a day: purge keeps a closed window's row for a day"
+            )
+        );
+        ensure!(
+            lockout.subsec_nanos() == 0,
+            invalid("the lockout must be a whole number of seconds")
+        );
         self.lockout_secs = lockout.as_secs();
         Ok(self)
     }

@@ -5,8 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cache::{DEFAULT_REFUSAL_TTL, Lookup, MAX_REFUSAL_TTL, RefusalCache};
+use snafu::{ResultExt, ensure};
+
 use crate::call::Call;
 use crate::decide::decide;
+use crate::error::{InvalidOptionSnafu, MergedSnafu};
 use crate::key::stored;
 use crate::merge::Merger;
 use crate::metric::{self, Outcome, Source};
@@ -107,18 +110,20 @@ impl<S: Store> Limiter<S> {
     /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) when the
     /// budget is shorter than a millisecond or longer than [`MAX_BUDGET`].
     pub fn with_budget(mut self, budget: Duration) -> Result<Self, Error> {
-        if budget < Duration::from_millis(1) {
-            return Err(Error::invalid_option(
-                "budget",
-                "the budget must be at least one millisecond",
-            ));
-        }
-        if budget > MAX_BUDGET {
-            return Err(Error::invalid_option(
-                "budget",
-                "the budget must be at most 60 seconds",
-            ));
-        }
+        ensure!(
+            budget >= Duration::from_millis(1),
+            InvalidOptionSnafu {
+                option: "budget",
+                reason: "the budget must be at least one millisecond",
+            }
+        );
+        ensure!(
+            budget <= MAX_BUDGET,
+            InvalidOptionSnafu {
+                option: "budget",
+                reason: "the budget must be at most 60 seconds",
+            }
+        );
         self.budget = budget;
         Ok(self)
     }
@@ -133,18 +138,20 @@ impl<S: Store> Limiter<S> {
     /// keys (use [`Limiter::without_refusal_cache`]) or more than ten
     /// million.
     pub fn with_refusal_cache(mut self, keys: usize) -> Result<Self, Error> {
-        if keys == 0 {
-            return Err(Error::invalid_option(
-                "refusal cache",
-                "give it at least one key, or turn it off with without_refusal_cache",
-            ));
-        }
-        if keys > 10_000_000 {
-            return Err(Error::invalid_option(
-                "refusal cache",
-                "at most ten million keys",
-            ));
-        }
+        ensure!(
+            keys >= 1,
+            InvalidOptionSnafu {
+                option: "refusal cache",
+                reason: "give it at least one key, or turn it off with without_refusal_cache",
+            }
+        );
+        ensure!(
+            keys <= 10_000_000,
+            InvalidOptionSnafu {
+                option: "refusal cache",
+                reason: "at most ten million keys",
+            }
+        );
         self.refusals = RefusalCache::new(keys, self.refusals.ttl());
         Ok(self)
     }
@@ -162,19 +169,21 @@ impl<S: Store> Limiter<S> {
     /// TTL shorter than a millisecond or longer than
     /// [`MAX_REFUSAL_TTL`](crate::MAX_REFUSAL_TTL) (a minute).
     pub fn with_refusal_ttl(mut self, ttl: Duration) -> Result<Self, Error> {
-        if ttl < Duration::from_millis(1) {
-            return Err(Error::invalid_option(
-                "refusal TTL",
-                "the TTL must be at least one millisecond, or turn the cache off with \
+        ensure!(
+            ttl >= Duration::from_millis(1),
+            InvalidOptionSnafu {
+                option: "refusal TTL",
+                reason: "the TTL must be at least one millisecond, or turn the cache off with \
                  without_refusal_cache",
-            ));
-        }
-        if ttl > MAX_REFUSAL_TTL {
-            return Err(Error::invalid_option(
-                "refusal TTL",
-                "the TTL must be at most 60 seconds",
-            ));
-        }
+            }
+        );
+        ensure!(
+            ttl <= MAX_REFUSAL_TTL,
+            InvalidOptionSnafu {
+                option: "refusal TTL",
+                reason: "the TTL must be at most 60 seconds",
+            }
+        );
         self.refusals.set_ttl(ttl);
         Ok(self)
     }
@@ -315,18 +324,20 @@ impl<S: Store> Limiter<S> {
     }
 
     async fn counted_all(&self, op: Op, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
-        if pairs.is_empty() {
-            return Err(Error::invalid_option(
-                "pairs",
-                "give at least one (limit, key) pair: no pairs would allow everything",
-            ));
-        }
-        if pairs.len() > MAX_PAIRS {
-            return Err(Error::invalid_option(
-                "pairs",
-                format!("at most {MAX_PAIRS} (limit, key) pairs in one call"),
-            ));
-        }
+        ensure!(
+            !pairs.is_empty(),
+            InvalidOptionSnafu {
+                option: "pairs",
+                reason: "give at least one (limit, key) pair: no pairs would allow everything",
+            }
+        );
+        ensure!(
+            pairs.len() <= MAX_PAIRS,
+            InvalidOptionSnafu {
+                option: "pairs",
+                reason: format!("at most {MAX_PAIRS} (limit, key) pairs in one call"),
+            }
+        );
         let stored: Vec<(&Limit, String)> = pairs
             .iter()
             .map(|(limit, key)| (*limit, stored(limit.name(), key)))
@@ -472,7 +483,10 @@ impl<S: Store> Limiter<S> {
                 Some(merger) if op.adds() => merger
                     .add(key, |n| self.store.count(op, limit, key, n, deadline))
                     .await
-                    .map_err(|e| Error::merged(call.operation(), e)),
+                    .context(MergedSnafu {
+                        operation: call.operation(),
+                    })
+                    .map_err(Error::from),
                 _ => self.store.count(op, limit, key, 1, deadline).await,
             }
         };

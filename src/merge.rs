@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
 
 use crate::Error;
+use crate::error::AbandonedSnafu;
 use crate::store::Counted;
 
 /// What a queued caller is told.
@@ -66,7 +67,7 @@ impl Merger {
                 Ok(Turn::Lead) => {}
                 // Every queued sender is answered, even by a leader that was
                 // dropped mid-call; this is only reached if that breaks.
-                Err(_) => return Err(Arc::new(Error::abandoned())),
+                Err(_) => return Err(Arc::new(Error::from(AbandonedSnafu.build()))),
             }
         }
 
@@ -114,7 +115,9 @@ struct Leading<'a> {
 impl Drop for Leading<'_> {
     fn drop(&mut self) {
         for tx in self.batch.drain(..) {
-            let _ = tx.send(Turn::Done(Err(Arc::new(Error::abandoned()))));
+            let _ = tx.send(Turn::Done(Err(Arc::new(Error::from(
+                AbandonedSnafu.build(),
+            )))));
         }
         let mut queues = self
             .merger

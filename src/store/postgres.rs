@@ -6,7 +6,10 @@ use postgres_types::{ToSql, Type};
 use tokio::time::Instant;
 use tokio_postgres::{Client, Row};
 
+use snafu::ensure;
+
 use crate::clock::Clock;
+use crate::error::{AnsweredAfterCancelSnafu, InvalidOptionSnafu, UnexpectedSnafu};
 use crate::operation::Operation;
 use crate::store::sql::{self, Budget};
 use crate::store::{Counted, Op, Store, sealed};
@@ -90,14 +93,14 @@ impl<C: LimitConn> Postgres<C> {
             Ok(after) => i64::try_from(after.as_secs()).unwrap_or(i64::MAX),
             Err(before) => -i64::try_from(before.duration().as_secs()).unwrap_or(i64::MAX),
         };
-        if (sql::MIN_PINNED_UNIX_SECS..sql::END_PINNED_UNIX_SECS).contains(&secs) {
-            Ok(Some(pinned))
-        } else {
-            Err(Error::invalid_option(
-                "clock",
-                "a pinned clock must be within the years 1900 to 2199",
-            ))
-        }
+        ensure!(
+            (sql::MIN_PINNED_UNIX_SECS..sql::END_PINNED_UNIX_SECS).contains(&secs),
+            InvalidOptionSnafu {
+                option: "clock",
+                reason: "a pinned clock must be within the years 1900 to 2199",
+            }
+        );
+        Ok(Some(pinned))
     }
 
     async fn connection(&self, operation: Operation) -> Result<C::Conn, Error> {
@@ -233,16 +236,20 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let now: SystemTime = row.try_get(2).map_err(get)?;
         let previous: Vec<i64> = row.try_get(3).map_err(get)?;
         let locked_until: Vec<Option<SystemTime>> = row.try_get(4).map_err(get)?;
-        if counts.len() != pairs.len()
-            || window_ends.len() != pairs.len()
-            || previous.len() != pairs.len()
-            || locked_until.len() != pairs.len()
-        {
-            return Err(Error::unexpected(
+        ensure!(
+            [
+                window_ends.len(),
+                previous.len(),
+                locked_until.len(),
+                pairs.len()
+            ]
+            .iter()
+            .all(|&n| n == counts.len()),
+            UnexpectedSnafu {
                 operation,
-                "a different number of counts than pairs asked",
-            ));
-        }
+                what: "a different number of counts than pairs asked",
+            }
+        );
         Ok(counts
             .into_iter()
             .zip(window_ends)
@@ -344,7 +351,9 @@ pub(crate) async fn call(
         }
     };
     match answer {
-        Ok(_) if cancel_sent => Err(Error::answered_after_cancel(operation)),
+        Ok(_) if cancel_sent => AnsweredAfterCancelSnafu { operation }
+            .fail()
+            .map_err(Error::from),
         Ok(row) => Ok(row),
         Err(e) => {
             let error = Error::from_call(operation, e, cancel_sent);

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use postgres_types::{ToSql, Type};
 
+use snafu::ensure;
+
 use crate::call::Call;
+use crate::error::InvalidOptionSnafu;
 use crate::operation::Operation;
 use crate::store::postgres::{call, deleted};
 use crate::store::sql::{self, Budget};
@@ -115,12 +118,13 @@ impl PurgeTask {
     /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) when the
     /// interval is shorter than [`MIN_PURGE_INTERVAL`].
     pub fn every<C: LimitConn + 'static>(conns: C, interval: Duration) -> Result<Self, Error> {
-        if interval < MIN_PURGE_INTERVAL {
-            return Err(Error::invalid_option(
-                "purge interval",
-                "purge at most once a minute: windows close a day before they go",
-            ));
-        }
+        ensure!(
+            interval >= MIN_PURGE_INTERVAL,
+            InvalidOptionSnafu {
+                option: "purge interval",
+                reason: "purge at most once a minute: windows close a day before they go",
+            }
+        );
         Ok(Self::spawn(conns, interval))
     }
 

@@ -14,6 +14,10 @@ use std::time::Duration;
 use snafu::Snafu;
 
 use crate::operation::Operation;
+
+mod sqlstate;
+
+use sqlstate::Class;
 use tokio_postgres::error::SqlState;
 
 /// A boxed error from a connection source.
@@ -103,77 +107,6 @@ pub enum ErrorKind {
     InvalidOption,
 }
 
-/// How the crate reads a SQLSTATE: the rows of the table in [`ErrorKind`]'s
-/// docs, in the same order (a test holds the two together).
-const SQLSTATES: &[(&str, &str, Class)] = &[
-    ("08P01", "protocol_violation", Class::Refused),
-    ("08", "connection_exception (the class)", Class::Gone),
-    ("57P01", "admin_shutdown", Class::Gone),
-    ("57P02", "crash_shutdown", Class::Gone),
-    ("57P03", "cannot_connect_now", Class::Gone),
-    ("53300", "too_many_connections", Class::Gone),
-    ("25006", "read_only_sql_transaction", Class::Gone),
-    ("57014", "query_canceled", Class::Cancelled),
-    ("55P03", "lock_not_available", Class::LockTimeout),
-    (
-        "2D000",
-        "invalid_transaction_termination",
-        Class::InTransaction,
-    ),
-    ("25P02", "in_failed_sql_transaction", Class::InTransaction),
-    (
-        "PK001",
-        "the session's timeout is shorter than the budget",
-        Class::Misconfigured,
-    ),
-    ("22023", "invalid_parameter_value", Class::Refused),
-];
-
-/// What a SQLSTATE means to the limiter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Class {
-    /// The server is going away or is not the primary: unreachable.
-    Gone,
-    /// A cancel: unreachable only when this call sent it.
-    Cancelled,
-    /// A lock held past the budget.
-    LockTimeout,
-    /// The connection was inside a caller's transaction.
-    InTransaction,
-    /// The session's settings make every call fail.
-    Misconfigured,
-    /// Anything else: PostgreSQL refused the statement.
-    Refused,
-}
-
-impl Class {
-    fn of(code: &SqlState) -> Class {
-        let code = code.code();
-        SQLSTATES
-            .iter()
-            .find(|(c, _, _)| *c == code)
-            .or_else(|| {
-                SQLSTATES
-                    .iter()
-                    .find(|(c, _, _)| c.len() == 2 && code.starts_with(c))
-            })
-            .map_or(Class::Refused, |(_, _, class)| *class)
-    }
-
-    /// The kind as the docs' table names it.
-    #[cfg(test)]
-    fn described(self) -> &'static str {
-        match self {
-            Class::Gone => "Connect",
-            Class::Cancelled => "Timeout if this call sent the cancel, else Cancelled",
-            Class::LockTimeout => "LockTimeout",
-            Class::InTransaction => "InTransaction",
-            Class::Misconfigured => "Misconfigured",
-            Class::Refused => "Query",
-        }
-    }
-}
-
 #[derive(Debug, Snafu)]
 #[snafu(visibility(pub(crate)))]
 pub(crate) enum Inner {
@@ -211,6 +144,10 @@ pub(crate) enum Inner {
         source: tokio_postgres::Error,
     },
 
+    /// An answer that came after this call's own cancel request: the budget
+    /// ran out, whatever the answer says. (A commit waiting for a synchronous
+    /// standby is answered, with only a warning, when it is cancelled: not
+    /// replicated, so never to be taken as acknowledged.)
     #[snafu(display(
         "{operation}: the answer came after this call's cancel request, at the end of its budget"
     ))]
@@ -329,36 +266,6 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid_limit(name: &str, reason: impl Into<String>) -> Self {
-        Error(Inner::InvalidLimit {
-            name: name.to_owned(),
-            reason: reason.into(),
-        })
-    }
-
-    pub(crate) fn invalid_option(option: &'static str, reason: impl Into<String>) -> Self {
-        Error(Inner::InvalidOption {
-            option,
-            reason: reason.into(),
-        })
-    }
-
-    pub(crate) fn invalid_key(reason: &'static str) -> Self {
-        Error(Inner::InvalidKey { reason })
-    }
-
-    pub(crate) fn abandoned() -> Self {
-        Error(Inner::Abandoned)
-    }
-
-    pub(crate) fn merged(operation: Operation, source: std::sync::Arc<Error>) -> Self {
-        Error(Inner::Merged { operation, source })
-    }
-
-    pub(crate) fn unexpected(operation: Operation, what: &'static str) -> Self {
-        Error(Inner::Unexpected { operation, what })
-    }
-
     /// A connection source's failure: unreachable, unless a PostgreSQL
     /// error in its chain shows a misconfiguration (a refusal with a SQLSTATE
     /// that is not the server going away, an invalid configuration, a failed
@@ -375,18 +282,6 @@ impl Error {
             cause = error.source();
         }
         Error(Inner::Connect { operation, source })
-    }
-
-    /// An answer that came after this call's own cancel request: the budget
-    /// ran out, whatever the answer says. (A commit waiting for a synchronous
-    /// standby is answered, with only a warning, when it is cancelled: not
-    /// replicated, so never to be taken as acknowledged.)
-    pub(crate) fn answered_after_cancel(operation: Operation) -> Self {
-        Error(Inner::AnsweredAfterCancel { operation })
-    }
-
-    pub(crate) fn timeout(operation: Operation, budget: Duration) -> Self {
-        Error(Inner::Timeout { operation, budget })
     }
 
     /// Sorts an error from PostgreSQL into "unreachable" (the connection is
@@ -444,39 +339,4 @@ fn misconfigured(error: &tokio_postgres::Error) -> bool {
 
 fn io_caused(error: &tokio_postgres::Error) -> bool {
     std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The table in `ErrorKind`'s docs is the table the code reads, row for
-    /// row.
-    #[test]
-    fn the_sqlstate_table_in_the_docs_is_the_one_the_code_reads() {
-        let source = include_str!("error.rs");
-        let documented: Vec<&str> = source
-            .lines()
-            .map(str::trim)
-            .filter_map(|line| line.strip_prefix("/// | `"))
-            .collect();
-        let read: Vec<String> = SQLSTATES
-            .iter()
-            .map(|(code, name, class)| format!("{code}` | {name} | {} |", class.described()))
-            .collect();
-        assert_eq!(documented, read);
-    }
-
-    #[test]
-    fn a_code_is_read_exactly_first_then_by_its_class() {
-        assert_eq!(Class::of(&SqlState::PROTOCOL_VIOLATION), Class::Refused);
-        assert_eq!(Class::of(&SqlState::CONNECTION_FAILURE), Class::Gone);
-        assert_eq!(Class::of(&SqlState::READ_ONLY_SQL_TRANSACTION), Class::Gone);
-        assert_eq!(Class::of(&SqlState::LOCK_NOT_AVAILABLE), Class::LockTimeout);
-        assert_eq!(
-            Class::of(&SqlState::from_code("PK001")),
-            Class::Misconfigured
-        );
-        assert_eq!(Class::of(&SqlState::UNDEFINED_TABLE), Class::Refused);
-    }
 }

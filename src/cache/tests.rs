@@ -1,0 +1,188 @@
+//! The refusal cache's own tests: the threshold, the TTL, the claim.
+use std::time::UNIX_EPOCH;
+
+use super::*;
+use crate::decide::decide;
+use crate::store::{Counted, Op};
+use crate::{Error, Limit};
+
+const BUDGET: Duration = Duration::from_secs(2);
+
+fn t(millis: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_800_000_000) + Duration::from_millis(millis)
+}
+
+/// A refusal by a limit of 1 per hour, given at `now`.
+fn refused(now: SystemTime) -> Verdict {
+    let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
+    let verdict = decide(
+        Op::Check,
+        &limit,
+        &Counted {
+            count: 1,
+            previous: 0,
+            locked_until: None,
+            window_end: t(3_600_000),
+            now,
+        },
+    );
+    assert!(verdict.is_refused());
+    verdict
+}
+
+fn allowed(now: SystemTime) -> Verdict {
+    let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
+    decide(
+        Op::Check,
+        &limit,
+        &Counted {
+            count: 0,
+            previous: 0,
+            locked_until: None,
+            window_end: t(3_600_000),
+            now,
+        },
+    )
+}
+
+fn cache() -> RefusalCache {
+    RefusalCache::new(100, DEFAULT_REFUSAL_TTL)
+}
+
+/// Asks as `Limiter::run` does; `Some` is the claim (or none) of a call
+/// sent to the store, `None` an answer from the cache.
+fn ask(cache: &RefusalCache, now: SystemTime) -> Option<Option<Refresh>> {
+    match cache.get("k", now, BUDGET) {
+        Lookup::Refused(v) => {
+            assert!(v.is_refused(), "the cache answers only refused");
+            None
+        }
+        Lookup::Ask(claim) => Some(claim),
+    }
+}
+
+/// A call at `now` the store refuses; whether it reached the store.
+fn refused_call(cache: &RefusalCache, now: SystemTime) -> bool {
+    match ask(cache, now) {
+        None => false,
+        Some(claim) => {
+            cache.answered("k", &refused(now), now, claim);
+            true
+        }
+    }
+}
+
+#[test]
+fn engages_at_the_third_refusal_within_the_span() {
+    let c = cache();
+    assert!(refused_call(&c, t(0)));
+    assert!(refused_call(&c, t(600)));
+    // The first two fell more than a span apart from the third.
+    assert!(refused_call(&c, t(1_000)));
+    assert!(refused_call(&c, t(1_100)), "refusals at 0.6, 1.0, 1.1 s");
+    assert!(!refused_call(&c, t(1_200)), "cached");
+}
+
+#[test]
+fn one_refresh_per_ttl_while_flooded() {
+    let c = cache();
+    for ms in [0, 1, 2] {
+        assert!(refused_call(&c, t(ms)));
+    }
+    let mut sent = 0;
+    // Every millisecond for 10 s.
+    for ms in 3..10_003 {
+        sent += u32::from(refused_call(&c, t(ms)));
+    }
+    assert_eq!(sent, 10, "one refresh per second of flood");
+}
+
+#[test]
+fn the_claim_holds_others_off_and_ends_when_dropped_or_stale() {
+    let c = cache();
+    for ms in [0, 1, 2] {
+        assert!(refused_call(&c, t(ms)));
+    }
+    let claim = ask(&c, t(1_002)).expect("past the TTL: asks");
+    assert!(claim.is_some(), "and claims the refresh");
+    assert!(ask(&c, t(1_003)).is_none(), "the others are answered");
+    drop(claim);
+    let claim = ask(&c, t(1_004)).expect("a dropped claim frees the refresh");
+    assert!(claim.is_some());
+    // A claim whose call is never polled again goes stale after a
+    // budget.
+    std::mem::forget(claim);
+    assert!(ask(&c, t(1_004) + BUDGET - Duration::from_millis(1)).is_none());
+    assert!(ask(&c, t(1_004) + BUDGET).is_some_and(|claim| claim.is_some()));
+}
+
+#[test]
+fn an_unanswered_refresh_keeps_its_claim_until_stale() {
+    let c = cache();
+    for ms in [0, 1, 2] {
+        assert!(refused_call(&c, t(ms)));
+    }
+    let claim = ask(&c, t(1_002)).expect("asks");
+    c.unanswered(claim);
+    assert!(ask(&c, t(1_003)).is_none());
+    assert!(ask(&c, t(1_002) + BUDGET).is_some());
+}
+
+#[test]
+fn an_allow_or_a_forget_clears_the_entry() {
+    let c = cache();
+    for ms in [0, 1, 2] {
+        assert!(refused_call(&c, t(ms)));
+    }
+    let claim = ask(&c, t(1_002)).expect("asks");
+    c.answered("k", &allowed(t(1_002)), t(1_002), claim);
+    assert!(ask(&c, t(1_003)).is_some(), "allowed: nothing held");
+    // And the count starts again.
+    assert!(refused_call(&c, t(1_004)));
+    assert!(refused_call(&c, t(1_005)));
+    assert!(refused_call(&c, t(1_006)));
+    assert!(!refused_call(&c, t(1_007)));
+    c.forget("k");
+    assert!(refused_call(&c, t(1_008)));
+}
+
+#[test]
+fn a_refresh_after_the_flood_ended_is_not_held() {
+    let c = cache();
+    for ms in [0, 1, 2] {
+        assert!(refused_call(&c, t(ms)));
+    }
+    // The next attempt comes a minute later: refreshed, and not held.
+    assert!(refused_call(&c, t(60_000)));
+    assert!(refused_call(&c, t(60_001)));
+}
+
+#[test]
+fn never_past_the_reopening() {
+    let c = RefusalCache::new(100, MAX_REFUSAL_TTL);
+    let reopens = t(3_600_000);
+    let at = reopens - Duration::from_millis(10);
+    for _ in 0..3 {
+        assert!(refused_call(&c, at));
+    }
+    assert!(!refused_call(&c, reopens - Duration::from_micros(1)));
+    assert!(refused_call(&c, reopens));
+}
+
+#[test]
+fn an_unreachable_verdict_is_not_a_refusal_to_hold() {
+    let c = cache();
+    let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
+    let cause = Arc::new(Error::from(
+        crate::error::TimeoutSnafu {
+            operation: crate::operation::Operation::Check,
+            budget: BUDGET,
+        }
+        .build(),
+    ));
+    let refused = Verdict::uncounted(&limit, false, cause);
+    for _ in 0..5 {
+        c.answered("k", &refused, t(0), None);
+    }
+    assert!(ask(&c, t(1)).is_some());
+}
