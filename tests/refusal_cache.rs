@@ -267,7 +267,7 @@ async fn a_flood_costs_one_statement_per_ttl_and_a_reset_elsewhere_is_seen_withi
         clock.advance(step);
         let now = clock.now();
         let calls = (0..BATCH).map(|_| here.check(&limit, &key));
-        let answers: Vec<bool> = join_all(calls)
+        let answers: Vec<bool> = futures::future::join_all(calls)
             .await
             .into_iter()
             .map(|v| v.expect("a verdict").is_refused())
@@ -327,30 +327,6 @@ async fn a_flood_costs_one_statement_per_ttl_and_a_reset_elsewhere_is_seen_withi
         "seen within one TTL: {:?} after the reset",
         seen.duration_since(reset_at)
     );
-}
-
-/// Runs `calls` at once within this task, as `futures::future::join_all`
-/// would (so they may borrow the limiter), and gives their outputs in order.
-async fn join_all<F: Future>(calls: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut pending: Vec<_> = calls.map(|c| Some(Box::pin(c))).collect();
-    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut all = true;
-        for (slot, out) in pending.iter_mut().zip(done.iter_mut()) {
-            if let Some(call) = slot {
-                match call.as_mut().poll(cx) {
-                    Poll::Ready(v) => {
-                        *out = Some(v);
-                        *slot = None;
-                    }
-                    Poll::Pending => all = false,
-                }
-            }
-        }
-        if all { Poll::Ready(()) } else { Poll::Pending }
-    })
-    .await;
-    done.into_iter().map(|v| v.expect("done")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
