@@ -342,6 +342,7 @@ fn unescaped_tilde(encoded: &str) -> Option<usize> {
 
 /// Splits an undigested encoding back into its parts; `None` for a digested
 /// or malformed one. The inverse of the encoding, for tests and fuzzing.
+#[cfg(feature = "internal-checks")]
 #[doc(hidden)]
 pub fn decode(encoded: &str) -> Option<Vec<String>> {
     let mut parts = vec![String::new()];
@@ -369,6 +370,7 @@ pub fn decode(encoded: &str) -> Option<Vec<String>> {
 }
 
 /// The value of a lowercase hex digit: the encoding writes no other.
+#[cfg(feature = "internal-checks")]
 fn lower_hex(c: char) -> Option<u32> {
     match c {
         '0'..='9' | 'a'..='f' => c.to_digit(16),

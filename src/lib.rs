@@ -51,6 +51,7 @@
 
 mod cache;
 mod call;
+#[cfg(feature = "internal-checks")]
 mod checks;
 mod clock;
 mod conn;
@@ -103,8 +104,10 @@ pub use crate::verdict::{Verdict, Verdicts};
 /// [guide](crate::guide#the-schema) says what each part is for.
 pub const SCHEMA: &str = store::sql::SCHEMA;
 
-/// Internals exposed for the fuzz targets and property tests; not part of the
+/// Internals exposed for the fuzz targets and property tests (feature
+/// `internal-checks`, which release builds leave off); not part of the
 /// public API and not covered by semver.
+#[cfg(feature = "internal-checks")]
 #[doc(hidden)]
 pub mod internal {
     pub use crate::key::{decode, normalize_identity};
