@@ -3,16 +3,14 @@
 //! connection goes back to the pool idle, not inside a transaction.
 #![cfg(all(feature = "deadpool", feature = "bb8"))]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{BUDGET, SLACK};
 use platformkit_limit::{ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA};
 use platformkit_limit_testdb::{Server, TestDb};
 use tokio_postgres::NoTls;
-
-const BUDGET: Duration = Duration::from_millis(400);
-/// Room for a loaded machine on top of the budget: a bound on correctness,
-/// not a speed claim.
-const SLACK: Duration = Duration::from_millis(1500);
 
 fn deadpool(db: &TestDb, size: usize) -> deadpool_postgres::Pool {
     let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
