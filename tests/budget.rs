@@ -13,14 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::db::{
-    assert_idle, assert_no_lock_waits_soon, counts_by_key, fresh_db, hold, lend, lock_row, one_i64,
-    stored, stored_rows, system_switch, visible_rows,
+    assert_idle, assert_no_lock_waits_soon, counts_by_key, fresh_db, hold, lend, lock_row,
+    lock_row_from, one_i64, stored, stored_rows, system_switch, until_a_call_waits_on_a_lock,
+    visible_rows,
 };
 use common::metrics::Recorded;
 use common::{BUDGET, SLACK, limit, pinned_clock, timed};
 use metrics_util::debugging::DebuggingRecorder;
 use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Postgres};
-use tokio::time::{Instant, sleep};
+use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
 #[tokio::test]
@@ -45,19 +46,7 @@ async fn a_row_locked_by_another_session_is_a_lock_timeout_never_an_allow() {
     );
 
     // Another session holds the row.
-    let mut locker = db.connect().await;
-    let lock = locker.transaction().await.unwrap();
-    lock.batch_execute("SET LOCAL platformkit.system = 'on'")
-        .await
-        .unwrap();
-    let locked = lock
-        .query(
-            "SELECT count FROM platformkit.platformkit_limits WHERE key = $1 FOR UPDATE",
-            &[&stored(&login, &alice)],
-        )
-        .await
-        .unwrap();
-    assert_eq!(locked.len(), 1);
+    let locker = lock_row(&db, &stored(&login, &alice)).await;
 
     let started = Instant::now();
     let err = limiter
@@ -74,7 +63,7 @@ async fn a_row_locked_by_another_session_is_a_lock_timeout_never_an_allow() {
     // is aborted, not left to go through once the lock is released.
     let admin = db.connect_admin().await;
     assert_no_lock_waits_soon(&admin, "a lock held past the budget").await;
-    lock.rollback().await.unwrap();
+    locker.batch_execute("ROLLBACK").await.unwrap();
 
     {
         let client = held.lock().await;
@@ -269,45 +258,15 @@ async fn a_cancel_the_limiter_did_not_send_is_an_error_never_an_allow() {
         Some(1)
     );
 
-    // Another session holds the row, with the switch on.
-    let mut locker = db.connect_tenant().await;
-    let lock = locker.transaction().await.unwrap();
-    lock.batch_execute("SET LOCAL platformkit.system = 'on'")
-        .await
-        .unwrap();
-    let locked = lock
-        .query(
-            "SELECT count FROM platformkit.platformkit_limits WHERE key = $1 FOR UPDATE",
-            &[&stored(&login, &alice)],
-        )
-        .await
-        .unwrap();
-    assert_eq!(locked.len(), 1);
+    // Another session of the application's role holds the row, with the
+    // switch on.
+    let locker = lock_row_from(db.connect_tenant().await, &stored(&login, &alice)).await;
 
     // A third session of the same role cancels the limiter's waiting call.
     let admin = db.connect_admin().await;
     let canceller = db.connect_tenant().await;
     let cancel = async {
-        let deadline = Instant::now() + Duration::from_secs(8);
-        let pid: i32 = loop {
-            let waiting = admin
-                .query(
-                    "SELECT pid FROM pg_catalog.pg_stat_activity
-                     WHERE datname = pg_catalog.current_database()
-                       AND query LIKE 'CALL platformkit.%' AND wait_event_type = 'Lock'",
-                    &[],
-                )
-                .await
-                .unwrap();
-            if let Some(row) = waiting.first() {
-                break row.get(0);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the limiter's call never waited on the row lock"
-            );
-            sleep(Duration::from_millis(20)).await;
-        };
+        let pid = until_a_call_waits_on_a_lock(&admin, Duration::from_secs(8)).await;
         let cancelled: bool = canceller
             .query_one("SELECT pg_catalog.pg_cancel_backend($1)", &[&pid])
             .await
@@ -321,7 +280,7 @@ async fn a_cancel_the_limiter_did_not_send_is_an_error_never_an_allow() {
     assert_eq!(err.kind(), ErrorKind::Cancelled, "{err:?}");
     assert_eq!(err.code(), Some(&SqlState::QUERY_CANCELED));
     assert!(!err.is_unreachable(), "{err:?}");
-    lock.rollback().await.unwrap();
+    locker.batch_execute("ROLLBACK").await.unwrap();
 
     let next = limiter.failed(&login, &alice).await.unwrap();
     assert_eq!(

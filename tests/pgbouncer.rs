@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::db::{fresh_db, hold, lend};
+use common::db::{backend_pid, fresh_db, hold, lend};
 use common::{LONG_WINDOW, limit};
 use platformkit_limit::{ErrorKind, Key, Limiter, Postgres, purge};
 use platformkit_limit_testdb::{PgBouncer, Server, TestDb, connect};
@@ -41,14 +41,6 @@ fn start_bouncer(pool_size: u32) -> Option<PgBouncer> {
         eprintln!("skipped: no pgbouncer binary (apt-get install pgbouncer, or set PGBOUNCER)");
     }
     bouncer
-}
-
-async fn backend_pid(client: &Client) -> i32 {
-    client
-        .query_typed_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("SELECT pg_backend_pid()")
-        .get(0)
 }
 
 /// What another client of the server connection sees, between the

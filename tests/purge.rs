@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::db::{Pool, as_system, counts_by_key, fresh_db, stored, stored_rows};
+use common::db::{Pool, as_system, counts_by_key, fresh_db, lock_row, stored, stored_rows};
 use common::{PATIENT, assert_counted, limit};
 use platformkit_limit::{Key, Limiter, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, Postgres, purge};
 use tokio::time::{Instant, sleep};
@@ -105,19 +105,7 @@ async fn purge_skips_rows_it_would_wait_for() {
     )
     .await;
 
-    let mut locker = db.connect().await;
-    let lock = locker.transaction().await.unwrap();
-    lock.batch_execute("SET LOCAL platformkit.system = 'on'")
-        .await
-        .unwrap();
-    let locked = lock
-        .query(
-            "SELECT 1 FROM platformkit.platformkit_limits WHERE key = 'old|locked' FOR UPDATE",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(locked.len(), 1);
+    let locker = lock_row(&db, "old|locked").await;
 
     let started = Instant::now();
     assert_eq!(purge(&db.config()).await.unwrap(), 1, "only the free row");
@@ -125,7 +113,7 @@ async fn purge_skips_rows_it_would_wait_for() {
         started.elapsed() < PURGE_BATCH_BUDGET,
         "purge waited for the lock"
     );
-    lock.rollback().await.unwrap();
+    locker.batch_execute("ROLLBACK").await.unwrap();
 
     assert_eq!(purge(&db.config()).await.unwrap(), 1, "the row, once free");
     assert_eq!(stored_rows(&db).await, []);

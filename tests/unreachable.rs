@@ -20,11 +20,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::db::{counts_by_key, fresh_db, hold, lend, lock_row, nothing_listens, one_i64, stored};
+use common::db::{
+    backend_pid, counts_by_key, fresh_db, hold, lend, lock_row, nothing_listens, stored,
+    terminate_backend, until_a_call_waits_on_a_lock,
+};
 use common::metrics::{Recorded, calls_recorded};
 use common::{BUDGET, SLACK, assert_counted, limit, timed};
 use metrics_util::debugging::DebuggingRecorder;
-use platformkit_limit::{ErrorKind, Key, LimitConn, Limiter, Postgres, SCHEMA, Verdict};
+use platformkit_limit::{
+    ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA, Store, Verdict,
+};
 use platformkit_limit_testdb::{Options, Server};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tokio::time::{Instant, sleep};
@@ -63,6 +68,21 @@ fn reconnecting(
         }
     };
     (source, connects)
+}
+
+/// The limiter's operation `op` ("check", "failed" or "hit") on `key`.
+async fn operate<S: Store>(
+    limiter: &Limiter<S>,
+    op: &str,
+    limit: &Limit,
+    key: &Key,
+) -> Result<Verdict, platformkit_limit::Error> {
+    match op {
+        "check" => limiter.check(limit, key).await,
+        "failed" => limiter.failed(limit, key).await,
+        "hit" => limiter.hit(limit, key).await,
+        other => panic!("no operation {other}"),
+    }
 }
 
 /// Asserts that the verdict is allowed because the store was unreachable,
@@ -166,20 +186,9 @@ async fn a_terminated_connection_is_unreachable() {
     let alice = Key::email("alice@example.com");
     limiter.failed(&login, &alice).await.unwrap();
 
-    let pid: i32 = held
-        .lock()
-        .await
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pid = backend_pid(&*held.lock().await).await;
     let admin = db.connect_admin().await;
-    let terminated: bool = admin
-        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(terminated);
+    terminate_backend(&admin, pid).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     while !held.lock().await.is_closed() {
         assert!(Instant::now() < deadline, "the connection stayed open");
@@ -344,13 +353,7 @@ async fn a_connection_killed_mid_call_ends_within_the_budget() {
 
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
-    let pid: i32 = held
-        .lock()
-        .await
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pid = backend_pid(&*held.lock().await).await;
     let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
         .with_budget(KILL_BUDGET)
         .unwrap();
@@ -365,30 +368,9 @@ async fn a_connection_killed_mid_call_ends_within_the_budget() {
     let admin = db.connect_admin().await;
     let kill = async {
         // Wait until the limiter's backend is blocked on the row lock.
-        let deadline = Instant::now() + KILL_BUDGET;
-        loop {
-            let waiting = one_i64(
-                &admin,
-                "SELECT count(*) FROM pg_catalog.pg_stat_activity \
-                 WHERE pid = $1 AND wait_event_type = 'Lock'",
-                &[&pid],
-            )
-            .await;
-            if waiting == 1 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the limiter's call never blocked on the lock"
-            );
-            sleep(Duration::from_millis(10)).await;
-        }
-        let terminated: bool = admin
-            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-            .await
-            .unwrap()
-            .get(0);
-        assert!(terminated, "the limiter's backend was terminated");
+        let waiting = until_a_call_waits_on_a_lock(&admin, KILL_BUDGET).await;
+        assert_eq!(waiting, pid, "another backend waits on the lock");
+        terminate_backend(&admin, pid).await;
         Instant::now()
     };
     let call = async {
@@ -456,13 +438,7 @@ async fn a_connection_source_that_errors_is_unreachable() {
     let alice = Key::email("alice@example.com");
 
     for op in ["check", "failed", "hit"] {
-        let call = async {
-            match op {
-                "check" => limiter.check(&login, &alice).await,
-                "failed" => limiter.failed(&login, &alice).await,
-                _ => limiter.hit(&login, &alice).await,
-            }
-        };
+        let call = operate(&limiter, op, &login, &alice);
         let (verdict, _) = timed(BUDGET + SLACK, op, call).await;
         let verdict = verdict.unwrap();
         assert_unreachable(&verdict, ErrorKind::Connect, op);
@@ -501,13 +477,7 @@ async fn a_connection_source_that_never_yields_ends_within_the_budget() {
         .with_budget(BUDGET)
         .unwrap();
     for op in ["check", "failed", "hit"] {
-        let call = async {
-            match op {
-                "check" => limiter.check(&login, &alice).await,
-                "failed" => limiter.failed(&login, &alice).await,
-                _ => limiter.hit(&login, &alice).await,
-            }
-        };
+        let call = operate(&limiter, op, &login, &alice);
         let (verdict, took) = timed(BUDGET + SLACK, op, call).await;
         assert_unreachable(&verdict.unwrap(), ErrorKind::Timeout, op);
         assert!(took >= BUDGET, "{op} gave up early, after {took:?}");

@@ -200,6 +200,17 @@ pub async fn system_switch(client: &Client) -> Option<String> {
         .get(0)
 }
 
+/// The pid of the session's backend. A typed query, which prepares no named
+/// statement: one would not outlive its transaction through PgBouncer in
+/// transaction pooling mode.
+pub async fn backend_pid(client: &Client) -> i32 {
+    client
+        .query_typed_one("SELECT pg_catalog.pg_backend_pid()", &[])
+        .await
+        .expect("SELECT pg_backend_pid()")
+        .get(0)
+}
+
 /// Connection settings for a port where nothing listens.
 pub fn nothing_listens() -> Config {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a free port");
@@ -218,7 +229,11 @@ pub fn nothing_listens() -> Config {
 /// the lock until the returned client is dropped or rolls back. Panics unless
 /// there was a row to lock.
 pub async fn lock_row(db: &TestDb, stored_key: &str) -> Client {
-    let locker = db.connect().await;
+    lock_row_from(db.connect().await, stored_key).await
+}
+
+/// As [`lock_row`], from the session `locker`, of whichever role.
+pub async fn lock_row_from(locker: Client, stored_key: &str) -> Client {
     locker
         .batch_execute("BEGIN; SET LOCAL platformkit.system = 'on'")
         .await
@@ -232,6 +247,42 @@ pub async fn lock_row(db: &TestDb, stored_key: &str) -> Client {
         .expect("locking the row");
     assert_eq!(locked.len(), 1, "there was no row to lock");
     locker
+}
+
+/// Waits, for at most `within`, until a call of the limiter in the test's
+/// database waits on a lock, and returns the pid of its backend.
+pub async fn until_a_call_waits_on_a_lock(admin: &Client, within: Duration) -> i32 {
+    let deadline = Instant::now() + within;
+    loop {
+        let waiting = admin
+            .query(
+                "SELECT pid FROM pg_catalog.pg_stat_activity
+                 WHERE datname = pg_catalog.current_database()
+                   AND query LIKE 'CALL platformkit.%' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("reading pg_stat_activity");
+        if let Some(row) = waiting.first() {
+            return row.get(0);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the limiter's call never waited on the row lock"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Terminates the backend `pid`, as the superuser `admin`; panics unless it
+/// was there to terminate.
+pub async fn terminate_backend(admin: &Client, pid: i32) {
+    let terminated: bool = admin
+        .query_one("SELECT pg_catalog.pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("SELECT pg_terminate_backend")
+        .get(0);
+    assert!(terminated, "backend {pid} was not there to terminate");
 }
 
 /// Backends of the test's database waiting on a lock.
@@ -275,11 +326,7 @@ pub async fn stranger(db: &TestDb) -> (Client, i32) {
         )
         .await
         .expect("a stranger's session");
-    let pid = client
-        .query_one("SELECT pg_catalog.pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pid = backend_pid(&client).await;
     (client, pid)
 }
 
