@@ -12,11 +12,14 @@
 //! Every wait is bounded and panics with what it waited for; no assertion is
 //! about how long anything took.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use platformkit_limit::metric::{CALLS_TOTAL, LABEL_LIMIT, LABEL_OPERATION, LABEL_OUTCOME};
+use common::metrics::calls_recorded;
+use common::{LONG_WINDOW, PATIENT, assert_counted};
+use metrics_util::debugging::DebuggingRecorder;
 use platformkit_limit::{
     ErrorKind, Key, Limit, LimitConn, Limiter, MAX_BUDGET, ManualClock, Postgres, SCHEMA, Verdict,
     WhenUnreachable,
@@ -26,15 +29,6 @@ use tokio::task::block_in_place;
 use tokio::time::{Instant, sleep};
 use tokio_postgres::Config;
 use tokio_postgres::config::TargetSessionAttrs;
-
-/// A window of 30 days: the pinned clock below sits in the middle of one.
-const LONG_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
-
-/// The budget of the calls that must be counted: they connect to a server
-/// that may have just been promoted, on a busy machine. Calls during the
-/// outage end at once anyway: the primary refuses connections and the
-/// standby is not read-write.
-const PATIENT: Duration = Duration::from_secs(10);
 
 /// A clock pinned in the middle of a [`LONG_WINDOW`] window, shared by every
 /// limiter of a test, so that no test straddles two windows whatever the
@@ -47,11 +41,14 @@ fn pinned_clock() -> ManualClock {
 
 /// A limit over [`LONG_WINDOW`] that the tests never reach.
 fn limit(name: &str) -> Limit {
-    Limit::new(name, 1_000_000, LONG_WINDOW).expect("a valid limit")
+    common::limit(name, 1_000_000)
 }
 
 /// A limiter over `conns` reading the pinned `clock`, with the patient
-/// budget. The refusal cache is off: every verdict comes from the server.
+/// budget: the calls that must be counted connect to a server that may have
+/// just been promoted, and calls during the outage end at once anyway (the
+/// primary refuses connections and the standby is not read-write). The
+/// refusal cache is off: every verdict comes from the server.
 fn limiter<C: LimitConn>(conns: C, clock: &ManualClock) -> Limiter<Postgres<C>> {
     Limiter::new(Postgres::new(conns).with_clock(clock.clone()))
         .with_budget(PATIENT)
@@ -83,16 +80,6 @@ fn read_write_of_both(db: &TestDb, standby: &Server) -> Config {
     config
 }
 
-/// Asserts that the verdict came from the store: counted, not blind.
-#[track_caller]
-fn assert_counted(verdict: &Verdict, what: &str) {
-    assert!(
-        !verdict.is_unreachable(),
-        "{what}: the store was unreachable: {:?}",
-        verdict.unreachable()
-    );
-}
-
 /// Asserts that the verdict says the store was unreachable, with a cause of
 /// kind `Connect` (the primary is not there), no count, and the given
 /// decision.
@@ -109,33 +96,6 @@ fn assert_unreachable(verdict: &Verdict, allowed: bool, what: &str) {
     assert_eq!(cause.kind(), ErrorKind::Connect, "{what}: {cause:?}");
     assert_eq!(verdict.count(), None, "{what}: nothing was counted");
     assert_eq!(verdict.retry_after(), None, "{what}: no count to wait out");
-}
-
-/// `platformkit_limit_calls_total` for one limit, operation and outcome.
-fn calls_recorded(snapshotter: &Snapshotter, limit: &str, operation: &str, outcome: &str) -> u64 {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter_map(|(key, _, _, value)| {
-            let key = key.key();
-            if key.name() != CALLS_TOTAL {
-                return None;
-            }
-            let label = |name: &str| {
-                key.labels()
-                    .find(|l| l.key() == name)
-                    .map(|l| l.value().to_owned())
-            };
-            let wanted = label(LABEL_LIMIT).as_deref() == Some(limit)
-                && label(LABEL_OPERATION).as_deref() == Some(operation)
-                && label(LABEL_OUTCOME).as_deref() == Some(outcome);
-            match value {
-                DebugValue::Counter(n) if wanted => Some(n),
-                _ => None,
-            }
-        })
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,19 +15,18 @@
 //! prepared statement does not survive from one transaction to the next under
 //! transaction pooling.
 
-use std::convert::Infallible;
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use platformkit_limit::{ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA, purge};
+use common::db::{backend_pid, fresh_db, hold, lend};
+use common::{LONG_WINDOW, limit};
+use platformkit_limit::{ErrorKind, Key, Limiter, Postgres, purge};
 use platformkit_limit_testdb::{PgBouncer, Server, TestDb, connect};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config};
-
-/// A window long enough that no test straddles two windows.
-const LONG_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
 /// A PgBouncer in front of the shared server, or `None` (after saying so)
 /// when none is installed. In CI, which installs it, that is a failure.
@@ -42,37 +41,6 @@ fn start_bouncer(pool_size: u32) -> Option<PgBouncer> {
         eprintln!("skipped: no pgbouncer binary (apt-get install pgbouncer, or set PGBOUNCER)");
     }
     bouncer
-}
-
-async fn fresh_db() -> TestDb {
-    Server::shared().database(SCHEMA).await
-}
-
-fn limit(name: &str, max: u32) -> Limit {
-    Limit::new(name, max, LONG_WINDOW).expect("a valid limit")
-}
-
-/// One client connection to the bouncer, held for the whole test.
-async fn hold(config: &Config) -> Arc<Mutex<Client>> {
-    Arc::new(Mutex::new(connect(config).await))
-}
-
-/// A connection source that lends the held connection to one call at a time.
-fn lend(
-    held: Arc<Mutex<Client>>,
-) -> impl LimitConn<Conn = OwnedMutexGuard<Client>, Error = Infallible> {
-    move || {
-        let held = Arc::clone(&held);
-        async move { Ok::<_, Infallible>(held.lock_owned().await) }
-    }
-}
-
-async fn backend_pid(client: &Client) -> i32 {
-    client
-        .query_typed_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("SELECT pg_backend_pid()")
-        .get(0)
 }
 
 /// What another client of the server connection sees, between the

@@ -3,16 +3,15 @@
 //! connection goes back to the pool idle, not inside a transaction.
 #![cfg(all(feature = "deadpool", feature = "bb8"))]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::db::backend_pid;
+use common::{BUDGET, SLACK};
 use platformkit_limit::{ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA};
 use platformkit_limit_testdb::{Server, TestDb};
 use tokio_postgres::NoTls;
-
-const BUDGET: Duration = Duration::from_millis(400);
-/// Room for a loaded machine on top of the budget: a bound on correctness,
-/// not a speed claim.
-const SLACK: Duration = Duration::from_millis(1500);
 
 fn deadpool(db: &TestDb, size: usize) -> deadpool_postgres::Pool {
     let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
@@ -92,13 +91,7 @@ async fn an_exhausted_pool_ends_within_the_budget<C: LimitConn>(pool: C) {
 async fn a_deadpool_pool_is_a_connection_source_and_gets_its_connection_back_idle() {
     let db = Server::shared().database(SCHEMA).await;
     let pool = deadpool(&db, 1);
-    let pid: i32 = {
-        let conn = pool.get().await.expect("a connection");
-        conn.query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .expect("a pid")
-            .get(0)
-    };
+    let pid = backend_pid(&pool.get().await.expect("a connection")).await;
     a_pool_is_a_connection_source(&db, pool, pid).await;
 }
 
@@ -106,13 +99,7 @@ async fn a_deadpool_pool_is_a_connection_source_and_gets_its_connection_back_idl
 async fn a_bb8_pool_is_a_connection_source_and_gets_its_connection_back_idle() {
     let db = Server::shared().database(SCHEMA).await;
     let pool = bb8(&db, 1).await;
-    let pid: i32 = {
-        let conn = pool.get().await.expect("a connection");
-        conn.query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .expect("a pid")
-            .get(0)
-    };
+    let pid = backend_pid(&pool.get().await.expect("a connection")).await;
     a_pool_is_a_connection_source(&db, pool, pid).await;
 }
 
@@ -145,10 +132,7 @@ async fn a_pooled_connection_inside_a_transaction_is_refused_and_handed_back_idl
         conn.batch_execute("BEGIN; INSERT INTO caller_work VALUES (1)")
             .await
             .expect("caller work");
-        conn.query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .expect("a pid")
-            .get(0)
+        backend_pid(&conn).await
     };
     let limit = Limit::new("pool", 2, Duration::from_secs(60)).expect("a limit");
     let limiter = Limiter::new(Postgres::new(pool.clone()));

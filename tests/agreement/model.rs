@@ -1,0 +1,435 @@
+//! The calls the agreement tests play, the cases proptest draws of them, and
+//! a plain model of fixed and sliding windows, lockouts and the refusal
+//! cache, written independently of the crate's arithmetic: the model finds
+//! a sliding window's reopening by search, the crate by a closed form.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use platformkit_limit::{
+    DEFAULT_REFUSAL_TTL, FLOOD_REFUSALS, FLOOD_SPAN, Key, Limit, ManualClock, Verdict,
+    WhenUnreachable,
+};
+use proptest::prelude::*;
+
+const MICROS_PER_SEC: u64 = 1_000_000;
+
+/// Everything a verdict tells a caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub allowed: bool,
+    pub refused: bool,
+    pub unreachable: bool,
+    pub count: Option<u64>,
+    pub remaining: Option<u64>,
+    pub reopens_at: Option<SystemTime>,
+    pub retry_after: Option<Duration>,
+}
+
+impl From<&Verdict> for Seen {
+    fn from(v: &Verdict) -> Self {
+        Seen {
+            allowed: v.is_allowed(),
+            refused: v.is_refused(),
+            unreachable: v.is_unreachable(),
+            count: v.count(),
+            remaining: v.remaining(),
+            reopens_at: v.reopens_at(),
+            retry_after: v.retry_after(),
+        }
+    }
+}
+
+pub fn micros(t: SystemTime) -> u64 {
+    u64::try_from(t.duration_since(UNIX_EPOCH).unwrap().as_micros()).unwrap()
+}
+
+fn at_micros(m: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(m)
+}
+
+// ---------------------------------------------------------------------------
+// The property
+// ---------------------------------------------------------------------------
+
+/// 240 bytes: any key with it is digested.
+const LONG: &str = concat!(
+    "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz",
+    "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz",
+    "0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz",
+    "012345678901234567890123",
+);
+
+/// Keys chosen to break a sloppy encoding or a sloppy comparison: a
+/// separator and the two parts it could fake, empty, NUL, the digest marker,
+/// an escape, two spellings of "é" and two cases of one letter (distinct
+/// keys, byte for byte), and two long keys that differ only past the cut.
+const KEY_POOL: &[&[&str]] = &[
+    &["a|b"],
+    &["a", "b"],
+    &[""],
+    &["\0"],
+    &["~"],
+    &["\\"],
+    &["\u{e9}"],
+    &["e\u{301}"],
+    &["A"],
+    &["a"],
+    &[LONG, "1"],
+    &[LONG, "2"],
+];
+
+/// Windows of the limits, in seconds.
+const WINDOWS: &[u64] = &[1, 7, 60];
+
+#[derive(Clone, Debug)]
+pub enum Call {
+    Check,
+    Failed,
+    Hit,
+    Reset,
+    /// Reserve, then report success (taking the attempt back) or not.
+    Reserve {
+        succeed: bool,
+    },
+    /// The several-limits calls, over every limit of the case with one key.
+    CheckAll,
+    FailedAll,
+    HitAll,
+}
+
+/// How the clock moves before a call.
+#[derive(Clone, Debug)]
+enum Advance {
+    Stay,
+    By(Duration),
+    /// To the next edge of limit `limit`'s windows, plus `offset_micros`
+    /// (never backwards).
+    ToEdge {
+        limit: usize,
+        offset_micros: i64,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Op {
+    advance: Advance,
+    pub call: Call,
+    pub limit: usize,
+    pub key: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// Seconds and microseconds since the Unix epoch.
+    start: (u64, u32),
+    /// `(max, window in seconds, sliding, lockout in seconds or 0)` of each
+    /// limit.
+    pub limits: Vec<(u32, u64, bool, u64)>,
+    keys: Vec<&'static [&'static str]>,
+    pub ops: Vec<Op>,
+}
+
+fn advance(limits: usize) -> impl Strategy<Value = Advance> {
+    let by = |d: Duration| Just(Advance::By(d));
+    prop_oneof![
+        4 => Just(Advance::Stay),
+        1 => by(Duration::from_micros(1)),
+        2 => (1..5u64).prop_map(|ms| Advance::By(Duration::from_millis(ms))),
+        1 => by(Duration::from_micros(999_999)),
+        1 => by(Duration::from_secs(1)),
+        1 => by(Duration::from_micros(6_999_999)),
+        1 => by(Duration::from_secs(7)),
+        1 => by(Duration::from_micros(7_000_001)),
+        1 => by(Duration::from_secs(59)),
+        1 => by(Duration::from_secs(61)),
+        2 => (2..10u64).prop_map(|s| Advance::By(Duration::from_secs(s))),
+        3 => (0..limits, -1..=1i64).prop_map(|(limit, offset_micros)| Advance::ToEdge {
+            limit,
+            offset_micros,
+        }),
+    ]
+}
+
+fn op(limits: usize, keys: usize) -> impl Strategy<Value = Op> {
+    let call = prop_oneof![
+        3 => Just(Call::Check),
+        3 => Just(Call::Failed),
+        3 => Just(Call::Hit),
+        1 => Just(Call::Reset),
+        2 => any::<bool>().prop_map(|succeed| Call::Reserve { succeed }),
+        1 => Just(Call::CheckAll),
+        1 => Just(Call::FailedAll),
+        1 => Just(Call::HitAll),
+    ];
+    (advance(limits), call, 0..limits, 0..keys).prop_map(|(advance, call, limit, key)| Op {
+        advance,
+        call,
+        limit,
+        key,
+    })
+}
+
+fn start() -> impl Strategy<Value = (u64, u32)> {
+    prop_oneof![
+        // Anywhere after 2001.
+        (1_000_000_000..=2_000_000_000u64, 0..1_000_000u32),
+        // A moment before an edge of every window length (420 s = 7 × 60).
+        (2_380_953..=4_761_904u64, 1..=3u32)
+            .prop_map(|(n, before)| (n * 420 - 1, 1_000_000 - before)),
+    ]
+}
+
+pub fn case() -> impl Strategy<Value = Case> {
+    let lockouts =
+        prop_oneof![3 => Just(0u64), 1 => Just(1u64), 1 => Just(30u64), 1 => Just(90u64)];
+    let limits = prop::collection::vec(
+        (
+            1..=4u32,
+            prop::sample::select(WINDOWS),
+            any::<bool>(),
+            lockouts,
+        ),
+        1..=3,
+    );
+    let keys = prop::sample::subsequence(KEY_POOL.to_vec(), 1..=4);
+    (start(), limits, keys).prop_flat_map(|(start, limits, keys)| {
+        let ops = prop::collection::vec(op(limits.len(), keys.len()), 1..=40);
+        (Just(start), Just(limits), Just(keys), ops).prop_map(|(start, limits, keys, ops)| Case {
+            start,
+            limits,
+            keys,
+            ops,
+        })
+    })
+}
+
+/// Counts per (limit, key, window start in microseconds), windows from the
+/// Unix epoch as the crate documents them. For a sliding window the estimate
+/// is the current count plus the previous window's weighted by how much of
+/// it still overlaps the last window's length; an attempt may go ahead while
+/// the estimate (before its own ask, for `hit`) is below max.
+///
+/// Both limiters keep their refusal cache on (the default), so the model
+/// keeps one too: once a single-limit call's key has been refused
+/// `FLOOD_REFUSALS` times within `FLOOD_SPAN` (answers from the cache
+/// included), the refusal is answered again, with nothing counted, for the
+/// TTL or until it reopens, whichever is sooner; then the next call asks
+/// again. An allow, a reset or a success forgets the key; the several-limits
+/// calls neither read nor fill it.
+#[derive(Default)]
+pub struct Model {
+    counts: HashMap<(usize, usize, u64), u64>,
+    /// (limit, key) → what the refusal cache knows of it.
+    refusals: HashMap<(usize, usize), Cached>,
+}
+
+/// The refusal cache's entry for one (limit, key).
+#[derive(Default)]
+struct Cached {
+    /// The latest refusals answered, in µs, oldest first.
+    times: VecDeque<u64>,
+    /// The refusal answered again, when it reopens and when its TTL ends,
+    /// in µs.
+    held: Option<(Seen, u64, u64)>,
+}
+
+impl Cached {
+    fn refused_at(&mut self, now: u64) {
+        self.times.push_back(now);
+        if self.times.len() > FLOOD_REFUSALS {
+            self.times.pop_front();
+        }
+    }
+
+    fn flooded(&self, now: u64) -> bool {
+        let span = u64::try_from(FLOOD_SPAN.as_micros()).unwrap();
+        self.times.len() == FLOOD_REFUSALS && now - self.times[0] < span
+    }
+}
+
+impl Model {
+    fn count(&self, limit: usize, key: usize, start: u64) -> u64 {
+        self.counts.get(&(limit, key, start)).copied().unwrap_or(0)
+    }
+
+    /// The estimate times the window width, at `now`.
+    fn weighted(&self, limit: usize, key: usize, width: u64, sliding: bool, now: u64) -> u128 {
+        let start = now / width * width;
+        let elapsed = now - start;
+        let previous = if sliding && start >= width {
+            self.count(limit, key, start - width)
+        } else {
+            0
+        };
+        u128::from(previous) * u128::from(width - elapsed)
+            + u128::from(self.count(limit, key, start)) * u128::from(width)
+    }
+
+    pub fn verdict(
+        &mut self,
+        call: &Call,
+        limit: usize,
+        key: usize,
+        spec: (u32, u64, bool, u64),
+        now: u64,
+    ) -> Seen {
+        let (max, window, sliding, lockout) = spec;
+        let single = !matches!(call, Call::CheckAll | Call::FailedAll | Call::HitAll);
+        if single {
+            let cached = self.refusals.entry((limit, key)).or_default();
+            if let Some((seen, reopens, fresh_until)) = &cached.held {
+                if now < *fresh_until {
+                    let seen = Seen {
+                        retry_after: Some(Duration::from_micros(reopens - now)),
+                        ..seen.clone()
+                    };
+                    cached.refused_at(now);
+                    return seen;
+                }
+            }
+        }
+        let width = window * MICROS_PER_SEC;
+        let start = now / width * width;
+        if matches!(
+            call,
+            Call::Failed | Call::Hit | Call::Reserve { .. } | Call::FailedAll | Call::HitAll
+        ) {
+            *self.counts.entry((limit, key, start)).or_insert(0) += 1;
+        }
+        let weighted = self.weighted(limit, key, width, sliding, now);
+        let own = if matches!(call, Call::Hit | Call::Reserve { .. } | Call::HitAll) {
+            u128::from(width)
+        } else {
+            0
+        };
+        let max_w = u128::from(max) * u128::from(width);
+        // A lockout runs from the end of any window whose own count reached
+        // max (the current one counted before this call's own ask).
+        let own_asks = u64::from(own > 0);
+        let locked_until = (lockout > 0)
+            .then(|| {
+                self.counts
+                    .iter()
+                    .filter(|&(&(l, k, s), &c)| {
+                        (l, k) == (limit, key)
+                            && s <= start
+                            && (if s == start { c - own_asks } else { c }) >= u64::from(max)
+                    })
+                    .map(|(&(_, _, s), _)| s + width + lockout * MICROS_PER_SEC)
+                    .filter(|&until| until > now)
+                    .max()
+            })
+            .flatten();
+        let allowed = weighted - own < max_w && locked_until.is_none();
+        let count = u64::try_from(weighted.div_ceil(u128::from(width))).unwrap();
+        let reopens = if allowed {
+            start + width
+        } else {
+            // The first microsecond, from now or the lockout's end, at which
+            // the estimate is below max again: it only falls while nothing
+            // is counted, so search for it.
+            let from = locked_until.map_or(now, |until| until.max(now));
+            let (mut lo, mut hi) = (from, from.max(start) + 2 * width + 1);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if self.weighted(limit, key, width, sliding, mid) < max_w {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            lo
+        };
+        let seen = Seen {
+            allowed,
+            refused: !allowed,
+            unreachable: false,
+            count: Some(count),
+            remaining: Some(u64::from(max).saturating_sub(count)),
+            reopens_at: Some(at_micros(reopens)),
+            retry_after: (!allowed).then(|| Duration::from_micros(reopens - now)),
+        };
+        if single && allowed {
+            self.refusals.remove(&(limit, key));
+        } else if single {
+            let cached = self.refusals.entry((limit, key)).or_default();
+            cached.refused_at(now);
+            let ttl = u64::try_from(DEFAULT_REFUSAL_TTL.as_micros()).unwrap();
+            cached.held = cached
+                .flooded(now)
+                .then(|| (seen.clone(), reopens, reopens.min(now + ttl)));
+        }
+        seen
+    }
+
+    /// A reserved attempt that succeeded is taken back from its window.
+    pub fn take_back(&mut self, limit: usize, key: usize, window: u64, now: u64) {
+        self.refusals.remove(&(limit, key));
+        let width = window * MICROS_PER_SEC;
+        let start = now / width * width;
+        if let Some(count) = self.counts.get_mut(&(limit, key, start)) {
+            *count = count.saturating_sub(1);
+        }
+    }
+
+    pub fn reset(&mut self, limit: usize, key: usize) {
+        self.refusals.remove(&(limit, key));
+        self.counts.retain(|&(l, k, _), _| (l, k) != (limit, key));
+    }
+}
+
+impl Case {
+    /// The case's limits, named under `prefix`, each deciding `unreachable`
+    /// as given when the store cannot be reached.
+    pub fn limits(&self, prefix: &str, unreachable: WhenUnreachable) -> Vec<Limit> {
+        self.limits
+            .iter()
+            .enumerate()
+            .map(|(i, &(max, window, sliding, lockout))| {
+                let limit = Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window))
+                    .unwrap()
+                    .when_unreachable(unreachable);
+                let limit = if sliding { limit.sliding() } else { limit };
+                if lockout > 0 {
+                    limit.lockout(Duration::from_secs(lockout)).unwrap()
+                } else {
+                    limit
+                }
+            })
+            .collect()
+    }
+
+    pub fn keys(&self) -> Vec<Key> {
+        self.keys.iter().map(|p| Key::new(*p).unwrap()).collect()
+    }
+
+    /// A clock at the case's start.
+    pub fn clock(&self) -> ManualClock {
+        ManualClock::new(
+            UNIX_EPOCH
+                + Duration::new(self.start.0, 0)
+                + Duration::from_micros(self.start.1.into()),
+        )
+    }
+
+    /// Moves `clock` as `op` says.
+    pub fn advance(&self, clock: &ManualClock, op: &Op) {
+        match op.advance {
+            Advance::Stay => {}
+            Advance::By(by) => clock.advance(by),
+            Advance::ToEdge {
+                limit,
+                offset_micros,
+            } => {
+                let now = micros(clock.now());
+                let width = self.limits[limit].1 * MICROS_PER_SEC;
+                let edge = (now / width + 1) * width;
+                let target = edge.saturating_add_signed(offset_micros);
+                if target > now {
+                    clock.set(at_micros(target));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The server's side of the budget: the server's part of it ends before the
+//! client's, so a row lock held past it is a `LockTimeout` error (never an
+//! allow) and nothing of the limiter's is left waiting on the lock; a call
+//! still unanswered near the end of its budget is cancelled on the server,
+//! writes nothing and leaves its connection idle; and a cancel the limiter
+//! did not send is a `Cancelled` error, never taken for the budget running
+//! out.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::db::{
+    assert_idle, assert_no_lock_waits_soon, counts_by_key, fresh_db, hold, lend, lock_row,
+    lock_row_from, one_i64, stored, stored_rows, system_switch, until_a_call_waits_on_a_lock,
+    visible_rows,
+};
+use common::metrics::Recorded;
+use common::{BUDGET, SLACK, limit, pinned_clock, timed};
+use metrics_util::debugging::DebuggingRecorder;
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Postgres};
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+
+#[tokio::test]
+/// A lock held past the server's part of the budget is the server
+/// answering, not an outage: whoever holds it (a stuck session, or the
+/// limiter's own role with the switch on) cannot turn it into an allow.
+async fn a_row_locked_by_another_session_is_a_lock_timeout_never_an_allow() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let db = fresh_db().await;
+    let held = hold(&db.config()).await;
+    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
+        .with_budget(BUDGET)
+        .unwrap();
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    assert_eq!(
+        limiter.failed(&login, &alice).await.unwrap().count(),
+        Some(1)
+    );
+
+    // Another session holds the row.
+    let locker = lock_row(&db, &stored(&login, &alice)).await;
+
+    let started = Instant::now();
+    let err = limiter
+        .failed(&login, &alice)
+        .await
+        .expect_err("a held lock gave a verdict");
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::LockTimeout, "{err:?}");
+    assert_eq!(err.code(), Some(&SqlState::LOCK_NOT_AVAILABLE));
+    assert!(!err.is_unreachable());
+    assert!(took < BUDGET + SLACK, "took {took:?}");
+
+    // The server gives up the wait by itself, lock still held: the statement
+    // is aborted, not left to go through once the lock is released.
+    let admin = db.connect_admin().await;
+    assert_no_lock_waits_soon(&admin, "a lock held past the budget").await;
+    locker.batch_execute("ROLLBACK").await.unwrap();
+
+    {
+        let client = held.lock().await;
+        let one = client.simple_query("SELECT 1").await.unwrap();
+        assert!(!one.is_empty());
+        assert_idle(&client).await;
+        let switch = system_switch(&client).await;
+        assert!(matches!(switch.as_deref(), None | Some("")), "{switch:?}");
+    }
+    let next = limiter.failed(&login, &alice).await.unwrap();
+    assert!(!next.is_unreachable(), "{:?}", next.unreachable());
+    assert_eq!(
+        next.count(),
+        Some(2),
+        "the failure refused at the lock was recorded after all"
+    );
+
+    let recorded = Recorded::take(&snapshotter);
+    assert_eq!(recorded.calls("login", "failed", "unreachable"), 0);
+    assert_eq!(recorded.calls("login", "failed", "error"), 1);
+    assert_eq!(recorded.calls("login", "failed", "allowed"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// The server's part of the budget ends before the client's: a lock held
+/// past it ends the wait on the server, as a hard error (never an allow),
+/// and nothing of the limiter's is left waiting.
+async fn the_server_stops_waiting_on_a_held_lock_before_the_client_gives_up() {
+    let db = fresh_db().await;
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    let admin = db.connect_admin().await;
+
+    let held = hold(&db.config()).await;
+    let on_held = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
+        .with_budget(BUDGET)
+        .unwrap();
+    let per_call = Limiter::new(Postgres::new(db.config()))
+        .with_budget(BUDGET)
+        .unwrap();
+    assert_eq!(
+        on_held.failed(&login, &alice).await.unwrap().count(),
+        Some(1)
+    );
+
+    // The lock is held for the rest of the test: far longer than the budget.
+    let locker = lock_row(&db, &stored(&login, &alice)).await;
+
+    for (name, on_held_connection) in [("held connection", true), ("per call", false)] {
+        let call = async {
+            if on_held_connection {
+                on_held.failed(&login, &alice).await
+            } else {
+                per_call.failed(&login, &alice).await
+            }
+        };
+        let (result, _) = timed(BUDGET + SLACK, name, call).await;
+        let err = result.expect_err("a held lock gave a verdict");
+        assert_eq!(err.kind(), ErrorKind::LockTimeout, "{name}: {err:?}");
+        assert!(!err.is_unreachable(), "{name}");
+
+        // The server gave up too: nothing of the limiter's waits on the lock.
+        assert_no_lock_waits_soon(&admin, name).await;
+    }
+
+    // The held connection is usable, idle, and the switch is off on it.
+    {
+        let client = held.lock().await;
+        assert!(!client.is_closed());
+        assert_eq!(
+            one_i64(&client, "SELECT 1::int8", &[]).await,
+            1,
+            "the connection answers"
+        );
+        assert_idle(&client).await;
+        assert_ne!(
+            system_switch(&client).await.as_deref(),
+            Some("on"),
+            "the system switch outlived the limiter's transaction"
+        );
+        assert_eq!(visible_rows(&client).await, 0);
+    }
+
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        counts_by_key(&admin).await,
+        BTreeMap::from([(stored(&login, &alice), 1)]),
+        "the calls that gave up counted nothing"
+    );
+    // And once the lock is gone, the same connection counts again.
+    assert_eq!(
+        on_held.failed(&login, &alice).await.unwrap().count(),
+        Some(2)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_is_cancelled_on_the_server_within_the_budget_and_the_connection_comes_back_idle()
+ {
+    // Shorter than the other tests' budget: far short of the trigger's
+    // 0.8 s, so that only the limiter's cancel can end the call before the
+    // write does.
+    const SLOW_CALL_BUDGET: Duration = Duration::from_millis(300);
+
+    let db = fresh_db().await;
+    // A server slow for reasons no lock_timeout covers: every write of the
+    // table takes 0.8 s.
+    db.connect()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION slow_write() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 PERFORM pg_sleep(0.8);
+                 RETURN NEW;
+             END
+             $$;
+             CREATE TRIGGER slow_write BEFORE INSERT OR UPDATE ON platformkit.platformkit_limits
+                 FOR EACH ROW EXECUTE FUNCTION slow_write();",
+        )
+        .await
+        .unwrap();
+    let held = hold(&db.config()).await;
+    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
+        .with_budget(SLOW_CALL_BUDGET)
+        .unwrap();
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+
+    let started = Instant::now();
+    let verdict = limiter.failed(&login, &alice).await.unwrap();
+    let took = started.elapsed();
+    assert!(verdict.is_allowed() && verdict.is_unreachable());
+    let cause = verdict.unreachable().unwrap();
+    assert_eq!(cause.kind(), ErrorKind::Timeout, "{cause:?}");
+    assert_eq!(
+        cause.code(),
+        Some(&SqlState::QUERY_CANCELED),
+        "the server stopped the call: the limiter cancelled it before its budget ran out"
+    );
+    assert!(took < SLOW_CALL_BUDGET + SLACK, "took {took:?}");
+
+    // Nothing was left running or half done: the connection answers at once,
+    // outside any transaction, with the switch off, and nothing was written.
+    {
+        let client = held.lock().await;
+        client.simple_query("SELECT 1").await.unwrap();
+        assert_idle(&client).await;
+        let switch = system_switch(&client).await;
+        assert!(matches!(switch.as_deref(), None | Some("")), "{switch:?}");
+    }
+    assert_eq!(
+        stored_rows(&db).await,
+        [],
+        "the cancelled call wrote nothing"
+    );
+
+    db.connect()
+        .await
+        .batch_execute("DROP TRIGGER slow_write ON platformkit.platformkit_limits")
+        .await
+        .unwrap();
+    let next = limiter.failed(&login, &alice).await.unwrap();
+    assert!(!next.is_unreachable(), "{:?}", next.unreachable());
+    assert_eq!(next.count(), Some(1));
+}
+
+// ---------------------------------------------------------------------------
+// A cancel the limiter did not send
+// ---------------------------------------------------------------------------
+
+/// Red-team 6.9 and F5: another session of the application's role cancelled
+/// a limiter call waiting on a lock; the 57014 it got read as the budget
+/// running out, so the store counted as unreachable and the attempt went
+/// through uncounted. Now a cancel this call did not send is an error.
+#[tokio::test]
+async fn a_cancel_the_limiter_did_not_send_is_an_error_never_an_allow() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let db = fresh_db().await;
+    // A long budget: the limiter's own lock timeout and cancel come long
+    // after the stranger's cancel.
+    let limiter = Limiter::new(Postgres::new(db.tenant_config()).with_clock(pinned_clock()))
+        .with_budget(Duration::from_secs(10))
+        .unwrap()
+        .without_refusal_cache();
+    let login = Limit::new("login", 5, Duration::from_secs(3600)).unwrap();
+    let alice = Key::email("alice@example.com");
+    assert_eq!(
+        limiter.failed(&login, &alice).await.unwrap().count(),
+        Some(1)
+    );
+
+    // Another session of the application's role holds the row, with the
+    // switch on.
+    let locker = lock_row_from(db.connect_tenant().await, &stored(&login, &alice)).await;
+
+    // A third session of the same role cancels the limiter's waiting call.
+    let admin = db.connect_admin().await;
+    let canceller = db.connect_tenant().await;
+    let cancel = async {
+        let pid = until_a_call_waits_on_a_lock(&admin, Duration::from_secs(8)).await;
+        let cancelled: bool = canceller
+            .query_one("SELECT pg_catalog.pg_cancel_backend($1)", &[&pid])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(cancelled, "pg_cancel_backend refused");
+    };
+    let (result, ()) = tokio::join!(limiter.failed(&login, &alice), cancel);
+
+    let err = result.expect_err("a cancelled call gave a verdict");
+    assert_eq!(err.kind(), ErrorKind::Cancelled, "{err:?}");
+    assert_eq!(err.code(), Some(&SqlState::QUERY_CANCELED));
+    assert!(!err.is_unreachable(), "{err:?}");
+    locker.batch_execute("ROLLBACK").await.unwrap();
+
+    let next = limiter.failed(&login, &alice).await.unwrap();
+    assert_eq!(
+        next.count(),
+        Some(2),
+        "the cancelled failure was counted, or the next was not"
+    );
+
+    let calls = Recorded::take(&snapshotter).calls;
+    let failed = |outcome: &str| {
+        calls
+            .get(&("login".to_owned(), "failed".to_owned(), outcome.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(failed("unreachable"), 0, "{calls:?}");
+    assert_eq!(failed("error"), 1, "{calls:?}");
+    assert_eq!(failed("allowed"), 2, "{calls:?}");
+}

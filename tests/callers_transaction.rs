@@ -1,0 +1,516 @@
+//! The caller's transaction stays the caller's. A connection handed over
+//! inside a transaction (plain, serializable, read-only or failed) is an
+//! error, and nothing of that transaction is committed. Caller code that
+//! wrote before calling a procedure (a DO block, a procedure of its own, an
+//! extended-protocol pipeline) is refused, and its write is not committed.
+//! And nothing of the limiter's transaction runs on into the caller's code
+//! after the call: no switch, no rows, no lock.
+//!
+//! The attacks on the procedures are those of the schema red-team report
+//! (sections 2 and 6), run as the application's role, `limit_tenant`.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::db::{
+    assert_idle, fresh_db, hold, lend, refused, stored_rows, stored_windows, system_switch,
+};
+use common::{limit, pinned_clock};
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Postgres};
+use platformkit_limit_testdb::TestDb;
+use tokio_postgres::error::SqlState;
+
+/// Hands the limiter a connection inside a transaction the caller opened with
+/// `begin` (which may write to `caller_work`), and checks that the limiter
+/// refuses it with an error, commits nothing and leaves the connection idle.
+async fn assert_refused_inside_callers_transaction(begin: &str) {
+    let db = fresh_db().await;
+    let held = hold(&db.config()).await;
+    held.lock()
+        .await
+        .batch_execute("CREATE TABLE caller_work (x int)")
+        .await
+        .unwrap();
+    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))));
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+
+    // The caller's script may end in an error on purpose (an aborted
+    // transaction); what matters is the state it leaves.
+    let _ = held.lock().await.batch_execute(begin).await;
+
+    let err = limiter
+        .failed(&login, &alice)
+        .await
+        .expect_err("a connection inside a transaction gave a verdict");
+    assert!(!err.is_unreachable(), "{err:?}");
+
+    {
+        let client = held.lock().await;
+        assert_idle(&client).await;
+        let seen: i64 = client
+            .query_one("SELECT count(*) FROM caller_work", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(seen, 0, "the caller's work was committed");
+        let switch = system_switch(&client).await;
+        assert!(matches!(switch.as_deref(), None | Some("")), "{switch:?}");
+    }
+    let other: i64 = db
+        .connect()
+        .await
+        .query_one("SELECT count(*) FROM caller_work", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(other, 0, "the caller's work was committed");
+    assert_eq!(stored_rows(&db).await, [], "the failure was recorded");
+
+    let verdict = limiter.failed(&login, &alice).await.unwrap();
+    assert_eq!(verdict.count(), Some(1), "the connection is usable again");
+
+    // Said as what it is, so the caller can tell it from a misconfiguration.
+    assert_eq!(err.kind(), ErrorKind::InTransaction, "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_inside_the_callers_transaction_is_an_error_and_nothing_is_committed() {
+    assert_refused_inside_callers_transaction("BEGIN; INSERT INTO caller_work VALUES (1)").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_inside_a_serializable_transaction_is_an_error_and_nothing_is_committed() {
+    assert_refused_inside_callers_transaction(
+        "BEGIN ISOLATION LEVEL SERIALIZABLE; INSERT INTO caller_work VALUES (1)",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_inside_a_read_only_transaction_is_an_error() {
+    assert_refused_inside_callers_transaction("BEGIN READ ONLY; SELECT count(*) FROM caller_work")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_inside_a_failed_transaction_is_an_error_and_nothing_is_committed() {
+    assert_refused_inside_callers_transaction(
+        "BEGIN; INSERT INTO caller_work VALUES (1); SELECT 1 / 0",
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// Caller code around the procedures' CALL
+// ---------------------------------------------------------------------------
+
+/// A fresh database with the schema and `public.caller_work(x int)`, a table
+/// of the application's that `limit_tenant` may write.
+async fn db_with_caller_work() -> TestDb {
+    let db = fresh_db().await;
+    db.connect()
+        .await
+        .batch_execute("CREATE TABLE public.caller_work (x int)")
+        .await
+        .expect("creating caller_work as the owner");
+    db
+}
+
+/// The rows of `caller_work`, read by the tenant.
+async fn caller_work(db: &TestDb) -> Vec<i32> {
+    db.connect_tenant()
+        .await
+        .query("SELECT x FROM public.caller_work ORDER BY x", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// Red-team 2.9 and 2.10: called from a DO block or a procedure of the
+/// caller's that had written, the limiter's leading COMMIT committed the
+/// caller's work, and the caller's later failure could not take it back.
+/// Now the CALL is refused (2D000) and the caller's work goes with its
+/// failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caller_code_that_wrote_before_the_call_is_refused_and_its_work_is_not_committed() {
+    let db = db_with_caller_work().await;
+    let tenant = db.connect_tenant().await;
+
+    let (code, message) = refused(
+        tenant
+            .batch_execute(
+                "DO $$
+                 DECLARE d bigint;
+                 BEGIN
+                     INSERT INTO public.caller_work VALUES (1);
+                     CALL platformkit.platformkit_limit_reset(
+                         p_key => 'k', p_budget_ms => 2000, p_relaxed => false, o_deleted => d);
+                     RAISE EXCEPTION 'the caller fails after the call';
+                 END
+                 $$",
+            )
+            .await,
+        "a DO block that wrote, then called",
+    );
+    assert_eq!(code, SqlState::INVALID_TRANSACTION_TERMINATION, "{message}");
+    assert_eq!(
+        caller_work(&db).await,
+        [],
+        "the DO block's write was committed"
+    );
+
+    tenant
+        .batch_execute(
+            "CREATE PROCEDURE pg_temp.caller() LANGUAGE plpgsql AS $$
+             DECLARE d bigint;
+             BEGIN
+                 INSERT INTO public.caller_work VALUES (2);
+                 CALL platformkit.platformkit_limit_reset(
+                     p_key => 'k', p_budget_ms => 2000, p_relaxed => false, o_deleted => d);
+                 RAISE EXCEPTION 'the caller fails after the call';
+             END
+             $$",
+        )
+        .await
+        .unwrap();
+    let (code, message) = refused(
+        tenant.batch_execute("CALL pg_temp.caller()").await,
+        "a procedure that wrote, then called",
+    );
+    assert_eq!(code, SqlState::INVALID_TRANSACTION_TERMINATION, "{message}");
+    assert_eq!(
+        caller_work(&db).await,
+        [],
+        "the procedure's write was committed"
+    );
+}
+
+/// What the caller's code after the CALL records of its own transaction:
+/// the transaction and table locks it holds (read in a statement of its
+/// own, before a statement that names the table takes one), the switch, and
+/// the rows it can see.
+const OBSERVE: &str = "
+    SELECT count(*) INTO locks FROM pg_catalog.pg_locks AS l
+    WHERE l.pid = pg_catalog.pg_backend_pid()
+      AND (l.locktype = 'transactionid'
+           OR (l.locktype = 'relation'
+               AND l.relation = 'platformkit.platformkit_limits'::regclass));
+    INSERT INTO pg_temp.observed
+    SELECT locks, coalesce(pg_catalog.current_setting('platformkit.system', true), ''),
+           (SELECT count(*) FROM platformkit.platformkit_limits);";
+
+/// The limiter's add, as caller code writes it in PL/pgSQL (at 10:30 UTC).
+const ADD_IN_PLPGSQL: &str = "
+    CALL platformkit.platformkit_limit_add(
+        p_key => 'login|k', p_add => 1, p_window_secs => 3600,
+        p_at => '2026-01-01 10:30:00+00',
+        p_budget_ms => 2000, p_relaxed => false, p_previous => false, p_max => 5,
+        p_lockout_secs => 0, o_count => c, o_window_end => we, o_now => nw,
+        o_previous => pv, o_locked_until => lu);";
+
+/// Red-team 2.9, 2.10 and 6.4: after a CALL from a DO block or a procedure
+/// of the caller's, the caller's code ran on inside the limiter's system
+/// transaction: the switch on, every row visible and writable, the row lock
+/// held until the caller's block ended. Now the caller's code after the
+/// CALL sees the switch off, no rows, and holds no lock of the limiter's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caller_code_after_the_call_sees_no_switch_no_rows_and_holds_no_lock_of_the_limiters() {
+    let db = db_with_caller_work().await;
+    let tenant = db.connect_tenant().await;
+    // Rows to see, had the switch stayed on.
+    let limiter = Limiter::new(Postgres::new(db.tenant_config()).with_clock(pinned_clock()));
+    let login = Limit::new("login", 5, Duration::from_secs(3600)).unwrap();
+    limiter
+        .failed(&login, &Key::email("alice@example.com"))
+        .await
+        .unwrap();
+    tenant
+        .batch_execute(&format!(
+            "CREATE TEMP TABLE observed (locks bigint, switch text, rows bigint);
+             CREATE PROCEDURE pg_temp.caller() LANGUAGE plpgsql AS $$
+             DECLARE c bigint; we timestamptz; nw timestamptz; pv bigint; lu timestamptz; locks bigint;
+             BEGIN
+                 {ADD_IN_PLPGSQL}
+                 {OBSERVE}
+             END
+             $$;"
+        ))
+        .await
+        .unwrap();
+
+    tenant
+        .batch_execute(&format!(
+            "DO $$
+             DECLARE c bigint; we timestamptz; nw timestamptz; pv bigint; lu timestamptz; locks bigint;
+             BEGIN
+                 {ADD_IN_PLPGSQL}
+                 {OBSERVE}
+             END
+             $$"
+        ))
+        .await
+        .expect("a DO block that calls, then reads");
+    tenant
+        .batch_execute("CALL pg_temp.caller()")
+        .await
+        .expect("a procedure that calls, then reads");
+
+    let observed: Vec<(i64, String, i64)> = tenant
+        .query("SELECT locks, switch, rows FROM pg_temp.observed", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    assert_eq!(
+        observed,
+        [(0, String::new(), 0), (0, String::new(), 0)],
+        "(locks held, switch, rows visible) after the CALL in a DO block, then in a procedure"
+    );
+    assert_eq!(system_switch(&tenant).await.unwrap_or_default(), "");
+    // Both calls counted.
+    let stored = stored_windows(&db).await;
+    assert!(
+        stored
+            .iter()
+            .any(|(key, _, count)| key == "login|k" && *count == 2),
+        "{stored:?}"
+    );
+}
+
+/// A minimal client of PostgreSQL's wire protocol, for pipelines:
+/// tokio-postgres sends a Sync after every statement, and what these tests
+/// need is several statements before one Sync. Trust authentication only
+/// (the harness's throwaway servers).
+mod wire {
+    use bytes::BytesMut;
+    use fallible_iterator::FallibleIterator;
+    use postgres_protocol::IsNull;
+    use postgres_protocol::message::backend::{ErrorResponseBody, Message};
+    use postgres_protocol::message::frontend;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio_postgres::Config;
+    use tokio_postgres::config::Host;
+
+    /// What one statement of a pipeline answered.
+    #[derive(Debug, PartialEq, Eq)]
+    pub enum Answer {
+        /// It ran: its rows, in text format.
+        Rows(Vec<Vec<Option<String>>>),
+        /// It failed: the SQLSTATE and the message.
+        Error(String, String),
+        /// An earlier statement failed, so the server skipped it.
+        Skipped,
+    }
+
+    pub struct Wire {
+        stream: TcpStream,
+        read: BytesMut,
+    }
+
+    impl Wire {
+        /// StartupMessage, then everything up to ReadyForQuery.
+        pub async fn connect(config: &Config) -> Wire {
+            let host = match config.get_hosts().first() {
+                Some(Host::Tcp(host)) => host.clone(),
+                other => panic!("the wire-protocol client needs a TCP host, not {other:?}"),
+            };
+            let port = config.get_ports().first().copied().unwrap_or(5432);
+            let stream = TcpStream::connect((host.as_str(), port))
+                .await
+                .unwrap_or_else(|e| panic!("connecting to {host}:{port}: {e}"));
+            let mut wire = Wire {
+                stream,
+                read: BytesMut::new(),
+            };
+            let mut out = BytesMut::new();
+            frontend::startup_message(
+                [
+                    ("user", config.get_user().expect("a user")),
+                    ("database", config.get_dbname().expect("a database")),
+                    ("client_encoding", "UTF8"),
+                ],
+                &mut out,
+            )
+            .unwrap();
+            wire.send(&out).await;
+            loop {
+                match wire.next().await {
+                    Message::AuthenticationOk
+                    | Message::ParameterStatus(_)
+                    | Message::BackendKeyData(_)
+                    | Message::NoticeResponse(_) => {}
+                    Message::ReadyForQuery(_) => return wire,
+                    Message::ErrorResponse(body) => {
+                        panic!("the server refused the connection: {:?}", error(&body))
+                    }
+                    _ => panic!(
+                        "the server asked for more than trust authentication, which is all \
+                         this test's wire-protocol client speaks"
+                    ),
+                }
+            }
+        }
+
+        async fn send(&mut self, bytes: &[u8]) {
+            self.stream.write_all(bytes).await.expect("writing");
+        }
+
+        async fn next(&mut self) -> Message {
+            loop {
+                if let Some(message) = Message::parse(&mut self.read).expect("a backend message") {
+                    return message;
+                }
+                let n = self.stream.read_buf(&mut self.read).await.expect("reading");
+                assert!(n > 0, "the server closed the connection");
+            }
+        }
+
+        /// Parse, Bind and Execute of each statement (no parameters, text
+        /// results), then one Sync: one implicit transaction. Returns each
+        /// statement's answer and the transaction status of the
+        /// ReadyForQuery that ends it (`b'I'`: idle).
+        pub async fn pipeline(&mut self, statements: &[&str]) -> (Vec<Answer>, u8) {
+            let mut out = BytesMut::new();
+            for sql in statements {
+                frontend::parse("", sql, std::iter::empty(), &mut out).unwrap();
+                if frontend::bind(
+                    "",
+                    "",
+                    std::iter::empty(),
+                    std::iter::empty::<()>(),
+                    |(), _| Ok(IsNull::Yes),
+                    std::iter::empty(),
+                    &mut out,
+                )
+                .is_err()
+                {
+                    panic!("encoding Bind");
+                }
+                frontend::execute("", 0, &mut out).unwrap();
+            }
+            frontend::sync(&mut out);
+            self.send(&out).await;
+
+            let mut answers = Vec::new();
+            let mut rows = Vec::new();
+            let status = loop {
+                match self.next().await {
+                    Message::ParseComplete
+                    | Message::BindComplete
+                    | Message::NoticeResponse(_)
+                    | Message::ParameterStatus(_) => {}
+                    Message::DataRow(row) => {
+                        let values = row
+                            .ranges()
+                            .map(|range| {
+                                Ok(range.map(|r| {
+                                    String::from_utf8_lossy(&row.buffer()[r]).into_owned()
+                                }))
+                            })
+                            .collect()
+                            .expect("a data row");
+                        rows.push(values);
+                    }
+                    Message::CommandComplete(_) => {
+                        answers.push(Answer::Rows(std::mem::take(&mut rows)));
+                    }
+                    Message::ErrorResponse(body) => {
+                        let (code, message) = error(&body);
+                        answers.push(Answer::Error(code, message));
+                    }
+                    Message::ReadyForQuery(ready) => break ready.status(),
+                    _ => panic!("an unexpected message in a pipeline's answer"),
+                }
+            };
+            while answers.len() < statements.len() {
+                answers.push(Answer::Skipped);
+            }
+            (answers, status)
+        }
+    }
+
+    /// The SQLSTATE and message of an ErrorResponse.
+    fn error(body: &ErrorResponseBody) -> (String, String) {
+        let (mut code, mut message) = (String::new(), String::new());
+        let mut fields = body.fields();
+        while let Some(field) = fields.next().expect("error fields") {
+            let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
+            match field.type_() {
+                b'C' => code = value,
+                b'M' => message = value,
+                _ => {}
+            }
+        }
+        (code, message)
+    }
+}
+
+use wire::{Answer, Wire};
+
+/// Red-team 2.11: in an extended-protocol pipeline, a write before the CALL
+/// and before the Sync was committed by the limiter's COMMIT, though the
+/// pipeline failed. Now the CALL is refused and the write is not committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_write_before_the_call_is_refused_and_not_committed() {
+    let db = db_with_caller_work().await;
+    let mut wire = Wire::connect(&db.tenant_config()).await;
+
+    let (answers, status) = wire
+        .pipeline(&[
+            "INSERT INTO public.caller_work VALUES (7)",
+            "CALL platformkit.platformkit_limit_reset(\
+             p_key => 'k', p_budget_ms => 2000, p_relaxed => false)",
+            "SELECT 1/0",
+        ])
+        .await;
+    assert_eq!(answers[0], Answer::Rows(vec![]), "the INSERT ran");
+    match &answers[1] {
+        Answer::Error(code, _) => assert_eq!(code, "2D000", "{answers:?}"),
+        other => panic!("the CALL inside the pipeline's transaction was not refused: {other:?}"),
+    }
+    assert_eq!(answers[2], Answer::Skipped);
+    assert_eq!(status, b'I', "the pipeline left a transaction open");
+    assert_eq!(caller_work(&db).await, [], "row 7 was committed");
+}
+
+/// Red-team 2.11: in a pipeline, the statements after the CALL and before
+/// the Sync ran inside the limiter's system transaction, switch on, and read
+/// every row. Now they see the switch off and no rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_statement_after_the_call_sees_no_switch_and_no_rows() {
+    let db = fresh_db().await;
+    let limiter = Limiter::new(Postgres::new(db.tenant_config()).with_clock(pinned_clock()));
+    let login = Limit::new("login", 5, Duration::from_secs(3600)).unwrap();
+    limiter
+        .failed(&login, &Key::email("alice@example.com"))
+        .await
+        .unwrap();
+    let mut wire = Wire::connect(&db.tenant_config()).await;
+
+    let (answers, status) = wire
+        .pipeline(&[
+            "CALL platformkit.platformkit_limit_read(p_key => 'login|email|alice@example.com', \
+             p_window_secs => 3600, p_at => '2026-01-01 10:30:00+00', p_budget_ms => 2000, \
+             p_previous => false, p_max => 5, p_lockout_secs => 0)",
+            "SELECT coalesce(pg_catalog.current_setting('platformkit.system', true), ''), \
+             (SELECT count(*) FROM platformkit.platformkit_limits)",
+        ])
+        .await;
+    match &answers[0] {
+        Answer::Rows(rows) => assert_eq!(rows[0][0].as_deref(), Some("1"), "{answers:?}"),
+        other => panic!("the CALL failed: {other:?}"),
+    }
+    assert_eq!(
+        answers[1],
+        Answer::Rows(vec![vec![Some(String::new()), Some("0".to_owned())]]),
+        "(switch, rows visible) after the CALL, before the Sync"
+    );
+    assert_eq!(status, b'I');
+}

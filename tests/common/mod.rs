@@ -1,0 +1,77 @@
+//! What the test binaries share, defined once: each binary declares
+//! `mod common;` and uses what it needs, so no binary uses all of it (hence
+//! `dead_code` is allowed here).
+//!
+//! Here: the budgets and the limit over a long window, the clock the attack
+//! tests pin, and the assertions on verdicts and on how long a call took.
+//! [`db`]: the databases, the connections a test holds or lends, and what a
+//! test reads of them as the system, the superuser or a stranger.
+//! [`metrics`]: what a `DebuggingRecorder` saw.
+#![allow(dead_code, reason = "each test binary uses only some of the helpers")]
+
+pub mod db;
+pub mod metrics;
+
+use std::future::Future;
+use std::time::{Duration, UNIX_EPOCH};
+
+use platformkit_limit::{Limit, ManualClock, Verdict};
+use tokio::time::Instant;
+
+/// A window long enough that no test straddles two windows of the database's
+/// clock (they open every 30 days since the Unix epoch).
+pub const LONG_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+/// The budget of the tests that make the store unreachable.
+pub const BUDGET: Duration = Duration::from_millis(500);
+
+/// How much longer than its budget an unreachable call may take: scheduling
+/// on a busy machine, not a speed target. A call that ignored its budget
+/// would take as long as the fault lasts (forever, for a silent server, a
+/// held lock or a source that never yields).
+pub const SLACK: Duration = Duration::from_millis(1500);
+
+/// The budget of calls that must be counted, far longer than the default of
+/// 2 seconds on purpose: a call that ran out of budget would fail open
+/// without counting, and fail a test about counting for the wrong reason.
+/// Under load, 32 connections queue on one row lock on a machine with two
+/// busy cores; after a failover, a call connects to a server that may have
+/// just been promoted. The budget itself is tested with [`BUDGET`].
+pub const PATIENT: Duration = Duration::from_secs(10);
+
+/// A limit over [`LONG_WINDOW`].
+pub fn limit(name: &str, max: u32) -> Limit {
+    Limit::new(name, max, LONG_WINDOW).expect("a valid limit")
+}
+
+/// The time the attack tests pin: 2026-01-01 10:30:00 UTC, in the middle of
+/// the hour window 10:00–11:00 UTC.
+pub const JAN_1_1030_UTC: u64 = 1_767_263_400;
+pub const JAN_1_1000_UTC: u64 = JAN_1_1030_UTC - 30 * 60;
+pub const JAN_1_1100_UTC: u64 = JAN_1_1030_UTC + 30 * 60;
+
+/// The clock of every limiter of the attack tests, pinned at 10:30 UTC, so
+/// that no test straddles two windows.
+pub fn pinned_clock() -> ManualClock {
+    ManualClock::new(UNIX_EPOCH + Duration::from_secs(JAN_1_1030_UTC))
+}
+
+/// Runs `call` and returns its output and how long it took. Fails the test
+/// when the call is still running after `bound`, instead of hanging with it.
+pub async fn timed<T>(bound: Duration, what: &str, call: impl Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    match tokio::time::timeout(bound, call).await {
+        Ok(output) => (output, started.elapsed()),
+        Err(_) => panic!("{what}: still running after {bound:?}"),
+    }
+}
+
+/// Asserts that the verdict was counted by the store, not allowed blindly.
+#[track_caller]
+pub fn assert_counted(verdict: &Verdict, what: &str) {
+    assert!(
+        !verdict.is_unreachable(),
+        "{what}: the store was unreachable: {:?}",
+        verdict.unreachable()
+    );
+}

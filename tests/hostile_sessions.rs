@@ -1,0 +1,401 @@
+//! The caller's session cannot change what the limiter counts: neither its
+//! settings (isolation, read-only, TimeZone, DateStyle, row_security,
+//! search_path, lock_timeout...) nor an object on its search_path, its own
+//! (a temporary table, a temporary `timestamptz`, operators in a schema
+//! ahead of pg_catalog) or a stranger's (an operator in a writable
+//! `public`). After each call the session's settings, search_path included,
+//! are as it left them.
+//!
+//! The attacks on name lookup are those of the schema red-team report
+//! (section 3), run as the application's role, `limit_tenant`, on a clock
+//! pinned at 10:30 UTC.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use common::db::{
+    fresh_db, hold, lend, stored, stored_rows, stored_windows, stranger, system_switch,
+};
+use common::{JAN_1_1000_UTC, JAN_1_1100_UTC, pinned_clock};
+use platformkit_limit::{Key, Limit, LimitConn, Limiter, ManualClock, Postgres, Store};
+use platformkit_limit_testdb::TestDb;
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio_postgres::Client;
+
+// ---------------------------------------------------------------------------
+// Session settings
+// ---------------------------------------------------------------------------
+
+/// 2024-06-15 11:30:00 UTC: 23:15 on the same day in Pacific/Chatham
+/// (+12:45), so a day counted in the session's time zone would end at
+/// 11:15 UTC instead of midnight UTC.
+const JUNE_15_1130_UTC: u64 = 1_718_451_000;
+const JUNE_16_MIDNIGHT_UTC: u64 = 1_718_496_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_session_settings_do_not_break_the_statement() {
+    let db = fresh_db().await;
+    let held = hold(&db.config()).await;
+    held.lock()
+        .await
+        .batch_execute(
+            "SET default_transaction_isolation = 'serializable';
+             SET default_transaction_deferrable = on;
+             SET TimeZone = 'Pacific/Chatham';
+             SET default_transaction_read_only = on;
+             SET row_security = off;
+             SET DateStyle = 'SQL, DMY';
+             SET IntervalStyle = 'sql_standard';
+             SET standard_conforming_strings = off;
+             SET transform_null_equals = on;
+             SET search_path = public;
+             SET lock_timeout = 1;
+             SET synchronous_commit = on;",
+        )
+        .await
+        .unwrap();
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(JUNE_15_1130_UTC));
+    let hostile = Limiter::new(Postgres::new(lend(Arc::clone(&held))).with_clock(clock.clone()));
+    let plain = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
+    let daily = Limit::new("daily", 3, Duration::from_secs(24 * 60 * 60)).unwrap();
+    let alice = Key::email("alice@example.com");
+    let bob = Key::email("bob@example.com");
+
+    let first = hostile.failed(&daily, &alice).await.unwrap();
+    assert!(!first.is_unreachable(), "{:?}", first.unreachable());
+    assert_eq!(first.count(), Some(1));
+    assert_eq!(
+        hostile.check(&daily, &alice).await.unwrap().count(),
+        Some(1)
+    );
+    let hit = hostile.hit(&daily, &alice).await.unwrap();
+    assert_eq!(hit.count(), Some(2));
+    assert!(hit.is_allowed());
+    assert_eq!(stored_rows(&db).await, [(stored(&daily, &alice), 2)]);
+
+    // The session's time zone does not move the window's end.
+    let midnight = UNIX_EPOCH + Duration::from_secs(JUNE_16_MIDNIGHT_UTC);
+    assert_eq!(first.reopens_at(), Some(midnight));
+    let under_utc = plain.failed(&daily, &bob).await.unwrap();
+    assert_eq!(under_utc.reopens_at(), first.reopens_at());
+
+    hostile.reset(&daily, &alice).await.unwrap();
+    assert_eq!(
+        hostile.check(&daily, &alice).await.unwrap().count(),
+        Some(0)
+    );
+    assert_eq!(stored_rows(&db).await, [(stored(&daily, &bob), 1)]);
+
+    // The limiter's own settings ended with its transactions; the session's
+    // are as the session left them.
+    let row = held
+        .lock()
+        .await
+        .query_one(
+            "SELECT current_setting('default_transaction_isolation'),
+                    current_setting('default_transaction_read_only'),
+                    current_setting('TimeZone'),
+                    current_setting('row_security'),
+                    current_setting('lock_timeout'),
+                    current_setting('synchronous_commit'),
+                    coalesce(current_setting('platformkit.system', true), '')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let settings: Vec<String> = (0..row.len()).map(|i| row.get(i)).collect();
+    assert_eq!(
+        settings,
+        [
+            "serializable",
+            "on",
+            "Pacific/Chatham",
+            "off",
+            "1ms",
+            "on",
+            ""
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Name lookup never follows the caller's search_path
+// ---------------------------------------------------------------------------
+
+/// `SHOW search_path` on a session.
+async fn search_path(client: &Client) -> String {
+    client
+        .query_one("SHOW search_path", &[])
+        .await
+        .expect("SHOW search_path")
+        .get(0)
+}
+
+/// Six failures under a limit of 5 in the hour window 10:00–11:00 UTC, at
+/// the pinned 10:30 UTC: counts 1 to 6, the 5th and 6th refused, every
+/// answer from the store, the window closing at 11:00 UTC; then `check`
+/// reads 6, and the real table holds one row with 6 in that window.
+async fn six_failures_count_for_real<S: Store>(db: &TestDb, limiter: &Limiter<S>, what: &str) {
+    let hourly = Limit::new("login", 5, Duration::from_secs(60 * 60)).unwrap();
+    let key = Key::email("victim@example.com");
+    let closes = UNIX_EPOCH + Duration::from_secs(JAN_1_1100_UTC);
+    for n in 1..=6 {
+        let verdict = limiter
+            .failed(&hourly, &key)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: failure {n}: {e:?}"));
+        assert!(
+            !verdict.is_unreachable(),
+            "{what}: failure {n}: {:?}",
+            verdict.unreachable()
+        );
+        assert_eq!(verdict.count(), Some(n), "{what}: failure {n}");
+        assert_eq!(
+            verdict.is_refused(),
+            n >= 5,
+            "{what}: failure {n} of a limit of 5"
+        );
+        assert_eq!(
+            verdict.reopens_at(),
+            Some(closes),
+            "{what}: failure {n}: the window is not 10:00–11:00 UTC"
+        );
+    }
+    let check = limiter.check(&hourly, &key).await.unwrap();
+    assert!(check.is_refused(), "{what}: the 7th attempt was let in");
+    assert_eq!(check.count(), Some(6), "{what}");
+    assert_eq!(
+        stored_windows(db).await,
+        [(stored(&hourly, &key), JAN_1_1000_UTC as i64, 6)],
+        "{what}: the real table does not hold the count"
+    );
+}
+
+/// A limiter that lends the held session, with the clock pinned at 10:30 UTC
+/// and every call going to the store.
+fn pinned_limiter(
+    held: &Arc<Mutex<Client>>,
+) -> Limiter<Postgres<impl LimitConn<Conn = OwnedMutexGuard<Client>, Error = Infallible>>> {
+    Limiter::new(Postgres::new(lend(Arc::clone(held))).with_clock(pinned_clock()))
+        .without_refusal_cache()
+}
+
+/// Red-team 3.1: a temporary table of the application's role in its own
+/// (pooled) session, with a trigger that zeroes every count, took the
+/// limiter's writes: every call counted 0. Now the procedures write the real
+/// table whatever the session's search_path says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_temporary_table_of_the_callers_does_not_stand_in_for_the_limiters_table() {
+    let db = fresh_db().await;
+    let held = hold(&db.tenant_config()).await;
+    let path = "pg_temp, platformkit, public";
+    held.lock()
+        .await
+        .batch_execute(&format!(
+            "CREATE TEMP TABLE platformkit_limits
+                 (LIKE platformkit.platformkit_limits INCLUDING ALL);
+             CREATE FUNCTION pg_temp.zero() RETURNS trigger LANGUAGE plpgsql
+                 AS $$ BEGIN NEW.count := 0; RETURN NEW; END $$;
+             CREATE TRIGGER zero BEFORE INSERT OR UPDATE ON pg_temp.platformkit_limits
+                 FOR EACH ROW EXECUTE FUNCTION pg_temp.zero();
+             SET search_path = {path};"
+        ))
+        .await
+        .expect("the shadow table");
+    {
+        // The session's unqualified name is the shadow.
+        let shadowing: bool = held
+            .lock()
+            .await
+            .query_one(
+                "SELECT 'platformkit_limits'::regclass = 'pg_temp.platformkit_limits'::regclass",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(shadowing);
+    }
+
+    six_failures_count_for_real(&db, &pinned_limiter(&held), "temporary table").await;
+
+    let client = held.lock().await;
+    let shadowed: i64 = client
+        .query_one("SELECT count(*) FROM pg_temp.platformkit_limits", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shadowed, 0, "the limiter wrote the shadow table");
+    assert_eq!(search_path(&client).await, path);
+}
+
+/// Red-team 3.2: a temporary domain named `timestamptz` over `timestamp`
+/// made the session's TimeZone decide the window (10:30–11:30 UTC in
+/// Kathmandu instead of 10:00–11:00).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_temporary_timestamptz_type_and_the_session_time_zone_do_not_move_the_window() {
+    let db = fresh_db().await;
+    let held = hold(&db.tenant_config()).await;
+    let path = {
+        let client = held.lock().await;
+        client
+            .batch_execute(
+                "CREATE DOMAIN pg_temp.timestamptz AS pg_catalog.timestamp;
+                 SET TimeZone = 'Asia/Kathmandu';",
+            )
+            .await
+            .expect("the shadow type");
+        // The session's unqualified timestamptz is the shadow.
+        let shadowing: bool = client
+            .query_one(
+                "SELECT 'timestamptz'::regtype <> 'pg_catalog.timestamptz'::regtype",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(shadowing);
+        search_path(&client).await
+    };
+
+    six_failures_count_for_real(&db, &pinned_limiter(&held), "temporary timestamptz").await;
+
+    let client = held.lock().await;
+    assert_eq!(search_path(&client).await, path);
+    let zone: String = client
+        .query_one("SELECT current_setting('TimeZone')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(zone, "Asia/Kathmandu");
+}
+
+/// Red-team 3.3: operators `*(bigint, interval)` and `*(float8, interval)`
+/// that return a microsecond, in a schema of the application's role ahead
+/// of pg_catalog on its search_path, made every window a microsecond long:
+/// a limit of 5 allowed every attempt, silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_in_a_schema_ahead_of_pg_catalog_do_not_shrink_the_window() {
+    let db = fresh_db().await;
+    db.connect_admin()
+        .await
+        .batch_execute("CREATE SCHEMA AUTHORIZATION limit_tenant")
+        .await
+        .expect("a schema owned by limit_tenant");
+    let held = hold(&db.tenant_config()).await;
+    let path = "limit_tenant, pg_catalog, public";
+    held.lock()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION limit_tenant.tiny(bigint, interval) RETURNS interval
+                 LANGUAGE sql AS $$ SELECT interval '1 microsecond' $$;
+             CREATE FUNCTION limit_tenant.tiny(float8, interval) RETURNS interval
+                 LANGUAGE sql AS $$ SELECT interval '1 microsecond' $$;
+             CREATE OPERATOR limit_tenant.* (
+                 LEFTARG = bigint, RIGHTARG = interval, FUNCTION = limit_tenant.tiny);
+             CREATE OPERATOR limit_tenant.* (
+                 LEFTARG = float8, RIGHTARG = interval, FUNCTION = limit_tenant.tiny);
+             SET search_path = {path};"
+        ))
+        .await
+        .expect("the shadow operators");
+    {
+        // The operators are live in this session.
+        let client = held.lock().await;
+        let tiny: String = client
+            .query_one(
+                "SELECT (60::bigint * interval '1 second')::text
+                     || ' ' || (60::float8 * interval '1 second')::text",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(tiny, "00:00:00.000001 00:00:00.000001");
+    }
+
+    six_failures_count_for_real(&db, &pinned_limiter(&held), "shadow operators").await;
+
+    assert_eq!(search_path(&*held.lock().await).await, path);
+}
+
+/// Red-team 3.6: where `public` is writable by PUBLIC (PostgreSQL 14's
+/// default, kept by upgraded databases), a login with no grants planted
+/// `public.*(bigint, interval)`; the limiter's ordinary calls ran it as the
+/// application's role with the switch on, copying every limit row into the
+/// stranger's table and leaving the switch on for the session. Now the
+/// stranger's code never runs inside the limiter's calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_operator_in_a_writable_public_schema_never_runs_inside_the_limiters_calls() {
+    let db = fresh_db().await;
+    db.connect()
+        .await
+        .batch_execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        .await
+        .expect("PostgreSQL 14's public schema");
+    let (stranger, _) = stranger(&db).await;
+    stranger
+        .batch_execute(
+            "CREATE TABLE public.loot (who text, what text);
+             GRANT SELECT, INSERT ON public.loot TO PUBLIC;
+             CREATE FUNCTION public.steal(bigint, interval) RETURNS interval
+             LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO public.loot VALUES (current_user, 'ran');
+                 INSERT INTO public.loot
+                     SELECT current_user, l.key || '=' || l.count
+                     FROM platformkit.platformkit_limits AS l;
+                 PERFORM pg_catalog.set_config('platformkit.system', 'on', false);
+                 RETURN $2 OPERATOR(pg_catalog.*) $1::float8;
+             END
+             $$;
+             CREATE OPERATOR public.* (
+                 LEFTARG = bigint, RIGHTARG = interval, FUNCTION = public.steal);",
+        )
+        .await
+        .expect("the stranger plants its operator");
+
+    let held = hold(&db.tenant_config()).await;
+    let path = "public, pg_catalog";
+    held.lock()
+        .await
+        .batch_execute(&format!("SET search_path = {path}"))
+        .await
+        .unwrap();
+    {
+        // What the application's `bigint * interval` finds is the stranger's.
+        let planted: bool = held
+            .lock()
+            .await
+            .query_one(
+                "SELECT '*(bigint, interval)'::regoperator
+                      = 'public.*(bigint, interval)'::regoperator",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(planted);
+    }
+
+    six_failures_count_for_real(&db, &pinned_limiter(&held), "the stranger's operator").await;
+
+    let loot: Vec<(String, String)> = stranger
+        .query("SELECT who, what FROM public.loot", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(loot, [], "the stranger's code ran inside the limiter");
+    let client = held.lock().await;
+    assert_eq!(
+        system_switch(&client).await.unwrap_or_default(),
+        "",
+        "the switch is on in the application's session"
+    );
+    assert_eq!(search_path(&client).await, path);
+}

@@ -1,0 +1,230 @@
+//! The purge drops exactly the windows that closed more than a day ago,
+//! works through more rows than one batch (and stops after exactly one),
+//! skips a row a call holds instead of waiting for it, and, run in the
+//! middle of writes, loses no count of an open window.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::db::{Pool, as_system, counts_by_key, fresh_db, lock_row, stored, stored_rows};
+use common::{PATIENT, assert_counted, limit};
+use platformkit_limit::{Key, Limiter, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, Postgres, purge};
+use tokio::time::{Instant, sleep};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_drops_windows_that_closed_long_ago() {
+    let db = fresh_db().await;
+    let mut system = db.connect().await;
+    // Relative to the database's clock; purge keeps a day of closed windows.
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT key, window_end - interval '15 minutes', window_end, 1
+         FROM (VALUES
+             ('old|a', now() - interval '24 hours 1 minute'),
+             ('old|b', now() - interval '3 days'),
+             ('old|c', now() - interval '300 days'),
+             ('old|a', now() - interval '30 days'),
+             ('recent|a', now() - interval '23 hours 59 minutes'),
+             ('recent|b', now() - interval '1 minute'),
+             ('open|a', now() + interval '1 second'),
+             ('open|b', now() + interval '30 days')
+         ) AS rows (key, window_end)",
+        &[],
+    )
+    .await;
+
+    let purged = purge(&db.config()).await.unwrap();
+    assert_eq!(purged, 4, "the windows that closed more than a day ago");
+    let left: Vec<String> = stored_rows(&db).await.into_iter().map(|r| r.0).collect();
+    assert_eq!(left, ["open|a", "open|b", "recent|a", "recent|b"]);
+
+    assert_eq!(
+        purge(&db.config()).await.unwrap(),
+        0,
+        "nothing more to purge"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_works_through_more_rows_than_one_batch() {
+    let db = fresh_db().await;
+    let mut system = db.connect().await;
+    let closed = 2 * PURGE_BATCH_ROWS + 2_000;
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT 'old|' || g, now() - interval '3 days', now() - interval '2 days', g
+         FROM generate_series(1, $1::int8) AS g",
+        &[&closed],
+    )
+    .await;
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         VALUES ('open|a', now() - interval '1 minute', now() + interval '1 hour', 1)",
+        &[],
+    )
+    .await;
+
+    assert_eq!(purge(&db.config()).await.unwrap(), closed as u64);
+    let left: Vec<String> = stored_rows(&db).await.into_iter().map(|r| r.0).collect();
+    assert_eq!(left, ["open|a"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_of_exactly_one_full_batch_stops() {
+    let db = fresh_db().await;
+    let mut system = db.connect().await;
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT 'old|' || g, now() - interval '3 days', now() - interval '2 days', 1
+         FROM generate_series(1, $1::int8) AS g",
+        &[&PURGE_BATCH_ROWS],
+    )
+    .await;
+    assert_eq!(purge(&db.config()).await.unwrap(), PURGE_BATCH_ROWS as u64);
+    assert_eq!(stored_rows(&db).await, []);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_skips_rows_it_would_wait_for() {
+    let db = fresh_db().await;
+    let mut system = db.connect().await;
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         VALUES ('old|locked', now() - interval '3 days', now() - interval '2 days', 1),
+                ('old|free', now() - interval '3 days', now() - interval '2 days', 1)",
+        &[],
+    )
+    .await;
+
+    let locker = lock_row(&db, "old|locked").await;
+
+    let started = Instant::now();
+    assert_eq!(purge(&db.config()).await.unwrap(), 1, "only the free row");
+    assert!(
+        started.elapsed() < PURGE_BATCH_BUDGET,
+        "purge waited for the lock"
+    );
+    locker.batch_execute("ROLLBACK").await.unwrap();
+
+    assert_eq!(purge(&db.config()).await.unwrap(), 1, "the row, once free");
+    assert_eq!(stored_rows(&db).await, []);
+}
+
+// ---------------------------------------------------------------------------
+// Under load
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_under_load_loses_no_open_counts() {
+    const CLOSED_ROWS: i64 = 200_000;
+    const RECENT_ROWS: i64 = 1_000;
+    const WRITERS: usize = 16;
+    const OPEN_KEYS: usize = 64;
+    const MIN_CALLS: usize = 20;
+
+    let db = fresh_db().await;
+    let admin = db.connect_admin().await;
+    // Windows that closed between about 3 and 5 days ago, and windows that
+    // closed an hour ago (which purge must keep).
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+             SELECT 'closed|' || g, w.start, w.start + interval '1 hour', 1
+             FROM generate_series(1, {CLOSED_ROWS}) AS g,
+                  LATERAL (SELECT now() - interval '3 days' - g * interval '1 second' AS start) AS w;
+             INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+             SELECT 'recent|' || g, now() - interval '2 hours', now() - interval '1 hour', 2
+             FROM generate_series(1, {RECENT_ROWS}) AS g;
+             ANALYZE platformkit.platformkit_limits;"
+        ))
+        .await
+        .expect("inserting closed windows");
+
+    let login = limit("login", 1_000_000);
+    let limiter = Arc::new(
+        Limiter::new(Postgres::new(Pool::open(&db.config(), WRITERS).await))
+            .with_budget(PATIENT)
+            .unwrap(),
+    );
+    let purged = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut writers = Vec::new();
+    for t in 0..WRITERS {
+        let limiter = Arc::clone(&limiter);
+        let login = login.clone();
+        let purged = Arc::clone(&purged);
+        let calls = Arc::clone(&calls);
+        writers.push(tokio::spawn(async move {
+            // Writes until the purge is over, so that it runs under load.
+            let mut made: BTreeMap<String, i64> = BTreeMap::new();
+            let mut c = 0;
+            while c < MIN_CALLS || !purged.load(Ordering::Acquire) {
+                let key = Key::opaque(&format!("open{}", (t * 7 + c) % OPEN_KEYS));
+                let verdict = limiter
+                    .failed(&login, &key)
+                    .await
+                    .unwrap_or_else(|e| panic!("writer {t}, call {c}: {e:?}"));
+                assert_counted(&verdict, &format!("writer {t}, call {c}"));
+                *made.entry(stored(&login, &key)).or_default() += 1;
+                calls.fetch_add(1, Ordering::Relaxed);
+                c += 1;
+            }
+            made
+        }));
+    }
+
+    // Let the writers get going, then purge in the middle of their writes.
+    while calls.load(Ordering::Relaxed) < WRITERS {
+        sleep(Duration::from_millis(5)).await;
+    }
+    let calls_before = calls.load(Ordering::Relaxed);
+    let deleted = purge(&db.config()).await;
+    let calls_during = calls.load(Ordering::Relaxed) - calls_before;
+    purged.store(true, Ordering::Release);
+
+    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+    for writer in writers {
+        for (key, n) in writer.await.expect("a writer panicked") {
+            *expected.entry(key).or_default() += n;
+        }
+    }
+    assert_eq!(deleted.expect("purge"), CLOSED_ROWS as u64, "rows purged");
+    assert!(calls_during > 0, "no write happened while the purge ran");
+
+    let stored_counts = counts_by_key(&admin).await;
+    let closed_left = stored_counts
+        .keys()
+        .filter(|k| k.starts_with("closed|"))
+        .count();
+    assert_eq!(closed_left, 0, "closed windows left behind");
+    let recent: Vec<i64> = stored_counts
+        .iter()
+        .filter(|(k, _)| k.starts_with("recent|"))
+        .map(|(_, &n)| n)
+        .collect();
+    assert_eq!(
+        recent.len(),
+        RECENT_ROWS as usize,
+        "recently closed windows kept"
+    );
+    assert!(recent.iter().all(|&n| n == 2));
+    let open: BTreeMap<String, i64> = stored_counts
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("login|"))
+        .collect();
+    assert_eq!(open.len(), OPEN_KEYS);
+    assert!(
+        open == expected,
+        "an open window's count differs from the calls made on it: \
+         stored {open:?}, made {expected:?}"
+    );
+}

@@ -1,0 +1,505 @@
+//! An unreachable store gives "allowed, unreachable" within the budget, says
+//! why, and is counted as such: nothing listening, a listener that never
+//! answers, a terminated or killed connection, a connection source that
+//! errors or never yields (an exhausted pool), a stopped or restarted
+//! server. Once the store is back, the counts from before are there and the
+//! calls it missed were not counted.
+//!
+//! Every fault is caused by the test itself: it stops the server, terminates
+//! a backend, holds a row lock from another session or hands the limiter a
+//! source that fails. The time bounds are correctness bounds (a call that
+//! ignored its budget would wait for as long as the fault lasts), not speed
+//! targets, so they leave room for a busy machine.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::db::{
+    backend_pid, counts_by_key, fresh_db, hold, lend, lock_row, nothing_listens, stored,
+    terminate_backend, until_a_call_waits_on_a_lock,
+};
+use common::metrics::{Recorded, calls_recorded};
+use common::{BUDGET, SLACK, assert_counted, limit, timed};
+use metrics_util::debugging::DebuggingRecorder;
+use platformkit_limit::{
+    ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA, Store, Verdict,
+};
+use platformkit_limit_testdb::{Options, Server};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+use tokio::time::{Instant, sleep};
+use tokio_postgres::{Client, Config, NoTls};
+
+/// A source that keeps one connection and replaces it when it finds it
+/// closed, as a pool does with a broken connection; and how many connections
+/// it has made.
+fn reconnecting(
+    config: Config,
+) -> (
+    impl LimitConn<Conn = OwnedMappedMutexGuard<Option<Client>, Client>, Error = tokio_postgres::Error>,
+    Arc<AtomicUsize>,
+) {
+    let slot: Arc<Mutex<Option<Client>>> = Arc::new(Mutex::new(None));
+    let connects = Arc::new(AtomicUsize::new(0));
+    let made = Arc::clone(&connects);
+    let source = move || {
+        let slot = Arc::clone(&slot);
+        let config = config.clone();
+        let made = Arc::clone(&made);
+        async move {
+            let mut guard = slot.lock_owned().await;
+            if guard.as_ref().is_none_or(Client::is_closed) {
+                *guard = None;
+                let (client, connection) = config.connect(NoTls).await?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                *guard = Some(client);
+                made.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(OwnedMutexGuard::map(guard, |client| {
+                client.as_mut().expect("connected just above")
+            }))
+        }
+    };
+    (source, connects)
+}
+
+/// The limiter's operation `op` ("check", "failed" or "hit") on `key`.
+async fn operate<S: Store>(
+    limiter: &Limiter<S>,
+    op: &str,
+    limit: &Limit,
+    key: &Key,
+) -> Result<Verdict, platformkit_limit::Error> {
+    match op {
+        "check" => limiter.check(limit, key).await,
+        "failed" => limiter.failed(limit, key).await,
+        "hit" => limiter.hit(limit, key).await,
+        other => panic!("no operation {other}"),
+    }
+}
+
+/// Asserts that the verdict is allowed because the store was unreachable,
+/// for the reason `kind`.
+#[track_caller]
+fn assert_unreachable(verdict: &Verdict, kind: ErrorKind, what: &str) {
+    assert!(
+        verdict.is_allowed() && verdict.is_unreachable(),
+        "{what}: expected allowed because unreachable, got {verdict:?}"
+    );
+    let cause = verdict
+        .unreachable()
+        .expect("an unreachable verdict has a cause");
+    assert_eq!(cause.kind(), kind, "{what}: {cause:?}");
+    assert_eq!(verdict.count(), None, "{what}");
+}
+
+// ---------------------------------------------------------------------------
+// The server is not there
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_server_that_does_not_listen_is_unreachable() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let limiter = Limiter::new(Postgres::new(nothing_listens()))
+        .with_budget(BUDGET)
+        .unwrap();
+    let login = limit("login", 3);
+    let alice = Key::email("alice@example.com");
+
+    let started = Instant::now();
+    let verdict = limiter.failed(&login, &alice).await.unwrap();
+    let took = started.elapsed();
+    assert!(verdict.is_allowed() && verdict.is_unreachable());
+    assert_eq!(verdict.unreachable().unwrap().kind(), ErrorKind::Connect);
+    assert_eq!(verdict.count(), None);
+    assert!(took < BUDGET + SLACK, "took {took:?}");
+
+    let err = limiter.reset(&login, &alice).await.unwrap_err();
+    assert!(err.is_unreachable(), "{err:?}");
+
+    let recorded = Recorded::take(&snapshotter);
+    assert_eq!(recorded.calls("login", "failed", "unreachable"), 1);
+    assert_eq!(recorded.calls("login", "reset", "unreachable"), 1);
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_is_unreachable_within_the_budget() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    // Accepts connections and never says a word.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let silent = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            sockets.push(socket);
+        }
+    });
+    let mut config = Config::new();
+    config
+        .host("127.0.0.1")
+        .port(port)
+        .user("limit_owner")
+        .dbname("silent");
+
+    let limiter = Limiter::new(Postgres::new(config))
+        .with_budget(BUDGET)
+        .unwrap();
+    let login = limit("login", 3);
+    let alice = Key::email("alice@example.com");
+
+    for _ in 0..2 {
+        let started = Instant::now();
+        let verdict = limiter.check(&login, &alice).await.unwrap();
+        let took = started.elapsed();
+        assert!(verdict.is_allowed() && verdict.is_unreachable());
+        assert_eq!(verdict.unreachable().unwrap().kind(), ErrorKind::Timeout);
+        assert!(took >= BUDGET - Duration::from_millis(50), "took {took:?}");
+        assert!(took < BUDGET + SLACK, "took {took:?}");
+    }
+    silent.abort();
+
+    let recorded = Recorded::take(&snapshotter);
+    assert_eq!(recorded.calls("login", "check", "unreachable"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_connection_is_unreachable() {
+    let db = fresh_db().await;
+    let held = hold(&db.config()).await;
+    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
+        .with_budget(BUDGET)
+        .unwrap();
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    limiter.failed(&login, &alice).await.unwrap();
+
+    let pid = backend_pid(&*held.lock().await).await;
+    let admin = db.connect_admin().await;
+    terminate_backend(&admin, pid).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !held.lock().await.is_closed() {
+        assert!(Instant::now() < deadline, "the connection stayed open");
+        sleep(Duration::from_millis(10)).await;
+    }
+
+    let started = Instant::now();
+    let verdict = limiter.failed(&login, &alice).await.unwrap();
+    assert!(verdict.is_allowed() && verdict.is_unreachable());
+    assert_eq!(verdict.unreachable().unwrap().kind(), ErrorKind::Connect);
+    assert!(started.elapsed() < BUDGET + SLACK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_is_unreachable_and_the_counts_are_there_when_it_is_back() {
+    let server = tokio::task::block_in_place(|| Server::start(Options::default()));
+    let db = server.database(SCHEMA).await;
+    let limiter = Limiter::new(Postgres::new(db.config()))
+        .with_budget(BUDGET)
+        .unwrap();
+    let held = hold(&db.config()).await;
+    let held_limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
+        .with_budget(BUDGET)
+        .unwrap();
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    assert_eq!(
+        limiter.failed(&login, &alice).await.unwrap().count(),
+        Some(1)
+    );
+
+    tokio::task::block_in_place(|| server.pg_ctl(&["stop", "-m", "fast", "-w"]));
+    let started = Instant::now();
+    let verdict = limiter.failed(&login, &alice).await.unwrap();
+    assert!(verdict.is_allowed() && verdict.is_unreachable());
+    assert_eq!(verdict.unreachable().unwrap().kind(), ErrorKind::Connect);
+    assert!(started.elapsed() < BUDGET + SLACK);
+    // A connection held across the stop is lost too.
+    let started = Instant::now();
+    let verdict = held_limiter.failed(&login, &alice).await.unwrap();
+    assert!(verdict.is_allowed() && verdict.is_unreachable());
+    assert_eq!(verdict.unreachable().unwrap().kind(), ErrorKind::Connect);
+    assert!(started.elapsed() < BUDGET + SLACK);
+
+    tokio::task::block_in_place(|| server.pg_ctl(&["start", "-w"]));
+    let verdict = limiter.failed(&login, &alice).await.unwrap();
+    assert!(!verdict.is_unreachable(), "{:?}", verdict.unreachable());
+    assert_eq!(
+        verdict.count(),
+        Some(2),
+        "the count outlived the restart; the unreachable failures were not recorded"
+    );
+    drop(held_limiter);
+    drop(held);
+    tokio::task::block_in_place(|| drop(server));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restart_mid_run_fails_open_then_recovers() {
+    // Longer than the other fault tests' budget: the calls before and after
+    // the outage connect to a server that has just started, on a busy
+    // machine, and must be counted.
+    const RESTART_BUDGET: Duration = Duration::from_secs(1);
+    const WRITES_BEFORE: u64 = 5;
+
+    let server = tokio::task::block_in_place(|| Server::start(Options::default()));
+    let db = server.database(SCHEMA).await;
+    let per_call = Limiter::new(Postgres::new(db.config()))
+        .with_budget(RESTART_BUDGET)
+        .unwrap();
+    let (source, connects) = reconnecting(db.config());
+    let pooled = Limiter::new(Postgres::new(source))
+        .with_budget(RESTART_BUDGET)
+        .unwrap();
+    let login = limit("login", 1_000);
+    let alice = Key::email("alice@example.com");
+
+    let mut expected = 0;
+    for _ in 0..WRITES_BEFORE {
+        for (name, verdict) in [
+            ("per call", per_call.failed(&login, &alice).await.unwrap()),
+            ("reconnecting", pooled.failed(&login, &alice).await.unwrap()),
+        ] {
+            expected += 1;
+            assert_counted(&verdict, name);
+            assert_eq!(verdict.count(), Some(expected), "{name}");
+        }
+    }
+    assert_eq!(connects.load(Ordering::Relaxed), 1);
+
+    tokio::task::block_in_place(|| server.pg_ctl(&["stop", "-m", "fast", "-w"]));
+
+    // Every call during the outage is allowed, says why, and ends in time.
+    for round in 0..2 {
+        for (name, limiter_call) in [("per call", 0), ("reconnecting", 1)] {
+            for op in ["check", "failed", "hit"] {
+                let what = format!("{name} {op} during the outage, round {round}");
+                let call = async {
+                    match (limiter_call, op) {
+                        (0, "check") => per_call.check(&login, &alice).await,
+                        (0, "failed") => per_call.failed(&login, &alice).await,
+                        (0, _) => per_call.hit(&login, &alice).await,
+                        (_, "check") => pooled.check(&login, &alice).await,
+                        (_, "failed") => pooled.failed(&login, &alice).await,
+                        (_, _) => pooled.hit(&login, &alice).await,
+                    }
+                };
+                let (verdict, _) = timed(RESTART_BUDGET + SLACK, &what, call).await;
+                assert_unreachable(&verdict.unwrap(), ErrorKind::Connect, &what);
+            }
+        }
+    }
+
+    tokio::task::block_in_place(|| server.pg_ctl(&["start", "-w"]));
+
+    // The first call after the start works, with nothing done by the caller.
+    for (name, verdict) in [
+        ("per call", per_call.failed(&login, &alice).await.unwrap()),
+        ("reconnecting", pooled.failed(&login, &alice).await.unwrap()),
+    ] {
+        expected += 1;
+        assert_counted(&verdict, &format!("{name}, first call after the start"));
+        assert_eq!(
+            verdict.count(),
+            Some(expected),
+            "{name}: the counts from before the outage are there, and nothing \
+             was counted while it lasted"
+        );
+    }
+    assert_eq!(connects.load(Ordering::Relaxed), 2, "one reconnection");
+
+    // A restart between two calls, with no call during it, is no different.
+    tokio::task::block_in_place(|| server.pg_ctl(&["restart", "-m", "fast", "-w"]));
+    for (name, verdict) in [
+        ("per call", per_call.failed(&login, &alice).await.unwrap()),
+        ("reconnecting", pooled.failed(&login, &alice).await.unwrap()),
+    ] {
+        expected += 1;
+        assert_counted(&verdict, &format!("{name}, first call after the restart"));
+        assert_eq!(verdict.count(), Some(expected), "{name}");
+    }
+    assert_eq!(connects.load(Ordering::Relaxed), 3, "one more reconnection");
+
+    let admin = db.connect_admin().await;
+    assert_eq!(
+        counts_by_key(&admin).await,
+        BTreeMap::from([(stored(&login, &alice), expected as i64)])
+    );
+
+    drop((per_call, pooled, admin));
+    tokio::task::block_in_place(|| drop(server));
+}
+
+#[tokio::test]
+async fn a_connection_killed_mid_call_ends_within_the_budget() {
+    // Long, so that only the kill can end the call early.
+    const KILL_BUDGET: Duration = Duration::from_secs(5);
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let db = fresh_db().await;
+    let held = hold(&db.config()).await;
+    let pid = backend_pid(&*held.lock().await).await;
+    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
+        .with_budget(KILL_BUDGET)
+        .unwrap();
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    assert_eq!(
+        limiter.failed(&login, &alice).await.unwrap().count(),
+        Some(1)
+    );
+
+    let locker = lock_row(&db, &stored(&login, &alice)).await;
+    let admin = db.connect_admin().await;
+    let kill = async {
+        // Wait until the limiter's backend is blocked on the row lock.
+        let waiting = until_a_call_waits_on_a_lock(&admin, KILL_BUDGET).await;
+        assert_eq!(waiting, pid, "another backend waits on the lock");
+        terminate_backend(&admin, pid).await;
+        Instant::now()
+    };
+    let call = async {
+        let verdict = limiter.failed(&login, &alice).await;
+        (verdict, Instant::now())
+    };
+    let what = "a call whose backend was killed";
+    let (((verdict, ended), killed_at), took) = timed(KILL_BUDGET + SLACK, what, async {
+        tokio::join!(call, kill)
+    })
+    .await;
+    let verdict = verdict.unwrap();
+
+    assert_unreachable(&verdict, ErrorKind::Connect, what);
+    assert!(took < KILL_BUDGET, "the call took {took:?}");
+    assert!(
+        ended - killed_at < SLACK,
+        "the call ended {:?} after its backend was killed",
+        ended - killed_at
+    );
+    // The client notices the end of the connection just after the error that
+    // ended the call.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !held.lock().await.is_closed() {
+        assert!(
+            Instant::now() < deadline,
+            "the killed connection stayed open"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        counts_by_key(&admin).await,
+        BTreeMap::from([(stored(&login, &alice), 1)]),
+        "the killed call counted nothing"
+    );
+    assert_eq!(
+        calls_recorded(&snapshotter, "login", "failed", "allowed"),
+        1
+    );
+    assert_eq!(
+        calls_recorded(&snapshotter, "login", "failed", "unreachable"),
+        1
+    );
+    assert_eq!(calls_recorded(&snapshotter, "login", "failed", "error"), 0);
+}
+
+// ---------------------------------------------------------------------------
+// The connection source fails
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_source_that_errors_is_unreachable() {
+    let failing = || async {
+        Err::<Box<Client>, _>(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "the pool is closed",
+        ))
+    };
+    let limiter = Limiter::new(Postgres::new(failing))
+        .with_budget(BUDGET)
+        .unwrap();
+    let login = limit("login", 3);
+    let alice = Key::email("alice@example.com");
+
+    for op in ["check", "failed", "hit"] {
+        let call = operate(&limiter, op, &login, &alice);
+        let (verdict, _) = timed(BUDGET + SLACK, op, call).await;
+        let verdict = verdict.unwrap();
+        assert_unreachable(&verdict, ErrorKind::Connect, op);
+
+        // The source's own error is the cause.
+        let cause = verdict.unreachable().unwrap();
+        let mut source = std::error::Error::source(cause);
+        let mut found = false;
+        while let Some(e) = source {
+            found |= e
+                .downcast_ref::<io::Error>()
+                .is_some_and(|e| e.to_string() == "the pool is closed");
+            source = e.source();
+        }
+        assert!(
+            found,
+            "{op}: the source's error is not the cause: {cause:?}"
+        );
+    }
+
+    // A reset has nothing to fail open to: the same failure is an error.
+    let (reset, _) = timed(BUDGET + SLACK, "reset", limiter.reset(&login, &alice)).await;
+    let err = reset.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Connect);
+    assert!(err.is_unreachable());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_source_that_never_yields_ends_within_the_budget() {
+    let login = limit("login", 3);
+    let alice = Key::email("alice@example.com");
+
+    // A source that never hands over a connection.
+    let never = || std::future::pending::<Result<Box<Client>, Infallible>>();
+    let limiter = Limiter::new(Postgres::new(never))
+        .with_budget(BUDGET)
+        .unwrap();
+    for op in ["check", "failed", "hit"] {
+        let call = operate(&limiter, op, &login, &alice);
+        let (verdict, took) = timed(BUDGET + SLACK, op, call).await;
+        assert_unreachable(&verdict.unwrap(), ErrorKind::Timeout, op);
+        assert!(took >= BUDGET, "{op} gave up early, after {took:?}");
+    }
+    let (reset, _) = timed(BUDGET + SLACK, "reset", limiter.reset(&login, &alice)).await;
+    assert_eq!(reset.unwrap_err().kind(), ErrorKind::Timeout);
+
+    // An exhausted pool: its one connection is taken by someone else.
+    let db = fresh_db().await;
+    let held = hold(&db.config()).await;
+    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
+        .with_budget(BUDGET)
+        .unwrap();
+    let taken = held.lock().await;
+    let what = "an exhausted pool";
+    let (verdict, _) = timed(BUDGET + SLACK, what, limiter.failed(&login, &alice)).await;
+    assert_unreachable(&verdict.unwrap(), ErrorKind::Timeout, what);
+    drop(taken);
+
+    // Once the connection is back, calls are counted again; the one that
+    // timed out waiting was not.
+    let verdict = limiter.failed(&login, &alice).await.unwrap();
+    assert_counted(&verdict, "after the pool recovered");
+    assert_eq!(verdict.count(), Some(1));
+}
