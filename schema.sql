@@ -152,6 +152,12 @@ $$;
 -- that nothing of the limiter's transaction (the switch, the settings, a row
 -- lock) outlives the CALL, whoever called it.
 --
+-- In platformkit_limit_add and platformkit_limit_read that statement is
+-- written between `-- statement` and `-- end of statement`: the benchmark
+-- (benches/limiter/floors.rs) cuts it out of this file, binds the
+-- procedure's variables as parameters, and runs it alone, prepared, as the
+-- floor the procedure is measured against. It stops if the markers are gone.
+--
 -- Keys arrive as parameters only. Time comes from the database's clock
 -- unless the caller pins it (p_at, for tests; 1900 to 2200). The window
 -- arithmetic adds microsecond intervals and bins from the Unix epoch: the
@@ -218,6 +224,7 @@ BEGIN
     v_window := make_interval(secs => p_window_secs);
     o_now := COALESCE(p_at, statement_timestamp());
     v_start := date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
+    -- statement
     INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
     VALUES (p_key, v_start, v_start + v_window, p_add)
     ON CONFLICT (key, window_start) DO UPDATE
@@ -234,6 +241,7 @@ BEGIN
                AND x.window_end + make_interval(secs => p_lockout_secs) > o_now)
         END
     INTO o_count, o_window_end, o_previous, o_locked_until;
+    -- end of statement
     o_previous := COALESCE(o_previous, 0);
     COMMIT;
 END
@@ -481,6 +489,7 @@ BEGIN
     o_now := COALESCE(p_at, statement_timestamp());
     v_start := date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
     o_window_end := v_start + v_window;
+    -- statement
     SELECT
         (SELECT l.count FROM platformkit.platformkit_limits AS l
          WHERE l.key = p_key AND l.window_start = v_start),
@@ -495,6 +504,7 @@ BEGIN
                AND x.window_end + make_interval(secs => p_lockout_secs) > o_now)
         END
     INTO o_count, o_previous, o_locked_until;
+    -- end of statement
     o_count := COALESCE(o_count, 0);
     o_previous := COALESCE(o_previous, 0);
     COMMIT;

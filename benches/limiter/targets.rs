@@ -1,0 +1,295 @@
+//! The targets: each a ratio of a measurement to its floor, measured in the
+//! same run on the same server and connections, with a bound; each line
+//! names its floor, and is marked HOLD or MISS on the median over rounds
+//! (the range is shown beside it). A few are checks of correctness, not
+//! speed: a miss there fails the run.
+
+use serde::Serialize;
+
+use crate::WIDE;
+use crate::attack::{AttackResults, REFUSED_MAX};
+use crate::measure::Summary;
+use crate::measure::Updates;
+use crate::operations::{Keys, REFUSED_KEYS, What};
+use crate::purge::PurgeReport;
+use crate::report::Results;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Comparison {
+    AtMost,
+    AtLeast,
+    Exactly,
+}
+
+impl Comparison {
+    fn symbol(self) -> &'static str {
+        match self {
+            Comparison::AtMost => "≤",
+            Comparison::AtLeast => "≥",
+            Comparison::Exactly => "=",
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct Target {
+    /// What is measured.
+    pub(crate) name: String,
+    /// What it is compared to.
+    pub(crate) floor: String,
+    /// The median over rounds, its range and each round's value (one value
+    /// for what is measured once over the whole run).
+    pub(crate) value: Summary,
+    pub(crate) bound: f64,
+    pub(crate) comparison: Comparison,
+    /// A check of correctness, not of speed: a miss fails the run.
+    pub(crate) check: bool,
+    pub(crate) holds: bool,
+}
+
+impl Target {
+    fn new(
+        name: impl Into<String>,
+        floor: impl Into<String>,
+        values: impl IntoIterator<Item = f64>,
+        comparison: Comparison,
+        bound: f64,
+    ) -> Target {
+        let value = Summary::of(values);
+        let holds = match comparison {
+            Comparison::AtMost => value.median <= bound,
+            Comparison::AtLeast => value.median >= bound,
+            Comparison::Exactly => value.median == bound,
+        };
+        Target {
+            name: name.into(),
+            floor: floor.into(),
+            value,
+            bound,
+            comparison,
+            check: false,
+            holds,
+        }
+    }
+
+    /// Marks this a check of correctness.
+    fn check(mut self) -> Target {
+        self.check = true;
+        self
+    }
+
+    pub(crate) fn holds(&self) -> bool {
+        self.holds
+    }
+}
+
+/// The floor of `failed` and `hit`.
+const UPSERT_FLOOR: &str = "upsert alone: platformkit_limit_add's statement, prepared";
+/// The floor of `check`.
+const READ_FLOOR: &str = "read alone: platformkit_limit_read's statement, prepared";
+
+pub(crate) fn all(
+    results: &Results,
+    attack: &AttackResults,
+    purge: &PurgeReport,
+    random_updates: Updates,
+    hot_updates: Updates,
+) -> Vec<Target> {
+    use Comparison::{AtLeast, AtMost, Exactly};
+    let random = |what, conns| results.row(what, Some(Keys::Random), conns);
+    let p50 = |what| random(what, 1).p50_ratios.clone();
+    let ops = |what| random(what, WIDE).ops_ratios.clone();
+    let at_1 = "random keys, 1 connection";
+    let at_wide = format!("random keys, {WIDE} connections");
+    // Two limits in one statement cost one round trip, not two: half-way
+    // between the two is the line.
+    let one_not_two = 1.5;
+    let attack_ratios = |keys| attack.row(keys, true).ops_ratios.clone();
+    let mut targets = vec![
+        Target::new(
+            format!("check p50 ({at_1})"),
+            READ_FLOOR,
+            p50(What::Check),
+            AtMost,
+            1.15,
+        ),
+        Target::new(
+            format!("check ops/s ({at_wide})"),
+            READ_FLOOR,
+            ops(What::Check),
+            AtLeast,
+            0.8,
+        ),
+    ];
+    for what in [What::Failed, What::Hit] {
+        let name = what.label();
+        targets.push(Target::new(
+            format!("{name} p50, one statement per call ({at_1})"),
+            UPSERT_FLOOR,
+            p50(what),
+            AtMost,
+            1.10,
+        ));
+        targets.push(Target::new(
+            format!("{name} ops/s, one statement per call ({at_wide})"),
+            UPSERT_FLOOR,
+            ops(what),
+            AtLeast,
+            0.9,
+        ));
+    }
+    targets.extend([
+        Target::new(
+            format!(
+                "failed ops/s with the defaults, {WIDE} callers sharing one limiter over {WIDE} \
+                 connections ({at_wide})"
+            ),
+            UPSERT_FLOOR,
+            ops(What::DefaultsFailed),
+            AtLeast,
+            1.5,
+        ),
+        Target::new(
+            format!("check_all p50, 2 limits ({at_1})"),
+            "check p50, 1 limit",
+            p50(What::CheckAll),
+            AtMost,
+            one_not_two,
+        ),
+        Target::new(
+            format!("failed_all p50, 2 limits ({at_1})"),
+            "failed p50, 1 limit",
+            p50(What::FailedAll),
+            AtMost,
+            one_not_two,
+        ),
+        Target::new(
+            format!("check_all ops/s, 2 limits ({at_wide})"),
+            "check ops/s, 1 limit",
+            ops(What::CheckAll),
+            AtLeast,
+            1.0 / one_not_two,
+        ),
+        Target::new(
+            format!("failed_all ops/s, 2 limits ({at_wide})"),
+            "failed ops/s, 1 limit",
+            ops(What::FailedAll),
+            AtLeast,
+            1.0 / one_not_two,
+        ),
+        Target::new(
+            format!(
+                "statements at {REFUSED_KEYS} flooded keys once the refusal cache engaged \
+                 ({WIDE} tasks, over the run)"
+            ),
+            format!("the cache's stated bound, {REFUSED_KEYS} × (T / TTL + 1) per round"),
+            [{
+                let row = attack.row(Keys::Refused, true);
+                row.statements as f64 / row.refusal_cache_bound()
+            }],
+            AtMost,
+            1.0,
+        ),
+        Target::new(
+            format!(
+                "attempts/s at {REFUSED_KEYS} keys already refused (max {REFUSED_MAX}), defaults, \
+                 {WIDE} tasks"
+            ),
+            format!("{UPSERT_FLOOR}, {at_wide}"),
+            attack_ratios(Keys::Refused),
+            AtLeast,
+            10.0,
+        ),
+        Target::new(
+            format!("attempts/s at 1 hot key still counting, defaults (merging), {WIDE} tasks"),
+            format!("{UPSERT_FLOOR}, the hot key, {WIDE} connections"),
+            attack_ratios(Keys::Hot),
+            AtLeast,
+            5.0,
+        ),
+        Target::new(
+            format!("writers' p99 during the purge ({WIDE} writers, failed)"),
+            "the same writers' p99 alone, as long, after it",
+            [purge.p99_ratio()],
+            AtMost,
+            2.0,
+        ),
+        Target::new(
+            "heap-only (HOT) updates of the count, the hot key (over the run)",
+            "every update of the hot key",
+            [hot_updates.ratio()],
+            AtLeast,
+            0.9,
+        ),
+        Target::new(
+            "heap-only (HOT) updates of the count, random keys (over the run)",
+            "every update of the random keys",
+            [random_updates.ratio()],
+            AtLeast,
+            0.9,
+        ),
+        Target::new(
+            "rows purge deleted",
+            "the closed windows written",
+            [purge.deleted as f64],
+            Exactly,
+            purge.closed as f64,
+        )
+        .check(),
+        Target::new(
+            "closed windows left after the purge",
+            "none",
+            [purge.closed_left as f64],
+            Exactly,
+            0.0,
+        )
+        .check(),
+        Target::new(
+            "sum of the open windows' counts after the purge",
+            "their sum before the writers + the writers' writes",
+            [purge.open_sum_after as f64],
+            Exactly,
+            purge.open_sum_before as f64 + purge.writes as f64,
+        )
+        .check(),
+    ]);
+    targets
+}
+
+fn show_value(x: f64) -> String {
+    if !x.is_finite() {
+        "-".to_owned()
+    } else if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else if x.abs() < 0.01 {
+        format!("{x:.6}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+pub(crate) fn print(targets: &[Target]) {
+    println!(
+        "targets (value = measured / floor, median of the per-round ratios [range over rounds]):"
+    );
+    for target in targets {
+        let value = &target.value;
+        let range = if value.count() > 1 {
+            format!(" [{}–{}]", show_value(value.low), show_value(value.high))
+        } else {
+            String::new()
+        };
+        println!(
+            "  {:<4} {} / {} = {}{} ({} {}){}",
+            if target.holds { "HOLD" } else { "MISS" },
+            target.name,
+            target.floor,
+            show_value(value.median),
+            range,
+            target.comparison.symbol(),
+            show_value(target.bound),
+            if target.check { " [check]" } else { "" }
+        );
+    }
+}
