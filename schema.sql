@@ -185,29 +185,35 @@ DECLARE
     v_start pg_catalog.timestamptz;
 BEGIN
     -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '2D000',
-            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
-    END IF;
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                END;
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+            pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+       OR (current_setting('statement_timeout') <> '0'
+           AND current_setting('statement_timeout')::interval
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+           AND current_setting('transaction_timeout', true)::interval
+               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                END;
     END IF;
-    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
-       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
-        RAISE EXCEPTION USING ERRCODE = 'PK001',
-            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
-    END IF;
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true),
-            set_config('row_security', 'on', true),
-            set_config('plan_cache_mode', 'force_generic_plan', true);
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
@@ -266,29 +272,35 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '2D000',
-            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
-    END IF;
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                END;
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+            pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+       OR (current_setting('statement_timeout') <> '0'
+           AND current_setting('statement_timeout')::interval
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+           AND current_setting('transaction_timeout', true)::interval
+               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                END;
     END IF;
-    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
-       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
-        RAISE EXCEPTION USING ERRCODE = 'PK001',
-            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
-    END IF;
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true),
-            set_config('row_security', 'on', true),
-            set_config('plan_cache_mode', 'force_generic_plan', true);
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
@@ -364,29 +376,35 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '2D000',
-            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
-    END IF;
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                END;
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+            pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+       OR (current_setting('statement_timeout') <> '0'
+           AND current_setting('statement_timeout')::interval
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+           AND current_setting('transaction_timeout', true)::interval
+               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                END;
     END IF;
-    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
-       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
-        RAISE EXCEPTION USING ERRCODE = 'PK001',
-            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
-    END IF;
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true),
-            set_config('row_security', 'on', true),
-            set_config('plan_cache_mode', 'force_generic_plan', true);
     -- end of prologue
     IF p_previous IS NULL
        OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
@@ -453,29 +471,35 @@ DECLARE
     v_start pg_catalog.timestamptz;
 BEGIN
     -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '2D000',
-            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
-    END IF;
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                END;
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+            pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+       OR (current_setting('statement_timeout') <> '0'
+           AND current_setting('statement_timeout')::interval
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+           AND current_setting('transaction_timeout', true)::interval
+               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                END;
     END IF;
-    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
-       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
-        RAISE EXCEPTION USING ERRCODE = 'PK001',
-            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
-    END IF;
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true),
-            set_config('row_security', 'on', true),
-            set_config('plan_cache_mode', 'force_generic_plan', true);
     -- end of prologue
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
@@ -522,29 +546,35 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '2D000',
-            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
-    END IF;
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                END;
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+            pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+       OR (current_setting('statement_timeout') <> '0'
+           AND current_setting('statement_timeout')::interval
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+           AND current_setting('transaction_timeout', true)::interval
+               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                END;
     END IF;
-    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
-       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
-        RAISE EXCEPTION USING ERRCODE = 'PK001',
-            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
-    END IF;
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true),
-            set_config('row_security', 'on', true),
-            set_config('plan_cache_mode', 'force_generic_plan', true);
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
@@ -571,29 +601,35 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '2D000',
-            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
-    END IF;
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                END;
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+            pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+       OR (current_setting('statement_timeout') <> '0'
+           AND current_setting('statement_timeout')::interval
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+           AND current_setting('transaction_timeout', true)::interval
+               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                END;
     END IF;
-    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
-       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
-        RAISE EXCEPTION USING ERRCODE = 'PK001',
-            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
-    END IF;
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true),
-            set_config('row_security', 'on', true),
-            set_config('plan_cache_mode', 'force_generic_plan', true);
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
@@ -621,29 +657,35 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '2D000',
-            MESSAGE = 'platformkit: a limiter procedure must be a statement of its own, outside any transaction';
-    END IF;
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RAISE EXCEPTION USING ERRCODE = '25006',
-            MESSAGE = 'platformkit: this server is a standby; the limiter counts on the primary';
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                END;
     END IF;
     COMMIT;
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: p_budget_ms must be 1 to 60000';
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+            pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+       OR (current_setting('statement_timeout') <> '0'
+           AND current_setting('statement_timeout')::interval
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+           AND current_setting('transaction_timeout', true)::interval
+               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                END;
     END IF;
-    IF current_setting('statement_timeout')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0)
-       OR COALESCE(current_setting('transaction_timeout', true), '0')::interval BETWEEN '1 microsecond' AND make_interval(secs => p_budget_ms / 1000.0) THEN
-        RAISE EXCEPTION USING ERRCODE = 'PK001',
-            MESSAGE = 'platformkit: the session''s statement_timeout or transaction_timeout is shorter than the limiter''s budget';
-    END IF;
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true),
-            set_config('row_security', 'on', true),
-            set_config('plan_cache_mode', 'force_generic_plan', true);
     -- end of prologue
     IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
