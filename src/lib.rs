@@ -84,7 +84,7 @@ pub use crate::limiter::{
     DEFAULT_BUDGET, DEFAULT_REFUSAL_CACHE_KEYS, Limiter, MAX_BUDGET, MAX_PAIRS, Verdicts,
 };
 pub use crate::memory::Memory;
-pub use crate::permit::{Permit, Reservation};
+pub use crate::permit::{Permit, Permits, Reservation, Reservations};
 #[cfg(feature = "deadpool")]
 pub use crate::pool::DeadpoolConn;
 pub use crate::postgres::Postgres;

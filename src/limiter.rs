@@ -39,6 +39,11 @@ pub const MAX_PAIRS: usize = 64;
 pub struct Verdicts(Vec<Verdict>);
 
 impl Verdicts {
+    /// The verdicts of one call, in the order of its pairs.
+    pub(crate) fn from_vec(verdicts: Vec<Verdict>) -> Self {
+        Verdicts(verdicts)
+    }
+
     /// Whether every limit allows the attempt.
     pub fn is_allowed(&self) -> bool {
         self.0.iter().all(Verdict::is_allowed)
