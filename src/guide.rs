@@ -381,8 +381,8 @@
 //! 3. Make each [`Limit`] once.
 //! 4. In the handler, `check` before the expensive work and `failed` after a
 //!    failure (or [`Limiter::reserve`] before it), and answer a refused
-//!    verdict with 429 and [`retry_after`](crate::Verdict::retry_after)
-//!    rounded up to whole seconds.
+//!    verdict with 429 and a `Retry-After` of
+//!    [`retry_after_secs`](crate::Verdict::retry_after_secs).
 //! 5. Install a Prometheus recorder, give the duration histogram buckets,
 //!    and alert on `outcome="unreachable"`.
 //! 6. Run [`purge`] hourly, or start a [`PurgeTask`].

@@ -55,6 +55,7 @@ mod clock;
 mod conn;
 mod error;
 pub mod guide;
+mod headers;
 mod key;
 mod limit;
 mod limiter;
