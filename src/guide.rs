@@ -12,6 +12,7 @@
 //!   two defences under attack
 //! - [Windows](#windows): fixed and sliding
 //! - [Fail-open](#fail-open): what happens when the database is gone
+//! - [Behind a tower layer](#behind-a-tower-layer): the layer's choices
 //! - [In a service](#in-a-service): the steps for your own app
 //!
 //! Outside the crate docs: each promise with the test that keeps it
@@ -369,6 +370,40 @@
 //! [`WhenUnreachable::CountLocally`] for the limits where that is worse than
 //! locking users out.
 //!
+//! # Behind a tower layer
+//!
+//! With the `tower` feature, `LimitLayer` puts the limiter in front of any
+//! `http` service (axum, tonic, hyper), so handlers stay free of it. Each
+//! rule is a limit and a key function over the request head. The body is
+//! never read, so a key only the body holds (a login form's account) stays
+//! in the handler, with [`Limiter::reserve`]. A key function that returns
+//! `None` exempts the request from its rule.
+//!
+//! - `hit` counts every request (API quotas). `attempt` reserves the request
+//!   before the service runs and takes it back when the response says it
+//!   succeeded: only failures count, without the race between `check` and
+//!   `failed`.
+//! - Every rule that gives a key is decided in one statement
+//!   ([`Limiter::hit_all`], [`Limiter::reserve_all`]); a success in
+//!   `attempt` mode adds one take-back per limit.
+//! - A refusal by a count answers 429 with `Retry-After`. A refusal with no
+//!   count (the store unreachable, the limit [`WhenUnreachable::Refuse`])
+//!   answers 503, and a hard error 500: never a silent allow, as in
+//!   [fail-open]. The caller may replace each answer; the layer still adds
+//!   `Retry-After` to a refusal.
+//! - The `RateLimit-Policy` and `RateLimit` fields of the IETF draft are
+//!   sent only for the limits the layer is told to advertise: on a
+//!   per-account limit they would tell an attacker how many guesses are
+//!   left. The key is never sent.
+//! - The client's address is what the deployment resolved (axum's
+//!   `ConnectInfo`, or a `ClientIp` your own middleware sets), never
+//!   `X-Forwarded-For` read by the layer: any client can write that header.
+//!   A per-address rule answers 500 to a request with no address rather
+//!   than let it through unlimited.
+//!
+//! `LimitLayer`'s docs show both modes; `ClientIp`'s say why the layer
+//! leaves proxies to the deployment.
+//!
 //! # In a service
 //!
 //! 1. Apply [`SCHEMA`] in your migrations, and run what [`grants`] prints
@@ -381,8 +416,10 @@
 //! 3. Make each [`Limit`] once.
 //! 4. In the handler, `check` before the expensive work and `failed` after a
 //!    failure (or [`Limiter::reserve`] before it), and answer a refused
-//!    verdict with 429 and [`retry_after`](crate::Verdict::retry_after)
-//!    rounded up to whole seconds.
+//!    verdict with 429 and a `Retry-After` of
+//!    [`retry_after_secs`](crate::Verdict::retry_after_secs); or, for keys
+//!    the request head holds, put a [tower layer](#behind-a-tower-layer) in
+//!    front of the routes.
 //! 5. Install a Prometheus recorder, give the duration histogram buckets,
 //!    and alert on `outcome="unreachable"`.
 //! 6. Run [`purge`] hourly, or start a [`PurgeTask`].
@@ -405,6 +442,8 @@
 //! [`Limit::sliding`]: crate::Limit::sliding
 //! [`LimitConn`]: crate::LimitConn
 //! [`Limiter::check_all`]: crate::Limiter::check_all
+//! [`Limiter::hit_all`]: crate::Limiter::hit_all
+//! [`Limiter::reserve_all`]: crate::Limiter::reserve_all
 //! [`Limiter::reserve`]: crate::Limiter::reserve
 //! [`Limiter::with_budget`]: crate::Limiter::with_budget
 //! [`Limiter::with_refusal_cache`]: crate::Limiter::with_refusal_cache

@@ -45,7 +45,12 @@
 //! - `bb8`: [`LimitConn`] for `bb8::Pool` of
 //!   `bb8_postgres::PostgresConnectionManager`;
 //! - `tracing`: a warning on every unreachable outcome and failed purge, info on a purge
-//!   (never the key).
+//!   (never the key);
+//! - `tower`: `LimitLayer`, a tower layer that limits requests by keys read
+//!   from the request head, in front of any `http` service (axum, tonic,
+//!   hyper); the [guide](guide#behind-a-tower-layer) says what it does;
+//! - `axum`: `tower`, and `client_ip` also reads axum's
+//!   `ConnectInfo<SocketAddr>`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 
@@ -58,7 +63,10 @@ mod conn;
 mod decide;
 mod error;
 pub mod guide;
+mod headers;
 mod key;
+#[cfg(feature = "tower")]
+mod layer;
 mod limit;
 mod limiter;
 mod merge;
@@ -76,6 +84,11 @@ pub use crate::clock::ManualClock;
 pub use crate::conn::{Connect, Connected, LimitConn};
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::{Key, MAX_KEY_BYTES};
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub use crate::layer::{
+    ClientIp, DefaultOnRejection, LimitLayer, LimitService, OnRejection, Rejection, client_ip,
+};
 pub use crate::limit::{
     Limit, MAX_ATTEMPTS, MAX_LOCKOUT, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW, OnSuccess, Strategy,
     WhenUnreachable,
@@ -83,7 +96,7 @@ pub use crate::limit::{
 pub use crate::limiter::{
     DEFAULT_BUDGET, DEFAULT_REFUSAL_CACHE_KEYS, Limiter, MAX_BUDGET, MAX_PAIRS,
 };
-pub use crate::permit::{Permit, Reservation};
+pub use crate::permit::{Permit, Permits, Reservation, Reservations};
 #[cfg(feature = "deadpool")]
 pub use crate::pool::DeadpoolConn;
 pub use crate::store::Store;

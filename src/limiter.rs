@@ -324,6 +324,19 @@ impl<S: Store> Limiter<S> {
     }
 
     async fn counted_all(&self, op: Op, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
+        let counted = self.counted_all_in(op, pairs).await?;
+        Ok(Verdicts::from_vec(
+            counted.into_iter().map(|(verdict, _)| verdict).collect(),
+        ))
+    }
+
+    /// Runs one counting operation over several pairs in one statement:
+    /// each pair's verdict and where (and in which window) it was counted.
+    pub(crate) async fn counted_all_in(
+        &self,
+        op: Op,
+        pairs: &[(&Limit, &Key)],
+    ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
         ensure!(
             !pairs.is_empty(),
             InvalidOptionSnafu {
@@ -352,19 +365,19 @@ impl<S: Store> Limiter<S> {
                 for ((limit, _), counted) in stored.iter().zip(&counted) {
                     let verdict = decide(op, limit, counted);
                     call.record(limit, Outcome::of(&verdict));
-                    verdicts.push(verdict);
+                    let window_start = counted.window_start(limit);
+                    verdicts.push((verdict, CountedIn::Store { window_start }));
                 }
-                Ok(Verdicts::new(verdicts))
+                Ok(verdicts)
             }
             Err(e) if e.is_unreachable() => {
                 let cause = Arc::new(e);
                 let mut verdicts = Vec::with_capacity(stored.len());
                 for (limit, key) in &stored {
                     call.record_unreachable(limit, &cause);
-                    let (verdict, _) = self.when_unreachable(op, limit, key, cause.clone());
-                    verdicts.push(verdict);
+                    verdicts.push(self.when_unreachable(op, limit, key, cause.clone()));
                 }
-                Ok(Verdicts::new(verdicts))
+                Ok(verdicts)
             }
             Err(e) => {
                 for (limit, _) in &stored {

@@ -1,7 +1,9 @@
 //! Events through `tracing`, with the `tracing` feature: a warning on every
 //! unreachable outcome (the limiter failed open) and on a failed purge, and
-//! an info event on a purge that succeeded. They carry the limit's name, the
-//! operation and the cause, never the key.
+//! an info event on a purge that succeeded; with the `tower` feature too, an
+//! error when the layer answers 500 and a warning when it cannot take back
+//! a successful attempt. They carry the cause and, where there is one, the
+//! limit's name and the operation; never the key.
 //! Without the feature these are no-ops.
 
 use crate::Error;
@@ -30,6 +32,32 @@ pub(crate) fn purge_failed(rows: u64, cause: &Error) {
         "platformkit-limit: purge failed"
     );
 }
+
+/// The tower layer answered 500: the limiter failed, or the request had
+/// no client address for a per-address rule.
+#[cfg(all(feature = "tracing", feature = "tower"))]
+pub(crate) fn layer_failed(cause: &Error) {
+    tracing::error!(
+        cause = %DisplayChain(cause),
+        "platformkit-limit: request answered 500 by the limit layer"
+    );
+}
+
+/// The tower layer could not take back a successful attempt: it stays
+/// counted.
+#[cfg(all(feature = "tracing", feature = "tower"))]
+pub(crate) fn take_back_failed(cause: &Error) {
+    tracing::warn!(
+        cause = %DisplayChain(cause),
+        "platformkit-limit: a successful attempt could not be taken back and stays counted"
+    );
+}
+
+#[cfg(all(not(feature = "tracing"), feature = "tower"))]
+pub(crate) fn layer_failed(_cause: &Error) {}
+
+#[cfg(all(not(feature = "tracing"), feature = "tower"))]
+pub(crate) fn take_back_failed(_cause: &Error) {}
 
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn unreachable(_limit: &str, _operation: Operation, _cause: &Error) {}

@@ -98,23 +98,23 @@ impl Verdict {
 
     /// For a refusal, how long until the window reopens, measured on the
     /// store's clock (for a refusal answered from the refusal cache, on this
-    /// process's): the value for a `Retry-After` header (round it up to
-    /// whole seconds). `None` unless refused by a count (a refusal because
-    /// the store is unreachable has no reopening time).
-    ///
-    /// ```
-    /// # fn header(verdict: &platformkit_limit::Verdict) -> Option<String> {
-    /// verdict
-    ///     .retry_after()
-    ///     .map(|wait| wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
-    ///     .map(|secs| secs.to_string())
-    /// # }
-    /// ```
+    /// process's); [`retry_after_secs`](Verdict::retry_after_secs) gives it
+    /// as a `Retry-After` header wants it. `None` unless refused by a count
+    /// (a refusal because the store is unreachable has no reopening time).
     pub fn retry_after(&self) -> Option<Duration> {
         match (&self.counts, self.allowed) {
             (Some(c), false) => Some(c.window_end.duration_since(c.now).unwrap_or_default()),
             _ => None,
         }
+    }
+
+    /// How long until [`reopens_at`](Verdict::reopens_at), on the same
+    /// clock as [`retry_after`](Verdict::retry_after), whether allowed or
+    /// refused; `None` when nothing counted.
+    pub(crate) fn reopens_in(&self) -> Option<Duration> {
+        self.counts
+            .as_ref()
+            .map(|c| c.window_end.duration_since(c.now).unwrap_or_default())
     }
 
     /// A verdict nothing counted: the store was unreachable and the limit
@@ -175,7 +175,7 @@ impl Verdict {
 pub struct Verdicts(Vec<Verdict>);
 
 impl Verdicts {
-    pub(crate) fn new(verdicts: Vec<Verdict>) -> Self {
+    pub(crate) fn from_vec(verdicts: Vec<Verdict>) -> Self {
         Verdicts(verdicts)
     }
 

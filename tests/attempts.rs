@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use platformkit_limit::{
     ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, OnSuccess, Postgres, Reservation,
-    SCHEMA, WhenUnreachable,
+    Reservations, SCHEMA, WhenUnreachable,
 };
 use platformkit_limit_testdb::{Server, TestDb};
 use tokio::sync::{Barrier, Mutex, OwnedMutexGuard};
@@ -310,4 +310,50 @@ async fn a_lockout_outlasts_the_window_that_reached_max() {
             .expect("a verdict")
             .is_allowed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_all_takes_back_where_each_pair_was_counted() {
+    let db = Server::shared().database(SCHEMA).await;
+    let (conns, down) = switchable(&db);
+    let limiter = Limiter::new(Postgres::new(conns));
+    let key = Key::opaque("account");
+    let allow = Limit::new("allow", 2, Duration::from_secs(3600)).expect("a limit");
+    let local = Limit::new("local", 2, Duration::from_secs(3600))
+        .expect("a limit")
+        .when_unreachable(WhenUnreachable::CountLocally);
+    let pairs = [(&allow, &key), (&local, &key)];
+
+    // In the store: taken back from the store.
+    let Reservations::Granted(permits) = limiter.reserve_all(&pairs).await.expect("verdicts")
+    else {
+        panic!("granted");
+    };
+    permits.succeeded().await.expect("taken back");
+    let counts = limiter.check_all(&pairs).await.expect("verdicts");
+    assert_eq!(
+        counts.iter().map(|v| v.count()).collect::<Vec<_>>(),
+        [Some(0), Some(0)]
+    );
+
+    // Unreachable: `allow` counted nowhere, `local` in this process; a
+    // success takes back only what was counted, from where it was.
+    down.store(true, Ordering::SeqCst);
+    let Reservations::Granted(permits) = limiter.reserve_all(&pairs).await.expect("verdicts")
+    else {
+        panic!("granted while unreachable");
+    };
+    assert!(permits.verdicts().is_unreachable());
+    assert_eq!(
+        permits
+            .verdicts()
+            .iter()
+            .map(|v| v.count())
+            .collect::<Vec<_>>(),
+        [None, Some(1)]
+    );
+    permits.succeeded().await.expect("taken back locally");
+    let local_count = limiter.check(&local, &key).await.expect("a verdict");
+    assert!(local_count.is_unreachable());
+    assert_eq!(local_count.count(), Some(0), "the local count, taken back");
 }

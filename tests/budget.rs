@@ -216,7 +216,7 @@ async fn a_slow_call_is_cancelled_on_the_server_within_the_budget_and_the_connec
     }
     assert_eq!(
         stored_rows(&db).await,
-        [],
+        Vec::<(String, i64)>::new(),
         "the cancelled call wrote nothing"
     );
 

@@ -1,12 +1,12 @@
 //! Several limits in one call: one statement, the verdict names the limit
 //! that refused, and calls over the same pairs in opposite orders cannot
-//! deadlock.
+//! deadlock; several limits reserved at once.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, Postgres, SCHEMA};
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, Postgres, Reservations, SCHEMA};
 use platformkit_limit_testdb::Server;
 use tokio::sync::Mutex;
 
@@ -134,4 +134,73 @@ async fn opposite_orders_in_concurrent_calls_cannot_deadlock() {
         vec![(TASKS * CALLS) as i64; 4],
         "every call counted"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_all_counts_under_every_limit_and_a_success_takes_each_back() {
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let per_account = Limit::new("login-account", 2, Duration::from_secs(900)).expect("a limit");
+    let per_address = Limit::new("login-address", 5, Duration::from_secs(900)).expect("a limit");
+    let (account, address) = (account(), address());
+    let pairs = [(&per_account, &account), (&per_address, &address)];
+    let counts = async || -> Vec<Option<u64>> {
+        let verdicts = limiter.check_all(&pairs).await.expect("verdicts");
+        verdicts.iter().map(|v| v.count()).collect()
+    };
+
+    // Granted: counted under both, then taken back from both.
+    let Reservations::Granted(permits) = limiter.reserve_all(&pairs).await.expect("verdicts")
+    else {
+        panic!("the first attempt is granted");
+    };
+    assert_eq!(
+        permits
+            .verdicts()
+            .iter()
+            .map(|v| v.count())
+            .collect::<Vec<_>>(),
+        [Some(1), Some(1)]
+    );
+    permits.succeeded().await.expect("taken back");
+    assert_eq!(counts().await, [Some(0), Some(0)]);
+
+    // Two failures: dropped permits stay counted under both.
+    for _ in 0..2 {
+        let reservations = limiter.reserve_all(&pairs).await.expect("verdicts");
+        let Reservations::Granted(permits) = reservations else {
+            panic!("granted while under both limits");
+        };
+        permits.failed();
+    }
+    assert_eq!(counts().await, [Some(2), Some(2)]);
+
+    // The third is refused by the account's limit, and counted under both.
+    let refused = limiter.reserve_all(&pairs).await.expect("verdicts");
+    let Reservations::Refused(verdicts) = refused else {
+        panic!("the account's limit refuses");
+    };
+    assert_eq!(
+        verdicts.refused_by().map(|v| v.limit()),
+        Some("login-account")
+    );
+    assert!(verdicts.retry_after().is_some());
+    assert_eq!(counts().await, [Some(3), Some(3)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_all_of_one_pair_is_reserve() {
+    let limiter = Limiter::new(Memory::new());
+    let limit = Limit::new("redeem", 1, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("order-7");
+    let Reservations::Granted(permits) = limiter.reserve_all(&[(&limit, &key)]).await.expect("ok")
+    else {
+        panic!("granted");
+    };
+    assert_eq!(permits.verdicts().iter().count(), 1);
+    permits.failed();
+    let refused = limiter.reserve_all(&[(&limit, &key)]).await.expect("ok");
+    assert!(refused.verdicts().is_refused());
+    let error = limiter.reserve_all(&[]).await.expect_err("no pairs");
+    assert_eq!(error.kind(), ErrorKind::InvalidOption);
 }

@@ -1,0 +1,202 @@
+//! [`LimitService`]: one request's path through the layer.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use http::{Request, Response};
+use tower::Service;
+
+use super::response::{DefaultOnRejection, Fields, OnRejection, Rejection};
+use super::{Config, Mode};
+use crate::store::Store;
+use crate::{Error, Key, Limit, Reservations, Verdicts};
+
+/// The service [`LimitLayer`](crate::LimitLayer) wraps around yours.
+pub struct LimitService<T, S, R = DefaultOnRejection> {
+    inner: T,
+    config: Arc<Config<S, R>>,
+}
+
+impl<T, S, R> LimitService<T, S, R> {
+    pub(super) fn new(inner: T, config: Arc<Config<S, R>>) -> Self {
+        LimitService { inner, config }
+    }
+}
+
+impl<T: Clone, S, R> Clone for LimitService<T, S, R> {
+    fn clone(&self) -> Self {
+        LimitService {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<T: fmt::Debug, S, R> fmt::Debug for LimitService<T, S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitService")
+            .field("inner", &self.inner)
+            .field("layer", &self.config)
+            .finish()
+    }
+}
+
+impl<T, S, R, ReqBody, ResBody> Service<Request<ReqBody>> for LimitService<T, S, R>
+where
+    T: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    T::Future: Send,
+    S: Store + 'static,
+    R: OnRejection<ResBody>,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = T::Error;
+    // Boxed: the future holds the limiter's call, which borrows the shared
+    // limiter, and a permit that borrows it until the response is known.
+    type Future = BoxFuture<'static, Result<Response<ResBody>, T::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The service that was polled ready serves this request; its clone
+        // stays for the next one.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        let (head, body) = request.into_parts();
+        let keys = config.keys(&head);
+        let request = Request::from_parts(head, body);
+        Box::pin(serve(config, inner, request, keys))
+    }
+}
+
+/// Decides the request, then runs the service or answers in its place.
+async fn serve<T, S, R, ReqBody, ResBody>(
+    config: Arc<Config<S, R>>,
+    mut inner: T,
+    mut request: Request<ReqBody>,
+    keys: Result<Vec<(usize, Key)>, Error>,
+) -> Result<Response<ResBody>, T::Error>
+where
+    T: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Store,
+    R: OnRejection<ResBody>,
+{
+    let keys = match keys {
+        Ok(keys) => keys,
+        Err(e) => return Ok(config.failed(e)),
+    };
+    if keys.is_empty() {
+        return inner.call(request).await;
+    }
+    let pairs: Vec<(&Limit, &Key)> = keys
+        .iter()
+        .map(|(rule, key)| (&config.rules[*rule].limit, key))
+        .collect();
+    let limiter = &*config.limiter;
+    match &config.mode {
+        Mode::Hit => {
+            let verdicts = match pairs[..] {
+                [(limit, key)] => limiter
+                    .hit(limit, key)
+                    .await
+                    .map(|verdict| Verdicts::from_vec(vec![verdict])),
+                _ => limiter.hit_all(&pairs).await,
+            };
+            let verdicts = match verdicts {
+                Ok(verdicts) => verdicts,
+                Err(e) => return Ok(config.failed(e)),
+            };
+            if verdicts.is_refused() {
+                return Ok(config.refused(&keys, verdicts));
+            }
+            let fields = config.fields(&keys, &verdicts);
+            attach(&mut request, verdicts);
+            let mut response = inner.call(request).await?;
+            fields.add_to(response.headers_mut());
+            Ok(response)
+        }
+        Mode::Attempt(succeeded) => {
+            let permits = match limiter.reserve_all(&pairs).await {
+                Ok(Reservations::Granted(permits)) => permits,
+                Ok(Reservations::Refused(verdicts)) => return Ok(config.refused(&keys, verdicts)),
+                Err(e) => return Ok(config.failed(e)),
+            };
+            let fields = config.fields(&keys, permits.verdicts());
+            attach(&mut request, permits.verdicts().clone());
+            // An error from the service drops the permits: counted.
+            let response = inner.call(request).await?;
+            let (mut head, body) = response.into_parts();
+            if succeeded(&head) {
+                if let Err(e) = permits.succeeded().await {
+                    crate::trace::take_back_failed(&e);
+                }
+            } else {
+                permits.failed();
+            }
+            fields.add_to(&mut head.headers);
+            Ok(Response::from_parts(head, body))
+        }
+    }
+}
+
+/// Puts the verdicts in the request's extensions, after those of a limit
+/// layer outside this one.
+fn attach<B>(request: &mut Request<B>, verdicts: Verdicts) {
+    let verdicts = match request.extensions_mut().remove::<Verdicts>() {
+        Some(outer) => {
+            let mut all = outer.into_vec();
+            all.extend(verdicts.into_vec());
+            Verdicts::from_vec(all)
+        }
+        None => verdicts,
+    };
+    request.extensions_mut().insert(verdicts);
+}
+
+impl<S, R> Config<S, R> {
+    /// The header fields for the advertised rules among `keys`, whose
+    /// verdicts are `verdicts`, in the same order.
+    fn fields(&self, keys: &[(usize, Key)], verdicts: &Verdicts) -> Fields {
+        let mut fields = Fields::default();
+        let mut named: Vec<&str> = Vec::new();
+        for ((rule, _), verdict) in keys.iter().zip(verdicts) {
+            let rule = &self.rules[*rule];
+            // One item per limit, the first rule's, should a limit be
+            // given twice.
+            if !rule.advertised || named.contains(&rule.limit.name()) {
+                continue;
+            }
+            named.push(rule.limit.name());
+            fields.policy.push(rule.limit.policy_field());
+            fields.rate_limit.extend(verdict.rate_limit_field());
+        }
+        fields
+    }
+
+    /// The answer to verdicts that refuse.
+    fn refused<B>(&self, keys: &[(usize, Key)], verdicts: Verdicts) -> Response<B>
+    where
+        R: OnRejection<B>,
+    {
+        let mut fields = self.fields(keys, &verdicts);
+        fields.retry_after = verdicts.retry_after_secs();
+        let mut response = self.respond.on_rejection(Rejection::of(verdicts));
+        fields.add_to(response.headers_mut());
+        response
+    }
+
+    /// The answer to a hard error.
+    fn failed<B>(&self, error: Error) -> Response<B>
+    where
+        R: OnRejection<B>,
+    {
+        crate::trace::layer_failed(&error);
+        self.respond.on_rejection(Rejection::Failed(error))
+    }
+}

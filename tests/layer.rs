@@ -1,0 +1,615 @@
+//! The tower layer in front of an axum router, driven with `oneshot`: both
+//! modes, several limits, exemptions, the client address, the replaceable
+//! answer, 429/503/500 and the header fields; over `Memory` on a pinned
+//! clock, and over real PostgreSQL.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::{ConnectInfo, Extension};
+use axum::http::{HeaderMap, Request, Response, StatusCode, header, request, response};
+use axum::routing::{get, post};
+use platformkit_limit::{
+    ClientIp, Key, Limit, LimitConn, LimitLayer, Limiter, ManualClock, Memory, Postgres, Rejection,
+    SCHEMA, Verdicts, WhenUnreachable,
+};
+use platformkit_limit_testdb::Server;
+use tower::ServiceExt as _;
+
+/// The start of a window of a minute, of 15 minutes and of an hour.
+const WINDOW_START: u64 = 1_800_000_000;
+
+/// A clock 20.5 seconds into a window, so a minute's window reopens in
+/// 39.5 seconds: `Retry-After: 40`, `t=40`.
+fn clock() -> ManualClock {
+    ManualClock::new(UNIX_EPOCH + Duration::from_millis(WINDOW_START * 1_000 + 20_500))
+}
+
+fn memory(clock: &ManualClock) -> Arc<Limiter<Memory>> {
+    Arc::new(Limiter::new(Memory::new().with_clock(clock.clone())))
+}
+
+fn limit(name: &str, max: u32, window_secs: u64) -> Limit {
+    Limit::new(name, max, Duration::from_secs(window_secs)).expect("a limit")
+}
+
+/// The tenant the `x-tenant` header names; no header, no key.
+fn tenant(head: &request::Parts) -> Option<Key> {
+    let tenant = head.headers.get("x-tenant")?.to_str().ok()?;
+    Some(Key::opaque(tenant))
+}
+
+/// The account the `x-account` header names.
+fn account(head: &request::Parts) -> Option<Key> {
+    let account = head.headers.get("x-account")?.to_str().ok()?;
+    Some(Key::email(account))
+}
+
+fn address(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(192, 0, 2, last))
+}
+
+fn is_success(response: &response::Parts) -> bool {
+    response.status.is_success()
+}
+
+/// The verdicts the layer put in the request, as `name=remaining` pairs.
+async fn echo(verdicts: Option<Extension<Verdicts>>) -> String {
+    let Some(Extension(verdicts)) = verdicts else {
+        return "none".to_owned();
+    };
+    verdicts
+        .iter()
+        .map(|v| {
+            let left = v.remaining().map_or("-".to_owned(), |n| n.to_string());
+            format!("{}={left}", v.limit())
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A login: the password `right` succeeds, anything else is a 401.
+async fn login(password: String) -> StatusCode {
+    if password == "right" {
+        StatusCode::OK
+    } else {
+        StatusCode::UNAUTHORIZED
+    }
+}
+
+/// A router whose one route counts how often it ran.
+fn counted_route(layer: LimitLayer<Memory>) -> (Router, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let seen = runs.clone();
+    let router = Router::new()
+        .route(
+            "/",
+            post(move |password: String| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                login(password)
+            }),
+        )
+        .layer(layer);
+    (router, runs)
+}
+
+fn ask() -> request::Builder {
+    Request::post("/")
+}
+
+async fn send(app: &Router, request: request::Builder, body: &'static str) -> Response<Body> {
+    let request = request.body(Body::from(body)).expect("a request");
+    app.clone().oneshot(request).await.expect("infallible")
+}
+
+async fn text(response: Response<Body>) -> String {
+    let bytes = to_bytes(response.into_body(), 1 << 16)
+        .await
+        .expect("a body");
+    String::from_utf8(bytes.to_vec()).expect("UTF-8")
+}
+
+fn field<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).map(|v| v.to_str().expect("ASCII"))
+}
+
+#[tokio::test]
+async fn hit_mode_counts_every_request_and_refuses_with_429_and_retry_after() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let api = limit("api", 2, 60);
+    let (app, runs) = counted_route(LimitLayer::hit(limiter.clone()).limit(&api, tenant));
+    let acme = || ask().header("x-tenant", "acme");
+
+    for _ in 0..2 {
+        let response = send(&app, acme(), "right").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(field(response.headers(), "retry-after"), None);
+    }
+    let refused = send(&app, acme(), "right").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(refused.headers(), "retry-after"), Some("40"));
+    assert_eq!(
+        field(refused.headers(), "content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    // Not advertised: no RateLimit fields.
+    assert_eq!(field(refused.headers(), "ratelimit"), None);
+    assert_eq!(field(refused.headers(), "ratelimit-policy"), None);
+    assert_eq!(text(refused).await, "too many requests\n");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the service never ran");
+
+    // Every ask counted, the refused one too; another tenant is apart.
+    let count = limiter.check(&api, &Key::opaque("acme")).await.expect("ok");
+    assert_eq!(count.count(), Some(3));
+    let other = send(&app, ask().header("x-tenant", "globex"), "right").await;
+    assert_eq!(other.status(), StatusCode::OK);
+
+    // The next window lets the tenant through again.
+    clock.advance(Duration::from_secs(40));
+    assert_eq!(send(&app, acme(), "right").await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn attempt_mode_counts_only_failures_and_refuses_before_the_service() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let per_address = limit("login-address", 3, 900);
+    let (app, runs) = counted_route(
+        LimitLayer::attempt(limiter.clone(), is_success).limit_per_client_ip(&per_address),
+    );
+    let from = || ask().extension(ClientIp(address(7)));
+    let key = Key::ip(address(7));
+
+    // Successes are reserved, then taken back: never a count.
+    for _ in 0..5 {
+        assert_eq!(send(&app, from(), "right").await.status(), StatusCode::OK);
+    }
+    let after_successes = limiter.check(&per_address, &key).await.expect("ok");
+    assert_eq!(after_successes.count(), Some(0));
+
+    // Failures stay counted.
+    for _ in 0..3 {
+        let wrong = send(&app, from(), "wrong").await;
+        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 8);
+    // Then even the right password is refused, before the service runs.
+    let refused = send(&app, from(), "right").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // 15-minute windows: 900 - 20.5 = 879.5 seconds left.
+    assert_eq!(field(refused.headers(), "retry-after"), Some("880"));
+    assert_eq!(runs.load(Ordering::SeqCst), 8, "the service never ran");
+    // Another address is apart.
+    let elsewhere = send(&app, ask().extension(ClientIp(address(8))), "right").await;
+    assert_eq!(elsewhere.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn several_limits_are_decided_together_and_the_verdicts_reach_the_handler() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let per_address = limit("api-address", 5, 60);
+    let per_tenant = limit("api-tenant", 2, 60);
+    let layer = LimitLayer::hit(limiter.clone())
+        .limit_per_client_ip(&per_address)
+        .limit(&per_tenant, tenant);
+    let app = Router::new().route("/", post(echo)).layer(layer);
+    let request = || {
+        ask()
+            .extension(ClientIp(address(7)))
+            .header("x-tenant", "acme")
+    };
+
+    let first = send(&app, request(), "").await;
+    assert_eq!(text(first).await, "api-address=4,api-tenant=1");
+    let second = send(&app, request(), "").await;
+    assert_eq!(text(second).await, "api-address=3,api-tenant=0");
+    let refused = send(&app, request(), "").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(refused.headers(), "retry-after"), Some("40"));
+
+    // Counted under both, in one call: the refused ask too.
+    let (address_key, tenant_key) = (Key::ip(address(7)), Key::opaque("acme"));
+    let counts = limiter
+        .check_all(&[(&per_address, &address_key), (&per_tenant, &tenant_key)])
+        .await
+        .expect("ok");
+    assert_eq!(
+        counts.iter().map(|v| v.count()).collect::<Vec<_>>(),
+        [Some(3), Some(3)]
+    );
+}
+
+#[tokio::test]
+async fn attempt_mode_over_several_limits_takes_a_success_back_under_each() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let per_address = limit("login-address", 10, 900);
+    let per_account = limit("login-account", 2, 900);
+    let layer = LimitLayer::attempt(limiter.clone(), is_success)
+        .limit_per_client_ip(&per_address)
+        .limit(&per_account, account);
+    let (app, _) = counted_route(layer);
+    let request = || {
+        ask()
+            .extension(ClientIp(address(7)))
+            .header("x-account", "alice@example.com")
+    };
+    let (address_key, account_key) = (Key::ip(address(7)), Key::email("alice@example.com"));
+    let pairs = [(&per_address, &address_key), (&per_account, &account_key)];
+    let counts = async || -> Vec<Option<u64>> {
+        let verdicts = limiter.check_all(&pairs).await.expect("ok");
+        verdicts.iter().map(|v| v.count()).collect()
+    };
+
+    for _ in 0..3 {
+        assert_eq!(
+            send(&app, request(), "right").await.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(counts().await, [Some(0), Some(0)]);
+    for _ in 0..2 {
+        let wrong = send(&app, request(), "wrong").await;
+        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(counts().await, [Some(2), Some(2)]);
+    let refused = send(&app, request(), "right").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(counts().await, [Some(3), Some(3)]);
+}
+
+#[tokio::test]
+async fn a_key_function_that_returns_none_exempts_the_request() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let per_tenant = limit("api-tenant", 1, 60);
+    let per_account = limit("api-account", 1, 60);
+    let layer = LimitLayer::hit(limiter.clone())
+        .limit(&per_tenant, tenant)
+        .limit(&per_account, account);
+    let app = Router::new().route("/", post(echo)).layer(layer);
+
+    // No rule gives a key: no call, no verdicts, never limited.
+    for _ in 0..5 {
+        let response = send(&app, ask(), "").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(text(response).await, "none");
+    }
+    // One rule gives a key: only its limit decides.
+    let tenant_only = || ask().header("x-tenant", "acme");
+    let first = send(&app, tenant_only(), "").await;
+    assert_eq!(text(first).await, "api-tenant=0");
+    let second = send(&app, tenant_only(), "").await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    let untouched = limiter
+        .check(&per_account, &Key::email("alice@example.com"))
+        .await
+        .expect("ok");
+    assert_eq!(untouched.count(), Some(0));
+}
+
+#[tokio::test]
+async fn the_answer_to_a_refusal_is_replaceable_and_keeps_retry_after_and_the_fields() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let api = limit("api", 1, 60);
+    let layer = LimitLayer::hit(limiter)
+        .limit(&api, tenant)
+        .advertise(&api)
+        .on_rejection(|rejection: Rejection| {
+            let Rejection::Refused(verdicts) = &rejection else {
+                panic!("a refusal by count");
+            };
+            let limit = verdicts.refused_by().map(|v| v.limit()).unwrap_or_default();
+            Response::builder()
+                .status(rejection.status())
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(format!(
+                    r#"{{"type":"quota-exceeded","limit":"{limit}"}}"#
+                )))
+                .expect("a response")
+        });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let acme = || Request::get("/").header("x-tenant", "acme");
+
+    assert_eq!(send(&app, acme(), "").await.status(), StatusCode::OK);
+    let refused = send(&app, acme(), "").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        field(refused.headers(), "content-type"),
+        Some("application/json")
+    );
+    // Added by the layer, since the handler's response lacks them.
+    assert_eq!(field(refused.headers(), "retry-after"), Some("40"));
+    assert_eq!(
+        field(refused.headers(), "ratelimit"),
+        Some(r#""api";r=0;t=40"#)
+    );
+    assert_eq!(
+        text(refused).await,
+        r#"{"type":"quota-exceeded","limit":"api"}"#
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_the_handler_sets_is_kept() {
+    let limiter = memory(&clock());
+    let api = limit("api", 1, 60);
+    let layer =
+        LimitLayer::hit(limiter)
+            .limit(&api, tenant)
+            .on_rejection(|rejection: Rejection| {
+                Response::builder()
+                    .status(rejection.status())
+                    .header(header::RETRY_AFTER, "3600")
+                    .body(Body::empty())
+                    .expect("a response")
+            });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let acme = || Request::get("/").header("x-tenant", "acme");
+    send(&app, acme(), "").await;
+    let refused = send(&app, acme(), "").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(refused.headers(), "retry-after"), Some("3600"));
+}
+
+#[tokio::test]
+async fn advertised_limits_send_the_ratelimit_fields_and_others_never() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let api = limit("api", 10, 60);
+    let per_account = limit("api-account", 3, 3600);
+    let layer = LimitLayer::hit(limiter)
+        .limit(&api, tenant)
+        .limit(&per_account, account)
+        .advertise(&api);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let request = || {
+        Request::get("/")
+            .header("x-tenant", "acme")
+            .header("x-account", "alice@example.com")
+    };
+
+    let allowed = send(&app, request(), "").await;
+    assert_eq!(allowed.status(), StatusCode::OK);
+    assert_eq!(
+        field(allowed.headers(), "ratelimit-policy"),
+        Some(r#""api";q=10;w=60"#)
+    );
+    assert_eq!(
+        field(allowed.headers(), "ratelimit"),
+        Some(r#""api";r=9;t=40"#)
+    );
+    for _ in 0..2 {
+        send(&app, request(), "").await;
+    }
+    // Refused by the per-account limit, which is never advertised: the
+    // fields still say only what the API quota has left.
+    let refused = send(&app, request(), "").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The hour's window reopens in 3600 - 20.5 seconds.
+    assert_eq!(field(refused.headers(), "retry-after"), Some("3580"));
+    assert_eq!(
+        field(refused.headers(), "ratelimit-policy"),
+        Some(r#""api";q=10;w=60"#)
+    );
+    assert_eq!(
+        field(refused.headers(), "ratelimit"),
+        Some(r#""api";r=6;t=40"#)
+    );
+    for (name, value) in refused.headers() {
+        let value = value.to_str().expect("ASCII");
+        assert!(
+            !value.contains("alice") && !value.contains("acme"),
+            "{name}: {value} carries a key"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_client_address_comes_from_connect_info_or_client_ip_never_a_header() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let per_address = limit("api-address", 1, 60);
+    let layer = LimitLayer::hit(limiter.clone()).limit_per_client_ip(&per_address);
+    let app = Router::new().route("/", post(echo)).layer(layer);
+    let peer = |last: u8| ConnectInfo(SocketAddr::new(address(last), 50_000));
+
+    let first = send(&app, ask().extension(peer(7)), "").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    // A forged X-Forwarded-For changes nothing: the socket's address counts.
+    let forged = ask()
+        .extension(peer(7))
+        .header("x-forwarded-for", "203.0.113.9");
+    assert_eq!(
+        send(&app, forged, "").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another peer is apart.
+    assert_eq!(
+        send(&app, ask().extension(peer(8)), "").await.status(),
+        StatusCode::OK
+    );
+    // A ClientIp set before the layer (by a proxy-aware middleware) wins
+    // over the socket's address, which is then the proxy's.
+    let behind_proxy = ask().extension(peer(8)).extension(ClientIp(address(9)));
+    assert_eq!(send(&app, behind_proxy, "").await.status(), StatusCode::OK);
+    let counted = limiter
+        .check(&per_address, &Key::ip(address(9)))
+        .await
+        .expect("ok");
+    assert_eq!(counted.count(), Some(1));
+}
+
+#[tokio::test]
+async fn a_request_without_a_client_address_is_answered_500_not_let_through() {
+    let limiter = memory(&clock());
+    let per_address = limit("api-address", 100, 60);
+    let (app, runs) = counted_route(LimitLayer::hit(limiter).limit_per_client_ip(&per_address));
+    let response = send(&app, ask(), "right").await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(text(response).await, "internal server error\n");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn layers_stack_and_the_handler_sees_each_verdict() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let api = limit("api", 100, 60);
+    let per_address = limit("login-address", 5, 900);
+    let app = Router::new()
+        .route("/", post(echo))
+        .layer(LimitLayer::attempt(limiter.clone(), is_success).limit_per_client_ip(&per_address))
+        .layer(LimitLayer::hit(limiter).limit(&api, tenant));
+    let request = ask()
+        .extension(ClientIp(address(7)))
+        .header("x-tenant", "acme");
+    let response = send(&app, request, "").await;
+    assert_eq!(text(response).await, "api=99,login-address=4");
+}
+
+/// A connection source whose database is gone.
+struct Down;
+
+impl LimitConn for Down {
+    type Conn = Box<tokio_postgres::Client>;
+    type Error = std::io::Error;
+
+    async fn conn(&self) -> Result<Self::Conn, Self::Error> {
+        Err(std::io::Error::other("the database is down"))
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_store_answers_503_or_passes_as_each_limit_chooses() {
+    let limiter = Arc::new(Limiter::new(Postgres::new(Down)));
+    let strict = limit("strict", 5, 60).when_unreachable(WhenUnreachable::Refuse);
+    let lenient = limit("lenient", 5, 60);
+
+    let app = Router::new()
+        .route("/", post(echo))
+        .layer(LimitLayer::hit(limiter.clone()).limit(&strict, tenant));
+    let refused = send(&app, ask().header("x-tenant", "acme"), "").await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(field(refused.headers(), "retry-after"), None);
+    assert_eq!(text(refused).await, "service unavailable\n");
+
+    let app = Router::new().route("/", post(echo)).layer(
+        LimitLayer::hit(limiter)
+            .limit(&lenient, tenant)
+            .advertise(&lenient),
+    );
+    let allowed = send(&app, ask().header("x-tenant", "acme"), "").await;
+    assert_eq!(allowed.status(), StatusCode::OK);
+    // Nothing counted, so no RateLimit item; the policy still stands.
+    assert_eq!(field(allowed.headers(), "ratelimit"), None);
+    assert_eq!(
+        field(allowed.headers(), "ratelimit-policy"),
+        Some(r#""lenient";q=5;w=60"#)
+    );
+    assert_eq!(text(allowed).await, "lenient=-");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_postgres_an_attempt_layer_reserves_each_limit_and_takes_successes_back() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = clock();
+    let limiter = Arc::new(Limiter::new(
+        Postgres::new(db.config()).with_clock(clock.clone()),
+    ));
+    let per_address = limit("login-address", 10, 900);
+    let per_account = limit("login-account", 2, 900);
+    let app = Router::new().route("/", post(login)).layer(
+        LimitLayer::attempt(limiter.clone(), is_success)
+            .limit_per_client_ip(&per_address)
+            .limit(&per_account, account),
+    );
+    let request = || {
+        ask()
+            .extension(ConnectInfo(SocketAddr::new(address(7), 50_000)))
+            .header("x-account", "Alice@Example.com")
+    };
+    let (address_key, account_key) = (Key::ip(address(7)), Key::email("alice@example.com"));
+    let pairs = [(&per_address, &address_key), (&per_account, &account_key)];
+    let counts = async || -> Vec<Option<u64>> {
+        let verdicts = limiter.check_all(&pairs).await.expect("ok");
+        verdicts.iter().map(|v| v.count()).collect()
+    };
+
+    for _ in 0..3 {
+        assert_eq!(
+            send(&app, request(), "right").await.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(counts().await, [Some(0), Some(0)], "successes taken back");
+    for _ in 0..2 {
+        let wrong = send(&app, request(), "wrong").await;
+        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    }
+    let refused = send(&app, request(), "right").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(refused.headers(), "retry-after"), Some("880"));
+    assert_eq!(counts().await, [Some(3), Some(3)]);
+
+    // A hit layer over the same database, two limits in one statement.
+    let api = limit("api", 1, 60);
+    let app = Router::new().route("/", post(echo)).layer(
+        LimitLayer::hit(limiter)
+            .limit(&api, tenant)
+            .limit_per_client_ip(&per_address)
+            .advertise(&api),
+    );
+    let acme = || {
+        ask()
+            .extension(ClientIp(address(8)))
+            .header("x-tenant", "acme")
+    };
+    let allowed = send(&app, acme(), "").await;
+    assert_eq!(
+        field(allowed.headers(), "ratelimit"),
+        Some(r#""api";r=0;t=40"#)
+    );
+    assert_eq!(text(allowed).await, "api=0,login-address=9");
+    let refused = send(&app, acme(), "").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(refused.headers(), "retry-after"), Some("40"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_postgres_a_hard_error_is_answered_500_never_a_silent_allow() {
+    // No schema: the limiter's procedure does not exist.
+    let db = Server::shared().empty_database().await;
+    let limiter = Arc::new(Limiter::new(Postgres::new(db.config())));
+    let api = limit("api", 100, 60);
+    let (app, runs) = {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let seen = runs.clone();
+        let app = Router::new()
+            .route(
+                "/",
+                post(move || {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    async { "ran" }
+                }),
+            )
+            .layer(LimitLayer::hit(limiter).limit(&api, tenant));
+        (app, runs)
+    };
+    let response = send(&app, ask().header("x-tenant", "acme"), "").await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
