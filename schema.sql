@@ -40,11 +40,16 @@ BEGIN
        AND pg_catalog.to_regprocedure('platformkit.platformkit_is_system()') IS NULL THEN
         ALTER FUNCTION public.platformkit_is_system() SET SCHEMA platformkit;
     END IF;
+    -- The earlier layout's procedures, and the readers that were
+    -- procedures before they became functions.
     FOR old IN
         SELECT p.oid FROM pg_catalog.pg_proc AS p
-        WHERE p.pronamespace = 'public'::pg_catalog.regnamespace
-          AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%'
-          AND p.prokind OPERATOR(pg_catalog.=) 'p'
+        WHERE p.prokind OPERATOR(pg_catalog.=) 'p'
+          AND ((p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace
+                AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%')
+            OR (p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('platformkit')
+                AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['platformkit_limit_read',
+                                                              'platformkit_limit_read_many'])))
     LOOP
         EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
     END LOOP;
@@ -139,18 +144,24 @@ BEGIN
 END
 $$;
 
--- The limiter's operations. Each is called as one statement,
--- `CALL platformkit.platformkit_limit_…(p_… => $1, …)`, in autocommit, and
--- begins with the same prologue, written out in each between `-- prologue`
--- and `-- end of prologue`. What each of its steps is for is described once,
--- in the crate's guide:
--- https://docs.rs/platformkit-limit/latest/platformkit_limit/guide/index.html#the-procedures-prologue
+-- The limiter's operations. Each is called as one statement, in
+-- autocommit, its arguments named (`p_key => $1`). The writers are
+-- procedures, `CALL platformkit.platformkit_limit_…(…)`, and begin with the
+-- same prologue, written out in each between `-- prologue` and
+-- `-- end of prologue`; each then checks its own parameters against the
+-- bounds the Rust side enforces (22023 invalid_parameter_value otherwise; a
+-- test holds the two to the same numbers), does its one statement, and ends
+-- with COMMIT, so that nothing of the limiter's transaction (the switch, the
+-- settings, a row lock) outlives the CALL, whoever called it.
 --
--- Each procedure then checks its own parameters against the bounds the Rust
--- side enforces (22023 invalid_parameter_value otherwise; a test holds the
--- two to the same numbers), does its one statement, and ends with COMMIT, so
--- that nothing of the limiter's transaction (the switch, the settings, a row
--- lock) outlives the CALL, whoever called it.
+-- The readers (read, read_many) write nothing, so they need no transaction
+-- of their own: they are functions, `SELECT * FROM
+-- platformkit.platformkit_limit_read(…)`, with the search_path pinned and
+-- the other settings restored by their SET clauses, the switch turned on for
+-- their one read and back when it is done, and their own prologue between
+-- `-- reader's prologue` and `-- end of reader's prologue`. What each step
+-- of both prologues is for is described once, in the crate's guide:
+-- https://docs.rs/platformkit-limit/latest/platformkit_limit/guide/index.html#the-procedures-prologue
 --
 -- In platformkit_limit_add and platformkit_limit_read that statement is
 -- written between `-- statement` and `-- end of statement`: the benchmark
@@ -363,34 +374,38 @@ BEGIN
 END
 $$;
 
--- Reads the count of each (key, window) pair; writes nothing.
-CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_read_many(
+-- Reads the count of each (key, window) pair; writes nothing. A function,
+-- not a procedure: a read needs no transaction of its own (see the readers'
+-- prologue above).
+CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read_many(
     p_keys text[], p_window_secs bigint[], p_at timestamptz, p_budget_ms bigint,
     p_previous boolean, p_maxes bigint[], p_lockout_secs bigint[],
-    INOUT o_counts bigint[] DEFAULT NULL,
-    INOUT o_window_ends timestamptz[] DEFAULT NULL,
-    INOUT o_now timestamptz DEFAULT NULL,
-    INOUT o_previous bigint[] DEFAULT NULL,
-    INOUT o_locked_until timestamptz[] DEFAULT NULL)
+    OUT o_counts bigint[],
+    OUT o_window_ends timestamptz[],
+    OUT o_now timestamptz,
+    OUT o_previous bigint[],
+    OUT o_locked_until timestamptz[])
 LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = 0
+SET row_security = on
+SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    v_switch pg_catalog.text;
 BEGIN
-    -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+    -- reader's prologue
+    IF pg_catalog.pg_is_in_recovery()
+       OR (current_setting('transaction_isolation') <> 'read committed'
+           AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
             MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
                 THEN 'platformkit: this server is a standby; the limiter counts on the primary'
-                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
                 END;
     END IF;
-    COMMIT;
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
-            pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
@@ -405,7 +420,10 @@ BEGIN
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
-    -- end of prologue
+    v_switch := current_setting('platformkit.system', true);
+    PERFORM set_config('platformkit.system', 'on', true),
+            set_config('lock_timeout', p_budget_ms::text, true);
+    -- end of reader's prologue
     IF p_previous IS NULL
        OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
@@ -451,41 +469,43 @@ BEGIN
                ORDER BY a.ord)
     INTO o_counts, o_window_ends, o_previous, o_locked_until
     FROM asked AS a;
-    COMMIT;
+    PERFORM set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
 
--- Reads the key's count in the current window; writes nothing.
-CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_read(
+-- Reads the key's count in the current window; writes nothing. A function,
+-- not a procedure (see the readers' prologue above).
+CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read(
     p_key text, p_window_secs bigint, p_at timestamptz, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint,
-    INOUT o_count bigint DEFAULT NULL,
-    INOUT o_window_end timestamptz DEFAULT NULL,
-    INOUT o_now timestamptz DEFAULT NULL,
-    INOUT o_previous bigint DEFAULT NULL,
-    INOUT o_locked_until timestamptz DEFAULT NULL)
+    OUT o_count bigint,
+    OUT o_window_end timestamptz,
+    OUT o_now timestamptz,
+    OUT o_previous bigint,
+    OUT o_locked_until timestamptz)
 LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = 0
+SET row_security = on
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
+    v_switch pg_catalog.text;
     v_window pg_catalog.interval;
     v_start pg_catalog.timestamptz;
 BEGIN
-    -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+    -- reader's prologue
+    IF pg_catalog.pg_is_in_recovery()
+       OR (current_setting('transaction_isolation') <> 'read committed'
+           AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
             MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
                 THEN 'platformkit: this server is a standby; the limiter counts on the primary'
-                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
                 END;
     END IF;
-    COMMIT;
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
-            pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
@@ -500,7 +520,10 @@ BEGIN
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
-    -- end of prologue
+    v_switch := current_setting('platformkit.system', true);
+    PERFORM set_config('platformkit.system', 'on', true),
+            set_config('lock_timeout', p_budget_ms::text, true);
+    -- end of reader's prologue
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
        OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
@@ -531,7 +554,7 @@ BEGIN
     -- end of statement
     o_count := COALESCE(o_count, 0);
     o_previous := COALESCE(o_previous, 0);
-    COMMIT;
+    PERFORM set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
 

@@ -116,10 +116,11 @@
 //!
 //! # The procedures' prologue
 //!
-//! Every procedure in [`SCHEMA`] begins the same way, between the comments
-//! `-- prologue` and `-- end of prologue`. Each writes the prologue out
-//! rather than calling a shared one: a nested `CALL` would cost every call a
-//! little more.
+//! Every procedure in [`SCHEMA`] (the writers: add, add-many, take-back,
+//! reset, purge) begins the same way, between the comments `-- prologue`
+//! and `-- end of prologue`. Each writes the prologue out rather than
+//! calling a shared one: a nested `CALL` would cost every call a little
+//! more.
 //!
 //! 1. **Refuse inside a transaction that has written** (SQLSTATE 2D000): a
 //!    `DO` block, a caller's procedure, or an extended-protocol pipeline
@@ -135,17 +136,12 @@
 //! 3. **`SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE`**,
 //!    whatever the session's defaults (a serializable default would make
 //!    concurrent upserts fail).
-//! 4. **Pin the `search_path`** to `pg_catalog, pg_temp` for this
-//!    transaction, so that nothing the caller, its `"$user"` schema, a
-//!    writable `public` or `pg_temp` holds can stand in for a built-in. Every
-//!    expression comes after this step, and the table is always named with
-//!    its schema.
-//! 5. **Check the budget** (1 to 60,000 ms, [`MAX_BUDGET`]) and refuse
-//!    (SQLSTATE PK001, [`ErrorKind::Misconfigured`]) when the session's
-//!    `statement_timeout` or `transaction_timeout` is shorter than the
-//!    budget: the server would cancel the call before the limiter gives up
-//!    on it, and a cancel the limiter did not send is never an outage.
-//! 6. **Four `set_config(…, true)` calls**, each for this transaction only:
+//! 4. **One `PERFORM` of five `set_config(…, true)` calls**, each for this
+//!    transaction only, the first before any expression is evaluated:
+//!    - `search_path` to `pg_catalog, pg_temp`, so that nothing the caller,
+//!      its `"$user"` schema, a writable `public` or `pg_temp` holds can
+//!      stand in for a built-in (and the table is always named with its
+//!      schema);
 //!    - `platformkit.system` to `on`: the system switch that the table's
 //!      row-level security policy asks for;
 //!    - `lock_timeout` to the server's part of the budget, in milliseconds;
@@ -153,14 +149,39 @@
 //!    - `plan_cache_mode` to `force_generic_plan`, so that the procedure's
 //!      statements are planned once per connection rather than on every
 //!      call.
+//! 5. **Check the budget** (1 to 60,000 ms, [`MAX_BUDGET`]; SQLSTATE 22023
+//!    otherwise) and refuse (SQLSTATE PK001, [`ErrorKind::Misconfigured`])
+//!    when the session's `statement_timeout` or `transaction_timeout` is no
+//!    longer than the budget: the server would cancel the call before the
+//!    limiter gives up on it, and a cancel the limiter did not send is never
+//!    an outage. A refusal rolls the transaction back, and the settings of
+//!    step 4 with it.
 //!
-//! After the prologue, the procedures that write (add, add-many, take-back,
-//! reset) set `synchronous_commit` to `off` for their transaction when the
-//! store has [relaxed durability](crate::Postgres::with_relaxed_durability).
-//! Then each procedure checks its parameters against the bounds the Rust
-//! side enforces (SQLSTATE 22023 otherwise), runs its one statement and ends
-//! with `COMMIT`: nothing of the limiter's transaction (the switch, the
-//! settings, a row lock) outlives the `CALL`, whoever called it.
+//! After the prologue, the procedures that write set `synchronous_commit` to
+//! `off` for their transaction when the store has
+//! [relaxed durability](crate::Postgres::with_relaxed_durability). Then each
+//! procedure checks its parameters against the bounds the Rust side
+//! enforces (SQLSTATE 22023 otherwise), runs its one statement and ends with
+//! `COMMIT`: nothing of the limiter's transaction (the switch, the settings,
+//! a row lock) outlives the `CALL`, whoever called it.
+//!
+//! ## The readers
+//!
+//! `check` and `check_all` write nothing, so they need no transaction of
+//! their own, and skip what it costs (two commits and a transaction start):
+//! their statement is `SELECT * FROM platformkit.platformkit_limit_read(…)`
+//! (or `_read_many`), a function that runs in whatever transaction the
+//! connection is in. Its `SET` clauses pin the `search_path` and restore
+//! `lock_timeout`, `row_security` and `plan_cache_mode` when it returns; its
+//! own prologue (between `-- reader's prologue` and
+//! `-- end of reader's prologue`) refuses on a standby (25006), checks the
+//! budget and the session's timeouts as above, and refuses (2D000,
+//! [`ErrorKind::InTransaction`]) a read inside a caller's REPEATABLE READ or
+//! SERIALIZABLE transaction that began more than 100 ms before it, whose
+//! snapshot could hold counts that old; then it turns the switch on, and
+//! turns it back when its one read is done. A read inside a caller's READ
+//! COMMITTED transaction sees the current counts and leaves that transaction
+//! as it was (an error in the read aborts it, as any failed statement does).
 //!
 //! The session's other settings cannot break it: its isolation level,
 //! read-only default, `TimeZone`, `DateStyle`, `search_path` and

@@ -477,7 +477,11 @@ async fn a_pipelined_write_before_the_call_is_refused_and_not_committed() {
     }
     assert_eq!(answers[2], Answer::Skipped);
     assert_eq!(status, b'I', "the pipeline left a transaction open");
-    assert_eq!(caller_work(&db).await, Vec::<i32>::new(), "row 7 was committed");
+    assert_eq!(
+        caller_work(&db).await,
+        Vec::<i32>::new(),
+        "row 7 was committed"
+    );
 }
 
 /// Red-team 2.11: in a pipeline, the statements after the CALL and before
@@ -496,7 +500,7 @@ async fn a_pipelined_statement_after_the_call_sees_no_switch_and_no_rows() {
 
     let (answers, status) = wire
         .pipeline(&[
-            "CALL platformkit.platformkit_limit_read(p_key => 'login|email|alice@example.com', \
+            "SELECT * FROM platformkit.platformkit_limit_read(p_key => 'login|email|alice@example.com', \
              p_window_secs => 3600, p_at => '2026-01-01 10:30:00+00', p_budget_ms => 2000, \
              p_previous => false, p_max => 5, p_lockout_secs => 0)",
             "SELECT coalesce(pg_catalog.current_setting('platformkit.system', true), ''), \
@@ -513,4 +517,88 @@ async fn a_pipelined_statement_after_the_call_sees_no_switch_and_no_rows() {
         "(switch, rows visible) after the CALL, before the Sync"
     );
     assert_eq!(status, b'I');
+}
+
+/// A read needs no transaction of its own: `check` on a connection inside
+/// the caller's READ COMMITTED transaction reads the current count, writes
+/// nothing, and hands the transaction back as it was: still open, with the
+/// switch off and the caller's settings as the caller set them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_inside_the_callers_read_committed_transaction_reads_and_leaves_it_as_it_was() {
+    let db = fresh_db().await;
+    let held = hold(&db.config()).await;
+    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))));
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    limiter.failed(&login, &alice).await.unwrap();
+    held.lock()
+        .await
+        .batch_execute("CREATE TABLE caller_work (x int)")
+        .await
+        .unwrap();
+    held.lock()
+        .await
+        .batch_execute("BEGIN; INSERT INTO caller_work VALUES (1); SET LOCAL lock_timeout = '7s';")
+        .await
+        .unwrap();
+
+    // Another replica counts a failure meanwhile: the read sees it.
+    Limiter::new(Postgres::new(db.config()))
+        .failed(&login, &alice)
+        .await
+        .unwrap();
+    let verdict = limiter.check(&login, &alice).await.unwrap();
+    assert_eq!(verdict.count(), Some(2));
+
+    let client = held.lock().await;
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.current_setting('lock_timeout'), \
+                    pg_catalog.current_setting('search_path'), \
+                    (SELECT count(*) FROM caller_work)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (lock_timeout, search_path, work): (String, String, i64) =
+        (row.get(0), row.get(1), row.get(2));
+    assert_eq!(lock_timeout, "7s", "the caller's lock_timeout was changed");
+    assert_eq!(search_path, "\"$user\", public");
+    assert_eq!(work, 1, "the caller's own work is gone");
+    let switch = system_switch(&client).await;
+    assert!(matches!(switch.as_deref(), None | Some("")), "{switch:?}");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    let kept: i64 = client
+        .query_one("SELECT count(*) FROM caller_work", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 0, "the read committed the caller's work");
+}
+
+/// Inside a caller's REPEATABLE READ transaction the snapshot is the
+/// transaction's: once it is older than 100 ms a read could miss counts
+/// made since, so it is refused as a connection inside a transaction, never
+/// answered from an old count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_inside_an_old_repeatable_read_transaction_is_refused_never_stale() {
+    let db = fresh_db().await;
+    let held = hold(&db.config()).await;
+    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))));
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    held.lock()
+        .await
+        .batch_execute(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1; SELECT pg_catalog.pg_sleep(0.2);",
+        )
+        .await
+        .unwrap();
+    let err = limiter
+        .check(&login, &alice)
+        .await
+        .expect_err("an old snapshot gave a verdict");
+    assert_eq!(err.kind(), ErrorKind::InTransaction, "{err:?}");
+    assert!(!err.is_unreachable());
+    assert_eq!(err.code(), Some(&SqlState::INVALID_TRANSACTION_TERMINATION));
 }

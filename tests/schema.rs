@@ -211,7 +211,7 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
          p_relaxed => false)",
         "CALL platformkit.platformkit_limit_reset(p_key => 'bounds|k', p_budget_ms => 0, \
          p_relaxed => false)",
-        "CALL platformkit.platformkit_limit_read(p_key => 'bounds|k', p_window_secs => 0, \
+        "SELECT * FROM platformkit.platformkit_limit_read(p_key => 'bounds|k', p_window_secs => 0, \
          p_at => NULL, p_budget_ms => 2000, p_previous => false, p_max => 5, \
          p_lockout_secs => 0)",
         &format!(
@@ -244,20 +244,20 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
     }
 }
 
-/// A direct `CALL` of `add_many` or `read_many` over `pairs` copies of one
-/// pair with a window of `window` seconds.
+/// A direct call of `add_many` (a procedure) or `read_many` (a function)
+/// over `pairs` copies of one pair with a window of `window` seconds.
 fn many(procedure: &str, pairs: usize, window: &str) -> String {
     let keys = vec!["'bounds|many'"; pairs].join(", ");
     let windows = vec![window; pairs].join(", ");
     let maxes = vec!["5"; pairs].join(", ");
     let lockouts = vec!["0"; pairs].join(", ");
-    let add = if procedure == "add_many" {
-        "p_add => 1, p_relaxed => false, "
+    let (call, add) = if procedure == "add_many" {
+        ("CALL", "p_add => 1, p_relaxed => false, ")
     } else {
-        ""
+        ("SELECT * FROM", "")
     };
     format!(
-        "CALL platformkit.platformkit_limit_{procedure}(p_keys => ARRAY[{keys}]::text[], \
+        "{call} platformkit.platformkit_limit_{procedure}(p_keys => ARRAY[{keys}]::text[], \
          p_window_secs => ARRAY[{windows}]::int8[], {add}p_at => NULL, p_budget_ms => 2000, \
          p_previous => false, p_maxes => ARRAY[{maxes}]::int8[], \
          p_lockout_secs => ARRAY[{lockouts}]::int8[])"
@@ -481,27 +481,64 @@ fn every_procedure_begins_with_the_same_prologue() {
         .split("CREATE OR REPLACE PROCEDURE")
         .skip(1)
         .collect();
-    assert_eq!(procedures.len(), 7);
-    let prologues: Vec<&str> = procedures
-        .iter()
-        .map(|body| {
-            let start = body.find("-- prologue\n").expect("a prologue");
-            let end = body.find("-- end of prologue\n").expect("its end");
-            &body[start..end]
-        })
-        .collect();
-    for (procedure, prologue) in procedures.iter().zip(&prologues) {
+    assert_eq!(procedures.len(), 5, "the writers, and purge");
+    same_prologue(&procedures, "-- prologue\n", "-- end of prologue\n");
+    for procedure in &procedures {
         let name = procedure.split('(').next().unwrap_or_default().trim();
-        assert_eq!(prologue, &prologues[0], "{name}'s prologue differs");
-        let before = &procedure[..procedure.find("-- prologue\n").unwrap()];
-        assert!(
-            !before.contains(":="),
-            "{name} has a DECLARE initialiser, run before the search_path is pinned"
-        );
         let body_end = procedure.find("\nEND\n$$;").expect("the body's end");
         assert!(
             procedure[..body_end].trim_end().ends_with("COMMIT;"),
             "{name} does not end with its own COMMIT"
+        );
+    }
+
+    // The readers: functions with their own prologue, the search_path
+    // pinned by a SET clause, and the switch turned back at the end.
+    let readers: Vec<&str> = SCHEMA
+        .split("CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_")
+        .skip(1)
+        .collect();
+    assert_eq!(readers.len(), 2, "read and read_many");
+    same_prologue(
+        &readers,
+        "-- reader's prologue\n",
+        "-- end of reader's prologue\n",
+    );
+    for reader in &readers {
+        let name = reader.split('(').next().unwrap_or_default().trim();
+        assert!(
+            reader.contains("\nSET search_path = pg_catalog, pg_temp\n"),
+            "{name} does not pin its search_path"
+        );
+        let body_end = reader.find("\nEND\n$$;").expect("the body's end");
+        assert!(
+            reader[..body_end].trim_end().ends_with(
+                "PERFORM set_config('platformkit.system', COALESCE(v_switch, ''), true);"
+            ),
+            "{name} does not turn the switch back"
+        );
+    }
+}
+
+/// Every routine's text between `start` and `end` is the same, and nothing
+/// before it runs an expression (a DECLARE initialiser would, before the
+/// search_path is pinned).
+fn same_prologue(routines: &[&str], start: &str, end: &str) {
+    let prologues: Vec<&str> = routines
+        .iter()
+        .map(|body| {
+            let from = body.find(start).expect("a prologue");
+            let to = body.find(end).expect("its end");
+            &body[from..to]
+        })
+        .collect();
+    for (routine, prologue) in routines.iter().zip(&prologues) {
+        let name = routine.split('(').next().unwrap_or_default().trim();
+        assert_eq!(prologue, &prologues[0], "{name}'s prologue differs");
+        let before = &routine[..routine.find(start).unwrap()];
+        assert!(
+            !before.contains(":="),
+            "{name} has a DECLARE initialiser, run before the search_path is pinned"
         );
     }
 }

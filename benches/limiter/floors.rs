@@ -124,9 +124,15 @@ impl FloorStatement {
                  runs the procedure's statement alone (benches/limiter/floors.rs)"
             )
         };
-        let head = format!("CREATE OR REPLACE PROCEDURE platformkit.{procedure}(");
-        let Some(at) = schema.find(&head) else {
-            fail("no such procedure".to_owned())
+        let heads = [
+            format!("CREATE OR REPLACE PROCEDURE platformkit.{procedure}("),
+            format!("CREATE OR REPLACE FUNCTION platformkit.{procedure}("),
+        ];
+        let Some((at, head)) = heads
+            .iter()
+            .find_map(|head| schema.find(head.as_str()).map(|at| (at, head)))
+        else {
+            fail("no such procedure or function".to_owned())
         };
         let text = &schema[at + head.len()..];
         let Some(body_end) = text.find("\nEND\n$$;") else {
@@ -145,6 +151,7 @@ impl FloorStatement {
                 let p = p.trim();
                 let p = p.split(" DEFAULT ").next().unwrap_or(p);
                 let p = p.strip_prefix("INOUT ").unwrap_or(p);
+                let p = p.strip_prefix("OUT ").unwrap_or(p);
                 let (name, ty) = p.split_once(' ').unwrap_or((p, ""));
                 (name.to_owned(), ty.to_owned())
             })

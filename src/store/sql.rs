@@ -3,9 +3,10 @@
 //! `schema.sql` at the crate root is the one source of truth for the schema
 //! and the limiter's procedures; it is exported as [`SCHEMA`](crate::SCHEMA).
 //!
-//! Each operation is one `CALL` of a procedure, sent in autocommit with the
-//! key as a bind parameter and every argument named (`p_key => $1`): one
-//! message, one network round trip. Why, and the prologue every procedure
+//! Each operation is one statement, sent in autocommit with the key as a
+//! bind parameter and every argument named (`p_key => $1`): one message, one
+//! network round trip. A write is a `CALL` of a procedure; a read is a
+//! `SELECT` of a function, which needs no transaction of its own. Why, and the prologue every procedure
 //! begins with, are in the guide
 //! ([one call's path](crate::guide#one-calls-path),
 //! [the procedures' prologue](crate::guide#the-procedures-prologue)).
@@ -31,12 +32,12 @@ pub(crate) const ADD_MANY: &str = "CALL platformkit.platformkit_limit_add_many(\
     p_relaxed => $6, p_previous => $7, p_maxes => $8, p_lockout_secs => $9)";
 
 /// Reads the count of each (key, window) pair; writes nothing.
-pub(crate) const READ_MANY: &str = "CALL platformkit.platformkit_limit_read_many(\
+pub(crate) const READ_MANY: &str = "SELECT * FROM platformkit.platformkit_limit_read_many(\
     p_keys => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_maxes => $6, p_lockout_secs => $7)";
 
 /// Reads the key's count in the current window; writes nothing.
-pub(crate) const READ: &str = "CALL platformkit.platformkit_limit_read(\
+pub(crate) const READ: &str = "SELECT * FROM platformkit.platformkit_limit_read(\
     p_key => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_max => $6, p_lockout_secs => $7)";
 
