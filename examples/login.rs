@@ -70,7 +70,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // a configuration error, not an unreachable server.
     let mut config = tokio_postgres::Config::new();
     config.host("127.0.0.1").port(nowhere).user("limit_owner");
-    let cut_off = Limiter::new(Postgres::new(config)).with_budget(Duration::from_millis(500))?;
+    let cut_off = Limiter::builder(Postgres::new(config))
+        .budget(Duration::from_millis(500))
+        .build()?;
     let verdict = cut_off.check(&login, &alice).await?;
     println!("\nreplica C, database unreachable: {}", show(&verdict));
     assert!(verdict.is_allowed() && verdict.is_unreachable());

@@ -7,7 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::key::{MAX_KEY_BYTES, decode, normalize_identity};
+use crate::key::{decode, normalize_identity};
 use crate::{Key, Limit, Limiter, ManualClock, Memory};
 
 /// Splits fuzz input into key parts: parts are separated by the byte `0xFF`
@@ -57,8 +57,9 @@ pub fn key_encoding(data: &[u8]) {
 fn assert_safe(key: &Key) {
     let s = key.as_str();
     assert!(
-        s.len() <= MAX_KEY_BYTES,
-        "key longer than {MAX_KEY_BYTES} bytes"
+        s.len() <= Key::MAX_BYTES,
+        "key longer than {} bytes",
+        Key::MAX_BYTES
     );
     assert!(!s.contains('\0'), "key with NUL");
     assert!(

@@ -46,7 +46,7 @@ pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
     };
     // A lockout: an earlier window that reached max (the store says), or
     // the current one before this call's own ask.
-    let locked_until = match limit.lockout_period() {
+    let locked_until = match limit.lockout() {
         Some(lockout) if cur - own / w >= max => {
             Some(counted.window_end + lockout).max(counted.locked_until)
         }

@@ -37,7 +37,7 @@
 //!    round trip ([below](#the-refusal-cache)).
 //! 3. **The budget.** From here on everything, getting a connection
 //!    included, ends within the limiter's budget (2 seconds unless set with
-//!    [`Limiter::with_budget`]).
+//!    [`LimiterBuilder::budget`]).
 //! 4. **Merging.** If a statement for this key is already in flight from
 //!    this process, the call joins the next one instead of sending its own
 //!    ([below](#merging)).
@@ -149,7 +149,7 @@
 //!    - `plan_cache_mode` to `force_generic_plan`, so that the procedure's
 //!      statements are planned once per connection rather than on every
 //!      call.
-//! 5. **Check the budget** (1 to 60,000 ms, [`MAX_BUDGET`]; SQLSTATE 22023
+//! 5. **Check the budget** (1 to 60,000 ms, [`Limiter::MAX_BUDGET`]; SQLSTATE 22023
 //!    otherwise) and refuse (SQLSTATE PK001, [`ErrorKind::Misconfigured`])
 //!    when the session's `statement_timeout` or `transaction_timeout` is no
 //!    longer than the budget: the server would cancel the call before the
@@ -235,15 +235,15 @@
 //! asks the store about the key again at most once per TTL.
 //!
 //! - **Only for flooded keys.** It engages for a key once the store has
-//!   refused it [`FLOOD_REFUSALS`] (3) times within [`FLOOD_SPAN`] (1
+//!   refused it [`Limiter::FLOOD_REFUSALS`] (3) times within [`Limiter::FLOOD_SPAN`] (1
 //!   second) through this limiter, and stays engaged while refusals of the
 //!   key (the store's or its own) keep coming that fast. A single refusal is
 //!   never cached: a user refused once or twice has every call asked of the
 //!   store.
 //! - **Stale for at most a TTL.** An answer from the cache is a refusal the
 //!   store gave to a call that asked at most the TTL earlier
-//!   ([`DEFAULT_REFUSAL_TTL`], 1 second; set with
-//!   [`Limiter::with_refusal_ttl`]), or, while one call is refreshing it, at
+//!   ([`Limiter::DEFAULT_REFUSAL_TTL`], 1 second; set with
+//!   [`LimiterBuilder::refusal_ttl`]), or, while one call is refreshing it, at
 //!   most the TTL and that call's round trip earlier; and never past the
 //!   moment the store said the key reopens. So a `reset` made through
 //!   another replica (support unlocking a user) is seen here by the next
@@ -266,9 +266,9 @@
 //! - **Not counted.** Refused attempts answered here are not counted in the
 //!   database. With a fixed window that changes no verdict; with a sliding
 //!   window or a lockout it would only have prolonged the refusal.
-//! - **Bounded.** At most [`DEFAULT_REFUSAL_CACHE_KEYS`] keys by default
-//!   ([`Limiter::with_refusal_cache`] sets another bound,
-//!   [`Limiter::without_refusal_cache`] turns it off), evicted by
+//! - **Bounded.** At most [`Limiter::DEFAULT_REFUSAL_CACHE_KEYS`] keys by default
+//!   ([`LimiterBuilder::refusal_cache`] sets another bound,
+//!   [`LimiterBuilder::no_refusal_cache`] turns it off), evicted by
 //!   [quick_cache](https://docs.rs/quick_cache)'s S3-FIFO policy.
 //! - `check`, `failed`, `hit` and `reserve` read and fill it; the
 //!   several-limits calls neither read nor fill it.
@@ -294,13 +294,13 @@
 //!
 //! Under a hot key (credential stuffing at one account) this turns a row
 //! lock held through each commit, one caller at a time, into one lock and
-//! one commit per batch. On by default; [`Limiter::without_merging`] turns
+//! one commit per batch. On by default; [`LimiterBuilder::no_merging`] turns
 //! it off, and every call then sends its own statement.
 //!
 //! # Windows
 //!
 //! Each limit counts in fixed windows (the default) or with a sliding
-//! estimate ([`Limit::sliding`]). Windows start at whole multiples of the
+//! estimate ([`Strategy::Sliding`]). Windows start at whole multiples of the
 //! window's length since the Unix epoch, on the database's clock, so every
 //! replica agrees on when a window opens and closes. Both strategies keep one
 //! row per key per window and send one statement per call.
@@ -322,7 +322,7 @@
 //! The same edge, with `max` 3:
 //!
 //! ```
-//! use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
+//! use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory, Strategy};
 //! use std::time::{Duration, UNIX_EPOCH};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
@@ -331,7 +331,9 @@
 //! let clock = ManualClock::new(UNIX_EPOCH + window * 30_000_000 - Duration::from_secs(1));
 //! let limiter = Limiter::new(Memory::new().with_clock(clock.clone()));
 //! let fixed = Limit::new("fixed", 3, window)?;
-//! let sliding = Limit::new("sliding", 3, window)?.sliding();
+//! let sliding = Limit::builder("sliding", 3, window)
+//!     .strategy(Strategy::Sliding)
+//!     .build()?;
 //! let key = Key::opaque("victim");
 //! for limit in [&fixed, &sliding] {
 //!     for _ in 0..3 {
@@ -449,27 +451,27 @@
 //! doing all of this: `cargo run --example axum_login --features deadpool`.
 //!
 //! [fail-open]: #fail-open
-//! [`DEFAULT_REFUSAL_CACHE_KEYS`]: crate::DEFAULT_REFUSAL_CACHE_KEYS
-//! [`DEFAULT_REFUSAL_TTL`]: crate::DEFAULT_REFUSAL_TTL
-//! [`FLOOD_REFUSALS`]: crate::FLOOD_REFUSALS
-//! [`FLOOD_SPAN`]: crate::FLOOD_SPAN
-//! [`Limiter::with_refusal_ttl`]: crate::Limiter::with_refusal_ttl
+//! [`Limiter::DEFAULT_REFUSAL_CACHE_KEYS`]: crate::Limiter::DEFAULT_REFUSAL_CACHE_KEYS
+//! [`Limiter::DEFAULT_REFUSAL_TTL`]: crate::Limiter::DEFAULT_REFUSAL_TTL
+//! [`Limiter::FLOOD_REFUSALS`]: crate::Limiter::FLOOD_REFUSALS
+//! [`Limiter::FLOOD_SPAN`]: crate::Limiter::FLOOD_SPAN
+//! [`LimiterBuilder::refusal_ttl`]: crate::LimiterBuilder::refusal_ttl
 //! [`Error`]: crate::Error
 //! [`ErrorKind::InTransaction`]: crate::ErrorKind::InTransaction
 //! [`ErrorKind::Misconfigured`]: crate::ErrorKind::Misconfigured
 //! [`Key`]: crate::Key
 //! [`Limit`]: crate::Limit
 //! [`Limit::lockout`]: crate::Limit::lockout
-//! [`Limit::sliding`]: crate::Limit::sliding
+//! [`Strategy::Sliding`]: crate::Strategy::Sliding
 //! [`LimitConn`]: crate::LimitConn
 //! [`Limiter::check_all`]: crate::Limiter::check_all
 //! [`Limiter::hit_all`]: crate::Limiter::hit_all
 //! [`Limiter::reserve_all`]: crate::Limiter::reserve_all
 //! [`Limiter::reserve`]: crate::Limiter::reserve
-//! [`Limiter::with_budget`]: crate::Limiter::with_budget
-//! [`Limiter::with_refusal_cache`]: crate::Limiter::with_refusal_cache
-//! [`Limiter::without_merging`]: crate::Limiter::without_merging
-//! [`Limiter::without_refusal_cache`]: crate::Limiter::without_refusal_cache
+//! [`LimiterBuilder::budget`]: crate::LimiterBuilder::budget
+//! [`LimiterBuilder::refusal_cache`]: crate::LimiterBuilder::refusal_cache
+//! [`LimiterBuilder::no_merging`]: crate::LimiterBuilder::no_merging
+//! [`LimiterBuilder::no_refusal_cache`]: crate::LimiterBuilder::no_refusal_cache
 //! [`Memory`]: crate::Memory
 //! [`Permit`]: crate::Permit
 //! [`PurgeTask`]: crate::PurgeTask
@@ -486,6 +488,6 @@
 //! [`ErrorKind::Timeout`]: crate::ErrorKind::Timeout
 //! [`ErrorKind::LockTimeout`]: crate::ErrorKind::LockTimeout
 //! [`ErrorKind::Cancelled`]: crate::ErrorKind::Cancelled
-//! [`MAX_BUDGET`]: crate::MAX_BUDGET
+//! [`Limiter::MAX_BUDGET`]: crate::Limiter::MAX_BUDGET
 //! [`grants`]: crate::grants
-//! [`purge`]: fn@crate::purge
+//! [`purge`]: crate::purge

@@ -113,7 +113,7 @@ mod tests {
     use super::sf_string;
     use crate::decide::decide;
     use crate::store::{Counted, Op};
-    use crate::{Error, Limit, Verdict};
+    use crate::{Error, Limit, Strategy, Verdict};
 
     /// A window start: a multiple of 900 and of 60 seconds.
     const START: u64 = 1_800_000_000;
@@ -169,9 +169,10 @@ mod tests {
 
     #[test]
     fn a_sliding_refusal_renders_its_own_reopening_not_the_window_end() {
-        let api = Limit::new("api", 10, Duration::from_secs(60))
-            .expect("a limit")
-            .sliding();
+        let api = Limit::builder("api", 10, Duration::from_secs(60))
+            .strategy(Strategy::Sliding)
+            .build()
+            .expect("a limit");
         // Half-way through the window, 10 in the previous window and 8 in
         // this one: the estimate 10 × 30/60 + 8 = 13 falls below 10 just
         // after 48 s, 18 s (and a microsecond) from now, where the window
@@ -187,8 +188,9 @@ mod tests {
 
     #[test]
     fn a_lockout_refusal_renders_nothing_left_whatever_the_count() {
-        let login = login()
+        let login = Limit::builder("login", 10, Duration::from_secs(900))
             .lockout(Duration::from_secs(3600))
+            .build()
             .expect("a lockout");
         let now = at(100, 0);
         let counted = Counted {

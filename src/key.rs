@@ -12,9 +12,6 @@ use snafu::ensure;
 use crate::Error;
 use crate::error::InvalidKeySnafu;
 
-/// The longest encoded key, in bytes (without the limit's name).
-pub const MAX_KEY_BYTES: usize = 200;
-
 /// Length of the digest suffix: `~` and 64 hex digits.
 const DIGEST_SUFFIX_BYTES: usize = 1 + 64;
 
@@ -57,12 +54,12 @@ const DIGEST_SUFFIX_BYTES: usize = 1 + 64;
 /// | a control character (U+0000–U+001F, U+007F–U+009F) | `\xHH`   |
 /// | anything else                               | itself          |
 ///
-/// When the result is longer than [`MAX_KEY_BYTES`], it is cut to a readable
+/// When the result is longer than [`Key::MAX_BYTES`], it is cut to a readable
 /// prefix (never inside an escape) followed by `~` and the SHA-256 of the
 /// whole encoding in hex.
 ///
 /// The result is valid UTF-8 with no NUL and no control character, and at
-/// most [`MAX_KEY_BYTES`] long, so it is always a valid `text` value and a
+/// most [`Key::MAX_BYTES`] long, so it is always a valid `text` value and a
 /// valid btree index entry. The encoding is injective: two different part
 /// lists never give the same key (short of a SHA-256 collision), because
 /// escaping is reversible, an unescaped `|` only ever separates parts, and an
@@ -80,6 +77,9 @@ pub struct Key {
 }
 
 impl Key {
+    /// The longest encoded key, in bytes (without the limit's name).
+    pub const MAX_BYTES: usize = 200;
+
     /// A key made of `parts`, in order.
     ///
     /// Any string is accepted as a part, including empty ones and ones with
@@ -280,14 +280,14 @@ fn escape_into(part: &str, out: &mut String) {
     }
 }
 
-/// Cuts an encoding longer than [`MAX_KEY_BYTES`] to a prefix and a digest.
+/// Cuts an encoding longer than [`Key::MAX_BYTES`] to a prefix and a digest.
 fn bound(encoded: String) -> String {
-    if encoded.len() <= MAX_KEY_BYTES {
+    if encoded.len() <= Key::MAX_BYTES {
         return encoded;
     }
     let digest = Sha256::digest(encoded.as_bytes());
-    let cut = prefix_end(&encoded, MAX_KEY_BYTES - DIGEST_SUFFIX_BYTES);
-    let mut out = String::with_capacity(MAX_KEY_BYTES);
+    let cut = prefix_end(&encoded, Key::MAX_BYTES - DIGEST_SUFFIX_BYTES);
+    let mut out = String::with_capacity(Key::MAX_BYTES);
     out.push_str(&encoded[..cut]);
     out.push('~');
     for byte in digest {

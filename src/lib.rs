@@ -79,32 +79,24 @@ mod store;
 mod trace;
 mod verdict;
 
-pub use crate::cache::{DEFAULT_REFUSAL_TTL, FLOOD_REFUSALS, FLOOD_SPAN, MAX_REFUSAL_TTL};
 pub use crate::clock::ManualClock;
 pub use crate::conn::{Connect, Connected, LimitConn};
 pub use crate::error::{BoxError, Error, ErrorKind};
-pub use crate::key::{Key, MAX_KEY_BYTES};
+pub use crate::key::Key;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use crate::layer::{
     ClientIp, DefaultOnRejection, LimitLayer, LimitService, OnRejection, Rejection, client_ip,
 };
-pub use crate::limit::{
-    Limit, MAX_ATTEMPTS, MAX_LOCKOUT, MAX_NAME_BYTES, MAX_WINDOW, MIN_WINDOW, OnSuccess, Strategy,
-    WhenUnreachable,
-};
-pub use crate::limiter::{
-    DEFAULT_BUDGET, DEFAULT_REFUSAL_CACHE_KEYS, Limiter, MAX_BUDGET, MAX_PAIRS,
-};
+pub use crate::limit::{Limit, LimitBuilder, OnSuccess, Strategy, WhenUnreachable};
+pub use crate::limiter::{Limiter, LimiterBuilder};
 pub use crate::permit::{Permit, Permits, Reservation, Reservations};
 #[cfg(feature = "deadpool")]
 pub use crate::pool::DeadpoolConn;
 pub use crate::store::Store;
 pub use crate::store::memory::Memory;
 pub use crate::store::postgres::Postgres;
-pub use crate::store::purge::{
-    MIN_PURGE_INTERVAL, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, PurgeTask, purge,
-};
+pub use crate::store::purge::{PurgeTask, purge};
 pub use crate::store::sql::grants;
 pub use crate::verdict::{Verdict, Verdicts};
 

@@ -8,24 +8,12 @@ use snafu::ensure;
 use crate::Error;
 use crate::error::InvalidLimitSnafu;
 
-/// The longest a limit's name may be, in bytes.
-pub const MAX_NAME_BYTES: usize = 48;
-
-/// The shortest window a limit may have.
-pub const MIN_WINDOW: Duration = Duration::from_secs(1);
-
-/// The longest window a limit may have: 366 days.
-pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 60 * 60);
-
-/// The most attempts a limit may allow in one window.
-pub const MAX_ATTEMPTS: u32 = 1_000_000_000;
-
 /// A named policy: at most `max` attempts per key in each window of `window`.
 ///
 /// Windows start at whole multiples of the window length since the Unix
 /// epoch, on the database's clock, so every replica agrees on when a window
 /// opens and closes. A limit counts in fixed windows by default, or with a
-/// sliding estimate over two of them ([`Limit::sliding`]); the
+/// sliding estimate over two of them ([`Strategy::Sliding`]); the
 /// [guide](crate::guide#windows) compares the two.
 ///
 /// The name namespaces keys (the same [`Key`](crate::Key) under two limits is
@@ -60,10 +48,6 @@ pub struct Limit {
     strategy: Strategy,
     lockout_secs: u64,
 }
-
-/// The longest lockout a limit may have: a day. `purge` keeps a window's row
-/// for a day after it closes, and the lockout is read from that row.
-pub const MAX_LOCKOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How a limit counts over time: what each lets through around a window's
 /// edge is in the [guide](crate::guide#windows).
@@ -119,101 +103,66 @@ pub enum OnSuccess {
 }
 
 impl Limit {
+    /// The longest a limit's name may be, in bytes.
+    pub const MAX_NAME_BYTES: usize = 48;
+
+    /// The shortest window a limit may have.
+    pub const MIN_WINDOW: Duration = Duration::from_secs(1);
+
+    /// The longest window a limit may have: 366 days.
+    pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 60 * 60);
+
+    /// The most attempts a limit may allow in one window.
+    pub const MAX_ATTEMPTS: u32 = 1_000_000_000;
+
+    /// The longest lockout a limit may have: a day. `purge` keeps a window's
+    /// row for a day after it closes, and the lockout is read from that row.
+    pub const MAX_LOCKOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
     /// A limit named `name` that allows `max` attempts per key in each
-    /// `window`.
+    /// `window`, with the default settings: fixed windows, no lockout,
+    /// [`WhenUnreachable::Allow`], [`OnSuccess::TakeBack`]. The same as
+    /// `Limit::builder(name, max, window).build()`.
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when the
-    /// name is empty, longer than [`MAX_NAME_BYTES`] or has a character other
-    /// than ASCII letters, digits, `_`, `-` and `.`; when `max` is 0 or above
-    /// [`MAX_ATTEMPTS`]; when the window is shorter than [`MIN_WINDOW`],
-    /// longer than [`MAX_WINDOW`], or not a whole number of seconds.
+    /// As [`LimitBuilder::build`].
     pub fn new(name: &str, max: u32, window: Duration) -> Result<Self, Error> {
-        let invalid = |reason: String| InvalidLimitSnafu { name, reason };
-        ensure!(!name.is_empty(), invalid("the name is empty".into()));
-        ensure!(
-            name.len() <= MAX_NAME_BYTES,
-            invalid(format!("the name is longer than {MAX_NAME_BYTES} bytes"))
-        );
-        ensure!(
-            name.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')),
-            invalid("the name may hold only ASCII letters, digits, '_', '-' and '.'".into())
-        );
-        ensure!(max >= 1, invalid("max must be at least 1".into()));
-        ensure!(
-            max <= MAX_ATTEMPTS,
-            invalid(format!("max must be at most {MAX_ATTEMPTS}"))
-        );
-        ensure!(
-            window >= MIN_WINDOW,
-            invalid("the window must be at least one second".into())
-        );
-        ensure!(
-            window <= MAX_WINDOW,
-            invalid("the window must be at most 366 days".into())
-        );
-        ensure!(
-            window.subsec_nanos() == 0,
-            invalid("the window must be a whole number of seconds".into())
-        );
-        Ok(Limit {
-            name: Arc::from(name),
-            max,
-            window_secs: window.as_secs(),
-            when_unreachable: WhenUnreachable::default(),
-            on_success: OnSuccess::default(),
-            strategy: Strategy::default(),
-            lockout_secs: 0,
-        })
+        Limit::builder(name, max, window).build()
     }
 
-    /// Keeps a key refused for `lockout` after the end of a window in which
-    /// its count reached `max`, even though a new window has begun: the
-    /// lockout people expect from a login. Stored in nothing but the window's
-    /// own row, so one row per key per window and `purge` still hold.
+    /// A builder for a limit named `name` that allows `max` attempts per key
+    /// in each `window`, with settings of your own; every setting is checked
+    /// once, by [`LimitBuilder::build`].
     ///
     /// ```
-    /// use platformkit_limit::Limit;
+    /// use platformkit_limit::{Limit, Strategy, WhenUnreachable};
     /// use std::time::Duration;
     ///
-    /// let login = Limit::new("login", 5, Duration::from_secs(15 * 60))?
-    ///     .lockout(Duration::from_secs(60 * 60))?;
-    /// assert_eq!(login.lockout_period(), Some(Duration::from_secs(3600)));
+    /// let login = Limit::builder("login", 5, Duration::from_secs(15 * 60))
+    ///     .strategy(Strategy::Sliding)
+    ///     .lockout(Duration::from_secs(60 * 60))
+    ///     .when_unreachable(WhenUnreachable::Refuse)
+    ///     .build()?;
+    /// assert_eq!(login.lockout(), Some(Duration::from_secs(3600)));
+    /// assert_eq!(login.strategy(), Strategy::Sliding);
+    /// assert_eq!(login.when_unreachable(), WhenUnreachable::Refuse);
     /// # Ok::<(), platformkit_limit::Error>(())
     /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when the
-    /// lockout is shorter than a second, longer than [`MAX_LOCKOUT`], or not
-    /// a whole number of seconds.
-    pub fn lockout(mut self, lockout: Duration) -> Result<Self, Error> {
-        let invalid = |reason: &'static str| InvalidLimitSnafu {
-            name: &*self.name,
-            reason,
-        };
-        ensure!(
-            lockout >= Duration::from_secs(1),
-            invalid("the lockout must be at least one second")
-        );
-        ensure!(
-            lockout <= MAX_LOCKOUT,
-            invalid(
-                "the lockout must be at most a day: purge keeps a closed window's row for a day"
-            )
-        );
-        ensure!(
-            lockout.subsec_nanos() == 0,
-            invalid("the lockout must be a whole number of seconds")
-        );
-        self.lockout_secs = lockout.as_secs();
-        Ok(self)
+    pub fn builder(name: &str, max: u32, window: Duration) -> LimitBuilder {
+        LimitBuilder {
+            name: name.to_owned(),
+            max,
+            window,
+            lockout: None,
+            strategy: Strategy::default(),
+            when_unreachable: WhenUnreachable::default(),
+            on_success: OnSuccess::default(),
+        }
     }
 
-    /// The lockout, if the limit has one.
-    pub fn lockout_period(&self) -> Option<Duration> {
+    /// The lockout, if the limit has one ([`LimitBuilder::lockout`]).
+    pub fn lockout(&self) -> Option<Duration> {
         (self.lockout_secs > 0).then(|| Duration::from_secs(self.lockout_secs))
     }
 
@@ -221,58 +170,20 @@ impl Limit {
         self.lockout_secs
     }
 
-    /// Counts with a sliding-window estimate instead of fixed windows (see
-    /// [`Strategy`]).
-    ///
-    /// ```
-    /// use platformkit_limit::{Limit, Strategy};
-    /// use std::time::Duration;
-    ///
-    /// let login = Limit::new("login", 10, Duration::from_secs(900))?.sliding();
-    /// assert_eq!(login.strategy(), Strategy::Sliding);
-    /// # Ok::<(), platformkit_limit::Error>(())
-    /// ```
-    pub fn sliding(mut self) -> Self {
-        self.strategy = Strategy::Sliding;
-        self
-    }
-
-    /// How the limit counts over time.
+    /// How the limit counts over time ([`LimitBuilder::strategy`]).
     pub fn strategy(&self) -> Strategy {
         self.strategy
     }
 
-    /// Sets what the limit does when the store cannot be reached (by default,
-    /// [`WhenUnreachable::Allow`]).
-    ///
-    /// ```
-    /// use platformkit_limit::{Limit, WhenUnreachable};
-    /// use std::time::Duration;
-    ///
-    /// let redeem = Limit::new("redeem", 5, Duration::from_secs(60))?
-    ///     .when_unreachable(WhenUnreachable::Refuse);
-    /// assert_eq!(redeem.unreachable_policy(), WhenUnreachable::Refuse);
-    /// # Ok::<(), platformkit_limit::Error>(())
-    /// ```
-    pub fn when_unreachable(mut self, choice: WhenUnreachable) -> Self {
-        self.when_unreachable = choice;
-        self
-    }
-
-    /// What the limit does when the store cannot be reached.
-    pub fn unreachable_policy(&self) -> WhenUnreachable {
+    /// What the limit does when the store cannot be reached
+    /// ([`LimitBuilder::when_unreachable`]).
+    pub fn when_unreachable(&self) -> WhenUnreachable {
         self.when_unreachable
     }
 
-    /// Sets what reporting success on a [`Permit`](crate::Permit) does (by
-    /// default, [`OnSuccess::TakeBack`]).
-    pub fn on_success(mut self, choice: OnSuccess) -> Self {
-        self.on_success = choice;
-        self
-    }
-
-    /// What reporting success on a permit does.
-    pub fn success_policy(&self) -> OnSuccess {
+    /// What reporting success on a permit does
+    /// ([`LimitBuilder::on_success`]).
+    pub fn on_success(&self) -> OnSuccess {
         self.on_success
     }
 
@@ -297,5 +208,134 @@ impl Limit {
 
     pub(crate) fn name_arc(&self) -> &Arc<str> {
         &self.name
+    }
+}
+
+/// A [`Limit`]'s settings; [`build`](LimitBuilder::build) checks them and
+/// makes the limit. From [`Limit::builder`].
+#[derive(Clone, Debug)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct LimitBuilder {
+    name: String,
+    max: u32,
+    window: Duration,
+    lockout: Option<Duration>,
+    strategy: Strategy,
+    when_unreachable: WhenUnreachable,
+    on_success: OnSuccess,
+}
+
+impl LimitBuilder {
+    /// Keeps a key refused for `lockout` after the end of a window in which
+    /// its count reached `max`, even though a new window has begun: the
+    /// lockout people expect from a login. Stored in nothing but the window's
+    /// own row, so one row per key per window and `purge` still hold.
+    pub fn lockout(mut self, lockout: Duration) -> Self {
+        self.lockout = Some(lockout);
+        self
+    }
+
+    /// How the limit counts over time (by default, [`Strategy::Fixed`]).
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// What the limit does when the store cannot be reached (by default,
+    /// [`WhenUnreachable::Allow`]).
+    pub fn when_unreachable(mut self, choice: WhenUnreachable) -> Self {
+        self.when_unreachable = choice;
+        self
+    }
+
+    /// What reporting success on a [`Permit`](crate::Permit) does (by
+    /// default, [`OnSuccess::TakeBack`]).
+    pub fn on_success(mut self, choice: OnSuccess) -> Self {
+        self.on_success = choice;
+        self
+    }
+
+    /// Checks every setting and makes the limit.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when the
+    /// name is empty, longer than [`Limit::MAX_NAME_BYTES`] or has a
+    /// character other than ASCII letters, digits, `_`, `-` and `.`; when
+    /// `max` is 0 or above [`Limit::MAX_ATTEMPTS`]; when the window is
+    /// shorter than [`Limit::MIN_WINDOW`], longer than [`Limit::MAX_WINDOW`],
+    /// or not a whole number of seconds; when a lockout is shorter than a
+    /// second, longer than [`Limit::MAX_LOCKOUT`], or not a whole number of
+    /// seconds.
+    pub fn build(self) -> Result<Limit, Error> {
+        let LimitBuilder {
+            name,
+            max,
+            window,
+            lockout,
+            strategy,
+            when_unreachable,
+            on_success,
+        } = self;
+        let invalid = |reason: String| InvalidLimitSnafu {
+            name: name.as_str(),
+            reason,
+        };
+        ensure!(!name.is_empty(), invalid("the name is empty".into()));
+        ensure!(
+            name.len() <= Limit::MAX_NAME_BYTES,
+            invalid(format!(
+                "the name is longer than {} bytes",
+                Limit::MAX_NAME_BYTES
+            ))
+        );
+        ensure!(
+            name.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')),
+            invalid("the name may hold only ASCII letters, digits, '_', '-' and '.'".into())
+        );
+        ensure!(max >= 1, invalid("max must be at least 1".into()));
+        ensure!(
+            max <= Limit::MAX_ATTEMPTS,
+            invalid(format!("max must be at most {}", Limit::MAX_ATTEMPTS))
+        );
+        ensure!(
+            window >= Limit::MIN_WINDOW,
+            invalid("the window must be at least one second".into())
+        );
+        ensure!(
+            window <= Limit::MAX_WINDOW,
+            invalid("the window must be at most 366 days".into())
+        );
+        ensure!(
+            window.subsec_nanos() == 0,
+            invalid("the window must be a whole number of seconds".into())
+        );
+        if let Some(lockout) = lockout {
+            ensure!(
+                lockout >= Duration::from_secs(1),
+                invalid("the lockout must be at least one second".into())
+            );
+            ensure!(
+                lockout <= Limit::MAX_LOCKOUT,
+                invalid(
+                    "the lockout must be at most a day: purge keeps a closed window's row for a day"
+                        .into()
+                )
+            );
+            ensure!(
+                lockout.subsec_nanos() == 0,
+                invalid("the lockout must be a whole number of seconds".into())
+            );
+        }
+        Ok(Limit {
+            name: Arc::from(name.as_str()),
+            max,
+            window_secs: window.as_secs(),
+            when_unreachable,
+            on_success,
+            strategy,
+            lockout_secs: lockout.map_or(0, |l| l.as_secs()),
+        })
     }
 }

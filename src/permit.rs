@@ -87,7 +87,7 @@ impl<'a, S: Store> Permit<'a, S> {
     /// Any failure, unreachable included: the attempt then stays counted,
     /// which errs on the safe side.
     pub async fn succeeded(self) -> Result<(), Error> {
-        match self.limit.success_policy() {
+        match self.limit.on_success() {
             OnSuccess::Reset => self.limiter.reset_stored(&self.limit, &self.key).await,
             OnSuccess::TakeBack => {
                 self.limiter

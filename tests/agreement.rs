@@ -19,8 +19,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use model::{Call, Case, Model, Seen, case, micros};
 use platformkit_limit::{
-    Key, Limit, LimitConn, Limiter, MAX_BUDGET, ManualClock, Memory, Postgres, Reservation, SCHEMA,
-    Store, Verdict, WhenUnreachable,
+    Key, Limit, LimitConn, Limiter, ManualClock, Memory, Postgres, Reservation, SCHEMA, Store,
+    Verdict, WhenUnreachable,
 };
 use platformkit_limit_testdb::{Server, TestDb};
 use proptest::prelude::*;
@@ -83,11 +83,13 @@ impl Fixture {
         &self,
         clock: &ManualClock,
     ) -> (Limiter<Postgres<impl LimitConn + use<>>>, Limiter<Memory>) {
-        let pg = Limiter::new(Postgres::new(self.held()).with_clock(clock.clone()))
-            .with_budget(MAX_BUDGET)
+        let pg = Limiter::builder(Postgres::new(self.held()).with_clock(clock.clone()))
+            .budget(Limiter::MAX_BUDGET)
+            .build()
             .unwrap();
-        let mem = Limiter::new(Memory::new().with_clock(clock.clone()))
-            .with_budget(MAX_BUDGET)
+        let mem = Limiter::builder(Memory::new().with_clock(clock.clone()))
+            .budget(Limiter::MAX_BUDGET)
+            .build()
             .unwrap();
         (pg, mem)
     }
@@ -277,8 +279,14 @@ fn play_local(case: &Case) -> Result<(), TestCaseError> {
     let keys = case.keys();
     let clock = case.clock();
     let gone = || async { Err::<Box<Client>, _>(std::io::Error::other("the database is gone")) };
-    let down = Limiter::new(Postgres::new(gone).with_clock(clock.clone())).without_refusal_cache();
-    let mem = Limiter::new(Memory::new().with_clock(clock.clone())).without_refusal_cache();
+    let down = Limiter::builder(Postgres::new(gone).with_clock(clock.clone()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
+    let mem = Limiter::builder(Memory::new().with_clock(clock.clone()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
     fx.runtime.block_on(async {
         for (i, op) in case.ops.iter().enumerate() {
             case.advance(&clock, op);

@@ -38,8 +38,9 @@ const MAX: u32 = 3;
 async fn reserving_lets_at_most_max_of_200_concurrent_attempts_reach_the_work() {
     let db = Server::shared().database(SCHEMA).await;
     let limiter = Arc::new(
-        Limiter::new(Postgres::new(held_connections(&db, 16).await))
-            .with_budget(Duration::from_secs(30))
+        Limiter::builder(Postgres::new(held_connections(&db, 16).await))
+            .budget(Duration::from_secs(30))
+            .build()
             .expect("a budget"),
     );
     let limit = Limit::new("redeem", MAX, Duration::from_secs(3600)).expect("a limit");
@@ -133,9 +134,10 @@ async fn a_successful_permit_takes_its_attempt_back_and_a_dropped_one_stays_coun
 async fn a_limit_that_resets_on_success_clears_the_key() {
     let db = Server::shared().database(SCHEMA).await;
     let limiter = Limiter::new(Postgres::new(db.config()));
-    let limit = Limit::new("login", 5, Duration::from_secs(3600))
-        .expect("a limit")
-        .on_success(OnSuccess::Reset);
+    let limit = Limit::builder("login", 5, Duration::from_secs(3600))
+        .on_success(OnSuccess::Reset)
+        .build()
+        .expect("a limit");
     let key = Key::opaque("account");
     for _ in 0..3 {
         limiter.failed(&limit, &key).await.expect("a verdict");
@@ -202,12 +204,14 @@ async fn each_choice_for_an_unreachable_database_is_kept_and_said() {
     let limiter = Limiter::new(Postgres::new(conns));
     let key = Key::opaque("account");
     let allow = Limit::new("allow", 2, Duration::from_secs(3600)).expect("a limit");
-    let refuse = Limit::new("refuse", 2, Duration::from_secs(3600))
-        .expect("a limit")
-        .when_unreachable(WhenUnreachable::Refuse);
-    let local = Limit::new("local", 2, Duration::from_secs(3600))
-        .expect("a limit")
-        .when_unreachable(WhenUnreachable::CountLocally);
+    let refuse = Limit::builder("refuse", 2, Duration::from_secs(3600))
+        .when_unreachable(WhenUnreachable::Refuse)
+        .build()
+        .expect("a limit");
+    let local = Limit::builder("local", 2, Duration::from_secs(3600))
+        .when_unreachable(WhenUnreachable::CountLocally)
+        .build()
+        .expect("a limit");
 
     limiter
         .failed(&local, &key)
@@ -255,12 +259,14 @@ async fn a_lockout_outlasts_the_window_that_reached_max() {
     let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 60 * 60));
     // The refusal cache is off, so every check below reads the lockout from
     // the database.
-    let limiter =
-        Limiter::new(Postgres::new(db.config()).with_clock(clock.clone())).without_refusal_cache();
-    let limit = Limit::new("login", 3, Duration::from_secs(60))
-        .expect("a limit")
+    let limiter = Limiter::builder(Postgres::new(db.config()).with_clock(clock.clone()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
+    let limit = Limit::builder("login", 3, Duration::from_secs(60))
         .lockout(Duration::from_secs(600))
-        .expect("a lockout");
+        .build()
+        .expect("a limit");
     let key = Key::opaque("account");
     clock.advance(Duration::from_secs(10));
     for _ in 0..3 {
@@ -319,9 +325,10 @@ async fn reserve_all_takes_back_where_each_pair_was_counted() {
     let limiter = Limiter::new(Postgres::new(conns));
     let key = Key::opaque("account");
     let allow = Limit::new("allow", 2, Duration::from_secs(3600)).expect("a limit");
-    let local = Limit::new("local", 2, Duration::from_secs(3600))
-        .expect("a limit")
-        .when_unreachable(WhenUnreachable::CountLocally);
+    let local = Limit::builder("local", 2, Duration::from_secs(3600))
+        .when_unreachable(WhenUnreachable::CountLocally)
+        .build()
+        .expect("a limit");
     let pairs = [(&allow, &key), (&local, &key)];
 
     // In the store: taken back from the store.

@@ -35,8 +35,9 @@ async fn a_row_locked_by_another_session_is_a_lock_timeout_never_an_allow() {
 
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
-    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
@@ -98,11 +99,13 @@ async fn the_server_stops_waiting_on_a_held_lock_before_the_client_gives_up() {
     let admin = db.connect_admin().await;
 
     let held = hold(&db.config()).await;
-    let on_held = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
-        .with_budget(BUDGET)
+    let on_held = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
+        .budget(BUDGET)
+        .build()
         .unwrap();
-    let per_call = Limiter::new(Postgres::new(db.config()))
-        .with_budget(BUDGET)
+    let per_call = Limiter::builder(Postgres::new(db.config()))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     assert_eq!(
         on_held.failed(&login, &alice).await.unwrap().count(),
@@ -186,8 +189,9 @@ async fn a_slow_call_is_cancelled_on_the_server_within_the_budget_and_the_connec
         .await
         .unwrap();
     let held = hold(&db.config()).await;
-    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
-        .with_budget(SLOW_CALL_BUDGET)
+    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
+        .budget(SLOW_CALL_BUDGET)
+        .build()
         .unwrap();
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
@@ -247,10 +251,11 @@ async fn a_cancel_the_limiter_did_not_send_is_an_error_never_an_allow() {
     let db = fresh_db().await;
     // A long budget: the limiter's own lock timeout and cancel come long
     // after the stranger's cancel.
-    let limiter = Limiter::new(Postgres::new(db.tenant_config()).with_clock(pinned_clock()))
-        .with_budget(Duration::from_secs(10))
-        .unwrap()
-        .without_refusal_cache();
+    let limiter = Limiter::builder(Postgres::new(db.tenant_config()).with_clock(pinned_clock()))
+        .budget(Duration::from_secs(10))
+        .no_refusal_cache()
+        .build()
+        .unwrap();
     let login = Limit::new("login", 5, Duration::from_secs(3600)).unwrap();
     let alice = Key::email("alice@example.com");
     assert_eq!(

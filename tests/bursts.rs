@@ -8,7 +8,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
+use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory, Strategy};
 
 const MAX: u32 = 10;
 const W: u64 = 60;
@@ -96,7 +96,10 @@ fn schedules() -> Vec<(String, Vec<u64>)> {
 #[test]
 fn fixed_and_sliding_windows_let_through_what_the_readme_says() {
     let fixed = Limit::new("fixed", MAX, Duration::from_secs(W)).expect("a limit");
-    let sliding = fixed.clone().sliding();
+    let sliding = Limit::builder("fixed", MAX, Duration::from_secs(W))
+        .strategy(Strategy::Sliding)
+        .build()
+        .expect("a limit");
     let lengths = [0, 1, 2, 5, 10, 15, 20, 30, 45, 60];
     let schedules = schedules();
 

@@ -5,19 +5,23 @@
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 
-use platformkit_limit::{
-    ErrorKind, Key, Limit, Limiter, MAX_ATTEMPTS, MAX_BUDGET, MAX_LOCKOUT, MAX_NAME_BYTES,
-    MAX_PAIRS, MAX_REFUSAL_TTL, MAX_WINDOW, Memory, PurgeTask,
-};
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, PurgeTask};
 
 fn login() -> Limit {
     Limit::new("login", 5, Duration::from_secs(60)).expect("a valid limit")
 }
 
+/// `login` with a lockout of `lockout`.
+fn locked_out_for(lockout: Duration) -> Result<Limit, platformkit_limit::Error> {
+    Limit::builder("login", 5, Duration::from_secs(60))
+        .lockout(lockout)
+        .build()
+}
+
 #[test]
 fn every_nonsensical_limit_is_refused_when_it_is_made() {
     let secs = Duration::from_secs;
-    let long_name = "x".repeat(MAX_NAME_BYTES + 1);
+    let long_name = "x".repeat(Limit::MAX_NAME_BYTES + 1);
     let refused: Vec<(&str, Result<Limit, platformkit_limit::Error>)> = vec![
         ("an empty name", Limit::new("", 5, secs(60))),
         ("a name too long", Limit::new(&long_name, 5, secs(60))),
@@ -33,7 +37,7 @@ fn every_nonsensical_limit_is_refused_when_it_is_made() {
         ("max 0", Limit::new("login", 0, secs(60))),
         (
             "max above the most",
-            Limit::new("login", MAX_ATTEMPTS + 1, secs(60)),
+            Limit::new("login", Limit::MAX_ATTEMPTS + 1, secs(60)),
         ),
         ("a zero window", Limit::new("login", 5, Duration::ZERO)),
         (
@@ -46,16 +50,16 @@ fn every_nonsensical_limit_is_refused_when_it_is_made() {
         ),
         (
             "a window over 366 days",
-            Limit::new("login", 5, MAX_WINDOW + secs(1)),
+            Limit::new("login", 5, Limit::MAX_WINDOW + secs(1)),
         ),
-        ("a zero lockout", login().lockout(Duration::ZERO)),
+        ("a zero lockout", locked_out_for(Duration::ZERO)),
         (
             "a lockout over a day",
-            login().lockout(MAX_LOCKOUT + secs(1)),
+            locked_out_for(Limit::MAX_LOCKOUT + secs(1)),
         ),
         (
             "a fractional lockout",
-            login().lockout(Duration::from_millis(2500)),
+            locked_out_for(Duration::from_millis(2500)),
         ),
     ];
     for (what, result) in refused {
@@ -70,47 +74,34 @@ fn every_nonsensical_limit_is_refused_when_it_is_made() {
 
 #[test]
 fn every_nonsensical_option_is_refused_when_it_is_set() {
-    let limiter = || Limiter::new(Memory::new());
-    let refused: Vec<(&str, platformkit_limit::Error)> = vec![
-        (
-            "a zero budget",
-            limiter().with_budget(Duration::ZERO).expect_err("refused"),
-        ),
+    let limiter = || Limiter::builder(Memory::new());
+    let refused: Vec<(&str, platformkit_limit::Error)> = [
+        ("a zero budget", limiter().budget(Duration::ZERO)),
         (
             "a budget over a minute",
-            limiter()
-                .with_budget(MAX_BUDGET + Duration::from_millis(1))
-                .expect_err("refused"),
+            limiter().budget(Limiter::MAX_BUDGET + Duration::from_millis(1)),
         ),
-        (
-            "a refusal cache of no keys",
-            limiter().with_refusal_cache(0).expect_err("refused"),
-        ),
+        ("a refusal cache of no keys", limiter().refusal_cache(0)),
         (
             "a refusal cache of more than ten million keys",
-            limiter()
-                .with_refusal_cache(10_000_001)
-                .expect_err("refused"),
+            limiter().refusal_cache(Limiter::MAX_REFUSAL_CACHE_KEYS + 1),
         ),
         (
             "a refusal TTL of zero",
-            limiter()
-                .with_refusal_ttl(Duration::ZERO)
-                .expect_err("refused"),
+            limiter().refusal_ttl(Duration::ZERO),
         ),
         (
             "a refusal TTL under a millisecond",
-            limiter()
-                .with_refusal_ttl(Duration::from_micros(999))
-                .expect_err("refused"),
+            limiter().refusal_ttl(Duration::from_micros(999)),
         ),
         (
             "a refusal TTL over a minute",
-            limiter()
-                .with_refusal_ttl(MAX_REFUSAL_TTL + Duration::from_millis(1))
-                .expect_err("refused"),
+            limiter().refusal_ttl(Limiter::MAX_REFUSAL_TTL + Duration::from_millis(1)),
         ),
-    ];
+    ]
+    .into_iter()
+    .map(|(what, builder)| (what, builder.build().expect_err(what)))
+    .collect();
     for (what, error) in refused {
         assert_eq!(error.kind(), ErrorKind::InvalidOption, "{what}: {error}");
     }
@@ -133,7 +124,7 @@ async fn nonsensical_calls_and_schedules_are_refused_before_anything_runs() {
     let key = Key::opaque("k");
     let error = limiter.check_all(&[]).await.expect_err("no pairs");
     assert_eq!(error.kind(), ErrorKind::InvalidOption);
-    let many = vec![(&limit, &key); MAX_PAIRS + 1];
+    let many = vec![(&limit, &key); Limiter::MAX_PAIRS + 1];
     let error = limiter.hit_all(&many).await.expect_err("too many pairs");
     assert_eq!(error.kind(), ErrorKind::InvalidOption);
 
@@ -144,28 +135,53 @@ async fn nonsensical_calls_and_schedules_are_refused_before_anything_runs() {
 
 #[test]
 fn the_boundaries_themselves_are_accepted() {
-    let name = "x".repeat(MAX_NAME_BYTES);
+    let name = "x".repeat(Limit::MAX_NAME_BYTES);
     assert!(Limit::new(&name, 1, Duration::from_secs(1)).is_ok());
-    assert!(Limit::new("a", MAX_ATTEMPTS, MAX_WINDOW).is_ok());
-    assert!(login().lockout(Duration::from_secs(1)).is_ok());
-    assert!(login().lockout(MAX_LOCKOUT).is_ok());
+    assert!(Limit::new("a", Limit::MAX_ATTEMPTS, Limit::MAX_WINDOW).is_ok());
+    assert!(locked_out_for(Duration::from_secs(1)).is_ok());
+    assert!(locked_out_for(Limit::MAX_LOCKOUT).is_ok());
     assert!(
-        Limiter::new(Memory::new())
-            .with_budget(Duration::from_millis(1))
+        Limiter::builder(Memory::new())
+            .budget(Duration::from_millis(1))
+            .build()
             .is_ok()
     );
-    assert!(Limiter::new(Memory::new()).with_budget(MAX_BUDGET).is_ok());
-    assert!(Limiter::new(Memory::new()).with_refusal_cache(1).is_ok());
-    for ttl in [Duration::from_millis(1), MAX_REFUSAL_TTL] {
-        let limiter = Limiter::new(Memory::new())
-            .with_refusal_ttl(ttl)
+    assert!(
+        Limiter::builder(Memory::new())
+            .budget(Limiter::MAX_BUDGET)
+            .build()
+            .is_ok()
+    );
+    assert!(
+        Limiter::builder(Memory::new())
+            .refusal_cache(1)
+            .build()
+            .is_ok()
+    );
+    for ttl in [Duration::from_millis(1), Limiter::MAX_REFUSAL_TTL] {
+        let limiter = Limiter::builder(Memory::new())
+            .refusal_ttl(ttl)
+            .build()
             .expect("a TTL at the boundary");
         assert_eq!(limiter.refusal_ttl(), ttl);
-        // Kept when the cache is sized or turned off and on again.
-        let limiter = limiter
-            .without_refusal_cache()
-            .with_refusal_cache(5)
+        // Kept whatever the cache's size, and when it is off.
+        let limiter = Limiter::builder(Memory::new())
+            .refusal_ttl(ttl)
+            .refusal_cache(5)
+            .build()
             .expect("a cache");
-        assert_eq!(limiter.refusal_ttl(), ttl);
+        assert_eq!(
+            (limiter.refusal_ttl(), limiter.refusal_cache()),
+            (ttl, Some(5))
+        );
+        let limiter = Limiter::builder(Memory::new())
+            .refusal_ttl(ttl)
+            .no_refusal_cache()
+            .build()
+            .expect("no cache");
+        assert_eq!(
+            (limiter.refusal_ttl(), limiter.refusal_cache()),
+            (ttl, None)
+        );
     }
 }

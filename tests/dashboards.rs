@@ -47,8 +47,9 @@ fn emitted() -> Emitted {
             // a configuration error, not an unreachable server.
             let mut closed = tokio_postgres::Config::new();
             closed.host("127.0.0.1").port(nowhere).user("limit_owner");
-            let unreachable = Limiter::new(Postgres::new(closed.clone()))
-                .with_budget(Duration::from_millis(500))
+            let unreachable = Limiter::builder(Postgres::new(closed.clone()))
+                .budget(Duration::from_millis(500))
+                .build()
                 .expect("a budget");
             let verdict = unreachable.check(&limit, &key).await.expect("a verdict");
             assert!(verdict.is_unreachable());

@@ -21,7 +21,7 @@ use common::metrics::calls_recorded;
 use common::{LONG_WINDOW, PATIENT, assert_counted};
 use metrics_util::debugging::DebuggingRecorder;
 use platformkit_limit::{
-    ErrorKind, Key, Limit, LimitConn, Limiter, MAX_BUDGET, ManualClock, Postgres, SCHEMA, Verdict,
+    ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, Postgres, SCHEMA, Verdict,
     WhenUnreachable,
 };
 use platformkit_limit_testdb::{Options, Server, TestDb};
@@ -50,10 +50,11 @@ fn limit(name: &str) -> Limit {
 /// primary refuses connections and the standby is not read-write). The
 /// refusal cache is off: every verdict comes from the server.
 fn limiter<C: LimitConn>(conns: C, clock: &ManualClock) -> Limiter<Postgres<C>> {
-    Limiter::new(Postgres::new(conns).with_clock(clock.clone()))
-        .with_budget(PATIENT)
+    Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
+        .budget(PATIENT)
+        .no_refusal_cache()
+        .build()
         .expect("a valid budget")
-        .without_refusal_cache()
 }
 
 /// A primary started with `options`, a database with the schema on it, and a
@@ -107,7 +108,10 @@ async fn a_limiter_pointed_at_a_standby_is_unreachable_never_silently_allowed() 
     let (primary, db, standby) = primary_and_standby(Options::default());
     let clock = pinned_clock();
     let allow = limit("allow");
-    let refuse = limit("refuse").when_unreachable(WhenUnreachable::Refuse);
+    let refuse = Limit::builder("refuse", 1_000_000, LONG_WINDOW)
+        .when_unreachable(WhenUnreachable::Refuse)
+        .build()
+        .expect("a valid limit");
     let key = Key::opaque("account-42");
 
     // Counts on the primary, replayed by the standby: there is a row there
@@ -255,9 +259,13 @@ async fn a_synchronous_standby_loses_no_acknowledged_count_across_a_failover() {
     // The longest budget, so that the last call below is still waiting for
     // the standby, not cancelled by its budget, when the primary stops.
     let service = Arc::new(
-        limiter(read_write_of_both(&db, &standby), &clock)
-            .with_budget(MAX_BUDGET)
-            .expect("a valid budget"),
+        Limiter::builder(
+            Postgres::new(read_write_of_both(&db, &standby)).with_clock(clock.clone()),
+        )
+        .budget(Limiter::MAX_BUDGET)
+        .no_refusal_cache()
+        .build()
+        .expect("a valid budget"),
     );
     let failed = |service: &Arc<Limiter<_>>| {
         let (service, login, alice) = (Arc::clone(service), login.clone(), alice.clone());
@@ -321,11 +329,13 @@ async fn a_count_the_synchronous_standby_never_had_is_never_acknowledged() {
     let clock = pinned_clock();
     let login = limit("login");
     let alice = Key::email("alice@example.com");
-    let service =
-        Limiter::new(Postgres::new(read_write_of_both(&db, &standby)).with_clock(clock.clone()))
-            .with_budget(Duration::from_secs(1))
-            .expect("a valid budget")
-            .without_refusal_cache();
+    let service = Limiter::builder(
+        Postgres::new(read_write_of_both(&db, &standby)).with_clock(clock.clone()),
+    )
+    .budget(Duration::from_secs(1))
+    .no_refusal_cache()
+    .build()
+    .expect("a valid budget");
     for n in 1..=BEFORE {
         let verdict = service.failed(&login, &alice).await.expect("a verdict");
         assert_counted(&verdict, "a failure before the standby is cut off");

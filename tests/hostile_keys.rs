@@ -116,9 +116,10 @@ fn hostile_subjects() -> Vec<Subject> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_keys_never_break_the_statement() {
     let db = Server::shared().database(SCHEMA).await;
-    let limiter = Limiter::new(Postgres::new(db.config()))
-        // Generous: this test is about errors, not speed, on a shared machine.
-        .with_budget(Duration::from_secs(30))
+    // Generous: this test is about errors, not speed, on a shared machine.
+    let limiter = Limiter::builder(Postgres::new(db.config()))
+        .budget(Duration::from_secs(30))
+        .build()
         .expect("a valid budget");
     let limit = Limit::new("hostile", 1_000, Duration::from_secs(3600)).expect("a valid limit");
     let subjects = hostile_subjects();
@@ -181,5 +182,5 @@ async fn hostile_keys_never_break_the_statement() {
     let rows: i64 = row.get(0);
     let longest: i32 = row.get(1);
     assert_eq!(rows as usize, subjects.len());
-    assert!(longest as usize <= "hostile|".len() + platformkit_limit::MAX_KEY_BYTES);
+    assert!(longest as usize <= "hostile|".len() + platformkit_limit::Key::MAX_BYTES);
 }

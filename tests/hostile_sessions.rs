@@ -179,8 +179,10 @@ async fn six_failures_count_for_real<S: Store>(db: &TestDb, limiter: &Limiter<S>
 fn pinned_limiter(
     held: &Arc<Mutex<Client>>,
 ) -> Limiter<Postgres<impl LimitConn<Conn = OwnedMutexGuard<Client>, Error = Infallible>>> {
-    Limiter::new(Postgres::new(lend(Arc::clone(held))).with_clock(pinned_clock()))
-        .without_refusal_cache()
+    Limiter::builder(Postgres::new(lend(Arc::clone(held))).with_clock(pinned_clock()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings")
 }
 
 /// Red-team 3.1: a temporary table of the application's role in its own

@@ -5,16 +5,14 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use platformkit_limit::internal::decode;
-use platformkit_limit::{
-    ErrorKind, Key, Limit, Limiter, MAX_ATTEMPTS, MAX_KEY_BYTES, MAX_WINDOW, Memory,
-};
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory};
 use proptest::prelude::*;
 
 /// Length of a digest suffix: `~` and 64 hex digits.
 const DIGEST_SUFFIX_BYTES: usize = 65;
 
 /// The longest readable prefix in front of a digest.
-const PREFIX_BYTES: usize = MAX_KEY_BYTES - DIGEST_SUFFIX_BYTES;
+const PREFIX_BYTES: usize = Key::MAX_BYTES - DIGEST_SUFFIX_BYTES;
 
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("a valid IP address")
@@ -232,19 +230,19 @@ fn golden_vectors_pin_the_encoding() {
 
 #[test]
 fn a_key_exactly_at_the_limit_is_not_digested() {
-    let at_limit = key(&[&repeat('a', MAX_KEY_BYTES)]);
-    assert_eq!(at_limit.as_str(), repeat('a', MAX_KEY_BYTES));
+    let at_limit = key(&[&repeat('a', Key::MAX_BYTES)]);
+    assert_eq!(at_limit.as_str(), repeat('a', Key::MAX_BYTES));
     assert!(!at_limit.is_digested());
 
-    let one_over = key(&[&repeat('a', MAX_KEY_BYTES + 1)]);
+    let one_over = key(&[&repeat('a', Key::MAX_BYTES + 1)]);
     assert!(one_over.is_digested());
-    assert_eq!(one_over.as_str().len(), MAX_KEY_BYTES);
+    assert_eq!(one_over.as_str().len(), Key::MAX_BYTES);
     assert!(one_over.as_str().starts_with(&repeat('a', PREFIX_BYTES)));
 
     // Escapes count with their escaped length: 100 '|' are 200 bytes.
-    let escaped_at_limit = key(&[&repeat('|', MAX_KEY_BYTES / 2)]);
+    let escaped_at_limit = key(&[&repeat('|', Key::MAX_BYTES / 2)]);
     assert!(!escaped_at_limit.is_digested());
-    assert!(key(&[&repeat('|', MAX_KEY_BYTES / 2 + 1)]).is_digested());
+    assert!(key(&[&repeat('|', Key::MAX_BYTES / 2 + 1)]).is_digested());
 }
 
 #[test]
@@ -336,7 +334,7 @@ fn long_parts() -> impl Strategy<Value = Vec<String>> {
                 parts
             }),
         prop::collection::vec(part(80), 2..6)
-            .prop_filter("digested", |p| reference_encoding(p).len() > MAX_KEY_BYTES),
+            .prop_filter("digested", |p| reference_encoding(p).len() > Key::MAX_BYTES),
     ]
 }
 
@@ -384,12 +382,12 @@ proptest! {
     fn the_encoding_is_bounded_and_plain(parts in parts()) {
         let key = Key::new(&parts).unwrap();
         let text = key.as_str();
-        prop_assert!(text.len() <= MAX_KEY_BYTES, "{} bytes", text.len());
+        prop_assert!(text.len() <= Key::MAX_BYTES, "{} bytes", text.len());
         prop_assert!(!text.contains('\0'));
         prop_assert!(!text.chars().any(char::is_control), "{text:?}");
 
         let full = reference_encoding(&parts);
-        prop_assert_eq!(key.is_digested(), full.len() > MAX_KEY_BYTES);
+        prop_assert_eq!(key.is_digested(), full.len() > Key::MAX_BYTES);
         if key.is_digested() {
             prop_assert_eq!(text.len() - text.rfind('~').unwrap(), DIGEST_SUFFIX_BYTES);
         } else {
@@ -497,7 +495,12 @@ fn nonsensical_limits_are_refused() {
         refused_limit(name, 5, minute, "ASCII letters, digits");
     }
     refused_limit("login", 0, minute, "max must be at least 1");
-    refused_limit("login", MAX_ATTEMPTS + 1, minute, "max must be at most");
+    refused_limit(
+        "login",
+        Limit::MAX_ATTEMPTS + 1,
+        minute,
+        "max must be at most",
+    );
     refused_limit("login", u32::MAX, minute, "max must be at most");
     refused_limit("login", 5, Duration::ZERO, "at least one second");
     refused_limit(
@@ -516,7 +519,7 @@ fn nonsensical_limits_are_refused() {
     refused_limit(
         "login",
         5,
-        MAX_WINDOW + Duration::from_secs(1),
+        Limit::MAX_WINDOW + Duration::from_secs(1),
         "at most 366 days",
     );
     refused_limit("login", 5, Duration::MAX, "at most 366 days");
@@ -530,9 +533,9 @@ fn limits_at_the_boundaries_are_accepted() {
         ("a", 5, minute),
         (longest.as_str(), 5, minute),
         ("login", 1, minute),
-        ("login", MAX_ATTEMPTS, minute),
+        ("login", Limit::MAX_ATTEMPTS, minute),
         ("login", 5, Duration::from_secs(1)),
-        ("login", 5, MAX_WINDOW),
+        ("login", 5, Limit::MAX_WINDOW),
         ("Login-2.v_x", 5, minute),
     ] {
         let limit = Limit::new(name, max, window)
@@ -553,7 +556,7 @@ fn nonsensical_budgets_are_refused() {
         Duration::from_millis(60_001),
         Duration::MAX,
     ] {
-        let err = match Limiter::new(Memory::new()).with_budget(budget) {
+        let err = match Limiter::builder(Memory::new()).budget(budget).build() {
             Ok(_) => panic!("the budget {budget:?} was accepted"),
             Err(err) => err,
         };
@@ -565,8 +568,9 @@ fn nonsensical_budgets_are_refused() {
         Duration::from_secs(2),
         Duration::from_secs(60),
     ] {
-        let limiter = Limiter::new(Memory::new())
-            .with_budget(budget)
+        let limiter = Limiter::builder(Memory::new())
+            .budget(budget)
+            .build()
             .unwrap_or_else(|e| panic!("{budget:?} refused: {e}"));
         assert_eq!(limiter.budget(), budget);
     }

@@ -496,7 +496,10 @@ impl LimitConn for Down {
 #[tokio::test]
 async fn an_unreachable_store_answers_503_or_passes_as_each_limit_chooses() {
     let limiter = Arc::new(Limiter::new(Postgres::new(Down)));
-    let strict = limit("strict", 5, 60).when_unreachable(WhenUnreachable::Refuse);
+    let strict = Limit::builder("strict", 5, Duration::from_secs(60))
+        .when_unreachable(WhenUnreachable::Refuse)
+        .build()
+        .expect("a limit");
     let lenient = limit("lenient", 5, 60);
 
     let app = Router::new()

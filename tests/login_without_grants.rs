@@ -115,8 +115,10 @@ async fn locks_of(admin: &Client, pids: &[i32]) -> (Vec<String>, i64) {
 async fn a_login_with_no_grants_takes_no_lock_on_the_table_and_the_limiter_keeps_counting() {
     let db = fresh_db().await;
     let admin = db.connect_admin().await;
-    let limiter = Limiter::new(Postgres::new(db.tenant_config()).with_clock(pinned_clock()))
-        .without_refusal_cache();
+    let limiter = Limiter::builder(Postgres::new(db.tenant_config()).with_clock(pinned_clock()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
     let login = Limit::new("login", 100, Duration::from_secs(30 * 24 * 60 * 60)).unwrap();
     let alice = Key::email("alice@example.com");
 

@@ -80,10 +80,11 @@ async fn replica(db: &TestDb, clock: Option<&ManualClock>) -> Arc<Limiter<Postgr
     // The refusal cache is off: these tests are about what the database
     // counts, and a cached refusal is answered without asking it.
     Arc::new(
-        Limiter::new(store)
-            .with_budget(PATIENT)
-            .unwrap()
-            .without_refusal_cache(),
+        Limiter::builder(store)
+            .budget(PATIENT)
+            .no_refusal_cache()
+            .build()
+            .unwrap(),
     )
 }
 

@@ -58,12 +58,13 @@ async fn concurrent_hits_on_one_key_share_statements_and_let_exactly_max_through
     // every ask reaches the store and is counted.
     let clock = ManualClock::new(SystemTime::now());
     let limiter = Arc::new(
-        Limiter::new(Postgres::new(conns).with_clock(clock))
-            .without_refusal_cache()
-            .with_budget(Duration::from_secs(30))
+        Limiter::builder(Postgres::new(conns).with_clock(clock))
+            .no_refusal_cache()
+            .budget(Duration::from_secs(30))
+            .build()
             .expect("a budget"),
     );
-    assert!(limiter.merges(), "on by default");
+    assert!(limiter.merging(), "on by default");
     let limit = Limit::new("password-forgot", MAX, Duration::from_secs(3600)).expect("a limit");
     let key = Key::email("victim@example.com");
 
@@ -102,10 +103,11 @@ async fn without_merging_every_call_sends_its_own_statement() {
     let db = Server::shared().database(SCHEMA).await;
     let (conns, sent) = pool(&db, 8).await;
     let limiter = Arc::new(
-        Limiter::new(Postgres::new(conns))
-            .without_refusal_cache()
-            .without_merging()
-            .with_budget(Duration::from_secs(30))
+        Limiter::builder(Postgres::new(conns))
+            .no_refusal_cache()
+            .no_merging()
+            .budget(Duration::from_secs(30))
+            .build()
             .expect("a budget"),
     );
     let limit = Limit::new("login", 1_000, Duration::from_secs(3600)).expect("a limit");
@@ -128,8 +130,9 @@ async fn merged_failures_on_distinct_keys_never_wait_on_each_other() {
     let db = Server::shared().database(SCHEMA).await;
     let (conns, sent) = pool(&db, 8).await;
     let limiter = Arc::new(
-        Limiter::new(Postgres::new(conns))
-            .with_budget(Duration::from_secs(30))
+        Limiter::builder(Postgres::new(conns))
+            .budget(Duration::from_secs(30))
+            .build()
             .expect("a budget"),
     );
     let limit = Limit::new("login", 1_000, Duration::from_secs(3600)).expect("a limit");

@@ -22,9 +22,13 @@ async fn metrics_count_every_call_by_limit_operation_and_outcome() {
     // Without the refusal cache, every call reaches the store: this test is
     // about what the store's answers count (tests/refusal_cache.rs covers
     // the cache).
-    let limiter = Limiter::new(Postgres::new(db.config())).without_refusal_cache();
-    let unreachable = Limiter::new(Postgres::new(nothing_listens()))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(db.config()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
+    let unreachable = Limiter::builder(Postgres::new(nothing_listens()))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     let missing_table = Limiter::new(Postgres::new(
         Server::shared().empty_database().await.config(),

@@ -104,9 +104,15 @@ async fn every_operation_works_through_pgbouncer_in_transaction_mode() {
     let config = bouncer.config_for(&db.config());
     // Two limiters sharing one limit, like two replicas; without the refusal
     // cache, a reset through one is seen by the other at once.
-    let per_call = Limiter::new(Postgres::new(config.clone())).without_refusal_cache();
+    let per_call = Limiter::builder(Postgres::new(config.clone()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
     let held = hold(&config).await;
-    let on_held = Limiter::new(Postgres::new(lend(Arc::clone(&held)))).without_refusal_cache();
+    let on_held = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
 
     let login = limit("login", 3);
     let alice = Key::opaque("alice");

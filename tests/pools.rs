@@ -70,8 +70,9 @@ async fn a_pool_is_a_connection_source<C: LimitConn>(db: &TestDb, pool: C, pid: 
 /// budget, allowed because the store is unreachable.
 async fn an_exhausted_pool_ends_within_the_budget<C: LimitConn>(pool: C) {
     let limit = Limit::new("pool", 2, Duration::from_secs(60)).expect("a limit");
-    let limiter = Limiter::new(Postgres::new(pool))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(pool))
+        .budget(BUDGET)
+        .build()
         .expect("a budget");
     let started = Instant::now();
     let verdict = limiter

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::db::{Pool, as_system, counts_by_key, fresh_db, lock_row, stored, stored_rows};
 use common::{PATIENT, assert_counted, limit};
-use platformkit_limit::{Key, Limiter, PURGE_BATCH_BUDGET, PURGE_BATCH_ROWS, Postgres, purge};
+use platformkit_limit::{Key, Limiter, Postgres, PurgeTask, purge};
 use tokio::time::{Instant, sleep};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,7 +54,7 @@ async fn purge_drops_windows_that_closed_long_ago() {
 async fn purge_works_through_more_rows_than_one_batch() {
     let db = fresh_db().await;
     let mut system = db.connect().await;
-    let closed = 2 * PURGE_BATCH_ROWS + 2_000;
+    let closed = 2 * PurgeTask::BATCH_ROWS + 2_000;
     as_system(
         &mut system,
         "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
@@ -85,10 +85,13 @@ async fn purge_of_exactly_one_full_batch_stops() {
         "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
          SELECT 'old|' || g, now() - interval '3 days', now() - interval '2 days', 1
          FROM generate_series(1, $1::int8) AS g",
-        &[&PURGE_BATCH_ROWS],
+        &[&PurgeTask::BATCH_ROWS],
     )
     .await;
-    assert_eq!(purge(&db.config()).await.unwrap(), PURGE_BATCH_ROWS as u64);
+    assert_eq!(
+        purge(&db.config()).await.unwrap(),
+        PurgeTask::BATCH_ROWS as u64
+    );
     assert_eq!(stored_rows(&db).await, []);
 }
 
@@ -110,7 +113,7 @@ async fn purge_skips_rows_it_would_wait_for() {
     let started = Instant::now();
     assert_eq!(purge(&db.config()).await.unwrap(), 1, "only the free row");
     assert!(
-        started.elapsed() < PURGE_BATCH_BUDGET,
+        started.elapsed() < PurgeTask::BATCH_BUDGET,
         "purge waited for the lock"
     );
     locker.batch_execute("ROLLBACK").await.unwrap();
@@ -151,8 +154,9 @@ async fn purge_under_load_loses_no_open_counts() {
 
     let login = limit("login", 1_000_000);
     let limiter = Arc::new(
-        Limiter::new(Postgres::new(Pool::open(&db.config(), WRITERS).await))
-            .with_budget(PATIENT)
+        Limiter::builder(Postgres::new(Pool::open(&db.config(), WRITERS).await))
+            .budget(PATIENT)
+            .build()
             .unwrap(),
     );
     let purged = Arc::new(AtomicBool::new(false));

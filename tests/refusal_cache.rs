@@ -19,10 +19,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use platformkit_limit::metric::{
     CALLS_TOTAL, LABEL_OPERATION, LABEL_OUTCOME, LABEL_SOURCE, STATEMENTS_TOTAL,
 };
-use platformkit_limit::{
-    DEFAULT_BUDGET, DEFAULT_REFUSAL_TTL, FLOOD_REFUSALS, Key, Limit, LimitConn, Limiter,
-    MAX_REFUSAL_TTL, ManualClock, Postgres, SCHEMA,
-};
+use platformkit_limit::{Key, Limit, LimitConn, Limiter, ManualClock, Postgres, SCHEMA};
 use platformkit_limit_testdb::{Server, TestDb};
 use tokio::sync::RwLock;
 
@@ -59,9 +56,9 @@ fn start() -> ManualClock {
 }
 
 /// Refuses `key` under `limit` (a limit of 1) through `limiter` the
-/// [`FLOOD_REFUSALS`] times that engage the cache, at the clock's time.
+/// [`Limiter::FLOOD_REFUSALS`] times that engage the cache, at the clock's time.
 async fn flood<S: platformkit_limit::Store>(limiter: &Limiter<S>, limit: &Limit, key: &Key) {
-    for _ in 0..FLOOD_REFUSALS {
+    for _ in 0..Limiter::FLOOD_REFUSALS {
         let verdict = limiter.failed(limit, key).await.expect("a verdict");
         assert!(verdict.is_refused() && !verdict.is_unreachable());
     }
@@ -85,13 +82,14 @@ async fn a_flooded_key_costs_no_round_trip_within_the_ttl_and_never_past_the_reo
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
     let (conns, lent) = counting(&db);
-    let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()))
-        .with_refusal_ttl(MAX_REFUSAL_TTL)
+    let limiter = Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
+        .refusal_ttl(Limiter::MAX_REFUSAL_TTL)
+        .build()
         .expect("a TTL");
-    assert!(limiter.has_refusal_cache(), "on by default");
+    assert!(limiter.refusal_cache().is_some(), "on by default");
     assert_eq!(
         Limiter::new(Postgres::new(db.config())).refusal_ttl(),
-        DEFAULT_REFUSAL_TTL
+        Limiter::DEFAULT_REFUSAL_TTL
     );
     let limit = Limit::new("login", 2, Duration::from_secs(60)).expect("a limit");
     let key = Key::opaque("victim");
@@ -141,8 +139,10 @@ async fn a_flooded_key_costs_no_round_trip_within_the_ttl_and_never_past_the_reo
         "0 round trips within the TTL"
     );
     // And none of those attempts was counted in the database.
-    let uncached =
-        Limiter::new(Postgres::new(db.config()).with_clock(clock.clone())).without_refusal_cache();
+    let uncached = Limiter::builder(Postgres::new(db.config()).with_clock(clock.clone()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
     let stored = uncached.check(&limit, &key).await.expect("a verdict");
     assert_eq!(stored.count(), Some(2));
 
@@ -220,7 +220,11 @@ async fn a_reset_here_clears_a_flooded_key_at_once() {
             .is_refused()
     );
     let before = lent.load(Ordering::SeqCst);
-    assert_eq!(before, FLOOD_REFUSALS, "the flood is answered here");
+    assert_eq!(
+        before,
+        Limiter::FLOOD_REFUSALS,
+        "the flood is answered here"
+    );
 
     limiter.reset(&limit, &key).await.expect("a reset");
     let after = limiter.check(&limit, &key).await.expect("a verdict");
@@ -338,14 +342,14 @@ async fn a_dropped_refresh_does_not_pin_the_cache() {
     let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
     let key = Key::opaque("victim");
     flood(&limiter, &limit, &key).await;
-    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS);
+    assert_eq!(lent.load(Ordering::SeqCst), Limiter::FLOOD_REFUSALS);
 
     // Past the TTL, a call claims the refresh and waits for its connection.
     clock.advance(limiter.refusal_ttl());
     let closed = gate.write().await;
     let mut refreshing = Box::pin(limiter.check(&limit, &key));
     poll_once(&mut refreshing).await;
-    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS + 1);
+    assert_eq!(lent.load(Ordering::SeqCst), Limiter::FLOOD_REFUSALS + 1);
     // Meanwhile the others are answered here.
     for _ in 0..10 {
         assert!(
@@ -356,7 +360,7 @@ async fn a_dropped_refresh_does_not_pin_the_cache() {
                 .is_refused()
         );
     }
-    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS + 1);
+    assert_eq!(lent.load(Ordering::SeqCst), Limiter::FLOOD_REFUSALS + 1);
 
     // Dropped (a client went away): the next call refreshes, at the same
     // instant.
@@ -371,7 +375,7 @@ async fn a_dropped_refresh_does_not_pin_the_cache() {
     );
     assert_eq!(
         lent.load(Ordering::SeqCst),
-        FLOOD_REFUSALS + 2,
+        Limiter::FLOOD_REFUSALS + 2,
         "the dropped call's claim is gone"
     );
 }
@@ -382,7 +386,7 @@ async fn a_refresh_never_polled_again_frees_the_cache_after_the_budget() {
     let clock = start();
     let (conns, lent, gate) = gated(&db);
     let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
-    assert_eq!(limiter.budget(), DEFAULT_BUDGET);
+    assert_eq!(limiter.budget(), Limiter::DEFAULT_BUDGET);
     let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
     let key = Key::opaque("victim");
     flood(&limiter, &limit, &key).await;
@@ -391,11 +395,11 @@ async fn a_refresh_never_polled_again_frees_the_cache_after_the_budget() {
     let closed = gate.write().await;
     let mut stalled = Box::pin(limiter.check(&limit, &key));
     poll_once(&mut stalled).await;
-    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS + 1);
+    assert_eq!(lent.load(Ordering::SeqCst), Limiter::FLOOD_REFUSALS + 1);
     drop(closed);
 
     // Held, never polled again: its claim stands for a budget...
-    clock.advance(DEFAULT_BUDGET - Duration::from_micros(1));
+    clock.advance(Limiter::DEFAULT_BUDGET - Duration::from_micros(1));
     assert!(
         limiter
             .check(&limit, &key)
@@ -403,7 +407,7 @@ async fn a_refresh_never_polled_again_frees_the_cache_after_the_budget() {
             .expect("a verdict")
             .is_refused()
     );
-    assert_eq!(lent.load(Ordering::SeqCst), FLOOD_REFUSALS + 1);
+    assert_eq!(lent.load(Ordering::SeqCst), Limiter::FLOOD_REFUSALS + 1);
     // ... and no longer.
     clock.advance(Duration::from_micros(1));
     assert!(
@@ -415,7 +419,7 @@ async fn a_refresh_never_polled_again_frees_the_cache_after_the_budget() {
     );
     assert_eq!(
         lent.load(Ordering::SeqCst),
-        FLOOD_REFUSALS + 2,
+        Limiter::FLOOD_REFUSALS + 2,
         "a stale claim lets the next call refresh"
     );
     drop(stalled);
@@ -426,8 +430,9 @@ async fn the_cache_never_allows_and_is_bounded() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
     let (conns, lent) = counting(&db);
-    let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()))
-        .with_refusal_cache(10)
+    let limiter = Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
+        .refusal_cache(10)
+        .build()
         .expect("a cache");
     let limit = Limit::new("redeem", 1, Duration::from_secs(60)).expect("a limit");
     let keys: Vec<Key> = (0..200)
@@ -456,14 +461,18 @@ async fn the_cache_never_allows_and_is_bounded() {
 
     // With the cache off, every call asks.
     let (conns, lent) = counting(&db);
-    let uncached = Limiter::new(Postgres::new(conns).with_clock(clock)).without_refusal_cache();
+    let uncached = Limiter::builder(Postgres::new(conns).with_clock(clock))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
     for _ in 0..5 {
         uncached.check(&limit, &keys[0]).await.expect("a verdict");
     }
     assert_eq!(lent.load(Ordering::SeqCst), 5);
     assert!(
-        Limiter::new(platformkit_limit::Memory::new())
-            .with_refusal_cache(0)
+        Limiter::builder(platformkit_limit::Memory::new())
+            .refusal_cache(0)
+            .build()
             .is_err()
     );
 }

@@ -7,9 +7,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use platformkit_limit::{
-    ErrorKind, Key, Limit, Limiter, MAX_ATTEMPTS, MAX_BUDGET, MAX_KEY_BYTES, MAX_LOCKOUT,
-    MAX_NAME_BYTES, MAX_PAIRS, MAX_WINDOW, MIN_WINDOW, ManualClock, PURGE_BATCH_ROWS, Postgres,
-    SCHEMA, purge,
+    ErrorKind, Key, Limit, Limiter, ManualClock, Postgres, PurgeTask, SCHEMA, purge,
 };
 use platformkit_limit_testdb::{Server, TestDb};
 use tokio_postgres::Client;
@@ -20,7 +18,7 @@ use tokio_postgres::error::SqlState;
 const SCHEMA_IN_PUBLIC: &str = include_str!("fixtures/schema-in-public.sql");
 
 /// The longest stored key: the limit's name, `|`, the encoded key.
-const MAX_STORED_KEY_BYTES: usize = MAX_NAME_BYTES + 1 + MAX_KEY_BYTES;
+const MAX_STORED_KEY_BYTES: usize = Limit::MAX_NAME_BYTES + 1 + Key::MAX_BYTES;
 
 /// Runs `sql` as the limiter's role; `Ok` or the SQLSTATE it failed with.
 async fn run(client: &Client, sql: &str) -> Result<(), SqlState> {
@@ -80,35 +78,45 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
     let long_key = |n: usize| format!("'{}'", "k".repeat(n));
     type Change = fn(&mut Add, String);
     let cases: Vec<(&str, Change, String, bool)> = vec![
-        ("window", |a, v| a.window = v, secs(MIN_WINDOW), true),
+        ("window", |a, v| a.window = v, secs(Limit::MIN_WINDOW), true),
         (
             "window",
             |a, v| a.window = v,
-            (MIN_WINDOW.as_secs() - 1).to_string(),
+            (Limit::MIN_WINDOW.as_secs() - 1).to_string(),
             false,
         ),
-        ("window", |a, v| a.window = v, secs(MAX_WINDOW), true),
+        ("window", |a, v| a.window = v, secs(Limit::MAX_WINDOW), true),
         (
             "window",
             |a, v| a.window = v,
-            (MAX_WINDOW.as_secs() + 1).to_string(),
+            (Limit::MAX_WINDOW.as_secs() + 1).to_string(),
             false,
         ),
         ("window", |a, v| a.window = v, "NULL".into(), false),
         ("max", |a, v| a.max = v, "1".into(), true),
         ("max", |a, v| a.max = v, "0".into(), false),
-        ("max", |a, v| a.max = v, MAX_ATTEMPTS.to_string(), true),
         (
             "max",
             |a, v| a.max = v,
-            (u64::from(MAX_ATTEMPTS) + 1).to_string(),
+            Limit::MAX_ATTEMPTS.to_string(),
+            true,
+        ),
+        (
+            "max",
+            |a, v| a.max = v,
+            (u64::from(Limit::MAX_ATTEMPTS) + 1).to_string(),
             false,
         ),
-        ("lockout", |a, v| a.lockout = v, secs(MAX_LOCKOUT), true),
         (
             "lockout",
             |a, v| a.lockout = v,
-            (MAX_LOCKOUT.as_secs() + 1).to_string(),
+            secs(Limit::MAX_LOCKOUT),
+            true,
+        ),
+        (
+            "lockout",
+            |a, v| a.lockout = v,
+            (Limit::MAX_LOCKOUT.as_secs() + 1).to_string(),
             false,
         ),
         ("lockout", |a, v| a.lockout = v, "-1".into(), false),
@@ -118,13 +126,13 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
         (
             "budget",
             |a, v| a.budget = v,
-            MAX_BUDGET.as_millis().to_string(),
+            Limiter::MAX_BUDGET.as_millis().to_string(),
             true,
         ),
         (
             "budget",
             |a, v| a.budget = v,
-            (MAX_BUDGET.as_millis() + 1).to_string(),
+            (Limiter::MAX_BUDGET.as_millis() + 1).to_string(),
             false,
         ),
         ("add", |a, v| a.add = v, i64::MAX.to_string(), true),
@@ -216,11 +224,11 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
          p_lockout_secs => 0)",
         &format!(
             "CALL platformkit.platformkit_limit_purge(p_batch => {}, p_budget_ms => 2000)",
-            PURGE_BATCH_ROWS + 1
+            PurgeTask::BATCH_ROWS + 1
         ),
         "CALL platformkit.platformkit_limit_purge(p_batch => 0, p_budget_ms => 2000)",
-        &many("add_many", MAX_PAIRS + 1, "60"),
-        &many("read_many", MAX_PAIRS + 1, "60"),
+        &many("add_many", Limiter::MAX_PAIRS + 1, "60"),
+        &many("read_many", Limiter::MAX_PAIRS + 1, "60"),
         &many("add_many", 2, "0"),
         &many("read_many", 0, "60"),
     ];
@@ -233,11 +241,11 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
     }
     let accepted = [
         &format!(
-            "CALL platformkit.platformkit_limit_purge(p_batch => {PURGE_BATCH_ROWS}, \
-             p_budget_ms => 2000)"
+            "CALL platformkit.platformkit_limit_purge(p_batch => {}, p_budget_ms => 2000)",
+            PurgeTask::BATCH_ROWS
         ),
-        &many("add_many", MAX_PAIRS, "60"),
-        &many("read_many", MAX_PAIRS, "60"),
+        &many("add_many", Limiter::MAX_PAIRS, "60"),
+        &many("read_many", Limiter::MAX_PAIRS, "60"),
     ];
     for sql in accepted {
         assert_eq!(run(&app, sql).await, Ok(()), "{sql}");

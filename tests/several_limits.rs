@@ -73,7 +73,7 @@ async fn no_pairs_and_too_many_pairs_are_refused() {
     assert_eq!(error.kind(), ErrorKind::InvalidOption);
     let limit = Limit::new("l", 1, Duration::from_secs(1)).expect("a limit");
     let key = Key::opaque("k");
-    let many = vec![(&limit, &key); platformkit_limit::MAX_PAIRS + 1];
+    let many = vec![(&limit, &key); Limiter::MAX_PAIRS + 1];
     let error = limiter.failed_all(&many).await.expect_err("too many");
     assert_eq!(error.kind(), ErrorKind::InvalidOption);
 }
@@ -93,13 +93,14 @@ async fn opposite_orders_in_concurrent_calls_cannot_deadlock() {
     for task in 0..TASKS {
         let (limits, keys) = (limits.clone(), keys.clone());
         let client = Arc::new(Mutex::new(db.connect().await));
-        let limiter = Limiter::new(Postgres::new(move || {
+        // A deadlock would be found by PostgreSQL's detector within a
+        // second (40P01, a hard error); the budget only bounds lock waits.
+        let limiter = Limiter::builder(Postgres::new(move || {
             let client = client.clone();
             async move { Ok::<_, std::convert::Infallible>(client.lock_owned().await) }
         }))
-        // A deadlock would be found by PostgreSQL's detector within a
-        // second (40P01, a hard error); the budget only bounds lock waits.
-        .with_budget(Duration::from_secs(30))
+        .budget(Duration::from_secs(30))
+        .build()
         .expect("a budget");
         tasks.push(tokio::spawn(async move {
             let mut pairs: Vec<(&Limit, &Key)> = limits.iter().zip(&keys).collect();

@@ -70,8 +70,9 @@ fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
             // a configuration error, not an unreachable server.
             let mut closed = tokio_postgres::Config::new();
             closed.host("127.0.0.1").port(nowhere).user("limit_owner");
-            let limiter = Limiter::new(Postgres::new(closed))
-                .with_budget(Duration::from_millis(500))
+            let limiter = Limiter::builder(Postgres::new(closed))
+                .budget(Duration::from_millis(500))
+                .build()
                 .expect("a budget");
             let limit = Limit::new("login", 3, Duration::from_secs(60)).expect("a limit");
             let key = Key::email("secret-alice@example.com");

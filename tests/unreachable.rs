@@ -110,8 +110,9 @@ async fn a_server_that_does_not_listen_is_unreachable() {
     let snapshotter = recorder.snapshotter();
     let _recorder = metrics::set_default_local_recorder(&recorder);
 
-    let limiter = Limiter::new(Postgres::new(nothing_listens()))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(nothing_listens()))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     let login = limit("login", 3);
     let alice = Key::email("alice@example.com");
@@ -154,8 +155,9 @@ async fn a_server_that_never_answers_is_unreachable_within_the_budget() {
         .user("limit_owner")
         .dbname("silent");
 
-    let limiter = Limiter::new(Postgres::new(config))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(config))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     let login = limit("login", 3);
     let alice = Key::email("alice@example.com");
@@ -179,8 +181,9 @@ async fn a_server_that_never_answers_is_unreachable_within_the_budget() {
 async fn a_terminated_connection_is_unreachable() {
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
-    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
@@ -206,12 +209,14 @@ async fn a_terminated_connection_is_unreachable() {
 async fn a_stopped_server_is_unreachable_and_the_counts_are_there_when_it_is_back() {
     let server = tokio::task::block_in_place(|| Server::start(Options::default()));
     let db = server.database(SCHEMA).await;
-    let limiter = Limiter::new(Postgres::new(db.config()))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(db.config()))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     let held = hold(&db.config()).await;
-    let held_limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
-        .with_budget(BUDGET)
+    let held_limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
@@ -256,12 +261,14 @@ async fn a_database_restart_mid_run_fails_open_then_recovers() {
 
     let server = tokio::task::block_in_place(|| Server::start(Options::default()));
     let db = server.database(SCHEMA).await;
-    let per_call = Limiter::new(Postgres::new(db.config()))
-        .with_budget(RESTART_BUDGET)
+    let per_call = Limiter::builder(Postgres::new(db.config()))
+        .budget(RESTART_BUDGET)
+        .build()
         .unwrap();
     let (source, connects) = reconnecting(db.config());
-    let pooled = Limiter::new(Postgres::new(source))
-        .with_budget(RESTART_BUDGET)
+    let pooled = Limiter::builder(Postgres::new(source))
+        .budget(RESTART_BUDGET)
+        .build()
         .unwrap();
     let login = limit("login", 1_000);
     let alice = Key::email("alice@example.com");
@@ -354,8 +361,9 @@ async fn a_connection_killed_mid_call_ends_within_the_budget() {
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
     let pid = backend_pid(&*held.lock().await).await;
-    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
-        .with_budget(KILL_BUDGET)
+    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
+        .budget(KILL_BUDGET)
+        .build()
         .unwrap();
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
@@ -431,8 +439,9 @@ async fn a_connection_source_that_errors_is_unreachable() {
             "the pool is closed",
         ))
     };
-    let limiter = Limiter::new(Postgres::new(failing))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(failing))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     let login = limit("login", 3);
     let alice = Key::email("alice@example.com");
@@ -473,8 +482,9 @@ async fn a_connection_source_that_never_yields_ends_within_the_budget() {
 
     // A source that never hands over a connection.
     let never = || std::future::pending::<Result<Box<Client>, Infallible>>();
-    let limiter = Limiter::new(Postgres::new(never))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(never))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     for op in ["check", "failed", "hit"] {
         let call = operate(&limiter, op, &login, &alice);
@@ -488,8 +498,9 @@ async fn a_connection_source_that_never_yields_ends_within_the_budget() {
     // An exhausted pool: its one connection is taken by someone else.
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
-    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))))
-        .with_budget(BUDGET)
+    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
+        .budget(BUDGET)
+        .build()
         .unwrap();
     let taken = held.lock().await;
     let what = "an exhausted pool";

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use platformkit_limit::{DEFAULT_REFUSAL_TTL, FLOOD_REFUSALS, Key, Limit, MAX_WINDOW, Postgres};
+use platformkit_limit::{Key, Limit, Limiter, Postgres};
 use serde::Serialize;
 
 use crate::measure::{Sample, Summary, measure, median};
@@ -32,7 +32,10 @@ pub(crate) const REFUSED_MAX: u32 = 5;
 /// The shortest flood at the refused keys with the refusal cache on: two
 /// and a half TTLs, so that each key's refusal is refreshed (twice or
 /// three times) while it is measured, in quick mode too.
-const FLOOD: Duration = match DEFAULT_REFUSAL_TTL.saturating_mul(5).checked_div(2) {
+const FLOOD: Duration = match Limiter::DEFAULT_REFUSAL_TTL
+    .saturating_mul(5)
+    .checked_div(2)
+{
     Some(flood) => flood,
     None => unreachable!(),
 };
@@ -54,7 +57,8 @@ impl Attack {
             pool,
             counting: Arc::new(counting),
             refused: Arc::new(
-                Limit::new(REFUSED_LIMIT_NAME, REFUSED_MAX, MAX_WINDOW).expect("a valid limit"),
+                Limit::new(REFUSED_LIMIT_NAME, REFUSED_MAX, Limit::MAX_WINDOW)
+                    .expect("a valid limit"),
             ),
         }
     }
@@ -141,7 +145,8 @@ impl AttackRow {
     /// refreshes of one key start at least a TTL apart, so a flood of `T`
     /// seconds costs each key at most `T / TTL + 1`.
     pub(crate) fn refusal_cache_bound(&self) -> f64 {
-        REFUSED_KEYS as f64 * (self.secs / DEFAULT_REFUSAL_TTL.as_secs_f64() + self.rounds as f64)
+        REFUSED_KEYS as f64
+            * (self.secs / Limiter::DEFAULT_REFUSAL_TTL.as_secs_f64() + self.rounds as f64)
     }
 
     /// The lone upsert this is compared to: its keys.
@@ -163,7 +168,7 @@ impl AttackRow {
 
 pub(crate) struct AttackResults {
     pub(crate) rows: Vec<AttackRow>,
-    /// The statements sent by the [`FLOOD_REFUSALS`] refusals of each key
+    /// The statements sent by the [`Limiter::FLOOD_REFUSALS`] refusals of each key
     /// that engage the refusal cache of a new limiter, how many refusals
     /// that was, and in how many rounds (a new limiter each).
     pub(crate) engaging_statements: u64,
@@ -203,7 +208,7 @@ impl AttackResults {
             connections: WIDE,
             refused_keys: REFUSED_KEYS,
             refused_max: REFUSED_MAX,
-            refusal_ttl_secs: DEFAULT_REFUSAL_TTL.as_secs_f64(),
+            refusal_ttl_secs: Limiter::DEFAULT_REFUSAL_TTL.as_secs_f64(),
             engaging_statements: self.engaging_statements,
             engaging_refusals: self.engaging_refusals,
             rows: self
@@ -322,19 +327,19 @@ pub(crate) async fn round(
             });
             let limit = attack.limit(keys);
             if defaults && keys == Keys::Refused {
-                // The store refuses each key FLOOD_REFUSALS times in a row,
+                // The store refuses each key Limiter::FLOOD_REFUSALS times in a row,
                 // which engages the cache for it; the cache answers the
                 // attempts after them, but for one refresh per key per TTL.
                 let before = attack.pool.lent();
                 for n in 0..REFUSED_KEYS {
                     let key = Key::opaque(&refused_id(n));
-                    for _ in 0..FLOOD_REFUSALS {
+                    for _ in 0..Limiter::FLOOD_REFUSALS {
                         let verdict = answered("failed", limiter.failed(&limit, &key).await);
                         assert!(verdict.is_refused(), "the key was refused first");
                     }
                 }
                 attack_results.engaging_statements += attack.pool.lent() - before;
-                attack_results.engaging_refusals += REFUSED_KEYS * FLOOD_REFUSALS as u64;
+                attack_results.engaging_refusals += REFUSED_KEYS * Limiter::FLOOD_REFUSALS as u64;
                 attack_results.rounds += 1;
             }
             let op = shared_failed_op(limiter, limit);
@@ -386,17 +391,18 @@ pub(crate) fn print(results: &Results, attack: &AttackResults) {
     let cached = attack.row(Keys::Refused, true);
     println!(
         "  through a new limiter with the cache each round: {} statements for the refusals that \
-         engage it ({FLOOD_REFUSALS} × {REFUSED_KEYS} keys × {} round{}), then {} for the {} \
+         engage it ({} × {REFUSED_KEYS} keys × {} round{}), then {} for the {} \
          attempts after them over {:.2} s: {:.2} per key per second (TTL {} s; the stated bound \
          allows {:.0})",
         attack.engaging_statements,
+        Limiter::FLOOD_REFUSALS,
         attack.rounds,
         if attack.rounds == 1 { "" } else { "s" },
         cached.statements,
         cached.calls,
         cached.secs,
         cached.statements_per_key_per_sec(),
-        DEFAULT_REFUSAL_TTL.as_secs_f64(),
+        Limiter::DEFAULT_REFUSAL_TTL.as_secs_f64(),
         cached.refusal_cache_bound(),
     );
 }

@@ -32,8 +32,10 @@ use postgres_types::{IsNull, ToSql, Type, to_sql_checked};
 use serde::Serialize;
 use tokio_postgres::{Client, Statement};
 
+use platformkit_limit::Limit;
+
+use crate::LIMIT_NAME;
 use crate::operations::{Held, Op};
-use crate::{LIMIT_NAME, MAX_ATTEMPTS};
 
 /// The marker lines around a procedure's statement in `schema.sql`.
 const BEGIN: &str = "-- statement\n";
@@ -408,7 +410,7 @@ impl Values {
             window_secs,
             at: None,
             previous: false,
-            max: i64::from(MAX_ATTEMPTS),
+            max: i64::from(Limit::MAX_ATTEMPTS),
             lockout_secs: 0,
             window: Interval {
                 micros: window_secs * 1_000_000,

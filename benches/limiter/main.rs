@@ -67,7 +67,7 @@ mod targets;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use platformkit_limit::{Limit, MAX_WINDOW, Postgres, SCHEMA};
+use platformkit_limit::{Limit, Postgres, SCHEMA};
 use platformkit_limit_testdb::{Options, Server};
 use tokio::sync::Mutex;
 
@@ -93,10 +93,6 @@ const HOT_ID: &str = "hot";
 /// The second limit of the several-limits calls, per address: stored keys
 /// are `bench-address|ip|<address>`.
 const ADDRESS_LIMIT_NAME: &str = "bench-address";
-
-/// A limit nothing reaches, so that every verdict is the same and only the
-/// cost is measured.
-const MAX_ATTEMPTS: u32 = 1_000_000_000;
 
 /// The wide concurrency: tasks, each with a held connection of its own.
 const WIDE: usize = 16;
@@ -194,7 +190,8 @@ async fn run(mode: Mode) -> bool {
 
     // The longest window, so that no run crosses into a new window midway
     // and the rows written before it stay current.
-    let limit = Limit::new(LIMIT_NAME, MAX_ATTEMPTS, MAX_WINDOW).expect("a valid limit");
+    let limit =
+        Limit::new(LIMIT_NAME, Limit::MAX_ATTEMPTS, Limit::MAX_WINDOW).expect("a valid limit");
     let window_secs = i64::try_from(limit.window().as_secs()).expect("a window fits in i64");
 
     // Rows for every PREFILL_EVERYth random key, in the current window.
@@ -245,7 +242,8 @@ async fn run(mode: Mode) -> bool {
             .map(|held| limiter(Postgres::new(lend(Arc::clone(held)))))
             .collect::<Vec<_>>(),
     );
-    let address = Limit::new(ADDRESS_LIMIT_NAME, MAX_ATTEMPTS, MAX_WINDOW).expect("a valid limit");
+    let address = Limit::new(ADDRESS_LIMIT_NAME, Limit::MAX_ATTEMPTS, Limit::MAX_WINDOW)
+        .expect("a valid limit");
     let bench = Bench::new(
         mode,
         limit.clone(),

@@ -9,9 +9,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 
-use platformkit_limit::{
-    Key, Limit, LimitConn, Limiter, MAX_BUDGET, Memory, Postgres, Store, Verdict,
-};
+use platformkit_limit::{Key, Limit, LimitConn, Limiter, Memory, Postgres, Store, Verdict};
 use tokio::sync::{Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::Client;
 
@@ -260,16 +258,20 @@ impl LimitConn for Pool {
 /// Its budget is long: a stall on a busy machine should show in the p99, not
 /// turn into a fail-open verdict that returns early.
 pub(crate) fn limiter<S: Store>(store: S) -> Limiter<S> {
-    defaults_limiter(store)
-        .without_refusal_cache()
-        .without_merging()
+    Limiter::builder(store)
+        .budget(Limiter::MAX_BUDGET)
+        .no_refusal_cache()
+        .no_merging()
+        .build()
+        .expect("the longest budget is a valid budget")
 }
 
 /// A limiter with the defaults (the refusal cache and merging on) and the
 /// long budget.
 pub(crate) fn defaults_limiter<S: Store>(store: S) -> Limiter<S> {
-    Limiter::new(store)
-        .with_budget(MAX_BUDGET)
+    Limiter::builder(store)
+        .budget(Limiter::MAX_BUDGET)
+        .build()
         .expect("the longest budget is a valid budget")
 }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use platformkit_limit::{Limit, PURGE_BATCH_ROWS, Postgres, SCHEMA, purge};
+use platformkit_limit::{Limit, Postgres, PurgeTask, SCHEMA, purge};
 use platformkit_limit_testdb::Server;
 use serde::Serialize;
 use tokio::sync::Mutex;
@@ -16,7 +16,7 @@ use tokio_postgres::Client;
 use crate::measure::{Sample, XorShift, next_seed, sample};
 use crate::operations::{Op, Pool, What, lend, limiter, limiter_op};
 use crate::report::{show_gain, show_ops, show_us};
-use crate::{MAX_ATTEMPTS, Mode, WIDE};
+use crate::{Mode, WIDE};
 
 /// The limit the purge's writers count under: stored keys are
 /// `bench-open|id|<n>`, in the current window (open) and in closed ones.
@@ -152,7 +152,8 @@ async fn while_writing<T>(
 pub(crate) async fn at_scale(server: &Server, mode: Mode) -> PurgeReport {
     let db = server.database(SCHEMA).await;
     let admin = db.connect_admin().await;
-    let open_limit = Limit::new(OPEN_LIMIT_NAME, MAX_ATTEMPTS, OPEN_WINDOW).expect("a valid limit");
+    let open_limit =
+        Limit::new(OPEN_LIMIT_NAME, Limit::MAX_ATTEMPTS, OPEN_WINDOW).expect("a valid limit");
     let window_secs = i64::try_from(OPEN_WINDOW.as_secs()).expect("a day fits in i64");
     let closed = i64::try_from(mode.purge_closed).expect("fits in i64");
     let open = i64::try_from(mode.purge_open).expect("fits in i64");
@@ -328,7 +329,7 @@ pub(crate) fn print(purge: &PurgeReport) {
         purge.took.as_secs_f64(),
         purge.rows_per_sec(),
         purge.statements,
-        PURGE_BATCH_ROWS
+        PurgeTask::BATCH_ROWS
     );
     println!(
         "  {:<22} {:>7} {:>9} {:>9} {:>9}",

@@ -48,20 +48,17 @@ use crate::Verdict;
 /// How many refusals of one key, within [`FLOOD_SPAN`], make it flooded: the
 /// refusal cache answers for a key only once the store has refused it this
 /// many times within the span through this process (see
-/// [`Limiter::with_refusal_cache`](crate::Limiter::with_refusal_cache)).
-pub const FLOOD_REFUSALS: usize = 3;
+/// [`LimiterBuilder::refusal_cache`](crate::LimiterBuilder::refusal_cache)).
+pub(crate) const FLOOD_REFUSALS: usize = 3;
 
 /// The span within which [`FLOOD_REFUSALS`] refusals of one key make it
 /// flooded: one second.
-pub const FLOOD_SPAN: Duration = Duration::from_secs(1);
+pub(crate) const FLOOD_SPAN: Duration = Duration::from_secs(1);
 
 /// How long the refusal cache answers for a flooded key before asking the
 /// store again, by default: one second (see
-/// [`Limiter::with_refusal_ttl`](crate::Limiter::with_refusal_ttl)).
-pub const DEFAULT_REFUSAL_TTL: Duration = Duration::from_secs(1);
-
-/// The longest TTL the refusal cache accepts: a minute.
-pub const MAX_REFUSAL_TTL: Duration = Duration::from_secs(60);
+/// [`LimiterBuilder::refusal_ttl`](crate::LimiterBuilder::refusal_ttl)).
+pub(crate) const DEFAULT_REFUSAL_TTL: Duration = Duration::from_secs(1);
 
 /// A refusal the store gave, answered again while fresh.
 struct Held {
@@ -193,7 +190,7 @@ impl RefusalCache {
         }
     }
 
-    /// No cache (the TTL is kept for a cache turned on later).
+    /// No cache.
     pub(crate) fn off(ttl: Duration) -> Self {
         RefusalCache {
             entries: None,
@@ -203,16 +200,13 @@ impl RefusalCache {
         }
     }
 
-    pub(crate) fn is_on(&self) -> bool {
-        self.entries.is_some()
+    /// How many keys it holds at most, or `None` when it is off.
+    pub(crate) fn capacity(&self) -> Option<usize> {
+        self.entries.as_ref().map(|_| self.capacity)
     }
 
     pub(crate) fn ttl(&self) -> Duration {
         self.ttl
-    }
-
-    pub(crate) fn set_ttl(&mut self, ttl: Duration) {
-        self.ttl = ttl;
     }
 
     /// What to do with a call for `key` starting at `now`, whose budget is

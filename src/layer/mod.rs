@@ -14,7 +14,7 @@ use snafu::OptionExt;
 
 use crate::error::InvalidOptionSnafu;
 use crate::store::Store;
-use crate::{Error, Key, Limit, Limiter, MAX_PAIRS};
+use crate::{Error, Key, Limit, Limiter};
 
 pub use self::client_ip::{ClientIp, client_ip};
 pub use self::response::{DefaultOnRejection, OnRejection, Rejection};
@@ -228,7 +228,7 @@ impl<S, R> LimitLayer<S, R> {
     ///
     /// # Panics
     ///
-    /// Beyond [`MAX_PAIRS`] rules, the most one statement takes.
+    /// Beyond [`Limiter::MAX_PAIRS`] rules, the most one statement takes.
     pub fn limit(
         self,
         limit: &Limit,
@@ -246,15 +246,16 @@ impl<S, R> LimitLayer<S, R> {
     ///
     /// # Panics
     ///
-    /// Beyond [`MAX_PAIRS`] rules.
+    /// Beyond [`Limiter::MAX_PAIRS`] rules.
     pub fn limit_per_client_ip(self, limit: &Limit) -> Self {
         self.rule(limit, KeyOf::ClientIp)
     }
 
     fn rule(mut self, limit: &Limit, key: KeyOf) -> Self {
         assert!(
-            self.config.rules.len() < MAX_PAIRS,
-            "a LimitLayer takes at most {MAX_PAIRS} rules, the most one statement takes"
+            self.config.rules.len() < Limiter::MAX_PAIRS,
+            "a LimitLayer takes at most {} rules, the most one statement takes",
+            Limiter::MAX_PAIRS
         );
         self.config.rules.push(Rule {
             limit: limit.clone(),

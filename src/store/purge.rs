@@ -14,20 +14,12 @@ use crate::store::postgres::{call, deleted};
 use crate::store::sql::{self, Budget};
 use crate::{Error, LimitConn, metric};
 
-/// Rows deleted per batch: small enough that no batch holds row locks for
-/// long, large enough that a purge of a million rows is a few hundred
-/// statements.
-pub const PURGE_BATCH_ROWS: i64 = 5_000;
-
-/// The budget of one batch.
-pub const PURGE_BATCH_BUDGET: Duration = Duration::from_secs(10);
-
 /// Deletes the rows whose window closed more than 24 hours ago and more than
 /// one window length ago (a sliding window still reads the window before
 /// the current one), and returns how many went.
 ///
 /// Run it hourly from the service's sweep job (cron `0 * * * *`). It works in
-/// batches of [`PURGE_BATCH_ROWS`], each its own short system transaction on
+/// batches of [`PurgeTask::BATCH_ROWS`], each its own short system transaction on
 /// a connection borrowed from `conns` for that batch alone, skipping rows
 /// that a limiter call holds at that moment, so it never holds locks for long
 /// and never waits on a login. Open windows and windows closed less than a day
@@ -58,7 +50,7 @@ pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
         };
         total += deleted;
         metric::purged(deleted);
-        if deleted < PURGE_BATCH_ROWS as u64 {
+        if deleted < PurgeTask::BATCH_ROWS as u64 {
             crate::trace::purged(total);
             return Ok(total);
         }
@@ -66,7 +58,7 @@ pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
 }
 
 async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
-    let purge = Call::start(Operation::Purge, PURGE_BATCH_BUDGET);
+    let purge = Call::start(Operation::Purge, PurgeTask::BATCH_BUDGET);
     purge
         .within(async {
             let conn = conns
@@ -75,7 +67,7 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
                 .map_err(|e| Error::connect(Operation::Purge, e.into()))?;
             let budget = Budget::until(purge.deadline());
             let params: [(&(dyn ToSql + Sync), Type); 2] = [
-                (&PURGE_BATCH_ROWS, Type::INT8),
+                (&PurgeTask::BATCH_ROWS, Type::INT8),
                 (&budget.server_ms, Type::INT8),
             ];
             let row = call(&conn, Operation::Purge, sql::PURGE_BATCH, &params, budget).await?;
@@ -83,9 +75,6 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
         })
         .await
 }
-
-/// The shortest interval [`PurgeTask::every`] accepts: a minute.
-pub const MIN_PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// A tokio task that runs [`purge`] on a schedule until it is stopped: for a
 /// service that has no cron-driven sweep job of its own.
@@ -106,6 +95,17 @@ pub struct PurgeTask {
 }
 
 impl PurgeTask {
+    /// Rows [`purge`] deletes per batch: small enough that no batch holds
+    /// row locks for long, large enough that a purge of a million rows is a
+    /// few hundred statements.
+    pub const BATCH_ROWS: i64 = 5_000;
+
+    /// The budget of one batch.
+    pub const BATCH_BUDGET: Duration = Duration::from_secs(10);
+
+    /// The shortest interval [`PurgeTask::every`] accepts: a minute.
+    pub const MIN_INTERVAL: Duration = Duration::from_secs(60);
+
     /// Purges once now and then every hour.
     pub fn hourly<C: LimitConn + 'static>(conns: C) -> Self {
         Self::spawn(conns, Duration::from_secs(3600))
@@ -116,10 +116,10 @@ impl PurgeTask {
     /// # Errors
     ///
     /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) when the
-    /// interval is shorter than [`MIN_PURGE_INTERVAL`].
+    /// interval is shorter than [`PurgeTask::MIN_INTERVAL`].
     pub fn every<C: LimitConn + 'static>(conns: C, interval: Duration) -> Result<Self, Error> {
         ensure!(
-            interval >= MIN_PURGE_INTERVAL,
+            interval >= PurgeTask::MIN_INTERVAL,
             InvalidOptionSnafu {
                 option: "purge interval",
                 reason: "purge at most once a minute: windows close a day before they go",

@@ -6,10 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use platformkit_limit::{
-    DEFAULT_REFUSAL_TTL, FLOOD_REFUSALS, FLOOD_SPAN, Key, Limit, ManualClock, Verdict,
-    WhenUnreachable,
-};
+use platformkit_limit::{Key, Limit, Limiter, ManualClock, Verdict, WhenUnreachable};
 use proptest::prelude::*;
 
 const MICROS_PER_SEC: u64 = 1_000_000;
@@ -212,7 +209,7 @@ pub fn case() -> impl Strategy<Value = Case> {
 ///
 /// Both limiters keep their refusal cache on (the default), so the model
 /// keeps one too: once a single-limit call's key has been refused
-/// `FLOOD_REFUSALS` times within `FLOOD_SPAN` (answers from the cache
+/// `Limiter::FLOOD_REFUSALS` times within `Limiter::FLOOD_SPAN` (answers from the cache
 /// included), the refusal is answered again, with nothing counted, for the
 /// TTL or until it reopens, whichever is sooner; then the next call asks
 /// again. An allow, a reset or a success forgets the key; the several-limits
@@ -237,14 +234,14 @@ struct Cached {
 impl Cached {
     fn refused_at(&mut self, now: u64) {
         self.times.push_back(now);
-        if self.times.len() > FLOOD_REFUSALS {
+        if self.times.len() > Limiter::FLOOD_REFUSALS {
             self.times.pop_front();
         }
     }
 
     fn flooded(&self, now: u64) -> bool {
-        let span = u64::try_from(FLOOD_SPAN.as_micros()).unwrap();
-        self.times.len() == FLOOD_REFUSALS && now - self.times[0] < span
+        let span = u64::try_from(Limiter::FLOOD_SPAN.as_micros()).unwrap();
+        self.times.len() == Limiter::FLOOD_REFUSALS && now - self.times[0] < span
     }
 }
 
@@ -355,7 +352,7 @@ impl Model {
         } else if single {
             let cached = self.refusals.entry((limit, key)).or_default();
             cached.refused_at(now);
-            let ttl = u64::try_from(DEFAULT_REFUSAL_TTL.as_micros()).unwrap();
+            let ttl = u64::try_from(Limiter::DEFAULT_REFUSAL_TTL.as_micros()).unwrap();
             cached.held = cached
                 .flooded(now)
                 .then(|| (seen.clone(), reopens, reopens.min(now + ttl)));
@@ -387,15 +384,20 @@ impl Case {
             .iter()
             .enumerate()
             .map(|(i, &(max, window, sliding, lockout))| {
-                let limit = Limit::new(&format!("{prefix}.l{i}"), max, Duration::from_secs(window))
-                    .unwrap()
-                    .when_unreachable(unreachable);
-                let limit = if sliding { limit.sliding() } else { limit };
-                if lockout > 0 {
-                    limit.lockout(Duration::from_secs(lockout)).unwrap()
+                let limit =
+                    Limit::builder(&format!("{prefix}.l{i}"), max, Duration::from_secs(window))
+                        .when_unreachable(unreachable);
+                let limit = if sliding {
+                    limit.strategy(platformkit_limit::Strategy::Sliding)
                 } else {
                     limit
-                }
+                };
+                let limit = if lockout > 0 {
+                    limit.lockout(Duration::from_secs(lockout))
+                } else {
+                    limit
+                };
+                limit.build().unwrap()
             })
             .collect()
     }

@@ -1,44 +1,35 @@
 //! [`Limiter`]: the front. Check before an attempt, record a failure after
 //! it, or do both at once.
 
+mod builder;
+
+pub use builder::LimiterBuilder;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cache::{DEFAULT_REFUSAL_TTL, Lookup, MAX_REFUSAL_TTL, RefusalCache};
 use snafu::{ResultExt, ensure};
+
+use crate::cache::{Lookup, RefusalCache};
 
 use crate::call::Call;
 use crate::decide::decide;
 use crate::error::{InvalidOptionSnafu, MergedSnafu};
 use crate::key::stored;
 use crate::merge::Merger;
-use crate::metric::{self, Outcome, Source};
+use crate::metric::{Outcome, Source};
 use crate::operation::Operation;
 use crate::permit::CountedIn;
 use crate::store::sealed::Sealed as _;
 use crate::store::{Op, Store};
 use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, Verdicts, WhenUnreachable};
 
-/// The most (limit, key) pairs one [`Limiter::check_all`] (or `failed_all`,
-/// `hit_all`) call takes.
-pub const MAX_PAIRS: usize = 64;
-
-/// How many refused keys the refusal cache holds by default.
-pub const DEFAULT_REFUSAL_CACHE_KEYS: usize = 100_000;
-
-/// The default budget of one call: 2 seconds.
-pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
-
-/// The longest budget a limiter accepts: a minute. A login that waits longer
-/// on its limiter has a bigger problem.
-pub const MAX_BUDGET: Duration = Duration::from_secs(60);
-
 /// The front of the crate: `check`, `failed`, `hit` and `reset` over a store,
 /// [`Postgres`](crate::Postgres) in production or [`Memory`](crate::Memory)
 /// in tests.
 ///
 /// Every call, getting the connection included, ends within the budget
-/// (2 seconds unless set with [`Limiter::with_budget`]). When the store
+/// (2 seconds unless set with [`LimiterBuilder::budget`]). When the store
 /// cannot be reached within it, the attempt is **allowed** (unless the limit
 /// chose otherwise with [`WhenUnreachable`]), the verdict says so
 /// ([`Verdict::is_unreachable`]) and the `unreachable` outcome is counted:
@@ -87,139 +78,54 @@ pub struct Limiter<S> {
 }
 
 impl<S: Store> Limiter<S> {
-    /// A limiter over `store`, with the default budget of 2 seconds.
+    /// A limiter over `store` with every default (the table on
+    /// [`LimiterBuilder`]): a budget of 2 seconds, the refusal cache and
+    /// merging on.
     ///
     /// Describes the crate's metrics to the recorder installed now (see
-    /// [`metric::describe`]).
+    /// [`metric::describe`](crate::metric::describe)).
     pub fn new(store: S) -> Self {
-        metric::describe();
-        Limiter {
-            store,
-            budget: DEFAULT_BUDGET,
-            fallback: Memory::bounded(),
-            refusals: RefusalCache::new(DEFAULT_REFUSAL_CACHE_KEYS, DEFAULT_REFUSAL_TTL),
-            merger: Some(Merger::default()),
-        }
+        Limiter::builder(store).assemble()
     }
 
-    /// Sets the budget of every call: the longest a call may take, getting
-    /// the connection included, before the store counts as unreachable.
+    /// A builder for a limiter over `store` with settings of your own; each
+    /// is checked once, by [`LimiterBuilder::build`].
     ///
-    /// # Errors
+    /// ```
+    /// use platformkit_limit::{Limiter, Memory};
+    /// use std::time::Duration;
     ///
-    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) when the
-    /// budget is shorter than a millisecond or longer than [`MAX_BUDGET`].
-    pub fn with_budget(mut self, budget: Duration) -> Result<Self, Error> {
-        ensure!(
-            budget >= Duration::from_millis(1),
-            InvalidOptionSnafu {
-                option: "budget",
-                reason: "the budget must be at least one millisecond",
-            }
-        );
-        ensure!(
-            budget <= MAX_BUDGET,
-            InvalidOptionSnafu {
-                option: "budget",
-                reason: "the budget must be at most 60 seconds",
-            }
-        );
-        self.budget = budget;
-        Ok(self)
+    /// let limiter = Limiter::builder(Memory::new())
+    ///     .budget(Duration::from_millis(500))
+    ///     .refusal_ttl(Duration::from_secs(2))
+    ///     .build()?;
+    /// assert_eq!(limiter.budget(), Duration::from_millis(500));
+    /// assert!(Limiter::builder(Memory::new()).budget(Duration::ZERO).build().is_err());
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// ```
+    pub fn builder(store: S) -> LimiterBuilder<S> {
+        LimiterBuilder::new(store)
     }
 
-    /// Sets how many refused keys the
-    /// [refusal cache](crate::guide#the-refusal-cache) holds (it is on by
-    /// default, with [`DEFAULT_REFUSAL_CACHE_KEYS`]).
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for 0
-    /// keys (use [`Limiter::without_refusal_cache`]) or more than ten
-    /// million.
-    pub fn with_refusal_cache(mut self, keys: usize) -> Result<Self, Error> {
-        ensure!(
-            keys >= 1,
-            InvalidOptionSnafu {
-                option: "refusal cache",
-                reason: "give it at least one key, or turn it off with without_refusal_cache",
-            }
-        );
-        ensure!(
-            keys <= 10_000_000,
-            InvalidOptionSnafu {
-                option: "refusal cache",
-                reason: "at most ten million keys",
-            }
-        );
-        self.refusals = RefusalCache::new(keys, self.refusals.ttl());
-        Ok(self)
-    }
-
-    /// Sets how long the refusal cache answers for a flooded key before one
-    /// call asks the store again (1 second by default,
-    /// [`DEFAULT_REFUSAL_TTL`](crate::DEFAULT_REFUSAL_TTL)): how long a reset
-    /// made through another replica can go unseen here, and the spacing of
-    /// the statements a flooded key still costs (see
-    /// [`Limiter::with_refusal_cache`]).
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
-    /// TTL shorter than a millisecond or longer than
-    /// [`MAX_REFUSAL_TTL`](crate::MAX_REFUSAL_TTL) (a minute).
-    pub fn with_refusal_ttl(mut self, ttl: Duration) -> Result<Self, Error> {
-        ensure!(
-            ttl >= Duration::from_millis(1),
-            InvalidOptionSnafu {
-                option: "refusal TTL",
-                reason: "the TTL must be at least one millisecond, or turn the cache off with \
-                 without_refusal_cache",
-            }
-        );
-        ensure!(
-            ttl <= MAX_REFUSAL_TTL,
-            InvalidOptionSnafu {
-                option: "refusal TTL",
-                reason: "the TTL must be at most 60 seconds",
-            }
-        );
-        self.refusals.set_ttl(ttl);
-        Ok(self)
-    }
-
-    /// Turns the [refusal cache](crate::guide#the-refusal-cache) off: every
-    /// call asks the store.
-    pub fn without_refusal_cache(mut self) -> Self {
-        self.refusals = RefusalCache::off(self.refusals.ttl());
-        self
-    }
-
-    /// Turns off [merging](crate::guide#merging): by default, concurrent
-    /// `failed`, `hit` and `reserve` calls for the same key in this process
-    /// share one statement. Off, every call sends its own statement.
-    pub fn without_merging(mut self) -> Self {
-        self.merger = None;
-        self
-    }
-
-    /// Whether concurrent writes to one key are merged.
-    pub fn merges(&self) -> bool {
+    /// Whether concurrent writes to one key are merged
+    /// ([`LimiterBuilder::no_merging`] turns it off).
+    pub fn merging(&self) -> bool {
         self.merger.is_some()
     }
 
-    /// Whether the refusal cache is on.
-    pub fn has_refusal_cache(&self) -> bool {
-        self.refusals.is_on()
+    /// How many keys the refusal cache holds, or `None` when it is off
+    /// ([`LimiterBuilder::refusal_cache`]).
+    pub fn refusal_cache(&self) -> Option<usize> {
+        self.refusals.capacity()
     }
 
     /// How long the refusal cache answers for a flooded key before asking
-    /// the store again (see [`Limiter::with_refusal_ttl`]).
+    /// the store again ([`LimiterBuilder::refusal_ttl`]).
     pub fn refusal_ttl(&self) -> Duration {
         self.refusals.ttl()
     }
 
-    /// The budget of every call.
+    /// The budget of every call ([`LimiterBuilder::budget`]).
     pub fn budget(&self) -> Duration {
         self.budget
     }
@@ -296,7 +202,7 @@ impl<S: Store> Limiter<S> {
     /// # Errors
     ///
     /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for no
-    /// pairs or more than [`MAX_PAIRS`]; otherwise as [`Limiter::check`].
+    /// pairs or more than [`Limiter::MAX_PAIRS`]; otherwise as [`Limiter::check`].
     pub async fn check_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
         self.counted_all(Op::Check, pairs).await
     }
@@ -345,10 +251,13 @@ impl<S: Store> Limiter<S> {
             }
         );
         ensure!(
-            pairs.len() <= MAX_PAIRS,
+            pairs.len() <= Limiter::MAX_PAIRS,
             InvalidOptionSnafu {
                 option: "pairs",
-                reason: format!("at most {MAX_PAIRS} (limit, key) pairs in one call"),
+                reason: format!(
+                    "at most {} (limit, key) pairs in one call",
+                    Limiter::MAX_PAIRS
+                ),
             }
         );
         let stored: Vec<(&Limit, String)> = pairs
@@ -531,7 +440,7 @@ impl<S: Store> Limiter<S> {
         key: &str,
         cause: Arc<Error>,
     ) -> (Verdict, CountedIn) {
-        match limit.unreachable_policy() {
+        match limit.when_unreachable() {
             WhenUnreachable::Refuse => {
                 (Verdict::uncounted(limit, false, cause), CountedIn::Nowhere)
             }

@@ -1,0 +1,197 @@
+//! [`LimiterBuilder`]: a limiter's settings, each checked once by
+//! [`build`](LimiterBuilder::build); and the bounds and defaults every
+//! limiter shares, as associated constants of [`Limiter`].
+//!
+//! The naming convention of the crate: a builder sets `x` with `x(value)`
+//! (or turns it off with `no_x()`), the built value reads it with `x()`, and
+//! a setting that cannot fail on a value (a store's clock) is
+//! `with_x(value)`.
+
+use std::time::Duration;
+
+use snafu::ensure;
+
+use crate::cache::{self, RefusalCache};
+use crate::error::InvalidOptionSnafu;
+use crate::merge::Merger;
+use crate::store::Store;
+use crate::{Error, Limiter, Memory, metric};
+
+/// The bounds and defaults of every limiter, whatever its store. They sit
+/// on `Limiter<Memory>` only so that `Limiter::MAX_BUDGET` needs no type
+/// annotation; a `Limiter<Postgres<_>>` has the same.
+impl Limiter<Memory> {
+    /// The default budget of one call: 2 seconds.
+    pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
+
+    /// The longest budget a limiter accepts: a minute. A login that waits
+    /// longer on its limiter has a bigger problem.
+    pub const MAX_BUDGET: Duration = Duration::from_secs(60);
+
+    /// The most (limit, key) pairs one [`Limiter::check_all`] (or
+    /// `failed_all`, `hit_all`, `reserve_all`) call takes.
+    pub const MAX_PAIRS: usize = 64;
+
+    /// How many keys the refusal cache holds by default.
+    pub const DEFAULT_REFUSAL_CACHE_KEYS: usize = 100_000;
+
+    /// The most keys a refusal cache may hold: ten million.
+    pub const MAX_REFUSAL_CACHE_KEYS: usize = 10_000_000;
+
+    /// How long the refusal cache answers for a flooded key before asking
+    /// the store again, by default: one second.
+    pub const DEFAULT_REFUSAL_TTL: Duration = cache::DEFAULT_REFUSAL_TTL;
+
+    /// The longest TTL the refusal cache accepts: a minute.
+    pub const MAX_REFUSAL_TTL: Duration = Duration::from_secs(60);
+
+    /// How many refusals of one key, within [`Limiter::FLOOD_SPAN`], make
+    /// it flooded: the refusal cache answers for a key only once the store
+    /// has refused it this many times within the span through this process.
+    pub const FLOOD_REFUSALS: usize = cache::FLOOD_REFUSALS;
+
+    /// The span within which [`Limiter::FLOOD_REFUSALS`] refusals of one key
+    /// make it flooded: one second.
+    pub const FLOOD_SPAN: Duration = cache::FLOOD_SPAN;
+}
+
+/// A [`Limiter`]'s settings; [`build`](LimiterBuilder::build) checks them
+/// and makes the limiter. From [`Limiter::builder`].
+///
+/// | setting | default | bounds |
+/// |---|---|---|
+/// | [`budget`](LimiterBuilder::budget) | [`Limiter::DEFAULT_BUDGET`] (2 s) | 1 ms to [`Limiter::MAX_BUDGET`] (60 s) |
+/// | [`refusal_cache`](LimiterBuilder::refusal_cache) | on, [`Limiter::DEFAULT_REFUSAL_CACHE_KEYS`] keys | 1 to [`Limiter::MAX_REFUSAL_CACHE_KEYS`], or [`no_refusal_cache`](LimiterBuilder::no_refusal_cache) |
+/// | [`refusal_ttl`](LimiterBuilder::refusal_ttl) | [`Limiter::DEFAULT_REFUSAL_TTL`] (1 s) | 1 ms to [`Limiter::MAX_REFUSAL_TTL`] (60 s) |
+/// | merging | on | [`no_merging`](LimiterBuilder::no_merging) |
+#[derive(Debug)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct LimiterBuilder<S> {
+    store: S,
+    budget: Duration,
+    refusal_cache: Option<usize>,
+    refusal_ttl: Duration,
+    merging: bool,
+}
+
+impl<S: Store> LimiterBuilder<S> {
+    pub(super) fn new(store: S) -> Self {
+        LimiterBuilder {
+            store,
+            budget: Limiter::DEFAULT_BUDGET,
+            refusal_cache: Some(Limiter::DEFAULT_REFUSAL_CACHE_KEYS),
+            refusal_ttl: Limiter::DEFAULT_REFUSAL_TTL,
+            merging: true,
+        }
+    }
+
+    /// The budget of every call: the longest a call may take, getting the
+    /// connection included, before the store counts as unreachable.
+    pub fn budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// How many keys the [refusal cache](crate::guide#the-refusal-cache)
+    /// holds (it is on by default).
+    pub fn refusal_cache(mut self, keys: usize) -> Self {
+        self.refusal_cache = Some(keys);
+        self
+    }
+
+    /// Turns the refusal cache off: every call asks the store.
+    pub fn no_refusal_cache(mut self) -> Self {
+        self.refusal_cache = None;
+        self
+    }
+
+    /// How long the refusal cache answers for a flooded key before one call
+    /// asks the store again (see the guide's
+    /// [refusal cache](crate::guide#the-refusal-cache) for what it bounds).
+    pub fn refusal_ttl(mut self, ttl: Duration) -> Self {
+        self.refusal_ttl = ttl;
+        self
+    }
+
+    /// Turns off [merging](crate::guide#merging): by default, concurrent
+    /// `failed`, `hit` and `reserve` calls for the same key in this process
+    /// share one statement. Off, every call sends its own statement.
+    pub fn no_merging(mut self) -> Self {
+        self.merging = false;
+        self
+    }
+
+    /// Checks every setting and makes the limiter.
+    ///
+    /// Describes the crate's metrics to the recorder installed now (see
+    /// [`metric::describe`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
+    /// setting outside its bounds (the table above), naming the setting.
+    pub fn build(self) -> Result<Limiter<S>, Error> {
+        ensure!(
+            self.budget >= Duration::from_millis(1),
+            InvalidOptionSnafu {
+                option: "budget",
+                reason: "the budget must be at least one millisecond",
+            }
+        );
+        ensure!(
+            self.budget <= Limiter::MAX_BUDGET,
+            InvalidOptionSnafu {
+                option: "budget",
+                reason: "the budget must be at most 60 seconds",
+            }
+        );
+        if let Some(keys) = self.refusal_cache {
+            ensure!(
+                keys >= 1,
+                InvalidOptionSnafu {
+                    option: "refusal cache",
+                    reason: "give it at least one key, or turn it off with no_refusal_cache",
+                }
+            );
+            ensure!(
+                keys <= Limiter::MAX_REFUSAL_CACHE_KEYS,
+                InvalidOptionSnafu {
+                    option: "refusal cache",
+                    reason: "at most ten million keys",
+                }
+            );
+        }
+        ensure!(
+            self.refusal_ttl >= Duration::from_millis(1),
+            InvalidOptionSnafu {
+                option: "refusal TTL",
+                reason: "the TTL must be at least one millisecond, or turn the cache off with \
+                         no_refusal_cache",
+            }
+        );
+        ensure!(
+            self.refusal_ttl <= Limiter::MAX_REFUSAL_TTL,
+            InvalidOptionSnafu {
+                option: "refusal TTL",
+                reason: "the TTL must be at most 60 seconds",
+            }
+        );
+        Ok(self.assemble())
+    }
+
+    /// The limiter, without the checks: for [`Limiter::new`], whose
+    /// defaults are within every bound.
+    pub(super) fn assemble(self) -> Limiter<S> {
+        metric::describe();
+        Limiter {
+            store: self.store,
+            budget: self.budget,
+            fallback: Memory::bounded(),
+            refusals: match self.refusal_cache {
+                Some(keys) => RefusalCache::new(keys, self.refusal_ttl),
+                None => RefusalCache::off(self.refusal_ttl),
+            },
+            merger: self.merging.then(Merger::default),
+        }
+    }
+}
