@@ -56,6 +56,7 @@ mod checks;
 mod clock;
 mod conn;
 mod decide;
+mod driver;
 mod error;
 pub mod guide;
 mod key;
@@ -74,6 +75,9 @@ mod verdict;
 pub use crate::cache::{DEFAULT_REFUSAL_TTL, FLOOD_REFUSALS, FLOOD_SPAN, MAX_REFUSAL_TTL};
 pub use crate::clock::ManualClock;
 pub use crate::conn::{Connect, Connected, LimitConn};
+pub use crate::driver::Session;
+#[cfg(feature = "sqlx")]
+pub use crate::driver::sqlx::SqlxConn;
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::{Key, MAX_KEY_BYTES};
 pub use crate::limit::{

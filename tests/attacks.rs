@@ -739,7 +739,7 @@ async fn caller_code_that_wrote_before_the_call_is_refused_and_its_work_is_not_c
     assert_eq!(code, SqlState::INVALID_TRANSACTION_TERMINATION, "{message}");
     assert_eq!(
         caller_work(&db).await,
-        [],
+        Vec::<i32>::new(),
         "the DO block's write was committed"
     );
 
@@ -764,7 +764,7 @@ async fn caller_code_that_wrote_before_the_call_is_refused_and_its_work_is_not_c
     assert_eq!(code, SqlState::INVALID_TRANSACTION_TERMINATION, "{message}");
     assert_eq!(
         caller_work(&db).await,
-        [],
+        Vec::<i32>::new(),
         "the procedure's write was committed"
     );
 }
@@ -1056,7 +1056,11 @@ async fn a_pipelined_write_before_the_call_is_refused_and_not_committed() {
     }
     assert_eq!(answers[2], Answer::Skipped);
     assert_eq!(status, b'I', "the pipeline left a transaction open");
-    assert_eq!(caller_work(&db).await, [], "row 7 was committed");
+    assert_eq!(
+        caller_work(&db).await,
+        Vec::<i32>::new(),
+        "row 7 was committed"
+    );
 }
 
 /// Red-team 2.11: in a pipeline, the statements after the CALL and before
