@@ -44,6 +44,9 @@
 //! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`;
 //! - `bb8`: [`LimitConn`] for `bb8::Pool` of
 //!   `bb8_postgres::PostgresConnectionManager`;
+//! - `sqlx`: [`LimitConn`] for `sqlx::PgPool`, and `SqlxConn` to lend any
+//!   sqlx PostgreSQL connection; sqlx cannot cancel a statement on the
+//!   server (the [guide](guide#drivers) says what that means);
 //! - `tracing`: a warning on every unreachable outcome and failed purge, info on a purge
 //!   (never the key).
 #![cfg_attr(docsrs, feature(doc_cfg))]
