@@ -1165,6 +1165,61 @@ async fn each_operation_then_observe<C: LimitConn>(
 }
 
 // ---------------------------------------------------------------------------
+// sqlx only: a connection the request already holds
+// ---------------------------------------------------------------------------
+
+/// A `PoolConnection` or a `&mut PgConnection` a request already holds is
+/// lent to a limiter built for that request, and comes back idle, usable by
+/// the request; the counts are the pool's limiter's too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sqlx_connection_the_request_holds_is_lent_by_reference() {
+    let db = fresh_db().await;
+    let pool = Sqlx::pool(&db.config(), 2).await;
+    let shared = Limiter::new(Postgres::new(pool.clone()));
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+
+    // The request's pooled connection, behind a borrow.
+    let mut pooled = pool.acquire().await.unwrap();
+    {
+        let held = Mutex::new(&mut pooled);
+        let limiter = Limiter::new(Postgres::new(|| async {
+            Ok::<_, Infallible>(SqlxConn(held.lock().await))
+        }));
+        assert_counted(&limiter.failed(&login, &alice).await.unwrap(), 1, "pooled");
+    }
+    // And the `&mut PgConnection` inside it.
+    {
+        let held = Mutex::new(&mut *pooled);
+        let limiter = Limiter::new(Postgres::new(|| async {
+            Ok::<_, Infallible>(SqlxConn(held.lock().await))
+        }));
+        assert_counted(
+            &limiter.failed(&login, &alice).await.unwrap(),
+            2,
+            "by reference",
+        );
+    }
+    let idle = sqlx::raw_sql(
+        "SELECT (pg_catalog.transaction_timestamp() = pg_catalog.statement_timestamp())::text",
+    )
+    .fetch_all(&mut *pooled)
+    .await
+    .unwrap();
+    assert_eq!(
+        idle[0].try_get::<String, _>(0).unwrap(),
+        "true",
+        "the request's connection came back inside a transaction"
+    );
+    drop(pooled);
+    assert_counted(
+        &shared.check(&login, &alice).await.unwrap(),
+        2,
+        "through the pool",
+    );
+}
+
+// ---------------------------------------------------------------------------
 // Each body, on each driver
 // ---------------------------------------------------------------------------
 

@@ -41,15 +41,15 @@ use crate::error::{BoxError, Reading};
 /// trip, errors read by the SQLSTATE table, the cancel) belongs to the
 /// drivers this crate supports. Bring your own pool through
 /// [`LimitConn`](crate::LimitConn) instead.
-pub trait Session: sealed::Session {}
+pub trait Session: sealed::Sealed {}
 
-impl<T: sealed::Session> Session for T {}
+impl<T: sealed::Sealed> Session for T {}
 
 pub(crate) mod sealed {
     use super::*;
 
     /// The methods of [`Session`](super::Session), out of callers' reach.
-    pub trait Session: Send {
+    pub trait Sealed: Send {
         /// Sends `sql` with `params` (in the order of its `$n`) and reads its
         /// one row. A driver that can cancels the statement on the server if
         /// it is still unanswered at `cancel_at`; the second value says

@@ -18,7 +18,7 @@ use tokio_postgres::error::SqlState;
 use super::{Column, Failure, Param, Row, answer_or_cancel, sealed};
 use crate::error::{Reading, misconfigured_code};
 
-impl<T: Deref<Target = Client> + Send> sealed::Session for T {
+impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
     async fn send<'a, const N: usize>(
         &'a mut self,
         sql: &'static str,

@@ -61,6 +61,27 @@ use crate::error::{Reading, misconfigured_code};
 /// # Ok(())
 /// # }
 /// ```
+///
+/// Or lend the `&mut PgConnection` a request already holds (a transaction's
+/// is refused: the connection must be idle) to a limiter for that request.
+/// A limiter built per request has its own refusal cache and merging, so
+/// those help only across its calls; share one limiter over a pool where you
+/// can.
+///
+/// ```no_run
+/// use platformkit_limit::{Key, Limit, Limiter, Postgres, SqlxConn};
+/// use tokio::sync::Mutex;
+///
+/// # async fn demo(conn: &mut sqlx::PgConnection, login: &Limit) -> Result<(), platformkit_limit::Error> {
+/// let held = Mutex::new(conn);
+/// let limiter = Limiter::new(Postgres::new(|| async {
+///     Ok::<_, std::convert::Infallible>(SqlxConn(held.lock().await))
+/// }));
+/// let verdict = limiter.check(login, &Key::email("alice@example.com")).await?;
+/// # let _ = verdict;
+/// # Ok(())
+/// # }
+/// ```
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 #[derive(Debug)]
 pub struct SqlxConn<C>(pub C);
@@ -72,7 +93,7 @@ impl<C> SqlxConn<C> {
     }
 }
 
-impl<C> sealed::Session for SqlxConn<C>
+impl<C> sealed::Sealed for SqlxConn<C>
 where
     C: DerefMut + Send,
     C::Target: AsMut<PgConnection>,
