@@ -12,15 +12,18 @@ use tokio::task::JoinHandle;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Config, NoTls, Socket};
 
+use crate::driver::Session;
 use crate::error::BoxError;
 
 /// Where the limiter gets a connection for one call: the counterpart of a
 /// framework's "connection for this request".
 ///
-/// The connection must be for exclusive use during the call and idle (not
-/// inside a transaction) when handed over. The limiter hands it back outside
-/// any transaction. A call near the end of its budget is cancelled on the
-/// server before the connection is handed back; should the budget run out
+/// The connection (a [`Session`]: a tokio-postgres client, or an sqlx
+/// connection in a [`SqlxConn`](crate::SqlxConn)) must be for exclusive use
+/// during the call and idle (not inside a transaction) when handed over. The
+/// limiter hands it back outside any transaction. On tokio-postgres, a call
+/// near the end of its budget is cancelled on the server before the
+/// connection is handed back (sqlx cannot cancel). Should the budget run out
 /// anyway, the limiter's own `CALL` may still be running on it, and the next
 /// statement on the connection waits for it (at most the `lock_timeout` the
 /// call carried, plus the statement's own work). A connection handed over
@@ -29,10 +32,13 @@ use crate::error::BoxError;
 /// that transaction is rolled back, never committed.
 ///
 /// Implemented for:
-/// - an async closure returning anything that derefs to a
-///   [`tokio_postgres::Client`] (a pool's object, a mutex guard);
+/// - an async closure returning a [`Session`]: anything that derefs to a
+///   [`tokio_postgres::Client`] (a pool's object, a mutex guard), or an
+///   [`SqlxConn`](crate::SqlxConn);
 /// - [`tokio_postgres::Config`]: connect for each call, without TLS;
-/// - [`Connect`]: connect for each call, with the TLS connector you give.
+/// - [`Connect`]: connect for each call, with the TLS connector you give;
+/// - deadpool and bb8 pools of tokio-postgres connections, and
+///   `sqlx::PgPool`, behind the features of the same names.
 ///
 /// Implement it for your own pool with an `async fn`:
 ///
@@ -55,7 +61,7 @@ use crate::error::BoxError;
 /// ```
 pub trait LimitConn: Send + Sync {
     /// The connection lent for one call.
-    type Conn: Deref<Target = Client> + Send;
+    type Conn: Session;
 
     /// Why no connection could be had. The limiter treats it as the store
     /// being unreachable.
@@ -65,7 +71,8 @@ pub trait LimitConn: Send + Sync {
     fn conn(&self) -> impl Future<Output = Result<Self::Conn, Self::Error>> + Send;
 }
 
-/// An async closure is a connection source.
+/// An async closure is a connection source: of tokio-postgres clients, as
+/// here, or of sqlx connections in a [`SqlxConn`](crate::SqlxConn).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -85,7 +92,7 @@ impl<F, Fut, C, E> LimitConn for F
 where
     F: Fn() -> Fut + Send + Sync,
     Fut: Future<Output = Result<C, E>> + Send,
-    C: Deref<Target = Client> + Send,
+    C: Session,
     E: Into<BoxError>,
 {
     type Conn = C;

@@ -13,6 +13,7 @@
 //! - [Windows](#windows): fixed and sliding
 //! - [Fail-open](#fail-open): what happens when the database is gone
 //! - [Behind a tower layer](#behind-a-tower-layer): the layer's choices
+//! - [Drivers](#drivers): tokio-postgres and sqlx, and what sqlx cannot do
 //! - [In a service](#in-a-service): the steps for your own app
 //!
 //! Outside the crate docs: each promise with the test that keeps it
@@ -43,13 +44,16 @@
 //!    ([below](#merging)).
 //! 5. **A connection.** The store asks your [`LimitConn`] for one
 //!    connection: a pool's, the request's own, or a new one from a
-//!    [`tokio_postgres::Config`]. The crate keeps no pool and no connection
-//!    between calls.
+//!    [`tokio_postgres::Config`]; a tokio-postgres client or an sqlx
+//!    connection ([drivers](#drivers)). The crate keeps no pool and no
+//!    connection between calls.
 //! 6. **One statement.** It sends one `CALL` of one of the limiter's
 //!    procedures from [`SCHEMA`]
 //!    (`CALL platformkit.platformkit_limit_add(p_key => $1, …)`), in
 //!    autocommit, with the key as a bind parameter: one message, one network
-//!    round trip, and plans the server caches per connection.
+//!    round trip, and plans the server caches per connection. (sqlx
+//!    prepares the statement first, once per connection: one more round
+//!    trip, the first time.)
 //! 7. **The procedure** opens the limiter's own short system transaction
 //!    with [the prologue](#the-procedures-prologue), checks its parameters
 //!    and runs its one statement: an upsert for `failed`, `hit` and
@@ -103,7 +107,7 @@
 //!
 //! The cancel request goes over a new connection without TLS: a server that
 //! accepts only TLS refuses it, and then `lock_timeout` alone bounds the call
-//! on the server.
+//! on the server. sqlx sends no cancel request at all ([drivers](#drivers)).
 //!
 //! ## Why procedures
 //!
@@ -427,15 +431,69 @@
 //! `LimitLayer`'s docs show both modes; `ClientIp`'s say why the layer
 //! leaves proxies to the deployment.
 //!
+//! # Drivers
+//!
+//! A [`LimitConn`] lends a [`Session`]: a connection the limiter can send
+//! its statement on. Whatever the driver, a call is the same statement, with
+//! the same bind parameters and the same budget; its answer is read the same
+//! way, and its errors go through the same SQLSTATE table ([`ErrorKind`]).
+//!
+//! | | tokio-postgres | sqlx (feature `sqlx`) |
+//! |---|---|---|
+//! | connection sources | anything that derefs to a `Client`: a closure's guard, [`Connected`] ([`Config`](tokio_postgres::Config), [`Connect`]), deadpool, bb8 | `sqlx::PgPool`; [`SqlxConn`] around a `PoolConnection<Postgres>`, a held `PgConnection` or a `&mut PgConnection` |
+//! | the statement | one unnamed Parse, Bind, Execute and Sync: one round trip, nothing prepared that outlives it | sqlx's own: prepared once per connection as a named statement and cached, then one round trip per call |
+//! | near the deadline | a cancel request stops the `CALL` on the server | no cancel request: the client gives up at the deadline |
+//! | PgBouncer, transaction mode | any version | 1.21 or newer, with `max_prepared_statements` set (the default from 1.24) |
+//!
+//! **What sqlx cannot do: cancel.** sqlx keeps the backend's cancel key to
+//! itself, so the limiter has nothing to send a cancel request with. The
+//! server's part of the budget still bounds every lock wait: a row lock held
+//! past it is [`ErrorKind::LockTimeout`] on either driver. A `CALL` slow for
+//! another reason (a saturated disk, a synchronous standby that does not
+//! answer) goes on after the limiter gave up at the deadline, and that
+//! means three things:
+//!
+//! - the verdict says unreachable ([`ErrorKind::Timeout`], with no
+//!   SQLSTATE), and the limit's [`WhenUnreachable`] applies, but the `CALL`
+//!   may still commit: the count it carried then lands after all, and the
+//!   next call sees it. An answer after the deadline cannot be told from no
+//!   answer; the limiter never takes it as a verdict.
+//! - the connection is busy until the `CALL` ends: the next statement on it
+//!   waits (the pool's `PoolConnection` tests it before taking it back,
+//!   which waits too).
+//! - a commit waiting for a synchronous standby is never acknowledged: the
+//!   limiter gave up on it, as it does when tokio-postgres cancels one.
+//!
+//! **sqlx through PgBouncer.** sqlx prepares every statement it binds as a
+//! named statement, the limiter's as well as the service's own. Only a
+//! PgBouncer that carries named prepared statements from one server
+//! connection to the next (1.21 or newer, `max_prepared_statements` above
+//! zero) can pass them on; through an older one, two sqlx clients of one
+//! server connection collide on a statement's name, and the limiter's call
+//! is a hard error ([`ErrorKind::Query`], SQLSTATE 42P05 or 26000), never an
+//! allow. The tokio-postgres driver prepares nothing and works through any
+//! PgBouncer.
+//!
+//! **Two things sqlx's pool does.** It pings a connection before lending it
+//! unless `test_before_acquire(false)`: a round trip of the pool's, before
+//! the limiter's. And it retries a refused connection until its own
+//! `acquire_timeout`, so a server that does not listen is unreachable as a
+//! [`ErrorKind::Timeout`] at the end of the limiter's budget rather than a
+//! [`ErrorKind::Connect`] at once.
+//!
+//! The repository's `tests/drivers.rs` runs each behaviour test, written
+//! once, on both drivers; `examples/sqlx_login.rs` is a login over a
+//! service's own `PgPool`.
+//!
 //! # In a service
 //!
 //! 1. Apply [`SCHEMA`] in your migrations, and run what [`grants`] prints
 //!    for the limiter's role.
 //! 2. Build one `Limiter::new(Postgres::new(pool.clone()))` at start-up and
 //!    share it in your state. Pools are sources behind cargo features
-//!    (`deadpool`, `bb8`); the pool's wait counts against the call's budget,
-//!    so an exhausted pool is an unreachable store once the budget is spent,
-//!    never a hang.
+//!    (`deadpool`, `bb8`, `sqlx`); the pool's wait counts against the call's
+//!    budget, so an exhausted pool is an unreachable store once the budget
+//!    is spent, never a hang.
 //! 3. Make each [`Limit`] once.
 //! 4. In the handler, `check` before the expensive work and `failed` after a
 //!    failure (or [`Limiter::reserve`] before it), and answer a refused
@@ -464,6 +522,11 @@
 //! [`Limit::lockout`]: crate::Limit::lockout
 //! [`Strategy::Sliding`]: crate::Strategy::Sliding
 //! [`LimitConn`]: crate::LimitConn
+//! [`Session`]: crate::Session
+//! [`Connected`]: crate::Connected
+//! [`Connect`]: crate::Connect
+//! [`SqlxConn`]: crate::SqlxConn
+//! [`ErrorKind::Query`]: crate::ErrorKind::Query
 //! [`Limiter::check_all`]: crate::Limiter::check_all
 //! [`Limiter::hit_all`]: crate::Limiter::hit_all
 //! [`Limiter::reserve_all`]: crate::Limiter::reserve_all

@@ -44,6 +44,9 @@
 //! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`;
 //! - `bb8`: [`LimitConn`] for `bb8::Pool` of
 //!   `bb8_postgres::PostgresConnectionManager`;
+//! - `sqlx`: [`LimitConn`] for `sqlx::PgPool`, and `SqlxConn` to lend any
+//!   sqlx PostgreSQL connection; sqlx cannot cancel a statement on the
+//!   server (the [guide](guide#drivers) says what that means);
 //! - `tracing`: a warning on every unreachable outcome and failed purge, info on a purge
 //!   (never the key);
 //! - `tower`: `LimitLayer`, a tower layer that limits requests by keys read
@@ -61,6 +64,7 @@ mod checks;
 mod clock;
 mod conn;
 mod decide;
+mod driver;
 mod error;
 pub mod guide;
 mod headers;
@@ -81,6 +85,9 @@ mod verdict;
 
 pub use crate::clock::ManualClock;
 pub use crate::conn::{Connect, Connected, LimitConn};
+pub use crate::driver::Session;
+#[cfg(feature = "sqlx")]
+pub use crate::driver::sqlx::SqlxConn;
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::Key;
 #[cfg(feature = "tower")]

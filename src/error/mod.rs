@@ -20,6 +20,8 @@ mod sqlstate;
 use sqlstate::Class;
 use tokio_postgres::error::SqlState;
 
+use crate::driver::Failure;
+
 /// A boxed error from a connection source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -121,13 +123,15 @@ pub(crate) enum Inner {
     ))]
     Misconfigured {
         operation: Operation,
+        code: Option<SqlState>,
         source: BoxError,
     },
 
     #[snafu(display("{operation}: the connection to PostgreSQL failed or was lost"))]
     ConnectionLost {
         operation: Operation,
-        source: tokio_postgres::Error,
+        code: Option<SqlState>,
+        source: BoxError,
     },
 
     #[snafu(display("{operation}: no answer within the budget of {budget:?}"))]
@@ -141,7 +145,8 @@ pub(crate) enum Inner {
     ))]
     ServerTimeout {
         operation: Operation,
-        source: tokio_postgres::Error,
+        code: Option<SqlState>,
+        source: BoxError,
     },
 
     /// An answer that came after this call's own cancel request: the budget
@@ -156,7 +161,8 @@ pub(crate) enum Inner {
     #[snafu(display("{operation}: a lock the statement needed was held past the server's budget"))]
     LockTimeout {
         operation: Operation,
-        source: tokio_postgres::Error,
+        code: Option<SqlState>,
+        source: BoxError,
     },
 
     #[snafu(display(
@@ -164,7 +170,8 @@ pub(crate) enum Inner {
     ))]
     Cancelled {
         operation: Operation,
-        source: tokio_postgres::Error,
+        code: Option<SqlState>,
+        source: BoxError,
     },
 
     #[snafu(display(
@@ -173,13 +180,15 @@ pub(crate) enum Inner {
     ))]
     SessionTimeout {
         operation: Operation,
-        source: tokio_postgres::Error,
+        code: Option<SqlState>,
+        source: BoxError,
     },
 
     #[snafu(display("{operation}: PostgreSQL refused the limiter's statement"))]
     Query {
         operation: Operation,
-        source: tokio_postgres::Error,
+        code: Option<SqlState>,
+        source: BoxError,
     },
 
     #[snafu(display(
@@ -188,7 +197,8 @@ pub(crate) enum Inner {
     ))]
     InTransaction {
         operation: Operation,
-        source: tokio_postgres::Error,
+        code: Option<SqlState>,
+        source: BoxError,
     },
 
     #[snafu(display(
@@ -248,95 +258,139 @@ impl Error {
         matches!(self.kind(), ErrorKind::Connect | ErrorKind::Timeout)
     }
 
-    /// The SQLSTATE PostgreSQL answered with, if it answered with one.
+    /// The SQLSTATE PostgreSQL answered with, if it answered with one,
+    /// whatever the driver.
     pub fn code(&self) -> Option<&SqlState> {
         match &self.0 {
-            Inner::Misconfigured { source, .. } => source
-                .downcast_ref::<tokio_postgres::Error>()
-                .and_then(tokio_postgres::Error::code),
-            Inner::ConnectionLost { source, .. }
-            | Inner::ServerTimeout { source, .. }
-            | Inner::LockTimeout { source, .. }
-            | Inner::Cancelled { source, .. }
-            | Inner::SessionTimeout { source, .. }
-            | Inner::Query { source, .. }
-            | Inner::InTransaction { source, .. } => source.code(),
+            Inner::Misconfigured { code, .. }
+            | Inner::ConnectionLost { code, .. }
+            | Inner::ServerTimeout { code, .. }
+            | Inner::LockTimeout { code, .. }
+            | Inner::Cancelled { code, .. }
+            | Inner::SessionTimeout { code, .. }
+            | Inner::Query { code, .. }
+            | Inner::InTransaction { code, .. } => code.as_ref(),
             Inner::Merged { source, .. } => source.code(),
             _ => None,
         }
     }
 
-    /// A connection source's failure: unreachable, unless a PostgreSQL
-    /// error in its chain shows a misconfiguration (a refusal with a SQLSTATE
-    /// that is not the server going away, an invalid configuration, a failed
+    /// A connection source's failure: unreachable, unless a driver's error
+    /// in its chain shows a misconfiguration (a refusal with a SQLSTATE that
+    /// is not the server going away, an invalid configuration, a failed
     /// authentication).
     pub(crate) fn connect(operation: Operation, source: BoxError) -> Self {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
         while let Some(error) = cause {
-            if error
-                .downcast_ref::<tokio_postgres::Error>()
-                .is_some_and(misconfigured)
-            {
-                return Error(Inner::Misconfigured { operation, source });
+            if let Some(code) = crate::driver::misconfigured(error) {
+                return Error(Inner::Misconfigured {
+                    operation,
+                    code,
+                    source,
+                });
             }
             cause = error.source();
         }
         Error(Inner::Connect { operation, source })
     }
 
-    /// Sorts an error from PostgreSQL into "unreachable" (the connection is
-    /// gone, the server is going away or is a standby) and everything else,
-    /// which is a hard error; see the table in [`ErrorKind`].
-    pub(crate) fn from_postgres(operation: Operation, source: tokio_postgres::Error) -> Self {
-        Error::from_call(operation, source, false)
+    /// Sorts a driver's error into "unreachable" (the connection is gone,
+    /// the server is going away or is a standby) and everything else, which
+    /// is a hard error; see the table in [`ErrorKind`]. A cancel is the
+    /// budget running out only when this call sent it (`cancel_sent`).
+    pub(crate) fn from_call(operation: Operation, failure: Failure, cancel_sent: bool) -> Self {
+        let reading = failure.reading();
+        Error::read(operation, reading, failure.into_source(), cancel_sent)
     }
 
-    /// As [`Error::from_postgres`], for the answer to a call that sent its
-    /// own cancel request when `cancel_sent`: only then is a cancel the
-    /// budget running out.
-    pub(crate) fn from_call(
-        operation: Operation,
-        source: tokio_postgres::Error,
-        cancel_sent: bool,
-    ) -> Self {
-        let Some(code) = source.code() else {
-            return Error(if source.is_closed() || io_caused(&source) {
-                Inner::ConnectionLost { operation, source }
-            } else {
-                Inner::Query { operation, source }
-            });
+    /// As [`Error::from_call`], for what the driver's error said.
+    fn read(operation: Operation, reading: Reading, source: BoxError, cancel_sent: bool) -> Self {
+        let code = match reading {
+            Reading::Answered(code) => code,
+            Reading::Lost => {
+                return Error(Inner::ConnectionLost {
+                    operation,
+                    code: None,
+                    source,
+                });
+            }
+            Reading::Misconfigured => {
+                return Error(Inner::Misconfigured {
+                    operation,
+                    code: None,
+                    source,
+                });
+            }
+            Reading::Refused => {
+                return Error(Inner::Query {
+                    operation,
+                    code: None,
+                    source,
+                });
+            }
         };
-        Error(match Class::of(code) {
-            Class::Gone => Inner::ConnectionLost { operation, source },
-            Class::Cancelled if cancel_sent => Inner::ServerTimeout { operation, source },
-            Class::Cancelled => Inner::Cancelled { operation, source },
-            Class::LockTimeout => Inner::LockTimeout { operation, source },
-            Class::InTransaction => Inner::InTransaction { operation, source },
-            Class::Misconfigured => Inner::SessionTimeout { operation, source },
-            Class::Refused => Inner::Query { operation, source },
+        let class = Class::of(&code);
+        let code = Some(code);
+        Error(match class {
+            Class::Gone => Inner::ConnectionLost {
+                operation,
+                code,
+                source,
+            },
+            Class::Cancelled if cancel_sent => Inner::ServerTimeout {
+                operation,
+                code,
+                source,
+            },
+            Class::Cancelled => Inner::Cancelled {
+                operation,
+                code,
+                source,
+            },
+            Class::LockTimeout => Inner::LockTimeout {
+                operation,
+                code,
+                source,
+            },
+            Class::InTransaction => Inner::InTransaction {
+                operation,
+                code,
+                source,
+            },
+            Class::Misconfigured => Inner::SessionTimeout {
+                operation,
+                code,
+                source,
+            },
+            Class::Refused => Inner::Query {
+                operation,
+                code,
+                source,
+            },
         })
     }
 }
 
-/// Whether a connection attempt failed for a reason an outage does not
-/// explain. tokio-postgres does not expose its error kinds; its messages for
-/// them are stable and are matched here.
-fn misconfigured(error: &tokio_postgres::Error) -> bool {
-    match error.code() {
-        Some(code) => !matches!(Class::of(code), Class::Gone | Class::Cancelled),
-        None => {
-            let message = error.to_string();
-            [
-                "invalid configuration",
-                "invalid connection string",
-                "authentication error",
-            ]
-            .iter()
-            .any(|kind| message.starts_with(kind))
-        }
-    }
+/// What a driver's error says, before the SQLSTATE table reads it.
+#[derive(Debug)]
+pub(crate) enum Reading {
+    /// PostgreSQL answered with this SQLSTATE.
+    Answered(SqlState),
+    /// No SQLSTATE, and the connection is gone (closed, or an I/O error).
+    Lost,
+    /// No SQLSTATE, and the driver refused its own configuration.
+    #[cfg_attr(
+        not(feature = "sqlx"),
+        expect(dead_code, reason = "tokio-postgres says so only when connecting")
+    )]
+    Misconfigured,
+    /// No SQLSTATE otherwise: an answer the limiter could not read, a
+    /// protocol error. A hard error.
+    Refused,
 }
 
-fn io_caused(error: &tokio_postgres::Error) -> bool {
-    std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
+/// Whether a SQLSTATE that ended a connection attempt shows a
+/// misconfiguration: anything but the server going away or a cancel.
+pub(crate) fn misconfigured_code(code: &SqlState) -> bool {
+    !matches!(Class::of(code), Class::Gone | Class::Cancelled)
 }

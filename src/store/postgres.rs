@@ -2,16 +2,15 @@
 
 use std::time::SystemTime;
 
-use postgres_types::{ToSql, Type};
 use tokio::time::Instant;
-use tokio_postgres::{Client, Row};
 
 use snafu::ensure;
 
 use crate::clock::Clock;
+use crate::driver::{Row, Session};
 use crate::error::{AnsweredAfterCancelSnafu, InvalidOptionSnafu, UnexpectedSnafu};
 use crate::operation::Operation;
-use crate::store::sql::{self, Budget};
+use crate::store::sql::{self, Budget, Statement};
 use crate::store::{Counted, Op, Store, sealed};
 use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
 
@@ -127,7 +126,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         deadline: Instant,
     ) -> Result<Counted, Error> {
         let operation = Operation::from(op);
-        let conn = self.connection(operation).await?;
+        let mut conn = self.connection(operation).await?;
         let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
         let pinned = self.pinned()?;
         let budget = Budget::until(deadline);
@@ -136,39 +135,38 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let lockout = i64::try_from(limit.lockout_secs()).expect("at most a day");
         let row = match op {
             Op::Check => {
-                let params: [(&(dyn ToSql + Sync), Type); 7] = [
-                    (&key, Type::TEXT),
-                    (&window, Type::INT8),
-                    (&pinned, Type::TIMESTAMPTZ),
-                    (&budget.server_ms, Type::INT8),
-                    (&previous, Type::BOOL),
-                    (&max, Type::INT8),
-                    (&lockout, Type::INT8),
-                ];
-                call(&conn, operation, sql::READ, &params, budget).await?
+                let read = sql::Read {
+                    key,
+                    window_secs: window,
+                    at: pinned,
+                    budget_ms: budget.server_ms,
+                    previous,
+                    max,
+                    lockout_secs: lockout,
+                };
+                call(&mut conn, operation, read.statement(), budget).await?
             }
             Op::Failed | Op::Hit | Op::Reserve => {
-                let n = i64::try_from(n).unwrap_or(i64::MAX);
-                let params: [(&(dyn ToSql + Sync), Type); 9] = [
-                    (&key, Type::TEXT),
-                    (&n, Type::INT8),
-                    (&window, Type::INT8),
-                    (&pinned, Type::TIMESTAMPTZ),
-                    (&budget.server_ms, Type::INT8),
-                    (&self.relaxed, Type::BOOL),
-                    (&previous, Type::BOOL),
-                    (&max, Type::INT8),
-                    (&lockout, Type::INT8),
-                ];
-                call(&conn, operation, sql::ADD, &params, budget).await?
+                let add = sql::Add {
+                    key,
+                    add: i64::try_from(n).unwrap_or(i64::MAX),
+                    window_secs: window,
+                    at: pinned,
+                    budget_ms: budget.server_ms,
+                    relaxed: self.relaxed,
+                    previous,
+                    max,
+                    lockout_secs: lockout,
+                };
+                call(&mut conn, operation, add.statement(), budget).await?
             }
         };
-        let get = |e| Error::from_postgres(operation, e);
-        let count: i64 = row.try_get(0).map_err(get)?;
-        let window_end: SystemTime = row.try_get(1).map_err(get)?;
-        let now: SystemTime = row.try_get(2).map_err(get)?;
-        let previous: i64 = row.try_get(3).map_err(get)?;
-        let locked_until: Option<SystemTime> = row.try_get(4).map_err(get)?;
+        let get = |e| Error::from_call(operation, e, false);
+        let count: i64 = row.get(0).map_err(get)?;
+        let window_end: SystemTime = row.get(1).map_err(get)?;
+        let now: SystemTime = row.get(2).map_err(get)?;
+        let previous: i64 = row.get(3).map_err(get)?;
+        let locked_until: Option<SystemTime> = row.get(4).map_err(get)?;
         Ok(Counted {
             count: stored_count(count),
             previous: stored_count(previous),
@@ -185,7 +183,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
         let operation = Operation::from(op);
-        let conn = self.connection(operation).await?;
+        let mut conn = self.connection(operation).await?;
         let keys: Vec<&str> = pairs.iter().map(|(_, key)| key.as_str()).collect();
         let windows: Vec<i64> = pairs
             .iter()
@@ -203,39 +201,38 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             .collect();
         let row = match op {
             Op::Check => {
-                let params: [(&(dyn ToSql + Sync), Type); 7] = [
-                    (&keys, Type::TEXT_ARRAY),
-                    (&windows, Type::INT8_ARRAY),
-                    (&pinned, Type::TIMESTAMPTZ),
-                    (&budget.server_ms, Type::INT8),
-                    (&previous, Type::BOOL),
-                    (&maxes, Type::INT8_ARRAY),
-                    (&lockouts, Type::INT8_ARRAY),
-                ];
-                call(&conn, operation, sql::READ_MANY, &params, budget).await?
+                let read = sql::ReadMany {
+                    keys: &keys,
+                    window_secs: &windows,
+                    at: pinned,
+                    budget_ms: budget.server_ms,
+                    previous,
+                    maxes: &maxes,
+                    lockout_secs: &lockouts,
+                };
+                call(&mut conn, operation, read.statement(), budget).await?
             }
             Op::Failed | Op::Hit | Op::Reserve => {
-                let one = 1_i64;
-                let params: [(&(dyn ToSql + Sync), Type); 9] = [
-                    (&keys, Type::TEXT_ARRAY),
-                    (&windows, Type::INT8_ARRAY),
-                    (&one, Type::INT8),
-                    (&pinned, Type::TIMESTAMPTZ),
-                    (&budget.server_ms, Type::INT8),
-                    (&self.relaxed, Type::BOOL),
-                    (&previous, Type::BOOL),
-                    (&maxes, Type::INT8_ARRAY),
-                    (&lockouts, Type::INT8_ARRAY),
-                ];
-                call(&conn, operation, sql::ADD_MANY, &params, budget).await?
+                let add = sql::AddMany {
+                    keys: &keys,
+                    window_secs: &windows,
+                    add: 1,
+                    at: pinned,
+                    budget_ms: budget.server_ms,
+                    relaxed: self.relaxed,
+                    previous,
+                    maxes: &maxes,
+                    lockout_secs: &lockouts,
+                };
+                call(&mut conn, operation, add.statement(), budget).await?
             }
         };
-        let get = |e| Error::from_postgres(operation, e);
-        let counts: Vec<i64> = row.try_get(0).map_err(get)?;
-        let window_ends: Vec<SystemTime> = row.try_get(1).map_err(get)?;
-        let now: SystemTime = row.try_get(2).map_err(get)?;
-        let previous: Vec<i64> = row.try_get(3).map_err(get)?;
-        let locked_until: Vec<Option<SystemTime>> = row.try_get(4).map_err(get)?;
+        let get = |e| Error::from_call(operation, e, false);
+        let counts: Vec<i64> = row.get(0).map_err(get)?;
+        let window_ends: Vec<SystemTime> = row.get(1).map_err(get)?;
+        let now: SystemTime = row.get(2).map_err(get)?;
+        let previous: Vec<i64> = row.get(3).map_err(get)?;
+        let locked_until: Vec<Option<SystemTime>> = row.get(4).map_err(get)?;
         ensure!(
             [
                 window_ends.len(),
@@ -272,29 +269,34 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         n: u64,
         deadline: Instant,
     ) -> Result<u64, Error> {
-        let conn = self.connection(Operation::TakeBack).await?;
+        let mut conn = self.connection(Operation::TakeBack).await?;
         let budget = Budget::until(deadline);
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
-        let params: [(&(dyn ToSql + Sync), Type); 5] = [
-            (&key, Type::TEXT),
-            (&window_start, Type::TIMESTAMPTZ),
-            (&n, Type::INT8),
-            (&budget.server_ms, Type::INT8),
-            (&self.relaxed, Type::BOOL),
-        ];
-        let row = call(&conn, Operation::TakeBack, sql::TAKE_BACK, &params, budget).await?;
+        let take_back = sql::TakeBack {
+            key,
+            window_start,
+            n: i64::try_from(n).unwrap_or(i64::MAX),
+            budget_ms: budget.server_ms,
+            relaxed: self.relaxed,
+        };
+        let row = call(
+            &mut conn,
+            Operation::TakeBack,
+            take_back.statement(),
+            budget,
+        )
+        .await?;
         deleted(&row, Operation::TakeBack)
     }
 
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
-        let conn = self.connection(Operation::Reset).await?;
+        let mut conn = self.connection(Operation::Reset).await?;
         let budget = Budget::until(deadline);
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
-            (&key, Type::TEXT),
-            (&budget.server_ms, Type::INT8),
-            (&self.relaxed, Type::BOOL),
-        ];
-        let row = call(&conn, Operation::Reset, sql::RESET, &params, budget).await?;
+        let reset = sql::Reset {
+            key,
+            budget_ms: budget.server_ms,
+            relaxed: self.relaxed,
+        };
+        let row = call(&mut conn, Operation::Reset, reset.statement(), budget).await?;
         deleted(&row, Operation::Reset)
     }
 }
@@ -305,7 +307,7 @@ fn stored_count(count: i64) -> u64 {
     u64::try_from(count).unwrap_or(u64::MAX)
 }
 
-/// Sends one `CALL` and returns its one row.
+/// Sends one `CALL` on `session` and returns its one row.
 ///
 /// The `CALL` runs in autocommit and its procedure opens and ends the
 /// limiter's own transaction, so a caller that gives up on the future (the
@@ -313,43 +315,32 @@ fn stored_count(count: i64) -> u64 {
 /// already queued on the connection, and the server finishes it alone.
 ///
 /// The server stops too, as [`Budget`] splits the time: its lock waits end
-/// at `lock_timeout` (a hard error), and a `CALL` still unanswered at
-/// `budget.cancel_at` is sent a cancel request (what psql's Ctrl-C sends,
-/// over a new connection without TLS; a server that requires TLS refuses it
-/// and the lock timeout still holds). The cancel is sent while this call
-/// still holds the connection, so it can only reach this `CALL`: through
-/// PgBouncer, a client that holds no server connection has nothing to
-/// cancel. A cancel this call did not send is a hard error; an answer that
-/// comes after this call's cancel is the budget running out, never an
-/// acknowledgement (a commit waiting for a synchronous standby is answered
-/// when cancelled, without the standby).
+/// at `lock_timeout` (a hard error), and, on a driver that can cancel
+/// (tokio-postgres), a `CALL` still unanswered at `budget.cancel_at` is sent
+/// a cancel request (what psql's Ctrl-C sends, over a new connection without
+/// TLS; a server that requires TLS refuses it and the lock timeout still
+/// holds). The cancel is sent while this call still holds the connection, so
+/// it can only reach this `CALL`: through PgBouncer, a client that holds no
+/// server connection has nothing to cancel. A cancel this call did not send
+/// is a hard error; an answer that comes after this call's cancel is the
+/// budget running out, never an acknowledgement (a commit waiting for a
+/// synchronous standby is answered when cancelled, without the standby). A
+/// driver that cannot cancel (sqlx) sends none: the client gives up at the
+/// deadline and the server finishes the `CALL` alone.
 ///
 /// A connection handed over inside the caller's transaction makes the
 /// procedure fail before it does anything; that transaction, now aborted, is
 /// rolled back so that the connection goes back idle.
-pub(crate) async fn call(
-    client: &Client,
+pub(crate) async fn call<S: Session, const N: usize>(
+    session: &mut S,
     operation: Operation,
-    statement: &str,
-    params: &[(&(dyn ToSql + Sync), Type)],
+    statement: Statement<'_, N>,
     budget: Budget,
 ) -> Result<Row, Error> {
     crate::metric::statement_sent(operation);
-    let mut cancel_sent = false;
-    let answer = client.query_typed_one(statement, params);
-    tokio::pin!(answer);
-    let answer = tokio::select! {
-        biased;
-        answer = &mut answer => answer,
-        () = tokio::time::sleep_until(budget.cancel_at) => {
-            cancel_sent = true;
-            let token = client.cancel_token();
-            tokio::spawn(async move {
-                let _ = token.cancel_query(tokio_postgres::NoTls).await;
-            });
-            answer.await
-        }
-    };
+    let (answer, cancel_sent) = session
+        .send(statement.sql, &statement.params, budget.cancel_at)
+        .await;
     match answer {
         Ok(_) if cancel_sent => AnsweredAfterCancelSnafu { operation }
             .fail()
@@ -359,7 +350,7 @@ pub(crate) async fn call(
             let error = Error::from_call(operation, e, cancel_sent);
             if error.kind() == ErrorKind::InTransaction {
                 // Best effort: the error says what happened either way.
-                let _ = client.batch_execute("ROLLBACK").await;
+                session.rollback().await;
             }
             Err(error)
         }
@@ -369,7 +360,7 @@ pub(crate) async fn call(
 /// Reads the one count column of a reset, purge or take-back.
 pub(crate) fn deleted(row: &Row, operation: Operation) -> Result<u64, Error> {
     let deleted: i64 = row
-        .try_get(0)
-        .map_err(|e| Error::from_postgres(operation, e))?;
+        .get(0)
+        .map_err(|e| Error::from_call(operation, e, false))?;
     Ok(u64::try_from(deleted).unwrap_or(0))
 }

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use postgres_types::{ToSql, Type};
-
 use snafu::ensure;
 
 use crate::call::Call;
@@ -61,16 +59,16 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
     let purge = Call::start(Operation::Purge, PurgeTask::BATCH_BUDGET);
     purge
         .within(async {
-            let conn = conns
+            let mut conn = conns
                 .conn()
                 .await
                 .map_err(|e| Error::connect(Operation::Purge, e.into()))?;
             let budget = Budget::until(purge.deadline());
-            let params: [(&(dyn ToSql + Sync), Type); 2] = [
-                (&PurgeTask::BATCH_ROWS, Type::INT8),
-                (&budget.server_ms, Type::INT8),
-            ];
-            let row = call(&conn, Operation::Purge, sql::PURGE_BATCH, &params, budget).await?;
+            let batch = sql::PurgeBatch {
+                batch: PurgeTask::BATCH_ROWS,
+                budget_ms: budget.server_ms,
+            };
+            let row = call(&mut conn, Operation::Purge, batch.statement(), budget).await?;
             deleted(&row, Operation::Purge)
         })
         .await

@@ -11,9 +11,11 @@
 //! ([one call's path](crate::guide#one-calls-path),
 //! [the procedures' prologue](crate::guide#the-procedures-prologue)).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
+
+use crate::driver::Param;
 
 /// The schema, as a script that is safe to apply twice.
 pub(crate) const SCHEMA: &str = include_str!("../../schema.sql");
@@ -55,6 +57,201 @@ pub(crate) const RESET: &str = "CALL platformkit.platformkit_limit_reset(\
 /// transaction holds. Returns how many rows went.
 pub(crate) const PURGE_BATCH: &str =
     "CALL platformkit.platformkit_limit_purge(p_batch => $1, p_budget_ms => $2)";
+
+/// One statement ready to send: its text, and its parameters in the order
+/// of its `$n`. Each procedure's arguments are a struct below, so the order
+/// is written once, beside the text.
+#[derive(Debug)]
+pub(crate) struct Statement<'a, const N: usize> {
+    pub(crate) sql: &'static str,
+    pub(crate) params: [Param<'a>; N],
+}
+
+/// The arguments of [`ADD`].
+#[derive(Debug)]
+pub(crate) struct Add<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) add: i64,
+    pub(crate) window_secs: i64,
+    pub(crate) at: Option<SystemTime>,
+    pub(crate) budget_ms: i64,
+    pub(crate) relaxed: bool,
+    pub(crate) previous: bool,
+    pub(crate) max: i64,
+    pub(crate) lockout_secs: i64,
+}
+
+impl Add<'_> {
+    pub(crate) fn statement(&self) -> Statement<'_, 9> {
+        Statement {
+            sql: ADD,
+            params: [
+                Param::Text(self.key),
+                Param::Int8(self.add),
+                Param::Int8(self.window_secs),
+                Param::Timestamptz(self.at),
+                Param::Int8(self.budget_ms),
+                Param::Bool(self.relaxed),
+                Param::Bool(self.previous),
+                Param::Int8(self.max),
+                Param::Int8(self.lockout_secs),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`READ`].
+#[derive(Debug)]
+pub(crate) struct Read<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) window_secs: i64,
+    pub(crate) at: Option<SystemTime>,
+    pub(crate) budget_ms: i64,
+    pub(crate) previous: bool,
+    pub(crate) max: i64,
+    pub(crate) lockout_secs: i64,
+}
+
+impl Read<'_> {
+    pub(crate) fn statement(&self) -> Statement<'_, 7> {
+        Statement {
+            sql: READ,
+            params: [
+                Param::Text(self.key),
+                Param::Int8(self.window_secs),
+                Param::Timestamptz(self.at),
+                Param::Int8(self.budget_ms),
+                Param::Bool(self.previous),
+                Param::Int8(self.max),
+                Param::Int8(self.lockout_secs),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`ADD_MANY`].
+#[derive(Debug)]
+pub(crate) struct AddMany<'a> {
+    pub(crate) keys: &'a [&'a str],
+    pub(crate) window_secs: &'a [i64],
+    pub(crate) add: i64,
+    pub(crate) at: Option<SystemTime>,
+    pub(crate) budget_ms: i64,
+    pub(crate) relaxed: bool,
+    pub(crate) previous: bool,
+    pub(crate) maxes: &'a [i64],
+    pub(crate) lockout_secs: &'a [i64],
+}
+
+impl AddMany<'_> {
+    pub(crate) fn statement(&self) -> Statement<'_, 9> {
+        Statement {
+            sql: ADD_MANY,
+            params: [
+                Param::TextArray(self.keys),
+                Param::Int8Array(self.window_secs),
+                Param::Int8(self.add),
+                Param::Timestamptz(self.at),
+                Param::Int8(self.budget_ms),
+                Param::Bool(self.relaxed),
+                Param::Bool(self.previous),
+                Param::Int8Array(self.maxes),
+                Param::Int8Array(self.lockout_secs),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`READ_MANY`].
+#[derive(Debug)]
+pub(crate) struct ReadMany<'a> {
+    pub(crate) keys: &'a [&'a str],
+    pub(crate) window_secs: &'a [i64],
+    pub(crate) at: Option<SystemTime>,
+    pub(crate) budget_ms: i64,
+    pub(crate) previous: bool,
+    pub(crate) maxes: &'a [i64],
+    pub(crate) lockout_secs: &'a [i64],
+}
+
+impl ReadMany<'_> {
+    pub(crate) fn statement(&self) -> Statement<'_, 7> {
+        Statement {
+            sql: READ_MANY,
+            params: [
+                Param::TextArray(self.keys),
+                Param::Int8Array(self.window_secs),
+                Param::Timestamptz(self.at),
+                Param::Int8(self.budget_ms),
+                Param::Bool(self.previous),
+                Param::Int8Array(self.maxes),
+                Param::Int8Array(self.lockout_secs),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`TAKE_BACK`].
+#[derive(Debug)]
+pub(crate) struct TakeBack<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) window_start: SystemTime,
+    pub(crate) n: i64,
+    pub(crate) budget_ms: i64,
+    pub(crate) relaxed: bool,
+}
+
+impl TakeBack<'_> {
+    pub(crate) fn statement(&self) -> Statement<'_, 5> {
+        Statement {
+            sql: TAKE_BACK,
+            params: [
+                Param::Text(self.key),
+                Param::Timestamptz(Some(self.window_start)),
+                Param::Int8(self.n),
+                Param::Int8(self.budget_ms),
+                Param::Bool(self.relaxed),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`RESET`].
+#[derive(Debug)]
+pub(crate) struct Reset<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) budget_ms: i64,
+    pub(crate) relaxed: bool,
+}
+
+impl Reset<'_> {
+    pub(crate) fn statement(&self) -> Statement<'_, 3> {
+        Statement {
+            sql: RESET,
+            params: [
+                Param::Text(self.key),
+                Param::Int8(self.budget_ms),
+                Param::Bool(self.relaxed),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`PURGE_BATCH`].
+#[derive(Debug)]
+pub(crate) struct PurgeBatch {
+    pub(crate) batch: i64,
+    pub(crate) budget_ms: i64,
+}
+
+impl PurgeBatch {
+    pub(crate) fn statement(&self) -> Statement<'static, 2> {
+        Statement {
+            sql: PURGE_BATCH,
+            params: [Param::Int8(self.batch), Param::Int8(self.budget_ms)],
+        }
+    }
+}
 
 /// The earliest time a clock may be pinned to (1900-01-01 UTC), as the
 /// procedures check it.

@@ -34,6 +34,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const PORT_ATTEMPTS: usize = 8;
 /// How long a stopping PgBouncer may take before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The first PgBouncer that carries protocol-level named prepared statements
+/// from one server connection to the next (`max_prepared_statements`).
+const PREPARED_STATEMENTS_SINCE: (u32, u32) = (1, 21);
+/// `max_prepared_statements` where the bouncer has it.
+const MAX_PREPARED_STATEMENTS: u32 = 100;
 
 /// A PgBouncer in front of a [`Server`], in transaction pooling mode: each client
 /// transaction (or statement outside one) borrows a server connection and gives it back
@@ -52,6 +57,8 @@ pub struct PgBouncer {
     port: u16,
     pool_size: u32,
     binary: PathBuf,
+    /// `(major, minor)`, from `pgbouncer --version`.
+    version: (u32, u32),
     /// `<base>/<pid>-<n>`: holds the configuration and the log; removed on drop.
     dir: PathBuf,
     log_path: PathBuf,
@@ -63,6 +70,7 @@ impl fmt::Debug for PgBouncer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgBouncer")
             .field("binary", &self.binary)
+            .field("version", &self.version)
             .field("port", &self.port)
             .field("pool_size", &self.pool_size)
             .field("dir", &self.dir)
@@ -77,7 +85,9 @@ enum StartFailure {
 
 impl PgBouncer {
     /// Starts a PgBouncer in front of `server` with `pool_size` server connections per
-    /// (database, user) pair, and waits until a query goes through it.
+    /// (database, user) pair, and waits until a query goes through it. A PgBouncer that
+    /// can carry named prepared statements (1.21 or newer) is started with
+    /// `max_prepared_statements` set; see [`PgBouncer::carries_prepared_statements`].
     ///
     /// `None` when there is no PgBouncer to run: the binary is looked for in the file
     /// named by the environment variable `PGBOUNCER`, on `PATH`, then as
@@ -93,12 +103,14 @@ impl PgBouncer {
             "a PgBouncer pool needs at least one connection"
         );
         let binary = find_binary()?;
+        let version = version_of(&binary);
         let run_as = RunAs::get();
         let dir = process::new_cluster_dir();
         let mut bouncer = PgBouncer {
             port: 0,
             pool_size,
             binary,
+            version,
             log_path: dir.join(LOG_FILE),
             output_path: dir.join(OUTPUT_FILE),
             dir,
@@ -125,6 +137,21 @@ impl PgBouncer {
     /// The TCP port PgBouncer listens on, on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The version of the binary, `(major, minor)`: `(1, 18)` for PgBouncer 1.18.0.
+    pub fn version(&self) -> (u32, u32) {
+        self.version
+    }
+
+    /// Whether this PgBouncer carries protocol-level named prepared statements from one
+    /// server connection to the next (1.21 or newer, started here with
+    /// `max_prepared_statements` set). An older one does not: a statement a client
+    /// prepared may be missing from the server connection its next transaction gets, or
+    /// another client's statement of the same name may be there (what sqlx's statement
+    /// cache runs into).
+    pub fn carries_prepared_statements(&self) -> bool {
+        self.version >= PREPARED_STATEMENTS_SINCE
     }
 
     /// `config` (for example [`TestDb::config`](crate::TestDb::config)) pointed at the
@@ -193,6 +220,11 @@ impl PgBouncer {
     }
 
     fn write_config(&self, server: &Server, run_as: Option<RunAs>) {
+        let prepared = if self.carries_prepared_statements() {
+            format!("max_prepared_statements = {MAX_PREPARED_STATEMENTS}\n")
+        } else {
+            String::new()
+        };
         let contents = format!(
             "; Written by platformkit-limit-testdb.\n\
              [databases]\n\
@@ -210,7 +242,8 @@ impl PgBouncer {
              ignore_startup_parameters = extra_float_digits,options\n\
              server_reset_query =\n\
              server_login_retry = 1\n\
-             logfile = {log_file}\n",
+             logfile = {log_file}\n\
+             {prepared}",
             host = server.host(),
             server_port = server.port(),
             port = self.port,
@@ -417,6 +450,32 @@ fn find_binary() -> Option<PathBuf> {
     })
 }
 
+/// `(major, minor)` of the PgBouncer at `binary`, from the first line of its
+/// `--version` ("PgBouncer 1.18.0").
+fn version_of(binary: &Path) -> (u32, u32) {
+    let output = Command::new(binary)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {} --version: {e}", binary.display()));
+    let said = String::from_utf8_lossy(&output.stdout);
+    parse_version(&said).unwrap_or_else(|| {
+        panic!(
+            "{} --version said {said:?}, not \"PgBouncer <major>.<minor>...\"",
+            binary.display()
+        )
+    })
+}
+
+/// `(major, minor)` from "PgBouncer 1.18.0" (the first line of `--version`).
+fn parse_version(said: &str) -> Option<(u32, u32)> {
+    let version = said.lines().next()?.strip_prefix("PgBouncer ")?;
+    let mut numbers = version.trim().split('.');
+    let major = numbers.next()?.parse().ok()?;
+    let minor = numbers.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 fn is_executable(path: &Path) -> bool {
     fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
@@ -487,5 +546,15 @@ mod tests {
         assert_eq!(quote_userlist("limit_owner"), "\"limit_owner\"");
         assert_eq!(quote_userlist("a\"b"), "\"a\"\"b\"");
         assert_eq!(quote_userlist(""), "\"\"");
+    }
+
+    #[test]
+    fn the_version_is_read_from_the_first_line() {
+        let said = "PgBouncer 1.18.0\nlibevent 2.1.12-stable\nadns: c-ares 1.18.1\n";
+        assert_eq!(parse_version(said), Some((1, 18)));
+        assert_eq!(parse_version("PgBouncer 1.24.1\n"), Some((1, 24)));
+        assert_eq!(parse_version("PgBouncer 2.0\n"), Some((2, 0)));
+        assert_eq!(parse_version("pgbouncer version 1.18\n"), None);
+        assert_eq!(parse_version(""), None);
     }
 }

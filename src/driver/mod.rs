@@ -1,0 +1,178 @@
+//! [`Session`]: what a lent connection must do for the limiter, whatever its
+//! driver.
+//!
+//! The stores need one thing of a connection: send one statement (a text
+//! from [`sql`](crate::store::sql)) with typed parameters and read its one
+//! row; and, on failure, say what went wrong in terms the one SQLSTATE table
+//! reads (a code, or the connection being gone). Cancelling on the server
+//! near the deadline is done by the drivers that can.
+//!
+//! - `postgres.rs`: anything that derefs to a [`tokio_postgres::Client`];
+//! - `sqlx.rs` (feature `sqlx`): [`SqlxConn`](crate::SqlxConn) over any sqlx
+//!   PostgreSQL connection.
+
+pub(crate) mod postgres;
+#[cfg(feature = "sqlx")]
+pub(crate) mod sqlx;
+
+use std::future::Future;
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+
+use crate::error::{BoxError, Reading};
+
+/// A connection the limiter can send its statement on: the type a
+/// [`LimitConn`](crate::LimitConn) lends.
+///
+/// Implemented for:
+/// - anything that derefs to a [`tokio_postgres::Client`] (a pool's object,
+///   a mutex guard, [`Connected`](crate::Connected)): the statement is
+///   cancelled on the server near the end of the budget;
+/// - [`SqlxConn`](crate::SqlxConn) over an sqlx PostgreSQL connection (a
+///   `PoolConnection<Postgres>`, a held `PgConnection`), with the `sqlx`
+///   feature: sqlx does not expose what a cancel request needs, so the
+///   server's `lock_timeout` bounds the call's lock waits and the client
+///   gives up at the deadline (the guide's
+///   [drivers](crate::guide#drivers) section says what that means).
+///
+/// The trait is sealed: what a connection must do (one statement, one round
+/// trip, errors read by the SQLSTATE table, the cancel) belongs to the
+/// drivers this crate supports. Bring your own pool through
+/// [`LimitConn`](crate::LimitConn) instead.
+pub trait Session: sealed::Sealed {}
+
+impl<T: sealed::Sealed> Session for T {}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// The methods of [`Session`](super::Session), out of callers' reach.
+    pub trait Sealed: Send {
+        /// Sends `sql` with `params` (in the order of its `$n`) and reads its
+        /// one row. A driver that can cancels the statement on the server if
+        /// it is still unanswered at `cancel_at`; the second value says
+        /// whether it sent that cancel request.
+        fn send<'a, const N: usize>(
+            &'a mut self,
+            sql: &'static str,
+            params: &'a [Param<'a>; N],
+            cancel_at: Instant,
+        ) -> impl Future<Output = (Result<Row, Failure>, bool)> + Send + 'a;
+
+        /// Rolls back the transaction the connection was lent inside, so that
+        /// it goes back idle. Best effort: the error already says what
+        /// happened.
+        fn rollback(&mut self) -> impl Future<Output = ()> + Send + '_;
+    }
+}
+
+/// One bind parameter, typed as the procedure's argument is.
+#[derive(Clone, Copy, Debug)]
+pub enum Param<'a> {
+    /// `text`
+    Text(&'a str),
+    /// `int8`
+    Int8(i64),
+    /// `bool`
+    Bool(bool),
+    /// `timestamptz`, `NULL` for `None`
+    Timestamptz(Option<SystemTime>),
+    /// `text[]`
+    TextArray(&'a [&'a str]),
+    /// `int8[]`
+    Int8Array(&'a [i64]),
+}
+
+/// The one row a statement answered, as its driver read it.
+#[derive(Debug)]
+pub enum Row {
+    Postgres(tokio_postgres::Row),
+    #[cfg(feature = "sqlx")]
+    Sqlx(::sqlx::postgres::PgRow),
+}
+
+impl Row {
+    /// Column `index`, as `T`.
+    pub(crate) fn get<T: Column>(&self, index: usize) -> Result<T, Failure> {
+        match self {
+            Row::Postgres(row) => T::from_postgres(row, index).map_err(Failure::Postgres),
+            #[cfg(feature = "sqlx")]
+            Row::Sqlx(row) => T::from_sqlx(row, index).map_err(Failure::Sqlx),
+        }
+    }
+}
+
+/// A column type the procedures answer with: `int8`, `timestamptz` (or
+/// `NULL`), and their arrays.
+pub(crate) trait Column: Sized {
+    fn from_postgres(
+        row: &tokio_postgres::Row,
+        index: usize,
+    ) -> Result<Self, tokio_postgres::Error>;
+
+    #[cfg(feature = "sqlx")]
+    fn from_sqlx(row: &::sqlx::postgres::PgRow, index: usize) -> Result<Self, ::sqlx::Error>;
+}
+
+/// A driver's error, before the SQLSTATE table reads it.
+#[derive(Debug)]
+pub enum Failure {
+    Postgres(tokio_postgres::Error),
+    #[cfg(feature = "sqlx")]
+    Sqlx(::sqlx::Error),
+}
+
+impl Failure {
+    /// What the error says: a SQLSTATE, or the connection gone, or neither.
+    pub(crate) fn reading(&self) -> Reading {
+        match self {
+            Failure::Postgres(e) => postgres::reading(e),
+            #[cfg(feature = "sqlx")]
+            Failure::Sqlx(e) => sqlx::reading(e),
+        }
+    }
+
+    /// The driver's error itself, the cause of the crate's.
+    pub(crate) fn into_source(self) -> BoxError {
+        match self {
+            Failure::Postgres(e) => Box::new(e),
+            #[cfg(feature = "sqlx")]
+            Failure::Sqlx(e) => Box::new(e),
+        }
+    }
+}
+
+/// Whether `error`, one link of a connection source's error chain, shows a
+/// misconfiguration rather than an outage, and with which SQLSTATE: `None`
+/// when it does not (or is no driver's error).
+pub(crate) fn misconfigured(error: &(dyn std::error::Error + 'static)) -> Option<Option<SqlState>> {
+    if let Some(e) = error.downcast_ref::<tokio_postgres::Error>() {
+        return postgres::misconfigured(e);
+    }
+    #[cfg(feature = "sqlx")]
+    if let Some(e) = error.downcast_ref::<::sqlx::Error>() {
+        return sqlx::misconfigured(e);
+    }
+    None
+}
+
+/// Awaits `answer`; if it is still pending at `cancel_at`, calls `cancel`
+/// once and goes on awaiting it. Returns the answer and whether `cancel` was
+/// called.
+pub(crate) async fn answer_or_cancel<F: Future>(
+    answer: F,
+    cancel_at: Instant,
+    cancel: impl FnOnce(),
+) -> (F::Output, bool) {
+    tokio::pin!(answer);
+    tokio::select! {
+        biased;
+        answer = &mut answer => (answer, false),
+        () = tokio::time::sleep_until(cancel_at) => {
+            cancel();
+            (answer.await, true)
+        }
+    }
+}

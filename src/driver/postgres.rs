@@ -1,0 +1,124 @@
+//! [`Session`](super::Session) for tokio-postgres: anything that derefs to a
+//! [`Client`].
+//!
+//! The statement goes as one unnamed Parse, Bind, Execute and Sync, with the
+//! parameter types given (`query_typed`): one message, one round trip, and
+//! nothing prepared that outlives the call, so it is safe through PgBouncer
+//! in transaction mode. A `CALL` still unanswered at the cancel mark is sent
+//! a cancel request.
+
+use std::ops::Deref;
+use std::time::SystemTime;
+
+use postgres_types::{ToSql, Type};
+use tokio::time::Instant;
+use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+
+use super::{Column, Failure, Param, Row, answer_or_cancel, sealed};
+use crate::error::{Reading, misconfigured_code};
+
+impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
+    async fn send<'a, const N: usize>(
+        &'a mut self,
+        sql: &'static str,
+        params: &'a [Param<'a>; N],
+        cancel_at: Instant,
+    ) -> (Result<Row, Failure>, bool) {
+        let client: &Client = self;
+        let typed: [(&(dyn ToSql + Sync), Type); N] = std::array::from_fn(|i| typed(&params[i]));
+        let (answer, cancel_sent) =
+            answer_or_cancel(client.query_typed_one(sql, &typed), cancel_at, || {
+                // What psql's Ctrl-C sends, over a new connection without
+                // TLS; sent while this call still holds the connection, so
+                // it can only reach this statement.
+                let token = client.cancel_token();
+                tokio::spawn(async move {
+                    let _ = token.cancel_query(tokio_postgres::NoTls).await;
+                });
+            })
+            .await;
+        (
+            answer.map(Row::Postgres).map_err(Failure::Postgres),
+            cancel_sent,
+        )
+    }
+
+    async fn rollback(&mut self) {
+        let client: &Client = self;
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+}
+
+/// The parameter as tokio-postgres sends it: a value and its type.
+fn typed<'a>(param: &'a Param<'a>) -> (&'a (dyn ToSql + Sync), Type) {
+    match param {
+        Param::Text(text) => (text, Type::TEXT),
+        Param::Int8(n) => (n, Type::INT8),
+        Param::Bool(b) => (b, Type::BOOL),
+        Param::Timestamptz(at) => (at, Type::TIMESTAMPTZ),
+        Param::TextArray(texts) => (texts, Type::TEXT_ARRAY),
+        Param::Int8Array(ns) => (ns, Type::INT8_ARRAY),
+    }
+}
+
+macro_rules! column {
+    ($($t:ty),*) => {$(
+        impl Column for $t {
+            fn from_postgres(
+                row: &tokio_postgres::Row,
+                index: usize,
+            ) -> Result<Self, tokio_postgres::Error> {
+                row.try_get(index)
+            }
+
+            #[cfg(feature = "sqlx")]
+            fn from_sqlx(row: &::sqlx::postgres::PgRow, index: usize) -> Result<Self, ::sqlx::Error> {
+                super::sqlx::column(row, index)
+            }
+        }
+    )*};
+}
+
+column!(
+    i64,
+    Vec<i64>,
+    SystemTime,
+    Option<SystemTime>,
+    Vec<SystemTime>,
+    Vec<Option<SystemTime>>
+);
+
+/// How the SQLSTATE table reads a tokio-postgres error: by its code; without
+/// one, the connection is gone when it is closed or an I/O error caused it.
+pub(super) fn reading(error: &tokio_postgres::Error) -> Reading {
+    match error.code() {
+        Some(code) => Reading::Answered(code.clone()),
+        None if error.is_closed() || io_caused(error) => Reading::Lost,
+        None => Reading::Refused,
+    }
+}
+
+fn io_caused(error: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
+}
+
+/// Whether a connection attempt failed for a reason an outage does not
+/// explain, and its SQLSTATE. tokio-postgres does not expose its error
+/// kinds; its messages for them are stable and are matched here.
+pub(super) fn misconfigured(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
+    match error.code() {
+        Some(code) => misconfigured_code(code).then(|| Some(code.clone())),
+        None => {
+            let message = error.to_string();
+            [
+                "invalid configuration",
+                "invalid connection string",
+                "authentication error",
+            ]
+            .iter()
+            .any(|kind| message.starts_with(kind))
+            .then_some(None)
+        }
+    }
+}

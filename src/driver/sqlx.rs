@@ -1,0 +1,362 @@
+//! [`Session`](super::Session) for sqlx (feature `sqlx`): [`SqlxConn`] over
+//! any sqlx PostgreSQL connection, and [`LimitConn`] for [`PgPool`].
+//!
+//! The statement goes through sqlx's ordinary query path, as the service's
+//! own queries do: prepared once per connection as a named statement and
+//! cached (sqlx's statement cache), then one Bind, Execute and Sync per call:
+//! one round trip. sqlx keeps the backend's cancel key private, so no cancel
+//! request is ever sent: the server's `lock_timeout` bounds the lock waits
+//! and the client gives up at the deadline.
+//!
+//! `timestamptz` is read and written here (microseconds since 2000-01-01,
+//! as PostgreSQL's binary format has it, converted exactly as tokio-postgres
+//! converts a [`SystemTime`]), so the feature needs neither sqlx's `chrono`
+//! nor its `time` feature.
+
+use std::ops::DerefMut;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{
+    PgArgumentBuffer, PgConnection, PgHasArrayType, PgPool, PgRow, PgTypeInfo, PgValueFormat,
+    PgValueRef, Postgres,
+};
+use sqlx::{Decode, Encode, Executor, Row as _, Type};
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+
+use super::{Failure, Param, Row, sealed};
+use crate::LimitConn;
+use crate::error::{Reading, misconfigured_code};
+
+/// An sqlx PostgreSQL connection lent to the limiter: a
+/// `PoolConnection<Postgres>` (what [`PgPool`] lends), a `PgConnection` held
+/// in a mutex, or a `&mut PgConnection`: anything that dereferences to
+/// something that gives a `&mut PgConnection`.
+///
+/// Like every connection, it must be idle when lent; one inside a
+/// transaction is an [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction)
+/// error, and that transaction is rolled back. sqlx cannot cancel a
+/// statement on the server: see the guide's
+/// [drivers](crate::guide#drivers) section.
+///
+/// Lend a connection the service holds, one call at a time:
+///
+/// ```no_run
+/// use platformkit_limit::{Limiter, Postgres, SqlxConn};
+/// use sqlx::{Connection, PgConnection};
+/// use std::sync::Arc;
+/// use tokio::sync::Mutex;
+///
+/// # async fn demo() -> Result<(), sqlx::Error> {
+/// let held = Arc::new(Mutex::new(PgConnection::connect("postgres://app@db/app").await?));
+/// let conns = move || {
+///     let held = held.clone();
+///     async move { Ok::<_, std::convert::Infallible>(SqlxConn(held.lock_owned().await)) }
+/// };
+/// let limiter = Limiter::new(Postgres::new(conns));
+/// # let _ = limiter;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Or lend the `&mut PgConnection` a request already holds (a transaction's
+/// is refused: the connection must be idle) to a limiter for that request.
+/// A limiter built per request has its own refusal cache and merging, so
+/// those help only across its calls; share one limiter over a pool where you
+/// can.
+///
+/// ```no_run
+/// use platformkit_limit::{Key, Limit, Limiter, Postgres, SqlxConn};
+/// use tokio::sync::Mutex;
+///
+/// # async fn demo(conn: &mut sqlx::PgConnection, login: &Limit) -> Result<(), platformkit_limit::Error> {
+/// let held = Mutex::new(conn);
+/// let limiter = Limiter::new(Postgres::new(|| async {
+///     Ok::<_, std::convert::Infallible>(SqlxConn(held.lock().await))
+/// }));
+/// let verdict = limiter.check(login, &Key::email("alice@example.com")).await?;
+/// # let _ = verdict;
+/// # Ok(())
+/// # }
+/// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+#[derive(Debug)]
+pub struct SqlxConn<C>(pub C);
+
+impl<C> SqlxConn<C> {
+    /// The connection given back.
+    pub fn into_inner(self) -> C {
+        self.0
+    }
+}
+
+impl<C> sealed::Sealed for SqlxConn<C>
+where
+    C: DerefMut + Send,
+    C::Target: AsMut<PgConnection>,
+{
+    async fn send<'a, const N: usize>(
+        &'a mut self,
+        sql: &'static str,
+        params: &'a [Param<'a>; N],
+        // sqlx keeps the cancel key private: nothing to cancel with.
+        _cancel_at: Instant,
+    ) -> (Result<Row, Failure>, bool) {
+        let conn: &mut PgConnection = (*self.0).as_mut();
+        let mut query = sqlx::query(sql);
+        for param in params {
+            query = match *param {
+                Param::Text(text) => query.bind(text),
+                Param::Int8(n) => query.bind(n),
+                Param::Bool(b) => query.bind(b),
+                Param::Timestamptz(at) => query.bind(at.map(Timestamptz)),
+                Param::TextArray(texts) => query.bind(texts),
+                Param::Int8Array(ns) => query.bind(ns),
+            };
+        }
+        let answer = query.fetch_one(conn).await;
+        (answer.map(Row::Sqlx).map_err(Failure::Sqlx), false)
+    }
+
+    async fn rollback(&mut self) {
+        let conn: &mut PgConnection = (*self.0).as_mut();
+        let _ = conn.execute("ROLLBACK").await;
+    }
+}
+
+/// Each call borrows one connection from the pool and gives it back idle.
+/// The pool's wait counts against the call's budget.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use platformkit_limit::{Limiter, Postgres};
+///
+/// let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
+/// // The service's own pool: no second one for the limiter.
+/// let limiter = Limiter::new(Postgres::new(pool.clone()));
+/// # let _ = limiter;
+/// # Ok(())
+/// # }
+/// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+impl LimitConn for PgPool {
+    type Conn = SqlxConn<sqlx::pool::PoolConnection<Postgres>>;
+    type Error = sqlx::Error;
+
+    async fn conn(&self) -> Result<Self::Conn, sqlx::Error> {
+        self.acquire().await.map(SqlxConn)
+    }
+}
+
+/// How the SQLSTATE table reads an sqlx error: a database error by its
+/// code; an I/O or TLS error, or a pool that is closed or timed out, as the
+/// connection gone; a refused configuration as a misconfiguration; anything
+/// else (a protocol error, a value that does not decode) as a hard error.
+pub(super) fn reading(error: &sqlx::Error) -> Reading {
+    match error {
+        sqlx::Error::Database(e) => match e.code() {
+            Some(code) => Reading::Answered(SqlState::from_code(&code)),
+            None => Reading::Refused,
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Reading::Lost,
+        sqlx::Error::Configuration(_) => Reading::Misconfigured,
+        _ => Reading::Refused,
+    }
+}
+
+/// Whether a connection attempt failed for a reason an outage does not
+/// explain (a refused configuration, or the server refusing with a SQLSTATE
+/// that is not it going away), and its SQLSTATE.
+pub(super) fn misconfigured(error: &sqlx::Error) -> Option<Option<SqlState>> {
+    match reading(error) {
+        Reading::Answered(code) => misconfigured_code(&code).then_some(Some(code)),
+        Reading::Misconfigured => Some(None),
+        Reading::Lost | Reading::Refused => None,
+    }
+}
+
+/// Reads column `index` of an sqlx row as `T`.
+pub(super) fn column<T: SqlxColumn>(row: &PgRow, index: usize) -> Result<T, sqlx::Error> {
+    T::read(row, index)
+}
+
+/// A column type read from an sqlx row: directly, or through [`Timestamptz`].
+pub(super) trait SqlxColumn: Sized {
+    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error>;
+}
+
+impl SqlxColumn for i64 {
+    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
+        row.try_get(index)
+    }
+}
+
+impl SqlxColumn for Vec<i64> {
+    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
+        row.try_get(index)
+    }
+}
+
+impl SqlxColumn for SystemTime {
+    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
+        row.try_get::<Timestamptz, _>(index).map(|t| t.0)
+    }
+}
+
+impl SqlxColumn for Option<SystemTime> {
+    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
+        row.try_get::<Option<Timestamptz>, _>(index)
+            .map(|t| t.map(|t| t.0))
+    }
+}
+
+impl SqlxColumn for Vec<SystemTime> {
+    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
+        row.try_get::<Vec<Timestamptz>, _>(index)
+            .map(|ts| ts.into_iter().map(|t| t.0).collect())
+    }
+}
+
+impl SqlxColumn for Vec<Option<SystemTime>> {
+    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
+        row.try_get::<Vec<Option<Timestamptz>>, _>(index)
+            .map(|ts| ts.into_iter().map(|t| t.map(|t| t.0)).collect())
+    }
+}
+
+/// A `timestamptz`, in PostgreSQL's binary format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Timestamptz(pub(crate) SystemTime);
+
+/// `timestamptz`'s OID, and its array's: fixed for every server.
+const TIMESTAMPTZ_OID: Oid = Oid(1184);
+const TIMESTAMPTZ_ARRAY_OID: Oid = Oid(1185);
+
+/// 2000-01-01 00:00:00 UTC, PostgreSQL's epoch, in seconds since the Unix
+/// epoch.
+const POSTGRES_EPOCH_SECS: u64 = 946_684_800;
+const USEC_PER_SEC: u64 = 1_000_000;
+const NSEC_PER_USEC: u64 = 1_000;
+
+impl Timestamptz {
+    /// Microseconds since PostgreSQL's epoch, truncated toward it, as
+    /// tokio-postgres writes a `SystemTime`.
+    fn micros(self) -> i64 {
+        let epoch = UNIX_EPOCH + Duration::from_secs(POSTGRES_EPOCH_SECS);
+        let to_usec =
+            |d: Duration| d.as_secs() * USEC_PER_SEC + u64::from(d.subsec_nanos()) / NSEC_PER_USEC;
+        #[allow(
+            clippy::cast_possible_wrap,
+            reason = "the same conversion as tokio-postgres; the procedures bound every time"
+        )]
+        match self.0.duration_since(epoch) {
+            Ok(after) => to_usec(after) as i64,
+            Err(before) => -(to_usec(before.duration()) as i64),
+        }
+    }
+
+    /// The time `micros` after PostgreSQL's epoch, as tokio-postgres reads
+    /// it.
+    fn from_micros(micros: i64) -> Timestamptz {
+        let epoch = UNIX_EPOCH + Duration::from_secs(POSTGRES_EPOCH_SECS);
+        let magnitude = micros.unsigned_abs();
+        let offset = Duration::new(
+            magnitude / USEC_PER_SEC,
+            u32::try_from((magnitude % USEC_PER_SEC) * NSEC_PER_USEC).expect("under a second"),
+        );
+        Timestamptz(if micros < 0 {
+            epoch - offset
+        } else {
+            epoch + offset
+        })
+    }
+}
+
+impl Type<Postgres> for Timestamptz {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(TIMESTAMPTZ_OID)
+    }
+}
+
+impl PgHasArrayType for Timestamptz {
+    fn array_type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(TIMESTAMPTZ_ARRAY_OID)
+    }
+}
+
+impl Encode<'_, Postgres> for Timestamptz {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        buf.extend_from_slice(&self.micros().to_be_bytes());
+        Ok(IsNull::No)
+    }
+
+    fn size_hint(&self) -> usize {
+        8
+    }
+}
+
+impl<'r> Decode<'r, Postgres> for Timestamptz {
+    fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
+        match value.format() {
+            PgValueFormat::Binary => {
+                let bytes: [u8; 8] = value
+                    .as_bytes()?
+                    .try_into()
+                    .map_err(|_| "a timestamptz is 8 bytes")?;
+                Ok(Timestamptz::from_micros(i64::from_be_bytes(bytes)))
+            }
+            // Bound statements answer in binary; text would depend on the
+            // session's DateStyle.
+            PgValueFormat::Text => Err("a timestamptz answered as text".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+    use postgres_types::{FromSql, ToSql, Type as PgType};
+
+    /// The times the tests compare: each side of PostgreSQL's epoch and of
+    /// the Unix epoch, with and without a fraction of a microsecond, and the
+    /// ends of what a clock may be pinned to.
+    fn times() -> Vec<SystemTime> {
+        let y2k = UNIX_EPOCH + Duration::from_secs(POSTGRES_EPOCH_SECS);
+        vec![
+            y2k,
+            y2k + Duration::from_nanos(1),
+            y2k + Duration::from_nanos(1_999),
+            y2k - Duration::from_nanos(1),
+            y2k - Duration::from_nanos(1_001),
+            y2k + Duration::from_secs(800_000_000) + Duration::from_micros(123_456),
+            UNIX_EPOCH,
+            UNIX_EPOCH - Duration::from_nanos(1_500),
+            UNIX_EPOCH - Duration::from_secs(2_208_988_800),
+            UNIX_EPOCH + Duration::from_secs(7_258_118_399) + Duration::from_nanos(999_999_999),
+        ]
+    }
+
+    /// sqlx's `timestamptz` is byte for byte tokio-postgres's: both drivers
+    /// send the same pinned time and read back the same `SystemTime`.
+    #[test]
+    fn timestamptz_is_written_and_read_as_tokio_postgres_does() {
+        for time in times() {
+            let mut theirs = BytesMut::new();
+            time.to_sql(&PgType::TIMESTAMPTZ, &mut theirs).unwrap();
+            let ours = Timestamptz(time).micros().to_be_bytes();
+            assert_eq!(&theirs[..], &ours[..], "{time:?} written");
+
+            let read = Timestamptz::from_micros(i64::from_be_bytes(ours)).0;
+            let expected = SystemTime::from_sql(&PgType::TIMESTAMPTZ, &ours).unwrap();
+            assert_eq!(read, expected, "{time:?} read");
+        }
+    }
+}
