@@ -2,6 +2,7 @@
 //! request head (feature `tower`).
 
 mod client_ip;
+mod config;
 mod response;
 mod service;
 
@@ -10,21 +11,13 @@ use std::sync::Arc;
 
 use http::request::Parts;
 
-use snafu::OptionExt;
-
-use crate::error::InvalidOptionSnafu;
 use crate::store::Store;
-use crate::{Error, Key, Limit, Limiter};
+use crate::{Key, Limit, Limiter};
 
 pub use self::client_ip::{ClientIp, client_ip};
+use self::config::{Config, KeyOf, Mode, Rule};
 pub use self::response::{DefaultOnRejection, OnRejection, Rejection};
 pub use self::service::LimitService;
-
-/// A key function: who a rule counts, read from the request head.
-type KeyFn = Arc<dyn Fn(&Parts) -> Option<Key> + Send + Sync>;
-
-/// Whether a response says the attempt succeeded.
-type SucceededFn = Arc<dyn Fn(&http::response::Parts) -> bool + Send + Sync>;
 
 /// A [tower `Layer`](tower::Layer) that limits requests before they reach
 /// the service, with a [`Limiter`] shared by every replica.
@@ -110,33 +103,6 @@ type SucceededFn = Arc<dyn Fn(&http::response::Parts) -> bool + Send + Sync>;
 /// ```
 pub struct LimitLayer<S, R = DefaultOnRejection> {
     config: Config<S, R>,
-}
-
-/// What a layer and its services share.
-struct Config<S, R> {
-    limiter: Arc<Limiter<S>>,
-    mode: Mode,
-    rules: Vec<Rule>,
-    respond: Arc<R>,
-}
-
-#[derive(Clone)]
-enum Mode {
-    Hit,
-    Attempt(SucceededFn),
-}
-
-#[derive(Clone)]
-struct Rule {
-    limit: Limit,
-    key: KeyOf,
-    advertised: bool,
-}
-
-#[derive(Clone)]
-enum KeyOf {
-    Head(KeyFn),
-    ClientIp,
 }
 
 impl<S: Store> LimitLayer<S> {
@@ -346,69 +312,11 @@ impl<S, R> LimitLayer<S, R> {
     }
 }
 
-impl<S, R> Config<S, R> {
-    /// Each rule's key for this request, with the rule's index; the rules
-    /// that exempt it are left out.
-    fn keys(&self, head: &Parts) -> Result<Vec<(usize, Key)>, Error> {
-        let mut keys = Vec::with_capacity(self.rules.len());
-        for (index, rule) in self.rules.iter().enumerate() {
-            let key = match &rule.key {
-                KeyOf::Head(key) => key(head),
-                KeyOf::ClientIp => Some(Key::ip(client_ip(head).context(InvalidOptionSnafu {
-                    option: "client address",
-                    reason: "the layer limits per client address and the request carries none: \
-                             set a ClientIp extension before the layer, or (with the axum \
-                             feature) serve with into_make_service_with_connect_info::<SocketAddr>()",
-                })?)),
-            };
-            if let Some(key) = key {
-                keys.push((index, key));
-            }
-        }
-        Ok(keys)
-    }
-}
-
-impl<S, R> Clone for Config<S, R> {
-    fn clone(&self) -> Self {
-        Config {
-            limiter: self.limiter.clone(),
-            mode: self.mode.clone(),
-            rules: self.rules.clone(),
-            respond: self.respond.clone(),
-        }
-    }
-}
-
 impl<S, R> Clone for LimitLayer<S, R> {
     fn clone(&self) -> Self {
         LimitLayer {
             config: self.config.clone(),
         }
-    }
-}
-
-impl<S, R> fmt::Debug for Config<S, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rules: Vec<_> = self
-            .rules
-            .iter()
-            .map(|rule| {
-                let key = match rule.key {
-                    KeyOf::Head(_) => "head",
-                    KeyOf::ClientIp => "client ip",
-                };
-                (rule.limit.name(), key, rule.advertised)
-            })
-            .collect();
-        let mode = match self.mode {
-            Mode::Hit => "hit",
-            Mode::Attempt(_) => "attempt",
-        };
-        f.debug_struct("LimitLayer")
-            .field("mode", &mode)
-            .field("rules", &rules)
-            .finish_non_exhaustive()
     }
 }
 
