@@ -46,7 +46,7 @@ pub use self::service::LimitService;
 /// | every limit allows (or the store is unreachable and the limit allows) | the service's response |
 /// | a limit refuses by its count | 429 with `Retry-After` in whole seconds, rounded up ([`Verdicts::retry_after_secs`](crate::Verdicts::retry_after_secs)) |
 /// | refused with no count: the store is unreachable and a limit has [`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse) | 503 |
-/// | a hard [`Error`] (a misconfiguration), or no client address for [`limit_per_client_ip`](LimitLayer::limit_per_client_ip) | 500, never a silent allow |
+/// | a hard [`Error`](crate::Error) (a misconfiguration), or no client address for [`limit_per_client_ip`](LimitLayer::limit_per_client_ip) | 500, never a silent allow |
 ///
 /// [`on_rejection`](LimitLayer::on_rejection) replaces these answers with
 /// your own; the layer still adds `Retry-After` to a refusal that lacks it.
