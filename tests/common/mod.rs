@@ -11,6 +11,7 @@
 
 pub mod db;
 pub mod metrics;
+pub mod wire;
 
 use std::future::Future;
 use std::time::{Duration, UNIX_EPOCH};
