@@ -12,6 +12,7 @@
 pub mod bouncer;
 pub mod db;
 pub mod faults;
+pub mod hostile_keys;
 pub mod metrics;
 pub mod verdicts;
 pub mod wire;
