@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
 use crate::common::bouncer::{Watching, observe, start_bouncer};
-use crate::common::db::{fresh_db, stored};
+use crate::common::db::{backend_pid, fresh_db, stored};
 use crate::common::limit;
 use crate::driver::{Driver, Lend, hold, lend};
 use crate::{assert_counted, counts};
@@ -57,11 +57,7 @@ where
             .expect("valid settings"),
     );
     let observer = Arc::new(platformkit_limit_testdb::connect(&config).await);
-    let server_pid: i32 = observer
-        .query_typed_one("SELECT pg_catalog.pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let server_pid = backend_pid(&observer).await;
     observe(&observer, server_pid).await;
 
     let login = limit("login", 1_000);
@@ -148,11 +144,7 @@ async fn fails_loudly_through_a_pgbouncer_without_prepared_statements<D: Driver>
         .build()
         .expect("valid settings");
     let observer = platformkit_limit_testdb::connect(&config).await;
-    let server_pid: i32 = observer
-        .query_typed_one("SELECT pg_catalog.pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let server_pid = backend_pid(&observer).await;
     let login = limit("login", 1_000);
     let alice = Key::opaque("alice");
 
