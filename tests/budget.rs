@@ -17,6 +17,7 @@ use common::db::{
     lock_row_from, one_i64, stored, stored_rows, system_switch, until_a_call_waits_on_a_lock,
     visible_rows,
 };
+use common::faults::{end_slow_writes, slow_writes};
 use common::metrics::Recorded;
 use common::{BUDGET, SLACK, limit, pinned_clock, timed};
 use metrics_util::debugging::DebuggingRecorder;
@@ -174,20 +175,7 @@ async fn a_slow_call_is_cancelled_on_the_server_within_the_budget_and_the_connec
     let db = fresh_db().await;
     // A server slow for reasons no lock_timeout covers: every write of the
     // table takes 0.8 s.
-    db.connect()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION slow_write() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN
-                 PERFORM pg_sleep(0.8);
-                 RETURN NEW;
-             END
-             $$;
-             CREATE TRIGGER slow_write BEFORE INSERT OR UPDATE ON platformkit.platformkit_limits
-                 FOR EACH ROW EXECUTE FUNCTION slow_write();",
-        )
-        .await
-        .unwrap();
+    slow_writes(&db).await;
     let held = hold(&db.config()).await;
     let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
         .budget(SLOW_CALL_BUDGET)
@@ -224,11 +212,7 @@ async fn a_slow_call_is_cancelled_on_the_server_within_the_budget_and_the_connec
         "the cancelled call wrote nothing"
     );
 
-    db.connect()
-        .await
-        .batch_execute("DROP TRIGGER slow_write ON platformkit.platformkit_limits")
-        .await
-        .unwrap();
+    end_slow_writes(&db).await;
     let next = limiter.failed(&login, &alice).await.unwrap();
     assert!(!next.is_unreachable(), "{:?}", next.unreachable());
     assert_eq!(next.count(), Some(1));

@@ -7,115 +7,17 @@
 //! no call errs or reports unreachable, that distinct subjects are counted
 //! apart, and that equivalent spellings are counted together.
 
-use std::net::IpAddr;
+mod common;
+
 use std::time::Duration;
 
-use platformkit_limit::{Key, Limit, Limiter, Postgres, SCHEMA};
-use platformkit_limit_testdb::Server;
-
-/// One subject and the spellings of it that must share one count.
-struct Subject {
-    what: String,
-    spellings: Vec<Key>,
-}
-
-fn one(what: impl Into<String>, key: Key) -> Subject {
-    Subject {
-        what: what.into(),
-        spellings: vec![key],
-    }
-}
-
-fn parts<const N: usize>(what: &str, parts: [&str; N]) -> Subject {
-    one(what, Key::new(parts).expect("parts"))
-}
-
-fn ip(text: &str) -> Key {
-    Key::ip(text.parse::<IpAddr>().expect("an address"))
-}
-
-fn hostile_subjects() -> Vec<Subject> {
-    let mut subjects = Vec::new();
-    // Every ASCII control character, NUL first, inside a part.
-    for c in (0_u8..0x20).chain([0x7F]) {
-        let part = format!("a{}b", char::from(c));
-        subjects.push(one(
-            format!("ASCII control {c:#04x}"),
-            Key::new(["ctl", &part]).expect("parts"),
-        ));
-    }
-    let mebibyte = "a".repeat(1 << 20);
-    let mut mebibyte_other = mebibyte.clone();
-    mebibyte_other.replace_range(mebibyte.len() - 1.., "b");
-    let long_multibyte = "é".repeat(150);
-    subjects.extend([
-        parts("1 MiB part", ["big", &mebibyte]),
-        parts(
-            "1 MiB part differing in its last byte, beyond the digest cut-off",
-            ["big", &mebibyte_other],
-        ),
-        parts(
-            "multibyte characters across the cut-off",
-            ["big", &long_multibyte],
-        ),
-        parts("a lone combining mark", ["x", "\u{0301}"]),
-        parts("a right-to-left override", ["x", "\u{202E}txt.exe"]),
-        parts("a byte order mark", ["x", "\u{FEFF}"]),
-        parts("a noncharacter", ["x", "\u{FFFF}"]),
-        parts("a C1 control", ["x", "\u{0085}"]),
-        parts("a line separator", ["x", "\u{2028}"]),
-        parts("an emoji sequence", ["x", "👩\u{200D}👩\u{200D}👧"]),
-        parts("the separator inside a part", ["a|b"]),
-        parts("the same text as two parts", ["a", "b"]),
-        parts("the escape character inside a part", ["a\\"]),
-        parts("two escape characters", ["a\\\\"]),
-        parts("an escaped-looking separator", ["a\\|b"]),
-        parts("the digest marker inside a part", ["a~b"]),
-        parts("one empty part", [""]),
-        parts("two empty parts", ["", ""]),
-        parts("a trailing empty part", ["x", ""]),
-        parts(
-            "a quote and SQL",
-            ["x", "'); DROP TABLE platformkit.platformkit_limits; --"],
-        ),
-        parts("a percent and underscore", ["x", "%_"]),
-        parts("escape-looking text", ["x", "\\x00"]),
-        one(
-            "a Cyrillic homoglyph of alice",
-            Key::email("\u{0430}lice@example.com"),
-        ),
-        Subject {
-            what: "alice's address, spelled four ways".into(),
-            spellings: vec![
-                Key::email("alice@example.com"),
-                Key::email("Alice@Example.COM"),
-                Key::email("  alice@example.com\t"),
-                Key::email("ＡＬＩＣＥ@example.com"),
-            ],
-        },
-        Subject {
-            what: "a username with a sharp s".into(),
-            spellings: vec![Key::username("Straße"), Key::username("STRASSE")],
-        },
-        Subject {
-            what: "an IPv4 address and its IPv4-mapped IPv6 form".into(),
-            spellings: vec![ip("192.0.2.7"), ip("::ffff:192.0.2.7")],
-        },
-        Subject {
-            what: "two addresses of one IPv6 /64".into(),
-            spellings: vec![
-                ip("2001:db8:1:2::1"),
-                ip("2001:db8:1:2:ffff:ffff:ffff:ffff"),
-            ],
-        },
-        one("the next /64", ip("2001:db8:1:3::1")),
-    ]);
-    subjects
-}
+use common::db::fresh_db;
+use common::hostile_keys::hostile_subjects;
+use platformkit_limit::{Limit, Limiter, Postgres};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_keys_never_break_the_statement() {
-    let db = Server::shared().database(SCHEMA).await;
+    let db = fresh_db().await;
     // Generous: this test is about errors, not speed, on a shared machine.
     let limiter = Limiter::builder(Postgres::new(db.config()))
         .budget(Duration::from_secs(30))

@@ -3,6 +3,8 @@
 //! answer, 429/503/500 and the header fields; over `Memory` on a pinned
 //! clock, and over real PostgreSQL.
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,9 +15,10 @@ use axum::body::{Body, to_bytes};
 use axum::extract::{ConnectInfo, Extension};
 use axum::http::{HeaderMap, Request, Response, StatusCode, header, request, response};
 use axum::routing::{get, post};
+use common::verdicts::counts_of;
 use platformkit_limit::{
     ClientIp, Key, Limit, LimitConn, LimitLayer, Limiter, ManualClock, Memory, Postgres, Rejection,
-    SCHEMA, Verdicts, WhenUnreachable,
+    SCHEMA, Store, Verdicts, WhenUnreachable,
 };
 use platformkit_limit_testdb::Server;
 use tower::ServiceExt as _;
@@ -82,7 +85,9 @@ async fn login(password: String) -> StatusCode {
 }
 
 /// A router whose one route counts how often it ran.
-fn counted_route(layer: LimitLayer<Memory>) -> (Router, Arc<AtomicUsize>) {
+fn counted_route<S: Store + Send + Sync + 'static>(
+    layer: LimitLayer<S>,
+) -> (Router, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let seen = runs.clone();
     let router = Router::new()
@@ -115,6 +120,37 @@ async fn text(response: Response<Body>) -> String {
 
 fn field<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).map(|v| v.to_str().expect("ASCII"))
+}
+
+/// Alice, from address 7, logs in rightly three times (each success taken
+/// back under both limits), wrongly twice (counted under both), then rightly
+/// again: refused before the service, and counted. Returns the refusal.
+async fn login_until_refused<S: Store>(
+    app: &Router,
+    request: impl Fn() -> request::Builder,
+    limiter: &Limiter<S>,
+    per_address: &Limit,
+    per_account: &Limit,
+) -> Response<Body> {
+    let (address_key, account_key) = (Key::ip(address(7)), Key::email("alice@example.com"));
+    let pairs = [(per_address, &address_key), (per_account, &account_key)];
+    for _ in 0..3 {
+        assert_eq!(send(app, request(), "right").await.status(), StatusCode::OK);
+    }
+    assert_eq!(
+        counts_of(limiter, &pairs).await,
+        [Some(0), Some(0)],
+        "successes taken back"
+    );
+    for _ in 0..2 {
+        let wrong = send(app, request(), "wrong").await;
+        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(counts_of(limiter, &pairs).await, [Some(2), Some(2)]);
+    let refused = send(app, request(), "right").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(counts_of(limiter, &pairs).await, [Some(3), Some(3)]);
+    refused
 }
 
 #[tokio::test]
@@ -240,28 +276,7 @@ async fn attempt_mode_over_several_limits_takes_a_success_back_under_each() {
             .extension(ClientIp(address(7)))
             .header("x-account", "alice@example.com")
     };
-    let (address_key, account_key) = (Key::ip(address(7)), Key::email("alice@example.com"));
-    let pairs = [(&per_address, &address_key), (&per_account, &account_key)];
-    let counts = async || -> Vec<Option<u64>> {
-        let verdicts = limiter.check_all(&pairs).await.expect("ok");
-        verdicts.iter().map(|v| v.count()).collect()
-    };
-
-    for _ in 0..3 {
-        assert_eq!(
-            send(&app, request(), "right").await.status(),
-            StatusCode::OK
-        );
-    }
-    assert_eq!(counts().await, [Some(0), Some(0)]);
-    for _ in 0..2 {
-        let wrong = send(&app, request(), "wrong").await;
-        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
-    }
-    assert_eq!(counts().await, [Some(2), Some(2)]);
-    let refused = send(&app, request(), "right").await;
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(counts().await, [Some(3), Some(3)]);
+    login_until_refused(&app, request, &limiter, &per_address, &per_account).await;
 }
 
 #[tokio::test]
@@ -545,28 +560,8 @@ async fn over_postgres_an_attempt_layer_reserves_each_limit_and_takes_successes_
             .extension(ConnectInfo(SocketAddr::new(address(7), 50_000)))
             .header("x-account", "Alice@Example.com")
     };
-    let (address_key, account_key) = (Key::ip(address(7)), Key::email("alice@example.com"));
-    let pairs = [(&per_address, &address_key), (&per_account, &account_key)];
-    let counts = async || -> Vec<Option<u64>> {
-        let verdicts = limiter.check_all(&pairs).await.expect("ok");
-        verdicts.iter().map(|v| v.count()).collect()
-    };
-
-    for _ in 0..3 {
-        assert_eq!(
-            send(&app, request(), "right").await.status(),
-            StatusCode::OK
-        );
-    }
-    assert_eq!(counts().await, [Some(0), Some(0)], "successes taken back");
-    for _ in 0..2 {
-        let wrong = send(&app, request(), "wrong").await;
-        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
-    }
-    let refused = send(&app, request(), "right").await;
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let refused = login_until_refused(&app, request, &limiter, &per_address, &per_account).await;
     assert_eq!(field(refused.headers(), "retry-after"), Some("880"));
-    assert_eq!(counts().await, [Some(3), Some(3)]);
 
     // A hit layer over the same database, two limits in one statement.
     let api = limit("api", 1, 60);
@@ -598,20 +593,7 @@ async fn over_postgres_a_hard_error_is_answered_500_never_a_silent_allow() {
     let db = Server::shared().empty_database().await;
     let limiter = Arc::new(Limiter::new(Postgres::new(db.config())));
     let api = limit("api", 100, 60);
-    let (app, runs) = {
-        let runs = Arc::new(AtomicUsize::new(0));
-        let seen = runs.clone();
-        let app = Router::new()
-            .route(
-                "/",
-                post(move || {
-                    seen.fetch_add(1, Ordering::SeqCst);
-                    async { "ran" }
-                }),
-            )
-            .layer(LimitLayer::hit(limiter).limit(&api, tenant));
-        (app, runs)
-    };
+    let (app, runs) = counted_route(LimitLayer::hit(limiter).limit(&api, tenant));
     let response = send(&app, ask().header("x-tenant", "acme"), "").await;
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(runs.load(Ordering::SeqCst), 0);

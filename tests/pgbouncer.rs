@@ -18,71 +18,15 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::bouncer::{Watching, observe, start_bouncer};
 use common::db::{backend_pid, fresh_db, hold, lend};
 use common::{LONG_WINDOW, limit};
 use platformkit_limit::{ErrorKind, Key, Limiter, Postgres, purge};
-use platformkit_limit_testdb::{PgBouncer, Server, TestDb, connect};
-use tokio_postgres::Client;
+use platformkit_limit_testdb::{TestDb, connect};
 use tokio_postgres::error::SqlState;
-
-/// A PgBouncer in front of the shared server, or `None` (after saying so)
-/// when none is installed. In CI, which installs it, that is a failure.
-fn start_bouncer(pool_size: u32) -> Option<PgBouncer> {
-    let bouncer = PgBouncer::start(Server::shared(), pool_size);
-    if bouncer.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but no pgbouncer binary was found (PATH, /usr/sbin, /usr/bin, \
-             PGBOUNCER); .ci/run installs it"
-        );
-        eprintln!("skipped: no pgbouncer binary (apt-get install pgbouncer, or set PGBOUNCER)");
-    }
-    bouncer
-}
-
-/// What another client of the server connection sees, between the
-/// limiter's calls: the switch is off, the table looks empty (row-level
-/// security), and it is the same backend, `expected_pid`.
-async fn observe(client: &Client, expected_pid: i32) {
-    let switch: Option<String> = client
-        .query_typed_one(
-            "SELECT pg_catalog.current_setting('platformkit.system', true)",
-            &[],
-        )
-        .await
-        .expect("reading the system switch")
-        .get(0);
-    assert!(
-        matches!(switch.as_deref(), None | Some("")),
-        "the system switch leaked to another client of the server connection: {switch:?}"
-    );
-    let is_system: bool = client
-        .query_typed_one("SELECT platformkit.platformkit_is_system()", &[])
-        .await
-        .expect("SELECT platformkit.platformkit_is_system()")
-        .get(0);
-    assert!(
-        !is_system,
-        "platformkit.platformkit_is_system() is true outside the limiter"
-    );
-    let visible: i64 = client
-        .query_typed_one("SELECT count(*) FROM platformkit.platformkit_limits", &[])
-        .await
-        .expect("counting the rows")
-        .get(0);
-    assert_eq!(
-        visible, 0,
-        "rows of platformkit.platformkit_limits are visible outside the limiter's transaction"
-    );
-    assert_eq!(
-        backend_pid(client).await,
-        expected_pid,
-        "the observer is not on the limiter's server connection"
-    );
-}
 
 /// Rows in the table, counted by the superuser (who bypasses row-level
 /// security) directly on the server.
@@ -233,17 +177,8 @@ async fn the_system_switch_never_leaks_to_the_next_client_of_the_server_connecti
 
     // Concurrently: A's limiter calls and B's observations race for the
     // one server connection.
-    let done = Arc::new(AtomicBool::new(false));
-    let rounds = Arc::new(AtomicU64::new(0));
-    let observer = tokio::spawn({
-        let (b, done, rounds) = (Arc::clone(&b), Arc::clone(&done), Arc::clone(&rounds));
-        async move {
-            while !done.load(Ordering::Acquire) {
-                observe(&b, server_pid).await;
-                rounds.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    });
+    let watching = Watching::start(Arc::clone(&b), server_pid);
+    let rounds = watching.rounds();
     let calls = tokio::spawn({
         let (held, per_call, login, keys, rounds) = (
             Arc::clone(&held),
@@ -270,8 +205,7 @@ async fn the_system_switch_never_leaks_to_the_next_client_of_the_server_connecti
         }
     });
     let interleaved = calls.await.expect("the limiter's task");
-    done.store(true, Ordering::Release);
-    observer.await.expect("the observer's task");
+    watching.stop().await;
     assert!(
         interleaved > 0,
         "the observer never ran while the limiter did"

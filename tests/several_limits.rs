@@ -2,12 +2,15 @@
 //! that refused, and calls over the same pairs in opposite orders cannot
 //! deadlock; several limits reserved at once.
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, Postgres, Reservations, SCHEMA};
-use platformkit_limit_testdb::Server;
+use common::db::fresh_db;
+use common::verdicts::counts_of;
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, Postgres, Reservations};
 use tokio::sync::Mutex;
 
 fn account() -> Key {
@@ -20,7 +23,7 @@ fn address() -> Key {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_call_counts_every_limit_and_names_the_one_that_refused() {
-    let db = Server::shared().database(SCHEMA).await;
+    let db = fresh_db().await;
     let limiter = Limiter::new(Postgres::new(db.config()));
     let per_account = Limit::new("login-account", 3, Duration::from_secs(900)).expect("a limit");
     let per_address = Limit::new("login-address", 5, Duration::from_secs(60)).expect("a limit");
@@ -80,7 +83,7 @@ async fn no_pairs_and_too_many_pairs_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opposite_orders_in_concurrent_calls_cannot_deadlock() {
-    let db = Server::shared().database(SCHEMA).await;
+    let db = fresh_db().await;
     let limits: Vec<Limit> = (0..4)
         .map(|i| {
             Limit::new(&format!("l{i}"), 1_000_000, Duration::from_secs(3600)).expect("a limit")
@@ -139,16 +142,13 @@ async fn opposite_orders_in_concurrent_calls_cannot_deadlock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserve_all_counts_under_every_limit_and_a_success_takes_each_back() {
-    let db = Server::shared().database(SCHEMA).await;
+    let db = fresh_db().await;
     let limiter = Limiter::new(Postgres::new(db.config()));
     let per_account = Limit::new("login-account", 2, Duration::from_secs(900)).expect("a limit");
     let per_address = Limit::new("login-address", 5, Duration::from_secs(900)).expect("a limit");
     let (account, address) = (account(), address());
     let pairs = [(&per_account, &account), (&per_address, &address)];
-    let counts = async || -> Vec<Option<u64>> {
-        let verdicts = limiter.check_all(&pairs).await.expect("verdicts");
-        verdicts.iter().map(|v| v.count()).collect()
-    };
+    let counts = async || counts_of(&limiter, &pairs).await;
 
     // Granted: counted under both, then taken back from both.
     let Reservations::Granted(permits) = limiter.reserve_all(&pairs).await.expect("verdicts")

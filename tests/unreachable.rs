@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use common::db::{
     backend_pid, counts_by_key, fresh_db, hold, lend, lock_row, nothing_listens, stored,
-    terminate_backend, until_a_call_waits_on_a_lock,
+    terminate_backend,
 };
+use common::faults::kill_while_it_waits_on_a_lock;
 use common::metrics::{Recorded, calls_recorded};
 use common::{BUDGET, SLACK, assert_counted, limit, timed};
 use metrics_util::debugging::DebuggingRecorder;
@@ -374,31 +375,12 @@ async fn a_connection_killed_mid_call_ends_within_the_budget() {
 
     let locker = lock_row(&db, &stored(&login, &alice)).await;
     let admin = db.connect_admin().await;
-    let kill = async {
-        // Wait until the limiter's backend is blocked on the row lock.
-        let waiting = until_a_call_waits_on_a_lock(&admin, KILL_BUDGET).await;
-        assert_eq!(waiting, pid, "another backend waits on the lock");
-        terminate_backend(&admin, pid).await;
-        Instant::now()
-    };
-    let call = async {
-        let verdict = limiter.failed(&login, &alice).await;
-        (verdict, Instant::now())
-    };
     let what = "a call whose backend was killed";
-    let (((verdict, ended), killed_at), took) = timed(KILL_BUDGET + SLACK, what, async {
-        tokio::join!(call, kill)
-    })
-    .await;
-    let verdict = verdict.unwrap();
-
+    let call = limiter.failed(&login, &alice);
+    let verdict = kill_while_it_waits_on_a_lock(&admin, pid, KILL_BUDGET, what, call)
+        .await
+        .unwrap();
     assert_unreachable(&verdict, ErrorKind::Connect, what);
-    assert!(took < KILL_BUDGET, "the call took {took:?}");
-    assert!(
-        ended - killed_at < SLACK,
-        "the call ended {:?} after its backend was killed",
-        ended - killed_at
-    );
     // The client notices the end of the connection just after the error that
     // ended the call.
     let deadline = Instant::now() + Duration::from_secs(2);

@@ -9,8 +9,13 @@
 //! [`metrics`]: what a `DebuggingRecorder` saw.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 
+pub mod bouncer;
 pub mod db;
+pub mod faults;
+pub mod hostile_keys;
 pub mod metrics;
+pub mod verdicts;
+pub mod wire;
 
 use std::future::Future;
 use std::time::{Duration, UNIX_EPOCH};

@@ -1,11 +1,7 @@
-//! The hostile keys of `tests/hostile_keys.rs`, for the driver suite: every
-//! ASCII control character, a mebibyte, multibyte text across the digest
-//! cut-off, look-alikes, SQL, and spellings of one subject that must share a
-//! count.
-//!
-//! The same list as `tests/hostile_keys.rs` holds (which runs it on
-//! tokio-postgres only); once the tests share a `common` module, that file
-//! takes its list from here.
+//! The hostile keys, for `tests/hostile_keys.rs` (on tokio-postgres) and the
+//! driver suite (on each driver): every ASCII control character, a mebibyte,
+//! multibyte text across the digest cut-off, look-alikes, SQL, and spellings
+//! of one subject that must share a count.
 
 use std::net::IpAddr;
 

@@ -1,0 +1,103 @@
+//! The budget on the server: a held row lock, a slow call.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use platformkit_limit::{ErrorKind, Key, LimitConn, Limiter, Postgres};
+use tokio_postgres::error::SqlState;
+
+use crate::common::db::{assert_no_lock_waits_soon, fresh_db, lock_row, stored};
+use crate::common::faults::{end_slow_writes, slow_writes};
+use crate::common::{BUDGET, SLACK, limit, timed};
+use crate::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend};
+use crate::{CountedOnce, assert_counted, assert_unreachable, counted_once, counts};
+
+/// A row lock another session holds past the server's part of the budget:
+/// the server ends the wait (`lock_timeout`) before the client gives up, as
+/// a `LockTimeout` error, never an allow; nothing waits on after, the
+/// connection is idle with the switch off, and the next call counts.
+pub async fn a_held_row_lock_is_a_lock_timeout_on_either_driver<D: Driver>()
+where
+    Lend<D::Conn>: LimitConn,
+{
+    let CountedOnce {
+        db,
+        admin,
+        held,
+        limiter,
+        login,
+        alice,
+    } = counted_once::<D>(BUDGET).await;
+
+    let locker = lock_row(&db, &stored(&login, &alice)).await;
+    let (result, _) = timed(BUDGET + SLACK, "held lock", limiter.failed(&login, &alice)).await;
+    let err = result.expect_err("a held lock gave a verdict");
+    assert_eq!(err.kind(), ErrorKind::LockTimeout, "{err:?}");
+    assert_eq!(err.code(), Some(&SqlState::LOCK_NOT_AVAILABLE));
+    assert!(!err.is_unreachable());
+
+    // The server gave up the wait by itself, lock still held.
+    assert_no_lock_waits_soon(&admin, "after the lock timeout").await;
+    assert_idle_and_switch_off::<D>(&held, "after the lock timeout").await;
+
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert_counted(&limiter.failed(&login, &alice).await.unwrap(), 2, "after");
+}
+
+/// A server slow for reasons no `lock_timeout` covers (every write sleeps
+/// 0.8 s): the call is allowed, unreachable (`Timeout`), within its budget
+/// of 0.3 s on either driver.
+///
+/// tokio-postgres cancels the `CALL` on the server before the deadline:
+/// nothing is written and the connection is idle at once. sqlx cannot: the
+/// `CALL` goes on alone and commits, so the failure the verdict did not
+/// count is in the table after all, and the connection's next statement
+/// waits for it. Either way the connection goes back idle, the switch off.
+pub async fn a_slow_call_ends_within_the_budget_and_says_whether_the_server_stopped<D: Driver>()
+where
+    Lend<D::Conn>: LimitConn,
+{
+    let db = fresh_db().await;
+    slow_writes(&db).await;
+    let held = hold::<D>(&db.config()).await;
+    let budget = Duration::from_millis(300);
+    let limiter = Limiter::builder(Postgres::new(lend::<D>(&held)))
+        .budget(budget)
+        .build()
+        .unwrap();
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+
+    let (verdict, took) = timed(budget + SLACK, "slow", limiter.failed(&login, &alice)).await;
+    let verdict = verdict.unwrap();
+    assert_unreachable(&verdict, &[ErrorKind::Timeout], "a slow call");
+    assert!(took < budget + SLACK, "took {took:?}");
+    let cause = verdict.unreachable().unwrap();
+    if D::CANCELS {
+        assert_eq!(
+            cause.code(),
+            Some(&SqlState::QUERY_CANCELED),
+            "the server stopped the call at the limiter's cancel request"
+        );
+    } else {
+        assert_eq!(
+            cause.code(),
+            None,
+            "the client gave up; the server did not stop"
+        );
+    }
+
+    // The connection's next statement comes after the limiter's (cancelled,
+    // or finished alone).
+    assert_idle_and_switch_off::<D>(&held, "after the slow call").await;
+    let written = if D::CANCELS { 0 } else { 1 };
+    let expected: BTreeMap<String, i64> = (written > 0)
+        .then(|| (stored(&login, &alice), written))
+        .into_iter()
+        .collect();
+    assert_eq!(counts(&db).await, expected, "what the slow call left");
+
+    end_slow_writes(&db).await;
+    let next = limiter.failed(&login, &alice).await.unwrap();
+    assert_counted(&next, written as u64 + 1, "the next call");
+}

@@ -1,0 +1,236 @@
+//! The drivers the suite runs each body on, and what a body does on a
+//! connection it holds: lend it to a limiter, and read it with the simple
+//! query protocol, which works on either driver and through PgBouncer in
+//! transaction mode.
+
+use std::any::Any;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use platformkit_limit::{LimitConn, SqlxConn};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgConnection, PgPool, Row as _};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio_postgres::config::Host;
+use tokio_postgres::{Client, Config, SimpleQueryMessage};
+
+/// What a test needs of a driver: its connections, a pool of them, and plain
+/// SQL on a held one.
+pub trait Driver: 'static {
+    /// Whether a call still unanswered near its deadline is cancelled on
+    /// the server.
+    const CANCELS: bool;
+
+    /// Whether its statements are named prepared statements, which only a
+    /// PgBouncer that carries them (1.21 or newer) can pass on.
+    const PREPARES: bool;
+
+    /// One connection of the driver.
+    type Conn: Send + 'static;
+
+    /// The driver's pool (deadpool for tokio-postgres, `PgPool` for sqlx).
+    type Pool: LimitConn + Clone + 'static;
+
+    /// A source that makes its own connections: a `Config` (a connection per
+    /// call) for tokio-postgres, a `PgPool` for sqlx.
+    type Source: LimitConn + 'static;
+
+    async fn connect(config: &Config) -> Self::Conn;
+
+    async fn pool(config: &Config, size: u32) -> Self::Pool;
+
+    /// Takes one connection out of `pool` and keeps it until dropped.
+    async fn take(pool: &Self::Pool) -> Box<dyn Any + Send>;
+
+    fn source(config: &Config) -> Self::Source;
+
+    /// Runs `sql` (one or more statements) with the simple query protocol
+    /// and returns the first column of its first row, as text.
+    async fn simple(conn: &mut Self::Conn, sql: &str) -> Result<Option<String>, String>;
+}
+
+/// tokio-postgres: `Client`s, deadpool, `Config`.
+pub struct TokioPostgres;
+
+impl Driver for TokioPostgres {
+    const CANCELS: bool = true;
+    const PREPARES: bool = false;
+    type Conn = Client;
+    type Pool = deadpool_postgres::Pool;
+    type Source = Config;
+
+    async fn connect(config: &Config) -> Client {
+        platformkit_limit_testdb::connect(config).await
+    }
+
+    async fn pool(config: &Config, size: u32) -> deadpool_postgres::Pool {
+        let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+        deadpool_postgres::Pool::builder(manager)
+            .max_size(size as usize)
+            .build()
+            .expect("a deadpool pool")
+    }
+
+    async fn take(pool: &deadpool_postgres::Pool) -> Box<dyn Any + Send> {
+        Box::new(pool.get().await.expect("a pooled connection"))
+    }
+
+    fn source(config: &Config) -> Config {
+        config.clone()
+    }
+
+    async fn simple(conn: &mut Client, sql: &str) -> Result<Option<String>, String> {
+        let messages = conn.simple_query(sql).await.map_err(|e| format!("{e:?}"))?;
+        Ok(messages
+            .iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
+                _ => None,
+            })
+            .flatten())
+    }
+}
+
+/// sqlx: `PgConnection`s in a `SqlxConn`, `PgPool`.
+pub struct Sqlx;
+
+/// sqlx's connection options for the same server, user and database.
+fn sqlx_options(config: &Config) -> PgConnectOptions {
+    let mut options = PgConnectOptions::new_without_pgpass()
+        .port(config.get_ports().first().copied().unwrap_or(5432))
+        .username(config.get_user().expect("a user"))
+        .database(config.get_dbname().expect("a database"));
+    options = match config.get_hosts().first().expect("a host") {
+        Host::Tcp(host) => options.host(host),
+        Host::Unix(path) => options.socket(path),
+    };
+    if let Some(password) = config.get_password() {
+        options = options.password(std::str::from_utf8(password).expect("a UTF-8 password"));
+    }
+    options.disable_statement_logging()
+}
+
+impl Driver for Sqlx {
+    const CANCELS: bool = false;
+    const PREPARES: bool = true;
+    type Conn = PgConnection;
+    type Pool = PgPool;
+    type Source = PgPool;
+
+    async fn connect(config: &Config) -> PgConnection {
+        sqlx_options(config)
+            .connect()
+            .await
+            .expect("an sqlx connection")
+    }
+
+    async fn pool(config: &Config, size: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(size)
+            .connect_lazy_with(sqlx_options(config))
+    }
+
+    async fn take(pool: &PgPool) -> Box<dyn Any + Send> {
+        Box::new(pool.acquire().await.expect("a pooled connection"))
+    }
+
+    fn source(config: &Config) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(4)
+            .connect_lazy_with(sqlx_options(config))
+    }
+
+    async fn simple(conn: &mut PgConnection, sql: &str) -> Result<Option<String>, String> {
+        // (sqlx 0.8's `RawSql::fetch_optional` fails on no rows.)
+        let rows = sqlx::raw_sql(sql)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        // The simple protocol answers in text, whatever the column's type.
+        Ok(rows.first().and_then(|row| {
+            row.try_get_unchecked::<Option<String>, _>(0)
+                .expect("a text value")
+        }))
+    }
+}
+
+/// One connection the test holds, lent to one call at a time, as a
+/// framework holds the connection of a request.
+pub type Held<D> = Arc<Mutex<<D as Driver>::Conn>>;
+
+pub async fn hold<D: Driver>(config: &Config) -> Held<D> {
+    Arc::new(Mutex::new(D::connect(config).await))
+}
+
+/// A connection source that lends one held connection.
+pub struct Lend<T>(Arc<Mutex<T>>);
+
+impl LimitConn for Lend<Client> {
+    type Conn = OwnedMutexGuard<Client>;
+    type Error = Infallible;
+
+    async fn conn(&self) -> Result<Self::Conn, Infallible> {
+        Ok(Arc::clone(&self.0).lock_owned().await)
+    }
+}
+
+impl LimitConn for Lend<PgConnection> {
+    type Conn = SqlxConn<OwnedMutexGuard<PgConnection>>;
+    type Error = Infallible;
+
+    async fn conn(&self) -> Result<Self::Conn, Infallible> {
+        Ok(SqlxConn(Arc::clone(&self.0).lock_owned().await))
+    }
+}
+
+pub fn lend<D: Driver>(held: &Held<D>) -> Lend<D::Conn>
+where
+    Lend<D::Conn>: LimitConn,
+{
+    Lend(Arc::clone(held))
+}
+
+/// `sql`'s one text value on the held connection.
+pub async fn text<D: Driver>(held: &Held<D>, sql: &str) -> Option<String> {
+    D::simple(&mut *held.lock().await, sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// The one integer `sql` (a query of one value) answers on the held
+/// connection.
+pub async fn int<D: Driver>(held: &Held<D>, sql: &str) -> i64 {
+    text::<D>(held, &format!("SELECT ({sql})::text"))
+        .await
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{sql}: no integer"))
+}
+
+pub async fn backend_pid<D: Driver>(held: &Held<D>) -> i32 {
+    let pid = int::<D>(held, "SELECT pg_catalog.pg_backend_pid()::int8").await;
+    i32::try_from(pid).expect("a pid")
+}
+
+/// The held connection answers, outside any transaction (each statement
+/// then starts its own), and the system switch is off on it.
+pub async fn assert_idle_and_switch_off<D: Driver>(held: &Held<D>, what: &str) {
+    let idle = text::<D>(
+        held,
+        "SELECT (pg_catalog.transaction_timestamp() = pg_catalog.statement_timestamp())::text",
+    )
+    .await;
+    assert_eq!(
+        idle.as_deref(),
+        Some("true"),
+        "{what}: left inside a transaction"
+    );
+    let switch = text::<D>(
+        held,
+        "SELECT pg_catalog.current_setting('platformkit.system', true)",
+    )
+    .await;
+    assert!(
+        matches!(switch.as_deref(), None | Some("")),
+        "{what}: the system switch outlived the limiter's transaction: {switch:?}"
+    );
+}
