@@ -505,8 +505,10 @@
 //!    and alert on `outcome="unreachable"`.
 //! 6. Run [`purge`] hourly, or start a [`PurgeTask`].
 //!
-//! The repository's `examples/axum_login.rs` is a complete axum service
-//! doing all of this: `cargo run --example axum_login --features deadpool`.
+//! The repository's `examples/axum_sqlx.rs` is a complete axum service
+//! doing steps 1 to 6 over an sqlx pool, the limits in a layer:
+//! `cargo run --example axum_sqlx --features sqlx,axum`.
+//! `examples/axum_login.rs` calls the limiter in the handler, over deadpool.
 //!
 //! [fail-open]: #fail-open
 //! [`Limiter::DEFAULT_REFUSAL_CACHE_KEYS`]: crate::Limiter::DEFAULT_REFUSAL_CACHE_KEYS

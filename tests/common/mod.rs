@@ -6,10 +6,12 @@
 //! tests pin, and the assertions on verdicts and on how long a call took.
 //! [`db`]: the databases, the connections a test holds or lends, and what a
 //! test reads of them as the system, the superuser or a stranger.
+//! [`http`]: a bare HTTP/1.1 client for the example services.
 //! [`metrics`]: what a `DebuggingRecorder` saw.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 
 pub mod db;
+pub mod http;
 pub mod metrics;
 
 use std::future::Future;
