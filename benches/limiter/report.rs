@@ -414,7 +414,7 @@ impl Report<'_> {
                 p50(What::Read, random) - round_trip,
             ),
             (
-                "check over the read alone (the CALL and its transaction)",
+                "check over the read alone (the function call around it)",
                 p50(What::Check, random) - p50(What::Read, random),
             ),
             (
