@@ -1,4 +1,7 @@
-//! An axum service with the limiter in front of its password work.
+//! An axum login over a tokio-postgres deadpool pool, the limiter called in
+//! the handler: the account is in the form's body, which a tower layer
+//! never reads. (`examples/axum_sqlx.rs` is the service most users run: a
+//! layer over an sqlx pool.)
 //!
 //! ```text
 //! cargo run --example axum_login --features deadpool   # on 127.0.0.1:3000
@@ -7,28 +10,22 @@
 //! ```
 //!
 //! - `POST /login` (`email`, `password`): `check` before the (simulated)
-//!   password work, `failed` after a wrong password, `reset` after a good one;
-//! - `POST /password/forgot` (`email`): `hit`, since every ask costs an email;
-//! - `POST /password/reset` (`email`, `code`): limits guesses of the emailed
-//!   code;
+//!   password work, `failed` after a wrong password, `reset` after a good
+//!   one; a refusal answers 429 with `Retry-After`;
 //! - `GET /metrics`: the Prometheus exposition.
-//!
-//! A refused attempt answers `429 Too Many Requests` with `Retry-After`. An
-//! unreachable limiter lets the attempt through (and the metrics say so).
 //!
 //! It starts a throwaway PostgreSQL (or uses `DATABASE_URL`, a superuser URL)
 //! and applies `schema.sql`; a real service runs `SCHEMA` in its migrations.
-//! The limiter borrows its connections from the service's own deadpool pool.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Form, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use platformkit_limit::{Key, Limit, LimitConn, Limiter, Postgres, Verdict};
 use serde::Deserialize;
 
@@ -36,8 +33,6 @@ use serde::Deserialize;
 pub struct App<C> {
     limiter: Limiter<Postgres<C>>,
     login: Limit,
-    forgot: Limit,
-    reset_code: Limit,
     metrics: PrometheusHandle,
 }
 
@@ -47,8 +42,6 @@ impl<C: LimitConn + 'static> App<C> {
         Ok(App {
             limiter: Limiter::new(Postgres::new(conns)),
             login: Limit::new("login", 5, Duration::from_secs(15 * 60))?,
-            forgot: Limit::new("password-forgot", 3, Duration::from_secs(60 * 60))?,
-            reset_code: Limit::new("password-reset-code", 5, Duration::from_secs(15 * 60))?,
             metrics,
         })
     }
@@ -58,23 +51,13 @@ impl<C: LimitConn + 'static> App<C> {
 pub fn router<C: LimitConn + 'static>(app: Arc<App<C>>) -> Router {
     Router::new()
         .route("/login", post(login::<C>))
-        .route("/password/forgot", post(forgot::<C>))
-        .route("/password/reset", post(reset::<C>))
         .route("/metrics", get(metrics::<C>))
         .with_state(app)
 }
 
-/// A Prometheus recorder with histogram buckets for the call duration, so
-/// dashboards can plot percentiles.
+/// A Prometheus recorder.
 pub fn install_metrics() -> PrometheusHandle {
     PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full(platformkit_limit::metric::CALL_DURATION_SECONDS.to_owned()),
-            &[
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-            ],
-        )
-        .expect("valid buckets")
         .install_recorder()
         .expect("no other recorder is installed")
 }
@@ -85,27 +68,16 @@ struct LoginForm {
     password: String,
 }
 
-#[derive(Deserialize)]
-struct ForgotForm {
-    email: String,
-}
-
-#[derive(Deserialize)]
-struct ResetForm {
-    email: String,
-    code: String,
-}
-
 /// The answer to a refused attempt: 429 with Retry-After in whole seconds.
 fn too_many(verdict: &Verdict) -> Response {
-    let wait = verdict.retry_after().unwrap_or_default();
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    let mut response = (StatusCode::TOO_MANY_REQUESTS, "too many attempts\n").into_response();
-    response.headers_mut().insert(
-        header::RETRY_AFTER,
-        HeaderValue::from_str(&secs.to_string()).expect("digits are a valid header"),
-    );
-    response
+    let secs = verdict.retry_after_secs().unwrap_or(1);
+    let retry_after = [(header::RETRY_AFTER, secs.to_string())];
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        retry_after,
+        "too many attempts\n",
+    )
+        .into_response()
 }
 
 /// A hard limiter error (a misconfiguration): never a silent allow.
@@ -135,42 +107,6 @@ async fn login<C: LimitConn + 'static>(
     match app.limiter.failed(&app.login, &account).await {
         Ok(verdict) if verdict.is_refused() => too_many(&verdict),
         Ok(_) => (StatusCode::UNAUTHORIZED, "wrong email or password\n").into_response(),
-        Err(e) => broken(e),
-    }
-}
-
-async fn forgot<C: LimitConn + 'static>(
-    State(app): State<Arc<App<C>>>,
-    Form(form): Form<ForgotForm>,
-) -> Response {
-    match app.limiter.hit(&app.forgot, &Key::email(&form.email)).await {
-        Ok(verdict) if verdict.is_refused() => too_many(&verdict),
-        // Here the service would send the email with a code.
-        Ok(_) => (
-            StatusCode::ACCEPTED,
-            "if the account exists, a code is on its way\n",
-        )
-            .into_response(),
-        Err(e) => broken(e),
-    }
-}
-
-async fn reset<C: LimitConn + 'static>(
-    State(app): State<Arc<App<C>>>,
-    Form(form): Form<ResetForm>,
-) -> Response {
-    let account = Key::email(&form.email);
-    match app.limiter.check(&app.reset_code, &account).await {
-        Ok(verdict) if verdict.is_refused() => return too_many(&verdict),
-        Ok(_) => {}
-        Err(e) => return broken(e),
-    }
-    if form.code == "424242" {
-        return (StatusCode::OK, "password changed\n").into_response();
-    }
-    match app.limiter.failed(&app.reset_code, &account).await {
-        Ok(verdict) if verdict.is_refused() => too_many(&verdict),
-        Ok(_) => (StatusCode::UNAUTHORIZED, "wrong code\n").into_response(),
         Err(e) => broken(e),
     }
 }

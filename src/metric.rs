@@ -28,7 +28,7 @@
 //! error returned to the caller) or, for `reset` and `take_back`, `cleared`.
 //!
 //! Give the duration histogram buckets in your exporter so that dashboards
-//! can plot percentiles (the repository's `examples/axum_login.rs` does).
+//! can plot percentiles (the repository's `examples/axum_sqlx.rs` does).
 //! The repository's `contrib/` has Prometheus alerts (failing open, errors,
 //! refusals spiking, a failing purge) and a Grafana dashboard over these
 //! metrics.

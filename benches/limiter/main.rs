@@ -22,6 +22,8 @@
 //! - `failed` connecting for each call, and `failed` on `Memory`;
 //! - `failed` with the defaults (the refusal cache and merging on) through
 //!   one limiter shared by 16 callers over 16 connections, random keys;
+//! - with the feature `sqlx`, `failed` over an sqlx `PgPool` of 1 and of 16
+//!   connections, next to `failed` over tokio-postgres ([`sqlx`](mod@sqlx));
 //! - an attack ([`attack`]): 16 tasks sharing one limiter over 16
 //!   connections, hammering 100 keys already refused and one hot key still
 //!   counting, with the defaults and with both off, counting the statements
@@ -44,6 +46,7 @@
 //! written as JSON to `target/bench/limiter.json` ([`report`]).
 //!
 //! ```text
+//! cargo bench --bench limiter --features sqlx  # 5 rounds, with sqlx
 //! cargo bench --bench limiter                  # 5 rounds, several minutes
 //! BENCH_ROUNDS=3 cargo bench --bench limiter   # fewer rounds
 //! BENCH_QUICK=1 cargo bench --bench limiter    # one short round, for CI
@@ -62,6 +65,7 @@ mod measure;
 mod operations;
 mod purge;
 mod report;
+mod sqlx;
 mod targets;
 
 use std::sync::Arc;
@@ -253,6 +257,8 @@ async fn run(mode: Mode) -> bool {
         limiters,
         db.config(),
     );
+    #[cfg(feature = "sqlx")]
+    let bench = bench.with_sqlx(sqlx::ops(&db.url(), &limit).await);
 
     let attack = Attack::new(Pool::new(Arc::clone(&conns)), limit.clone());
     attack.refuse_keys().await;

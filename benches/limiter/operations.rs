@@ -96,6 +96,9 @@ pub(crate) enum What {
     /// `failed` with the defaults (refusal cache and merging on), through
     /// one limiter shared by [`WIDE`] callers over [`WIDE`] connections.
     DefaultsFailed,
+    /// `failed` over an sqlx `PgPool` of as many connections as callers
+    /// (feature `sqlx`, [`crate::sqlx`]).
+    SqlxFailed,
 }
 
 impl What {
@@ -114,6 +117,7 @@ impl What {
             What::ConnectPerCall => "failed, connect per call",
             What::Memory => "failed, Memory",
             What::DefaultsFailed => "failed, defaults, 1 limiter",
+            What::SqlxFailed => "failed over sqlx",
         }
     }
 
@@ -132,6 +136,7 @@ impl What {
             What::ConnectPerCall => "failed_connect_per_call",
             What::Memory => "failed_memory",
             What::DefaultsFailed => "failed_defaults_shared_limiter",
+            What::SqlxFailed => "failed_sqlx",
         }
     }
 
@@ -139,7 +144,9 @@ impl What {
     pub(crate) fn floor(self) -> Option<What> {
         match self {
             What::Check => Some(What::Read),
-            What::Failed | What::Hit | What::Reset | What::DefaultsFailed => Some(What::Upsert),
+            What::Failed | What::Hit | What::Reset | What::DefaultsFailed | What::SqlxFailed => {
+                Some(What::Upsert)
+            }
             What::CheckAll => Some(What::Check),
             What::FailedAll | What::RelaxedFailed | What::ConnectPerCall => Some(What::Failed),
             What::Select1 | What::Upsert | What::Read | What::Memory => None,
@@ -301,9 +308,11 @@ pub(crate) fn limiter_op<S: Store + 'static>(
             let key = Key::opaque(&id);
             let verdict = match what {
                 What::Check => limiter.check(&limit, &key).await,
-                What::Failed | What::RelaxedFailed | What::ConnectPerCall | What::Memory => {
-                    limiter.failed(&limit, &key).await
-                }
+                What::Failed
+                | What::RelaxedFailed
+                | What::ConnectPerCall
+                | What::Memory
+                | What::SqlxFailed => limiter.failed(&limit, &key).await,
                 What::Hit => limiter.hit(&limit, &key).await,
                 What::Reset => {
                     if let Err(e) = limiter.reset(&limit, &key).await {
@@ -378,6 +387,8 @@ pub(crate) struct Bench {
     /// The same connections, lent to whichever caller of a shared limiter.
     pool: Pool,
     ops: Vec<(What, Op)>,
+    /// `failed` over sqlx, by connections: empty without the feature.
+    sqlx: Vec<(usize, Op)>,
 }
 
 impl Bench {
@@ -439,11 +450,27 @@ impl Bench {
             limit,
             conns,
             ops,
+            sqlx: Vec::new(),
         }
     }
 
-    fn op(&self, what: What) -> Op {
+    /// Adds `failed` over sqlx: an op for each number of connections.
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    pub(crate) fn with_sqlx(mut self, ops: Vec<(usize, Op)>) -> Bench {
+        self.sqlx = ops;
+        self
+    }
+
+    fn op(&self, what: What, conns: usize) -> Op {
         match what {
+            What::SqlxFailed => {
+                let (_, op) = self
+                    .sqlx
+                    .iter()
+                    .find(|(c, _)| *c == conns)
+                    .expect("sqlx is measured at this concurrency");
+                Arc::clone(op)
+            }
             // A fresh one each time: the fake never forgets a key.
             What::Memory => {
                 let limiters = Arc::new(vec![limiter(Memory::new())]);
@@ -467,7 +494,7 @@ impl Bench {
 
     /// Measures `what` on `conns` workers over `keys`.
     pub(crate) async fn measure(&self, what: What, conns: usize, keys: Keys) -> Sample {
-        measure(&self.op(what), conns, keys, self.mode).await
+        measure(&self.op(what, conns), conns, keys, self.mode).await
     }
 }
 
@@ -475,7 +502,8 @@ impl Bench {
 /// trip, then each operation right after its floor, then (over random keys)
 /// what is compared to the operation right after it; at [`WIDE`] over
 /// random keys, `failed` with the defaults through one shared limiter right
-/// after its floor. Returns this round's held `failed` at 1 connection,
+/// after its floor; with the feature `sqlx`, `failed` over sqlx right after
+/// `failed`, over random keys. Returns this round's held `failed` at 1 connection,
 /// which connecting per call is compared to.
 pub(crate) async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) -> Sample {
     let mut held_failed = None;
@@ -483,6 +511,10 @@ pub(crate) async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) 
         let round_trip = bench.measure(What::Select1, conns, keys).await;
         results.record(What::Select1, None, conns, round_trip, None);
         let mut whats = vec![What::Check, What::Failed, What::Hit, What::Reset];
+        if keys == Keys::Random && !bench.sqlx.is_empty() {
+            // Over sqlx, right after over tokio-postgres.
+            whats.insert(2, What::SqlxFailed);
+        }
         if keys == Keys::Random && conns == WIDE {
             whats.push(What::DefaultsFailed);
         }

@@ -92,6 +92,8 @@ impl Results {
             for what in [What::CheckAll, What::FailedAll, What::RelaxedFailed] {
                 add(what, Some(Keys::Random), conns);
             }
+            // Measured with the feature `sqlx` only: left out when empty.
+            add(What::SqlxFailed, Some(Keys::Random), conns);
             if conns == 1 {
                 add(What::ConnectPerCall, Some(Keys::Random), 1);
                 add(What::Memory, Some(Keys::Random), 1);
@@ -264,6 +266,8 @@ impl Report<'_> {
         println!();
         self.print_relaxed();
         println!();
+        crate::sqlx::print(self.results);
+        println!();
         crate::attack::print(self.results, self.attack);
         println!();
         crate::purge::print(self.purge);
@@ -295,7 +299,7 @@ impl Report<'_> {
             "operation", "keys", "conns", "ops/s", "p50", "p99"
         );
         let mut conns_seen = 0;
-        for row in &self.results.rows {
+        for row in self.results.rows.iter().filter(|r| !r.samples.is_empty()) {
             if row.conns != conns_seen {
                 conns_seen = row.conns;
                 println!();
@@ -410,7 +414,7 @@ impl Report<'_> {
                 p50(What::Read, random) - round_trip,
             ),
             (
-                "check over the read alone (the CALL and its transaction)",
+                "check over the read alone (the function call around it)",
                 p50(What::Check, random) - p50(What::Read, random),
             ),
             (
@@ -510,6 +514,7 @@ impl Report<'_> {
                 .results
                 .rows
                 .iter()
+                .filter(|row| !row.samples.is_empty())
                 .map(|row| RowJson {
                     operation: row.what.json_name(),
                     keys: row.keys.map(Keys::name),

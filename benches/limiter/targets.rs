@@ -139,6 +139,23 @@ pub(crate) fn all(
             0.9,
         ));
     }
+    if crate::sqlx::measured(results) {
+        let name = What::SqlxFailed.label();
+        targets.push(Target::new(
+            format!("{name} p50, one statement per call ({at_1})"),
+            UPSERT_FLOOR,
+            p50(What::SqlxFailed),
+            AtMost,
+            1.10,
+        ));
+        targets.push(Target::new(
+            format!("{name} ops/s, one statement per call ({at_wide})"),
+            UPSERT_FLOOR,
+            ops(What::SqlxFailed),
+            AtLeast,
+            0.9,
+        ));
+    }
     targets.extend([
         Target::new(
             format!(

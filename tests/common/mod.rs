@@ -6,6 +6,7 @@
 //! tests pin, and the assertions on verdicts and on how long a call took.
 //! [`db`]: the databases, the connections a test holds or lends, and what a
 //! test reads of them as the system, the superuser or a stranger.
+//! [`http`]: a bare HTTP/1.1 client for the example services.
 //! [`metrics`]: what a `DebuggingRecorder` saw.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 
@@ -13,6 +14,7 @@ pub mod bouncer;
 pub mod db;
 pub mod faults;
 pub mod hostile_keys;
+pub mod http;
 pub mod metrics;
 pub mod verdicts;
 pub mod wire;
