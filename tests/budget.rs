@@ -9,12 +9,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::db::{
-    assert_idle, assert_no_lock_waits_soon, counts_by_key, fresh_db, hold, lend, lock_row,
-    lock_row_from, one_i64, stored, stored_rows, system_switch, until_a_call_waits_on_a_lock,
+    assert_idle, assert_no_lock_waits_soon, counts_by_key, fresh_db, hold, lock_row, lock_row_from,
+    on_held, one_i64, stored, stored_rows, system_switch, until_a_call_waits_on_a_lock,
     visible_rows,
 };
 use common::faults::{end_slow_writes, slow_writes};
@@ -36,10 +35,7 @@ async fn a_row_locked_by_another_session_is_a_lock_timeout_never_an_allow() {
 
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
-    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
-        .budget(BUDGET)
-        .build()
-        .unwrap();
+    let limiter = on_held(&held, BUDGET);
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
     assert_eq!(
@@ -100,10 +96,7 @@ async fn the_server_stops_waiting_on_a_held_lock_before_the_client_gives_up() {
     let admin = db.connect_admin().await;
 
     let held = hold(&db.config()).await;
-    let on_held = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
-        .budget(BUDGET)
-        .build()
-        .unwrap();
+    let on_held = on_held(&held, BUDGET);
     let per_call = Limiter::builder(Postgres::new(db.config()))
         .budget(BUDGET)
         .build()
@@ -177,10 +170,7 @@ async fn a_slow_call_is_cancelled_on_the_server_within_the_budget_and_the_connec
     // table takes 0.8 s.
     slow_writes(&db).await;
     let held = hold(&db.config()).await;
-    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
-        .budget(SLOW_CALL_BUDGET)
-        .build()
-        .unwrap();
+    let limiter = on_held(&held, SLOW_CALL_BUDGET);
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
 

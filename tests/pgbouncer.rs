@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::bouncer::{Watching, observe, start_bouncer};
+use common::bouncer::{Watching, fresh_db_with_scratch, observe, start_bouncer};
 use common::db::{backend_pid, fresh_db, hold, lend};
 use common::{LONG_WINDOW, limit};
 use platformkit_limit::{ErrorKind, Key, Limiter, Postgres, purge};
@@ -244,12 +244,7 @@ async fn a_connection_inside_a_transaction_through_pgbouncer_is_refused_and_noth
     let Some(bouncer) = start_bouncer(1) else {
         return;
     };
-    let db = fresh_db().await;
-    db.connect()
-        .await
-        .batch_execute("CREATE TABLE scratch (n int NOT NULL)")
-        .await
-        .expect("creating the scratch table as limit_owner");
+    let db = fresh_db_with_scratch().await;
     let config = bouncer.config_for(&db.config());
     let a = hold(&config).await;
     let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&a))));

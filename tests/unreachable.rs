@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::db::{
-    backend_pid, counts_by_key, fresh_db, hold, lend, lock_row, nothing_listens, stored,
+    backend_pid, counts_by_key, fresh_db, hold, lock_row, nothing_listens, on_held, stored,
     terminate_backend,
 };
 use common::faults::kill_while_it_waits_on_a_lock;
@@ -182,10 +182,7 @@ async fn a_server_that_never_answers_is_unreachable_within_the_budget() {
 async fn a_terminated_connection_is_unreachable() {
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
-    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
-        .budget(BUDGET)
-        .build()
-        .unwrap();
+    let limiter = on_held(&held, BUDGET);
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
     limiter.failed(&login, &alice).await.unwrap();
@@ -215,10 +212,7 @@ async fn a_stopped_server_is_unreachable_and_the_counts_are_there_when_it_is_bac
         .build()
         .unwrap();
     let held = hold(&db.config()).await;
-    let held_limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
-        .budget(BUDGET)
-        .build()
-        .unwrap();
+    let held_limiter = on_held(&held, BUDGET);
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
     assert_eq!(
@@ -362,10 +356,7 @@ async fn a_connection_killed_mid_call_ends_within_the_budget() {
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
     let pid = backend_pid(&*held.lock().await).await;
-    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
-        .budget(KILL_BUDGET)
-        .build()
-        .unwrap();
+    let limiter = on_held(&held, KILL_BUDGET);
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
     assert_eq!(
@@ -480,10 +471,7 @@ async fn a_connection_source_that_never_yields_ends_within_the_budget() {
     // An exhausted pool: its one connection is taken by someone else.
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
-    let limiter = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
-        .budget(BUDGET)
-        .build()
-        .unwrap();
+    let limiter = on_held(&held, BUDGET);
     let taken = held.lock().await;
     let what = "an exhausted pool";
     let (verdict, _) = timed(BUDGET + SLACK, what, limiter.failed(&login, &alice)).await;

@@ -13,6 +13,18 @@ use super::db::backend_pid;
 
 /// A PgBouncer in front of the shared server, or `None` (after saying so)
 /// when none is installed. In CI, which installs it, that is a failure.
+/// A fresh database with a `scratch` table the application's transactions
+/// write to, as `limit_owner`.
+pub async fn fresh_db_with_scratch() -> platformkit_limit_testdb::TestDb {
+    let db = super::db::fresh_db().await;
+    db.connect()
+        .await
+        .batch_execute("CREATE TABLE scratch (n int NOT NULL)")
+        .await
+        .expect("creating the scratch table as limit_owner");
+    db
+}
+
 pub fn start_bouncer(pool_size: u32) -> Option<PgBouncer> {
     let bouncer = PgBouncer::start(Server::shared(), pool_size);
     if bouncer.is_none() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use platformkit_limit::{Key, Limit, LimitConn, SCHEMA};
+use platformkit_limit::{Key, Limit, LimitConn, Limiter, Postgres, SCHEMA};
 use platformkit_limit_testdb::{Server, TestDb, connect};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::{Instant, sleep};
@@ -48,6 +48,17 @@ pub fn lend(
         let held = Arc::clone(&held);
         async move { Ok::<_, Infallible>(held.lock_owned().await) }
     }
+}
+
+/// A limiter with `budget` over `held`, lent to one call at a time.
+pub fn on_held(
+    held: &Arc<Mutex<Client>>,
+    budget: Duration,
+) -> Limiter<Postgres<impl LimitConn<Conn = OwnedMutexGuard<Client>, Error = Infallible>>> {
+    Limiter::builder(Postgres::new(lend(Arc::clone(held))))
+        .budget(budget)
+        .build()
+        .expect("a valid budget")
 }
 
 /// A small pool: connections held for the whole test, each lent to one call

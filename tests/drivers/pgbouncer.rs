@@ -9,7 +9,7 @@ use platformkit_limit_testdb::PgBouncer;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
-use crate::common::bouncer::{Watching, observe, start_bouncer};
+use crate::common::bouncer::{Watching, fresh_db_with_scratch, observe, start_bouncer};
 use crate::common::db::{backend_pid, fresh_db, stored};
 use crate::common::limit;
 use crate::driver::{Driver, Lend, hold, lend};
@@ -36,12 +36,7 @@ where
         fails_loudly_through_a_pgbouncer_without_prepared_statements::<D>(&bouncer).await;
         return;
     }
-    let db = fresh_db().await;
-    db.connect()
-        .await
-        .batch_execute("CREATE TABLE scratch (n int NOT NULL)")
-        .await
-        .unwrap();
+    let db = fresh_db_with_scratch().await;
     let config = bouncer.config_for(&db.config());
     let held = hold::<D>(&config).await;
     let on_held = Arc::new(
