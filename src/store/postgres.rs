@@ -18,9 +18,10 @@ use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
 /// `platformkit_limits`, shared by every replica and kept across deploys.
 ///
 /// Each call borrows one connection from the caller's [`LimitConn`] and sends
-/// one statement, a `CALL` of the limiter's procedure, which runs the
-/// operation inside the limiter's own short system transaction: one message,
-/// one network round trip. Keys travel only as bind parameters. The window
+/// one statement: a write is a `CALL` of the limiter's procedure, which runs
+/// inside the limiter's own short system transaction; a read is a `SELECT`
+/// of its function, which needs no transaction of its own. One message, one
+/// network round trip. Keys travel only as bind parameters. The window
 /// comes from the database's clock. The [guide](crate::guide#one-calls-path)
 /// follows one call through it.
 ///
@@ -126,9 +127,10 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         deadline: Instant,
     ) -> Result<Counted, Error> {
         let operation = Operation::from(op);
+        // A pinned clock out of bounds is refused before a connection is taken.
+        let pinned = self.pinned()?;
         let mut conn = self.connection(operation).await?;
         let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
-        let pinned = self.pinned()?;
         let budget = Budget::until(deadline);
         let previous = limit.strategy() == Strategy::Sliding;
         let max = i64::from(limit.max());
@@ -183,13 +185,13 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
         let operation = Operation::from(op);
+        let pinned = self.pinned()?;
         let mut conn = self.connection(operation).await?;
         let keys: Vec<&str> = pairs.iter().map(|(_, key)| key.as_str()).collect();
         let windows: Vec<i64> = pairs
             .iter()
             .map(|(limit, _)| i64::try_from(limit.window_secs()).expect("at most 366 days"))
             .collect();
-        let pinned = self.pinned()?;
         let budget = Budget::until(deadline);
         let previous = pairs
             .iter()
@@ -307,12 +309,13 @@ fn stored_count(count: i64) -> u64 {
     u64::try_from(count).unwrap_or(u64::MAX)
 }
 
-/// Sends one `CALL` on `session` and returns its one row.
+/// Sends one statement on `session` and returns its one row.
 ///
-/// The `CALL` runs in autocommit and its procedure opens and ends the
-/// limiter's own transaction, so a caller that gives up on the future (the
-/// budget) cannot leave the connection inside a transaction: the request is
-/// already queued on the connection, and the server finishes it alone.
+/// The statement runs in autocommit: a `CALL` whose procedure opens and ends
+/// the limiter's own transaction, or a `SELECT` of a reader, which writes
+/// nothing. A caller that gives up on the future (the budget) cannot leave
+/// the connection inside a transaction: the request is already queued on the
+/// connection, and the server finishes it alone.
 ///
 /// The server stops too, as [`Budget`] splits the time: its lock waits end
 /// at `lock_timeout` (a hard error), and, on a driver that can cancel
