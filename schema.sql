@@ -48,8 +48,12 @@ BEGIN
           AND ((p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace
                 AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%')
             OR (p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('platformkit')
-                AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['platformkit_limit_read',
-                                                              'platformkit_limit_read_many'])))
+                AND (p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['platformkit_limit_read',
+                                                               'platformkit_limit_read_many'])
+                     -- add_many took one amount for every pair before it
+                     -- took one amount per pair.
+                     OR (p.proname OPERATOR(pg_catalog.=) 'platformkit_limit_add_many'
+                         AND 'p_add' OPERATOR(pg_catalog.=) ANY (p.proargnames)))))
     LOOP
         EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
     END LOOP;
@@ -264,14 +268,16 @@ BEGIN
 END
 $$;
 
--- Adds p_add to the count of each (key, window) pair in one statement: the
--- several limits of one request (per account and per address) in one round
--- trip. Rows are upserted in (key, window_start) order, so two calls over the
--- same pairs in any order lock them in the same order and cannot deadlock;
--- a pair given twice counts twice. Returns the counts and window ends in the
--- order given.
+-- Adds each pair's amount (p_adds) to the count of each (key, window) pair
+-- in one statement: the several limits of one request (per account and per
+-- address) in one round trip, or the writes of concurrent calls for
+-- different keys, which share one statement and one commit. Rows are
+-- upserted in (key, window_start) order, so two calls over the same pairs in
+-- any order lock them in the same order and cannot deadlock; a pair given
+-- twice adds both amounts. Returns the counts and window ends in the order
+-- given.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_many(
-    p_keys text[], p_window_secs bigint[], p_add bigint, p_at timestamptz,
+    p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at timestamptz,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
     p_maxes bigint[], p_lockout_secs bigint[],
     INOUT o_counts bigint[] DEFAULT NULL,
@@ -316,15 +322,18 @@ BEGIN
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    IF p_add IS NULL OR p_add < 1 OR p_previous IS NULL OR p_relaxed IS NULL
+    IF p_previous IS NULL OR p_relaxed IS NULL
        OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
        OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_adds) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
        OR EXISTS (
-           SELECT FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs) AS t(key, secs, max, lockout)
+           SELECT FROM unnest(p_keys, p_window_secs, p_adds, p_maxes, p_lockout_secs)
+                       AS t(key, secs, add, max, lockout)
            WHERE NOT COALESCE(octet_length(t.key) BETWEEN 1 AND 249
+                              AND t.add >= 1
                               AND t.secs BETWEEN 1 AND 31622400
                               AND t.max BETWEEN 1 AND 1000000000
                               AND t.lockout BETWEEN 0 AND 86400, false)) THEN
@@ -332,18 +341,17 @@ BEGIN
     END IF;
     o_now := COALESCE(p_at, statement_timestamp());
     WITH asked AS (
-        SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
+        SELECT t.key, t.ord, t.add, t.max, t.lockout, make_interval(secs => t.secs) AS width,
                date_bin(make_interval(secs => t.secs), o_now,
                         timestamptz '1970-01-01 00:00:00+00') AS start
-        FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
-             WITH ORDINALITY AS t(key, secs, max, lockout, ord)
+        FROM unnest(p_keys, p_window_secs, p_adds, p_maxes, p_lockout_secs)
+             WITH ORDINALITY AS t(key, secs, add, max, lockout, ord)
     ), counted AS (
-        -- At most 64 pairs, so p_add * count(*) saturates without overflow
-        -- when p_add is at most the largest bigint divided by the pairs.
+        -- A pair given twice adds both amounts; the sum is numeric, so it
+        -- saturates at the largest bigint instead of overflowing.
         INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
         SELECT key, start, max(start + width),
-               CASE WHEN p_add > 9223372036854775807 / count(*) THEN 9223372036854775807
-                    ELSE p_add * count(*) END
+               LEAST(sum(add), 9223372036854775807)::bigint
         FROM asked
         GROUP BY key, start
         ORDER BY key, start

@@ -31,10 +31,6 @@ impl Call {
         }
     }
 
-    pub(crate) fn operation(&self) -> Operation {
-        self.operation
-    }
-
     /// When the budget runs out.
     pub(crate) fn deadline(&self) -> Instant {
         self.started + self.budget

@@ -1,13 +1,19 @@
-//! Merged counts for one hot key: concurrent writes to one key in one process
-//! share statements, every count is written, and `hit` still lets exactly the
-//! limit through.
+//! Merging: concurrent writes through one limiter share statements. For one
+//! hot key, every count is written and `hit` still lets exactly the limit
+//! through; for different keys, the first writes go at once and the rest
+//! share the next statement, each key with its own count, as `Memory` counts
+//! them one by one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use platformkit_limit::{Key, Limit, LimitConn, Limiter, ManualClock, Postgres, SCHEMA};
+use futures::future::join_all;
+use platformkit_limit::{
+    Key, Limit, LimitConn, Limiter, ManualClock, Memory, Postgres, SCHEMA, Strategy,
+};
 use platformkit_limit_testdb::{Server, TestDb};
+use proptest::prelude::*;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio_postgres::Client;
 
@@ -125,28 +131,248 @@ async fn without_merging_every_call_sends_its_own_statement() {
     assert_eq!(stored_count(&db).await, 64);
 }
 
+/// Another system transaction holding every row, so that writes to them
+/// stay in flight until it ends.
+async fn hold_rows(admin: &mut Client) -> tokio_postgres::Transaction<'_> {
+    let holder = admin.transaction().await.unwrap();
+    holder
+        .batch_execute(
+            "SET LOCAL platformkit.system = 'on';
+             SELECT 1 FROM platformkit.platformkit_limits FOR UPDATE;",
+        )
+        .await
+        .unwrap();
+    holder
+}
+
+/// Starts a write to each of `held` (whose rows are held) and returns once
+/// each is in flight, waiting on its row: every place for a write in flight
+/// is taken.
+async fn fill_the_places<C: LimitConn + 'static>(
+    db: &TestDb,
+    limiter: &Arc<Limiter<Postgres<C>>>,
+    limit: &Limit,
+    held: &[Key],
+) -> Vec<tokio::task::JoinHandle<Result<platformkit_limit::Verdict, platformkit_limit::Error>>> {
+    assert_eq!(held.len(), Limiter::WRITES_IN_FLIGHT);
+    let tasks = held
+        .iter()
+        .map(|key| {
+            let (limiter, limit, key) = (limiter.clone(), limit.clone(), key.clone());
+            tokio::spawn(async move { limiter.failed(&limit, &key).await })
+        })
+        .collect();
+    let watcher = db.connect_admin().await;
+    while watcher
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        < held.len() as i64
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tasks
+}
+
+/// The first [`Limiter::WRITES_IN_FLIGHT`] writes go at once, alone; the
+/// writes for other keys that arrive while they are in flight wait, then go
+/// together in the statements that take their places, each key with its own
+/// count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn merged_failures_on_distinct_keys_never_wait_on_each_other() {
+async fn writes_to_different_keys_behind_the_ones_in_flight_share_one_statement() {
+    const QUEUED: usize = 20;
     let db = Server::shared().database(SCHEMA).await;
     let (conns, sent) = pool(&db, 8).await;
+    let clock = ManualClock::new(SystemTime::now());
     let limiter = Arc::new(
-        Limiter::builder(Postgres::new(conns))
+        Limiter::builder(Postgres::new(conns).with_clock(clock))
+            .no_refusal_cache()
             .budget(Duration::from_secs(30))
             .build()
             .expect("a budget"),
     );
     let limit = Limit::new("login", 1_000, Duration::from_secs(3600)).expect("a limit");
-    let tasks: Vec<_> = (0..64)
-        .map(|i| {
-            let (limiter, limit) = (limiter.clone(), limit.clone());
-            tokio::spawn(
-                async move { limiter.failed(&limit, &Key::opaque(&format!("k{i}"))).await },
-            )
-        })
+    let held: Vec<Key> = (0..Limiter::WRITES_IN_FLIGHT)
+        .map(|i| Key::opaque(&format!("held{i}")))
         .collect();
-    for task in tasks {
-        let verdict = task.await.expect("a task").expect("a verdict");
-        assert_eq!(verdict.count(), Some(1));
+    for key in &held {
+        assert_eq!(limiter.failed(&limit, key).await.unwrap().count(), Some(1));
     }
-    assert_eq!(sent.load(Ordering::SeqCst), 64, "one statement per key");
+
+    let mut admin = db.connect_admin().await;
+    let holder = hold_rows(&mut admin).await;
+    let before = sent.load(Ordering::SeqCst);
+    let in_flight = fill_the_places(&db, &limiter, &limit, &held).await;
+
+    // One poll puts every queued write in the queue.
+    let keys: Vec<Key> = (0..QUEUED).map(|i| Key::opaque(&format!("k{i}"))).collect();
+    let mut queued = Box::pin(join_all(keys.iter().map(|key| limiter.failed(&limit, key))));
+    assert!(
+        futures::poll!(&mut queued).is_pending(),
+        "queued behind the held rows"
+    );
+    holder.commit().await.unwrap();
+
+    for task in in_flight {
+        assert_eq!(task.await.unwrap().unwrap().count(), Some(2));
+    }
+    for verdict in queued.await {
+        assert_eq!(verdict.unwrap().count(), Some(1), "each key its own count");
+    }
+    // The held writes alone; the queued ones in the statements that took
+    // the places of the held ones as each returned.
+    let statements = sent.load(Ordering::SeqCst) - before;
+    assert!(
+        statements <= 2 * Limiter::WRITES_IN_FLIGHT,
+        "{statements} statements for {} held and {QUEUED} queued writes",
+        Limiter::WRITES_IN_FLIGHT
+    );
+    assert_eq!(stored_count(&db).await, (2 * held.len() + QUEUED) as i64);
+}
+
+/// Queued writes whose callers went away (a client disconnecting drops its
+/// request) just as their turn to send came pass the turn on: the places
+/// for writes in flight are not lost, and the next write is counted, not
+/// left waiting until its budget runs out and failing open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_writes_dropped_as_their_turn_comes_pass_it_on() {
+    let db = Server::shared().database(SCHEMA).await;
+    let (conns, _) = pool(&db, 8).await;
+    let limiter = Arc::new(
+        Limiter::builder(Postgres::new(conns))
+            .no_refusal_cache()
+            .budget(Duration::from_secs(5))
+            .build()
+            .expect("a budget"),
+    );
+    let limit = Limit::new("login", 1_000, Duration::from_secs(3600)).expect("a limit");
+    let held: Vec<Key> = (0..Limiter::WRITES_IN_FLIGHT)
+        .map(|i| Key::opaque(&format!("held{i}")))
+        .collect();
+    for key in &held {
+        limiter.failed(&limit, key).await.unwrap();
+    }
+    let mut admin = db.connect_admin().await;
+    let holder = hold_rows(&mut admin).await;
+    let in_flight = fill_the_places(&db, &limiter, &limit, &held).await;
+
+    let keys: Vec<Key> = (0..Limiter::WRITES_IN_FLIGHT)
+        .map(|i| Key::opaque(&format!("gone{i}")))
+        .collect();
+    let mut gone: Vec<_> = keys
+        .iter()
+        .map(|key| Box::pin(limiter.failed(&limit, key)))
+        .collect();
+    for call in &mut gone {
+        assert!(futures::poll!(call).is_pending(), "queued");
+    }
+    holder.commit().await.unwrap();
+    for task in in_flight {
+        task.await.unwrap().unwrap();
+    }
+    // Each returning write handed its place to a queued one, which is
+    // dropped before it reads that.
+    drop(gone);
+
+    let next = limiter.failed(&limit, &Key::opaque("next")).await.unwrap();
+    assert!(!next.is_unreachable(), "{:?}", next.unreachable());
+    assert_eq!(next.count(), Some(1));
+}
+
+/// Concurrent writes through one merging limiter, over a few keys and
+/// limits, each end with the counts `Memory` reaches playing the same calls
+/// one by one: no count lost, none moved to another key, and on each key the
+/// callers see the counts 1 to n, each once.
+#[test]
+fn concurrent_merged_writes_count_as_memory_counts_them_one_by_one() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let db = runtime.block_on(Server::shared().database(SCHEMA));
+    let (conns, _) = runtime.block_on(pool(&db, 4));
+    let conns = Arc::new(conns);
+    let case = AtomicUsize::new(0);
+    let config = ProptestConfig {
+        cases: 16,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(calls in prop::collection::vec((0..3usize, 0..3usize, 0..5usize), 1..48))| {
+        let case = case.fetch_add(1, Ordering::SeqCst);
+        let clock = ManualClock::new(SystemTime::now());
+        let limits = [
+            Limit::new(&format!("a{case}"), 3, Duration::from_secs(60)).unwrap(),
+            Limit::new(&format!("b{case}"), 5, Duration::from_secs(3600)).unwrap(),
+            Limit::builder(&format!("c{case}"), 4, Duration::from_secs(60))
+                .strategy(Strategy::Sliding)
+                .build()
+                .unwrap(),
+        ];
+        let keys: Vec<Key> = (0..5).map(|i| Key::opaque(&format!("u{i}"))).collect();
+        let conns = conns.clone();
+        let pg = Arc::new(
+            Limiter::builder(Postgres::new(move || {
+                let conns = conns.clone();
+                async move { conns.conn().await }
+            }).with_clock(clock.clone()))
+            .no_refusal_cache()
+            .budget(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+        );
+        let memory = Limiter::builder(Memory::new().with_clock(clock))
+            .no_refusal_cache()
+            .no_merging()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let tasks: Vec<_> = calls
+                .iter()
+                .map(|&(op, limit, key)| {
+                    let (pg, limit, key) = (pg.clone(), limits[limit].clone(), keys[key].clone());
+                    tokio::spawn(async move {
+                        match op {
+                            0 => pg.failed(&limit, &key).await,
+                            1 => pg.hit(&limit, &key).await,
+                            _ => pg.reserve(&limit, &key).await.map(|r| r.verdict().clone()),
+                        }
+                    })
+                })
+                .collect();
+            let mut seen: std::collections::BTreeMap<(usize, usize), Vec<u64>> = Default::default();
+            for (task, &(_, limit, key)) in tasks.into_iter().zip(&calls) {
+                let verdict = task.await.unwrap().unwrap();
+                prop_assert!(!verdict.is_unreachable());
+                seen.entry((limit, key)).or_default().push(verdict.count().unwrap());
+            }
+            for &(op, limit, key) in &calls {
+                let (limit, key) = (&limits[limit], &keys[key]);
+                match op {
+                    0 => drop(memory.failed(limit, key).await.unwrap()),
+                    1 => drop(memory.hit(limit, key).await.unwrap()),
+                    _ => drop(memory.reserve(limit, key).await.unwrap()),
+                }
+            }
+            for (&(limit, key), counts) in &mut seen {
+                counts.sort_unstable();
+                prop_assert_eq!(counts.clone(), (1..=counts.len() as u64).collect::<Vec<_>>());
+                let (limit, key) = (&limits[limit], &keys[key]);
+                let (p, m) = (
+                    pg.check(limit, key).await.unwrap(),
+                    memory.check(limit, key).await.unwrap(),
+                );
+                prop_assert_eq!(
+                    (p.count(), p.is_allowed(), p.retry_after()),
+                    (m.count(), m.is_allowed(), m.retry_after())
+                );
+            }
+            Ok(())
+        })?;
+    });
 }

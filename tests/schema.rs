@@ -231,6 +231,9 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
         &many("read_many", Limiter::MAX_PAIRS + 1, "60"),
         &many("add_many", 2, "0"),
         &many("read_many", 0, "60"),
+        // An amount below one, and fewer amounts than pairs.
+        &many("add_many", 2, "60").replace("ARRAY[1, 1]", "ARRAY[1, 0]"),
+        &many("add_many", 2, "60").replace("ARRAY[1, 1]", "ARRAY[1]"),
     ];
     for sql in refused {
         assert_eq!(
@@ -259,10 +262,11 @@ fn many(procedure: &str, pairs: usize, window: &str) -> String {
     let windows = vec![window; pairs].join(", ");
     let maxes = vec!["5"; pairs].join(", ");
     let lockouts = vec!["0"; pairs].join(", ");
+    let adds = format!("p_adds => ARRAY[{}]::int8[], ", vec!["1"; pairs].join(", "));
     let (call, add) = if procedure == "add_many" {
-        ("CALL", "p_add => 1, p_relaxed => false, ")
+        ("CALL", format!("{adds}p_relaxed => false, "))
     } else {
-        ("SELECT * FROM", "")
+        ("SELECT * FROM", String::new())
     };
     format!(
         "{call} platformkit.platformkit_limit_{procedure}(p_keys => ARRAY[{keys}]::text[], \
@@ -272,8 +276,8 @@ fn many(procedure: &str, pairs: usize, window: &str) -> String {
     )
 }
 
-/// `add_many` with the same pair twice and the largest amount saturates at
-/// the largest bigint instead of failing on the multiplication.
+/// `add_many` with the same pair twice, each with the largest amount,
+/// saturates at the largest bigint instead of failing on the sum.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn add_many_saturates_a_huge_amount_over_repeated_pairs() {
     let db = Server::shared().database(SCHEMA).await;
@@ -283,10 +287,10 @@ async fn add_many_saturates_a_huge_amount_over_repeated_pairs() {
             &format!(
                 "CALL platformkit.platformkit_limit_add_many(\
                  p_keys => ARRAY['sat|k', 'sat|k'], p_window_secs => ARRAY[60, 60]::int8[], \
-                 p_add => {}, p_at => NULL, p_budget_ms => 2000, p_relaxed => false, \
-                 p_previous => false, p_maxes => ARRAY[5, 5]::int8[], \
+                 p_adds => ARRAY[{max}, {max}]::int8[], p_at => NULL, p_budget_ms => 2000, \
+                 p_relaxed => false, p_previous => false, p_maxes => ARRAY[5, 5]::int8[], \
                  p_lockout_secs => ARRAY[0, 0]::int8[])",
-                i64::MAX
+                max = i64::MAX
             ),
             &[],
         )
@@ -405,6 +409,61 @@ async fn applying_the_schema_over_the_public_layout_keeps_every_row() {
     assert_eq!(verdict.count(), Some(1));
     let moved = keys(&mut owner).await;
     assert!(moved.contains(&("login|open".to_owned(), 4)), "{moved:?}");
+}
+
+/// Applying the schema over an install whose `add_many` took one amount for
+/// every pair replaces it with the one that takes an amount per pair: one
+/// `add_many` is left, and a call over several limits resolves to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_over_add_many_with_one_amount_leaves_one_add_many() {
+    let db = Server::shared().database(SCHEMA).await;
+    let owner = db.connect().await;
+    owner
+        .batch_execute(
+            "DROP PROCEDURE platformkit.platformkit_limit_add_many;
+             CREATE PROCEDURE platformkit.platformkit_limit_add_many(
+                 p_keys text[], p_window_secs bigint[], p_add bigint, p_at timestamptz,
+                 p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
+                 p_maxes bigint[], p_lockout_secs bigint[],
+                 INOUT o_counts bigint[] DEFAULT NULL,
+                 INOUT o_window_ends timestamptz[] DEFAULT NULL,
+                 INOUT o_now timestamptz DEFAULT NULL,
+                 INOUT o_previous bigint[] DEFAULT NULL,
+                 INOUT o_locked_until timestamptz[] DEFAULT NULL)
+             LANGUAGE plpgsql AS $$ BEGIN END $$;",
+        )
+        .await
+        .unwrap();
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let arguments: Vec<String> = owner
+        .query(
+            "SELECT pg_catalog.array_to_string(proargnames, ',') FROM pg_catalog.pg_proc \
+             WHERE proname = 'platformkit_limit_add_many'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(arguments.len(), 1, "{arguments:?}");
+    assert!(arguments[0].contains("p_adds"), "{arguments:?}");
+
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let login = Limit::new("login", 5, Duration::from_secs(60)).unwrap();
+    let ip = Limit::new("login-ip", 50, Duration::from_secs(60)).unwrap();
+    let key = Key::opaque("after");
+    let verdicts = limiter
+        .failed_all(&[(&login, &key), (&ip, &key)])
+        .await
+        .unwrap();
+    assert_eq!(
+        verdicts
+            .iter()
+            .filter_map(|v| v.count())
+            .collect::<Vec<_>>(),
+        [1, 1]
+    );
 }
 
 /// No stored row can make purge fail, not even one planted before the

@@ -202,11 +202,11 @@ pub(crate) enum Inner {
     },
 
     #[snafu(display(
-        "the call that carried this one's count (merged for a hot key) gave up at its budget"
+        "the call that carried this one's count in a shared statement gave up at its budget"
     ))]
     Abandoned,
 
-    #[snafu(display("{operation}: the merged statement for this key failed"))]
+    #[snafu(display("{operation}: the shared statement this call's count went in failed"))]
     Merged {
         operation: Operation,
         source: std::sync::Arc<Error>,

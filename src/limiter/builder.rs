@@ -13,7 +13,7 @@ use snafu::ensure;
 
 use crate::cache::{self, RefusalCache};
 use crate::error::InvalidOptionSnafu;
-use crate::merge::Merger;
+use crate::merge::{self, Merging};
 use crate::store::Store;
 use crate::{Error, Limiter, Memory, metric};
 
@@ -53,6 +53,13 @@ impl Limiter<Memory> {
     /// The span within which [`Limiter::FLOOD_REFUSALS`] refusals of one key
     /// make it flooded: one second.
     pub const FLOOD_SPAN: Duration = cache::FLOOD_SPAN;
+
+    /// With [merging](crate::guide#merging) on, how many statements of one
+    /// limiter's writes may be in flight at once: 2. A write that finds
+    /// fewer sends at once, alone; one that finds this many waits for the
+    /// next to return, then goes in one statement with every write waiting
+    /// with it (at most [`Limiter::MAX_PAIRS`] keys).
+    pub const WRITES_IN_FLIGHT: usize = merge::WRITES_IN_FLIGHT;
 }
 
 /// A [`Limiter`]'s settings; [`build`](LimiterBuilder::build) checks them
@@ -191,7 +198,7 @@ impl<S: Store> LimiterBuilder<S> {
                 Some(keys) => RefusalCache::new(keys, self.refusal_ttl),
                 None => RefusalCache::off(self.refusal_ttl),
             },
-            merger: self.merging.then(Merger::default),
+            merging: self.merging.then(Merging::default),
         }
     }
 }

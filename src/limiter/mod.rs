@@ -9,15 +9,12 @@ pub use builder::LimiterBuilder;
 use std::sync::Arc;
 use std::time::Duration;
 
-use snafu::ResultExt;
-
 use crate::cache::{Lookup, RefusalCache};
 
 use crate::call::Call;
 use crate::decide::decide;
-use crate::error::MergedSnafu;
 use crate::key::stored;
-use crate::merge::Merger;
+use crate::merge::Merging;
 use crate::metric::{Outcome, Source};
 use crate::operation::Operation;
 use crate::permit::CountedIn;
@@ -74,8 +71,8 @@ pub struct Limiter<S> {
     fallback: Memory,
     /// Refusals this process answers without a round trip.
     refusals: RefusalCache,
-    /// Merges concurrent writes to one key into one statement.
-    merger: Option<Merger>,
+    /// Merges concurrent writes into shared statements.
+    merging: Option<Merging>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -108,10 +105,10 @@ impl<S: Store> Limiter<S> {
         LimiterBuilder::new(store)
     }
 
-    /// Whether concurrent writes to one key are merged
+    /// Whether concurrent writes share statements
     /// ([`LimiterBuilder::no_merging`] turns it off).
     pub fn merging(&self) -> bool {
-        self.merger.is_some()
+        self.merging.is_some()
     }
 
     /// How many keys the refusal cache holds, or `None` when it is off
@@ -278,14 +275,10 @@ impl<S: Store> Limiter<S> {
         };
         let deadline = call.deadline();
         let counting = async {
-            match &self.merger {
-                Some(merger) if op.adds() => merger
-                    .add(key, |n| self.store.count(op, limit, key, n, deadline))
-                    .await
-                    .context(MergedSnafu {
-                        operation: call.operation(),
-                    })
-                    .map_err(Error::from),
+            match &self.merging {
+                Some(merging) if op.adds() => {
+                    merging.add(&self.store, op, limit, key, deadline).await
+                }
                 _ => self.store.count(op, limit, key, 1, deadline).await,
             }
         };

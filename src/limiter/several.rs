@@ -11,7 +11,7 @@ use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
 use crate::metric::Outcome;
 use crate::permit::CountedIn;
-use crate::store::{Op, Store};
+use crate::store::{Asked, Op, Store};
 use crate::{Error, Key, Limit, Limiter, Verdict, Verdicts};
 
 impl<S: Store> Limiter<S> {
@@ -106,9 +106,13 @@ impl<S: Store> Limiter<S> {
             .iter()
             .map(|(limit, key)| (*limit, stored(limit.name(), key)))
             .collect();
+        let asked: Vec<Asked<'_>> = stored
+            .iter()
+            .map(|(limit, key)| Asked { limit, key, n: 1 })
+            .collect();
         let call = Call::start(op.into(), self.budget);
         let result = call
-            .within(self.store.count_many(op, &stored, call.deadline()))
+            .within(self.store.count_many(op, &asked, call.deadline()))
             .await;
         match result {
             Ok(counted) => {

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::clock::{Clock, from_micros, micros_since_epoch};
 use crate::decide::window_of;
-use crate::store::{Counted, Op, Store, sealed};
+use crate::store::{Asked, Counted, Op, Store, sealed};
 use crate::{Error, Limit, ManualClock, Strategy};
 
 /// The in-process fake: the same behaviour as [`Postgres`](crate::Postgres),
@@ -156,12 +156,15 @@ impl sealed::Sealed for Memory {
     async fn count_many(
         &self,
         op: Op,
-        pairs: &[(&Limit, String)],
+        asked: &[Asked<'_>],
         deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
-        let mut counted = Vec::with_capacity(pairs.len());
-        for (limit, key) in pairs {
-            counted.push(self.count(op, limit, key, 1, deadline).await?);
+        let mut counted = Vec::with_capacity(asked.len());
+        for pair in asked {
+            counted.push(
+                self.count(op, pair.limit, pair.key, pair.n, deadline)
+                    .await?,
+            );
         }
         Ok(counted)
     }

@@ -61,6 +61,18 @@ impl From<Op> for Operation {
     }
 }
 
+/// One (limit, stored key) pair of a statement over several, and what a
+/// write adds to it.
+#[derive(Clone, Copy, Debug)]
+pub struct Asked<'a> {
+    /// The limit.
+    pub limit: &'a Limit,
+    /// The stored key.
+    pub key: &'a str,
+    /// What a write adds (a read ignores it).
+    pub n: u64,
+}
+
 /// What a store counted for one call.
 #[derive(Clone, Debug)]
 pub struct Counted {
@@ -105,11 +117,12 @@ pub(crate) mod sealed {
         ) -> impl Future<Output = Result<Counted, Error>> + Send;
 
         /// Runs one counting operation over several (limit, stored key)
-        /// pairs in one statement; the counts come back in the order given.
+        /// pairs in one statement, a write adding each pair's `n`; the
+        /// counts come back in the order given.
         fn count_many(
             &self,
             op: Op,
-            pairs: &[(&Limit, String)],
+            asked: &[Asked<'_>],
             deadline: Instant,
         ) -> impl Future<Output = Result<Vec<Counted>, Error>> + Send;
 

@@ -11,7 +11,7 @@ use crate::driver::{Row, Session};
 use crate::error::{AnsweredAfterCancelSnafu, InvalidOptionSnafu, UnexpectedSnafu};
 use crate::operation::Operation;
 use crate::store::sql::{self, Budget, Statement};
-use crate::store::{Counted, Op, Store, sealed};
+use crate::store::{Asked, Counted, Op, Store, sealed};
 use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
 
 /// The real store: each key's count in each window is a row of
@@ -181,25 +181,29 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     async fn count_many(
         &self,
         op: Op,
-        pairs: &[(&Limit, String)],
+        asked: &[Asked<'_>],
         deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
         let operation = Operation::from(op);
         let pinned = self.pinned()?;
         let mut conn = self.connection(operation).await?;
-        let keys: Vec<&str> = pairs.iter().map(|(_, key)| key.as_str()).collect();
-        let windows: Vec<i64> = pairs
+        let keys: Vec<&str> = asked.iter().map(|pair| pair.key).collect();
+        let windows: Vec<i64> = asked
             .iter()
-            .map(|(limit, _)| i64::try_from(limit.window_secs()).expect("at most 366 days"))
+            .map(|pair| i64::try_from(pair.limit.window_secs()).expect("at most 366 days"))
+            .collect();
+        let adds: Vec<i64> = asked
+            .iter()
+            .map(|pair| i64::try_from(pair.n).unwrap_or(i64::MAX))
             .collect();
         let budget = Budget::until(deadline);
-        let previous = pairs
+        let previous = asked
             .iter()
-            .any(|(limit, _)| limit.strategy() == Strategy::Sliding);
-        let maxes: Vec<i64> = pairs.iter().map(|(l, _)| i64::from(l.max())).collect();
-        let lockouts: Vec<i64> = pairs
+            .any(|pair| pair.limit.strategy() == Strategy::Sliding);
+        let maxes: Vec<i64> = asked.iter().map(|p| i64::from(p.limit.max())).collect();
+        let lockouts: Vec<i64> = asked
             .iter()
-            .map(|(l, _)| i64::try_from(l.lockout_secs()).expect("at most a day"))
+            .map(|p| i64::try_from(p.limit.lockout_secs()).expect("at most a day"))
             .collect();
         let row = match op {
             Op::Check => {
@@ -218,7 +222,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 let add = sql::AddMany {
                     keys: &keys,
                     window_secs: &windows,
-                    add: 1,
+                    adds: &adds,
                     at: pinned,
                     budget_ms: budget.server_ms,
                     relaxed: self.relaxed,
@@ -240,7 +244,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 window_ends.len(),
                 previous.len(),
                 locked_until.len(),
-                pairs.len()
+                asked.len()
             ]
             .iter()
             .all(|&n| n == counts.len()),

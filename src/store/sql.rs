@@ -27,10 +27,10 @@ pub(crate) const ADD: &str = "CALL platformkit.platformkit_limit_add(\
     p_key => $1, p_add => $2, p_window_secs => $3, p_at => $4, p_budget_ms => $5, \
     p_relaxed => $6, p_previous => $7, p_max => $8, p_lockout_secs => $9)";
 
-/// Adds `p_add` to the count of each (key, window) pair, in (key, window)
-/// order. Returns arrays in the order given.
+/// Adds each pair's amount (`p_adds`) to the count of each (key, window)
+/// pair, in (key, window) order. Returns arrays in the order given.
 pub(crate) const ADD_MANY: &str = "CALL platformkit.platformkit_limit_add_many(\
-    p_keys => $1, p_window_secs => $2, p_add => $3, p_at => $4, p_budget_ms => $5, \
+    p_keys => $1, p_window_secs => $2, p_adds => $3, p_at => $4, p_budget_ms => $5, \
     p_relaxed => $6, p_previous => $7, p_maxes => $8, p_lockout_secs => $9)";
 
 /// Reads the count of each (key, window) pair; writes nothing.
@@ -134,7 +134,7 @@ impl Read<'_> {
 pub(crate) struct AddMany<'a> {
     pub(crate) keys: &'a [&'a str],
     pub(crate) window_secs: &'a [i64],
-    pub(crate) add: i64,
+    pub(crate) adds: &'a [i64],
     pub(crate) at: Option<SystemTime>,
     pub(crate) budget_ms: i64,
     pub(crate) relaxed: bool,
@@ -150,7 +150,7 @@ impl AddMany<'_> {
             params: [
                 Param::TextArray(self.keys),
                 Param::Int8Array(self.window_secs),
-                Param::Int8(self.add),
+                Param::Int8Array(self.adds),
                 Param::Timestamptz(self.at),
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.relaxed),
