@@ -98,6 +98,7 @@ fn every_nonsensical_option_is_refused_when_it_is_set() {
             "a refusal TTL over a minute",
             limiter().refusal_ttl(Limiter::MAX_REFUSAL_TTL + Duration::from_millis(1)),
         ),
+        ("no writes in flight", limiter().writes_in_flight(0)),
     ]
     .into_iter()
     .map(|(what, builder)| (what, builder.build().expect_err(what)))

@@ -154,7 +154,7 @@ async fn fill_the_places<C: LimitConn + 'static>(
     limit: &Limit,
     held: &[Key],
 ) -> Vec<tokio::task::JoinHandle<Result<platformkit_limit::Verdict, platformkit_limit::Error>>> {
-    assert_eq!(held.len(), Limiter::WRITES_IN_FLIGHT);
+    assert_eq!(Some(held.len()), limiter.writes_in_flight());
     let tasks = held
         .iter()
         .map(|key| {
@@ -178,60 +178,63 @@ async fn fill_the_places<C: LimitConn + 'static>(
     tasks
 }
 
-/// The first [`Limiter::WRITES_IN_FLIGHT`] writes go at once, alone; the
-/// writes for other keys that arrive while they are in flight wait, then go
-/// together in the statements that take their places, each key with its own
-/// count.
+/// The first writes go at once, alone, one per place for a write in
+/// flight; the writes for other keys that arrive while every place is taken
+/// wait, then go together in the statements that take the places as they
+/// free, each key with its own count. With one place, that is one
+/// statement for every write queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writes_to_different_keys_behind_the_ones_in_flight_share_one_statement() {
+async fn writes_to_different_keys_behind_the_ones_in_flight_share_statements() {
     const QUEUED: usize = 20;
-    let db = Server::shared().database(SCHEMA).await;
-    let (conns, sent) = pool(&db, 8).await;
-    let clock = ManualClock::new(SystemTime::now());
-    let limiter = Arc::new(
-        Limiter::builder(Postgres::new(conns).with_clock(clock))
-            .no_refusal_cache()
-            .budget(Duration::from_secs(30))
-            .build()
-            .expect("a budget"),
-    );
-    let limit = Limit::new("login", 1_000, Duration::from_secs(3600)).expect("a limit");
-    let held: Vec<Key> = (0..Limiter::WRITES_IN_FLIGHT)
-        .map(|i| Key::opaque(&format!("held{i}")))
-        .collect();
-    for key in &held {
-        assert_eq!(limiter.failed(&limit, key).await.unwrap().count(), Some(1));
-    }
+    for places in [1, 2] {
+        let db = Server::shared().database(SCHEMA).await;
+        let (conns, sent) = pool(&db, 8).await;
+        let clock = ManualClock::new(SystemTime::now());
+        let limiter = Arc::new(
+            Limiter::builder(Postgres::new(conns).with_clock(clock))
+                .no_refusal_cache()
+                .writes_in_flight(places)
+                .budget(Duration::from_secs(30))
+                .build()
+                .expect("a budget"),
+        );
+        let limit = Limit::new("login", 1_000, Duration::from_secs(3600)).expect("a limit");
+        let held: Vec<Key> = (0..places)
+            .map(|i| Key::opaque(&format!("held{i}")))
+            .collect();
+        for key in &held {
+            assert_eq!(limiter.failed(&limit, key).await.unwrap().count(), Some(1));
+        }
 
-    let mut admin = db.connect_admin().await;
-    let holder = hold_rows(&mut admin).await;
-    let before = sent.load(Ordering::SeqCst);
-    let in_flight = fill_the_places(&db, &limiter, &limit, &held).await;
+        let mut admin = db.connect_admin().await;
+        let holder = hold_rows(&mut admin).await;
+        let before = sent.load(Ordering::SeqCst);
+        let in_flight = fill_the_places(&db, &limiter, &limit, &held).await;
 
-    // One poll puts every queued write in the queue.
-    let keys: Vec<Key> = (0..QUEUED).map(|i| Key::opaque(&format!("k{i}"))).collect();
-    let mut queued = Box::pin(join_all(keys.iter().map(|key| limiter.failed(&limit, key))));
-    assert!(
-        futures::poll!(&mut queued).is_pending(),
-        "queued behind the held rows"
-    );
-    holder.commit().await.unwrap();
+        // One poll puts every queued write in the queue.
+        let keys: Vec<Key> = (0..QUEUED).map(|i| Key::opaque(&format!("k{i}"))).collect();
+        let mut queued = Box::pin(join_all(keys.iter().map(|key| limiter.failed(&limit, key))));
+        assert!(
+            futures::poll!(&mut queued).is_pending(),
+            "queued behind the held rows"
+        );
+        holder.commit().await.unwrap();
 
-    for task in in_flight {
-        assert_eq!(task.await.unwrap().unwrap().count(), Some(2));
+        for task in in_flight {
+            assert_eq!(task.await.unwrap().unwrap().count(), Some(2));
+        }
+        for verdict in queued.await {
+            assert_eq!(verdict.unwrap().count(), Some(1), "each key its own count");
+        }
+        // The held writes alone; the queued ones in the statements that took
+        // the places of the held ones as each returned.
+        let statements = sent.load(Ordering::SeqCst) - before;
+        assert!(
+            (places + 1..=2 * places).contains(&statements),
+            "{statements} statements for {places} held and {QUEUED} queued writes"
+        );
+        assert_eq!(stored_count(&db).await, (2 * places + QUEUED) as i64);
     }
-    for verdict in queued.await {
-        assert_eq!(verdict.unwrap().count(), Some(1), "each key its own count");
-    }
-    // The held writes alone; the queued ones in the statements that took
-    // the places of the held ones as each returned.
-    let statements = sent.load(Ordering::SeqCst) - before;
-    assert!(
-        statements <= 2 * Limiter::WRITES_IN_FLIGHT,
-        "{statements} statements for {} held and {QUEUED} queued writes",
-        Limiter::WRITES_IN_FLIGHT
-    );
-    assert_eq!(stored_count(&db).await, (2 * held.len() + QUEUED) as i64);
 }
 
 /// Queued writes whose callers went away (a client disconnecting drops its
@@ -250,7 +253,7 @@ async fn queued_writes_dropped_as_their_turn_comes_pass_it_on() {
             .expect("a budget"),
     );
     let limit = Limit::new("login", 1_000, Duration::from_secs(3600)).expect("a limit");
-    let held: Vec<Key> = (0..Limiter::WRITES_IN_FLIGHT)
+    let held: Vec<Key> = (0..Limiter::DEFAULT_WRITES_IN_FLIGHT)
         .map(|i| Key::opaque(&format!("held{i}")))
         .collect();
     for key in &held {
@@ -260,7 +263,7 @@ async fn queued_writes_dropped_as_their_turn_comes_pass_it_on() {
     let holder = hold_rows(&mut admin).await;
     let in_flight = fill_the_places(&db, &limiter, &limit, &held).await;
 
-    let keys: Vec<Key> = (0..Limiter::WRITES_IN_FLIGHT)
+    let keys: Vec<Key> = (0..Limiter::DEFAULT_WRITES_IN_FLIGHT)
         .map(|i| Key::opaque(&format!("gone{i}")))
         .collect();
     let mut gone: Vec<_> = keys

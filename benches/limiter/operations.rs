@@ -96,6 +96,9 @@ pub(crate) enum What {
     /// `failed` with the defaults (refusal cache and merging on), through
     /// one limiter shared by [`WIDE`] callers over [`WIDE`] connections.
     DefaultsFailed,
+    /// As `DefaultsFailed`, with this many writes in flight instead of
+    /// [`Limiter::DEFAULT_WRITES_IN_FLIGHT`]: one of [`SWEPT_PLACES`].
+    DefaultsPlaces(usize),
     /// `failed` over an sqlx `PgPool` of as many connections as callers
     /// (feature `sqlx`, [`crate::sqlx`]).
     SqlxFailed,
@@ -117,6 +120,11 @@ impl What {
             What::ConnectPerCall => "failed, connect per call",
             What::Memory => "failed, Memory",
             What::DefaultsFailed => "failed, defaults, 1 limiter",
+            What::DefaultsPlaces(2) => "  the same, 2 writes in flight",
+            What::DefaultsPlaces(4) => "  the same, 4 writes in flight",
+            What::DefaultsPlaces(8) => "  the same, 8 writes in flight",
+            What::DefaultsPlaces(16) => "  the same, 16 writes in flight",
+            What::DefaultsPlaces(_) => unreachable!("only SWEPT_PLACES are measured"),
             What::SqlxFailed => "failed over sqlx",
         }
     }
@@ -136,6 +144,11 @@ impl What {
             What::ConnectPerCall => "failed_connect_per_call",
             What::Memory => "failed_memory",
             What::DefaultsFailed => "failed_defaults_shared_limiter",
+            What::DefaultsPlaces(2) => "failed_defaults_2_writes_in_flight",
+            What::DefaultsPlaces(4) => "failed_defaults_4_writes_in_flight",
+            What::DefaultsPlaces(8) => "failed_defaults_8_writes_in_flight",
+            What::DefaultsPlaces(16) => "failed_defaults_16_writes_in_flight",
+            What::DefaultsPlaces(_) => unreachable!("only SWEPT_PLACES are measured"),
             What::SqlxFailed => "failed_sqlx",
         }
     }
@@ -144,9 +157,12 @@ impl What {
     pub(crate) fn floor(self) -> Option<What> {
         match self {
             What::Check => Some(What::Read),
-            What::Failed | What::Hit | What::Reset | What::DefaultsFailed | What::SqlxFailed => {
-                Some(What::Upsert)
-            }
+            What::Failed
+            | What::Hit
+            | What::Reset
+            | What::DefaultsFailed
+            | What::DefaultsPlaces(_)
+            | What::SqlxFailed => Some(What::Upsert),
             What::CheckAll => Some(What::Check),
             What::FailedAll | What::RelaxedFailed | What::ConnectPerCall => Some(What::Failed),
             What::Select1 | What::Upsert | What::Read | What::Memory => None,
@@ -282,6 +298,13 @@ pub(crate) fn defaults_limiter<S: Store>(store: S) -> Limiter<S> {
         .expect("the longest budget is a valid budget")
 }
 
+/// The places for writes in flight measured beside the default, each
+/// through a limiter of its own with the defaults otherwise, right after
+/// the same floor: the trade [`LimiterBuilder::writes_in_flight`] makes.
+///
+/// [`LimiterBuilder::writes_in_flight`]: platformkit_limit::LimiterBuilder::writes_in_flight
+pub(crate) const SWEPT_PLACES: [usize; 4] = [2, 4, 8, 16];
+
 /// Panics unless the store answered.
 pub(crate) fn answered(what: &str, verdict: Result<Verdict, platformkit_limit::Error>) -> Verdict {
     match verdict {
@@ -323,7 +346,9 @@ pub(crate) fn limiter_op<S: Store + 'static>(
                 What::CheckAll | What::FailedAll => {
                     unreachable!("several limits have an operation of their own")
                 }
-                What::DefaultsFailed => unreachable!("one shared limiter has an op of its own"),
+                What::DefaultsFailed | What::DefaultsPlaces(_) => {
+                    unreachable!("one shared limiter has an op of its own")
+                }
                 What::Select1 | What::Upsert | What::Read => {
                     unreachable!("the statements alone do not go through the limiter")
                 }
@@ -481,6 +506,16 @@ impl Bench {
                 Arc::new(defaults_limiter(Postgres::new(self.pool.clone()))),
                 Arc::new(self.limit.clone()),
             ),
+            What::DefaultsPlaces(places) => shared_failed_op(
+                Arc::new(
+                    Limiter::builder(Postgres::new(self.pool.clone()))
+                        .budget(Limiter::MAX_BUDGET)
+                        .writes_in_flight(places)
+                        .build()
+                        .expect("places within the bounds"),
+                ),
+                Arc::new(self.limit.clone()),
+            ),
             _ => {
                 let (_, op) = self
                     .ops
@@ -517,6 +552,7 @@ pub(crate) async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) 
         }
         if keys == Keys::Random && conns == WIDE {
             whats.push(What::DefaultsFailed);
+            whats.extend(SWEPT_PLACES.map(What::DefaultsPlaces));
         }
         for what in whats {
             let floor = what.floor().expect("operations have a floor");

@@ -99,6 +99,9 @@ impl Results {
                 add(What::Memory, Some(Keys::Random), 1);
             } else {
                 add(What::DefaultsFailed, Some(Keys::Random), conns);
+                for places in crate::operations::SWEPT_PLACES {
+                    add(What::DefaultsPlaces(places), Some(Keys::Random), conns);
+                }
             }
         }
         Results { rows }
@@ -332,7 +335,9 @@ impl Report<'_> {
         }
         println!(
             "  (failed, defaults, 1 limiter: {WIDE} callers sharing one limiter with the refusal \
-             cache and merging over {WIDE} connections)"
+             cache and merging over {WIDE} connections, {} writes in flight; \"the same\" below \
+             it: another number of writes in flight)",
+            platformkit_limit::Limiter::DEFAULT_WRITES_IN_FLIGHT
         );
     }
 

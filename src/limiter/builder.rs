@@ -13,7 +13,7 @@ use snafu::ensure;
 
 use crate::cache::{self, RefusalCache};
 use crate::error::InvalidOptionSnafu;
-use crate::merge::{self, Merging};
+use crate::merge::Merging;
 use crate::store::Store;
 use crate::{Error, Limiter, Memory, metric};
 
@@ -55,11 +55,9 @@ impl Limiter<Memory> {
     pub const FLOOD_SPAN: Duration = cache::FLOOD_SPAN;
 
     /// With [merging](crate::guide#merging) on, how many statements of one
-    /// limiter's writes may be in flight at once: 2. A write that finds
-    /// fewer sends at once, alone; one that finds this many waits for the
-    /// next to return, then goes in one statement with every write waiting
-    /// with it (at most [`Limiter::MAX_PAIRS`] keys).
-    pub const WRITES_IN_FLIGHT: usize = merge::WRITES_IN_FLIGHT;
+    /// limiter's writes may be in flight at once, by default: 1. Set with
+    /// [`LimiterBuilder::writes_in_flight`].
+    pub const DEFAULT_WRITES_IN_FLIGHT: usize = 1;
 }
 
 /// A [`Limiter`]'s settings; [`build`](LimiterBuilder::build) checks them
@@ -71,6 +69,7 @@ impl Limiter<Memory> {
 /// | [`refusal_cache`](LimiterBuilder::refusal_cache) | on, [`Limiter::DEFAULT_REFUSAL_CACHE_KEYS`] keys | 1 to [`Limiter::MAX_REFUSAL_CACHE_KEYS`], or [`no_refusal_cache`](LimiterBuilder::no_refusal_cache) |
 /// | [`refusal_ttl`](LimiterBuilder::refusal_ttl) | [`Limiter::DEFAULT_REFUSAL_TTL`] (1 s) | 1 ms to [`Limiter::MAX_REFUSAL_TTL`] (60 s) |
 /// | merging | on | [`no_merging`](LimiterBuilder::no_merging) |
+/// | [`writes_in_flight`](LimiterBuilder::writes_in_flight) | [`Limiter::DEFAULT_WRITES_IN_FLIGHT`] (1) | 1 or more |
 #[derive(Debug)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct LimiterBuilder<S> {
@@ -79,6 +78,7 @@ pub struct LimiterBuilder<S> {
     refusal_cache: Option<usize>,
     refusal_ttl: Duration,
     merging: bool,
+    writes_in_flight: usize,
 }
 
 impl<S: Store> LimiterBuilder<S> {
@@ -89,6 +89,7 @@ impl<S: Store> LimiterBuilder<S> {
             refusal_cache: Some(Limiter::DEFAULT_REFUSAL_CACHE_KEYS),
             refusal_ttl: Limiter::DEFAULT_REFUSAL_TTL,
             merging: true,
+            writes_in_flight: Limiter::DEFAULT_WRITES_IN_FLIGHT,
         }
     }
 
@@ -121,10 +122,22 @@ impl<S: Store> LimiterBuilder<S> {
     }
 
     /// Turns off [merging](crate::guide#merging): by default, concurrent
-    /// `failed`, `hit` and `reserve` calls for the same key in this process
-    /// share one statement. Off, every call sends its own statement.
+    /// `failed`, `hit` and `reserve` calls through this limiter share
+    /// statements. Off, every call sends its own statement.
     pub fn no_merging(mut self) -> Self {
         self.merging = false;
+        self
+    }
+
+    /// With merging on, how many statements of this limiter's writes may be
+    /// in flight at once. A write that finds fewer sends at once, alone; one
+    /// that finds this many waits for the first to return, then goes in one
+    /// statement with every write waiting with it. Fewer places make larger
+    /// shared statements (less database CPU and fewer commits per call), more
+    /// places shorter waits; the guide's [merging](crate::guide#merging)
+    /// section has the trade and the figures.
+    pub fn writes_in_flight(mut self, places: usize) -> Self {
+        self.writes_in_flight = places;
         self
     }
 
@@ -169,6 +182,13 @@ impl<S: Store> LimiterBuilder<S> {
             );
         }
         ensure!(
+            self.writes_in_flight >= 1,
+            InvalidOptionSnafu {
+                option: "writes in flight",
+                reason: "at least one statement must be allowed in flight",
+            }
+        );
+        ensure!(
             self.refusal_ttl >= Duration::from_millis(1),
             InvalidOptionSnafu {
                 option: "refusal TTL",
@@ -198,7 +218,7 @@ impl<S: Store> LimiterBuilder<S> {
                 Some(keys) => RefusalCache::new(keys, self.refusal_ttl),
                 None => RefusalCache::off(self.refusal_ttl),
             },
-            merging: self.merging.then(Merging::default),
+            merging: self.merging.then(|| Merging::new(self.writes_in_flight)),
         }
     }
 }

@@ -111,6 +111,12 @@ impl<S: Store> Limiter<S> {
         self.merging.is_some()
     }
 
+    /// With merging on, how many statements of writes may be in flight at
+    /// once ([`LimiterBuilder::writes_in_flight`]); `None` with merging off.
+    pub fn writes_in_flight(&self) -> Option<usize> {
+        self.merging.as_ref().map(Merging::places)
+    }
+
     /// How many keys the refusal cache holds, or `None` when it is off
     /// ([`LimiterBuilder::refusal_cache`]).
     pub fn refusal_cache(&self) -> Option<usize> {

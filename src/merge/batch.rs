@@ -13,12 +13,10 @@ use crate::error::AbandonedSnafu;
 use crate::store::{Asked, Counted, Op, sealed::Sealed};
 use crate::{Error, Limit, Limiter};
 
-/// [`Limiter::WRITES_IN_FLIGHT`], owned here.
-pub(crate) const WRITES_IN_FLIGHT: usize = 2;
-
 /// The writes waiting for a statement, and how many are in flight.
-#[derive(Default)]
 pub(super) struct Batcher {
+    /// How many statements may be in flight at once.
+    pub(super) places: usize,
     queue: Mutex<Queue>,
 }
 
@@ -43,9 +41,16 @@ impl std::fmt::Debug for Batcher {
 }
 
 impl Batcher {
+    pub(super) fn new(places: usize) -> Self {
+        Batcher {
+            places,
+            queue: Mutex::default(),
+        }
+    }
+
     /// Adds `n` to the stored key's count under `limit`: at once, alone, if
-    /// fewer than [`WRITES_IN_FLIGHT`] statements are in flight; otherwise in the
-    /// next statement, with every other write waiting then.
+    /// fewer than `places` statements are in flight; otherwise in the next
+    /// statement, with every other write waiting then.
     pub(super) async fn add<S: Sealed>(
         &self,
         store: &S,
@@ -57,7 +62,7 @@ impl Batcher {
     ) -> Shared<Counted> {
         let waiting = {
             let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            if queue.in_flight < WRITES_IN_FLIGHT {
+            if queue.in_flight < self.places {
                 queue.in_flight += 1;
                 None
             } else {

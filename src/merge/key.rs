@@ -82,11 +82,7 @@ impl Keyed {
         result.map(|c| at_position(c, n, 0))
     }
 
-    fn leading<'a>(
-        &'a self,
-        key: &'a str,
-        batch: Vec<Waiting>,
-    ) -> Leading<'a> {
+    fn leading<'a>(&'a self, key: &'a str, batch: Vec<Waiting>) -> Leading<'a> {
         Leading {
             keyed: self,
             key,

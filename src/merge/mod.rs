@@ -28,17 +28,30 @@ use crate::store::{Counted, Op, sealed::Sealed};
 use crate::{Error, Limit};
 
 use batch::Batcher;
-pub(crate) use batch::WRITES_IN_FLIGHT;
 use key::Keyed;
 
 /// Both layers of merging, for one limiter.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Merging {
     keys: Keyed,
     batches: Batcher,
 }
 
 impl Merging {
+    /// Merging with at most `places` statements of writes in flight
+    /// ([`LimiterBuilder::writes_in_flight`](crate::LimiterBuilder::writes_in_flight)).
+    pub(crate) fn new(places: usize) -> Self {
+        Merging {
+            keys: Keyed::default(),
+            batches: Batcher::new(places),
+        }
+    }
+
+    /// How many statements of writes may be in flight at once.
+    pub(crate) fn places(&self) -> usize {
+        self.batches.places
+    }
+
     /// Adds one to the stored key's count under `limit`, merged with the
     /// other callers for the key, then batched with the calls for other keys.
     pub(crate) async fn add<S: Sealed>(
