@@ -18,7 +18,9 @@
 //! `purge` (in `statements_total` only). In `calls_total` and
 //! `call_duration_seconds` it is the call, and the several-limits calls count
 //! once per pair, as `check`, `failed` or `hit`; in `statements_total` it is
-//! the call the statement was sent for.
+//! the call the statement was sent for (for a statement that
+//! [merging](crate::guide#merging) shares between calls, the call that sent
+//! it).
 //!
 //! `source` is `store` or `cache` (a refusal the
 //! [refusal cache](crate::guide#the-refusal-cache) answered without a round
