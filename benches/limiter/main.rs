@@ -21,7 +21,9 @@
 //!   durable default;
 //! - `failed` connecting for each call, and `failed` on `Memory`;
 //! - `failed` with the defaults (the refusal cache and merging on) through
-//!   one limiter shared by 16 callers over 16 connections, random keys;
+//!   one limiter shared by 16 callers over 16 connections, random keys, and
+//!   by a lone caller over one; at 16, also with 2, 4, 8 and 16 writes in
+//!   flight instead of the default 1;
 //! - with the feature `sqlx`, `failed` over an sqlx `PgPool` of 1 and of 16
 //!   connections, next to `failed` over tokio-postgres ([`sqlx`](mod@sqlx));
 //! - an attack ([`attack`]): 16 tasks sharing one limiter over 16

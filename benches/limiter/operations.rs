@@ -550,8 +550,11 @@ pub(crate) async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) 
             // Over sqlx, right after over tokio-postgres.
             whats.insert(2, What::SqlxFailed);
         }
-        if keys == Keys::Random && conns == WIDE {
+        if keys == Keys::Random {
+            // At 1 connection: a lone caller, which merging must not delay.
             whats.push(What::DefaultsFailed);
+        }
+        if keys == Keys::Random && conns == WIDE {
             whats.extend(SWEPT_PLACES.map(What::DefaultsPlaces));
         }
         for what in whats {

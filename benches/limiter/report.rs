@@ -94,11 +94,11 @@ impl Results {
             }
             // Measured with the feature `sqlx` only: left out when empty.
             add(What::SqlxFailed, Some(Keys::Random), conns);
+            add(What::DefaultsFailed, Some(Keys::Random), conns);
             if conns == 1 {
                 add(What::ConnectPerCall, Some(Keys::Random), 1);
                 add(What::Memory, Some(Keys::Random), 1);
             } else {
-                add(What::DefaultsFailed, Some(Keys::Random), conns);
                 for places in crate::operations::SWEPT_PLACES {
                     add(What::DefaultsPlaces(places), Some(Keys::Random), conns);
                 }

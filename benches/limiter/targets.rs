@@ -158,6 +158,17 @@ pub(crate) fn all(
     }
     targets.extend([
         Target::new(
+            format!("failed p50 with the defaults, a lone caller ({at_1})"),
+            "failed p50, one statement per call (each over the upsert alone measured right \
+             before it)",
+            p50(What::DefaultsFailed)
+                .iter()
+                .zip(p50(What::Failed))
+                .map(|(defaults, one)| defaults / one),
+            AtMost,
+            1.10,
+        ),
+        Target::new(
             format!(
                 "failed ops/s with the defaults, {WIDE} callers sharing one limiter over {WIDE} \
                  connections ({at_wide})"
