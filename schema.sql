@@ -404,29 +404,38 @@ DECLARE
     v_switch pg_catalog.text;
 BEGIN
     -- reader's prologue
+    -- Each refusal below is behind a cheaper test that it implies: a call
+    -- that no check could refuse pays only for those tests.
     IF pg_catalog.pg_is_in_recovery()
-       OR (current_setting('transaction_isolation') <> 'read committed'
-           AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
-            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
-                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
-                ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
-                END;
+       OR current_setting('transaction_isolation') <> 'read committed' THEN
+        IF pg_catalog.pg_is_in_recovery()
+           OR (current_setting('transaction_isolation') <> 'read committed'
+               AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+                MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                    THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                    ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
+                    END;
+        END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
-       OR (current_setting('statement_timeout') <> '0'
-           AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
-       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
-           AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
-                END;
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+       OR current_setting('statement_timeout') <> '0'
+       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0' THEN
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+           OR (current_setting('statement_timeout') <> '0'
+               AND current_setting('statement_timeout')::interval
+                   <= make_interval(secs => p_budget_ms / 1000.0))
+           OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+               AND current_setting('transaction_timeout', true)::interval
+                   <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                    THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    END;
+        END IF;
     END IF;
     v_switch := current_setting('platformkit.system', true);
     PERFORM set_config('platformkit.system', 'on', true),
@@ -504,29 +513,38 @@ DECLARE
     v_start pg_catalog.timestamptz;
 BEGIN
     -- reader's prologue
+    -- Each refusal below is behind a cheaper test that it implies: a call
+    -- that no check could refuse pays only for those tests.
     IF pg_catalog.pg_is_in_recovery()
-       OR (current_setting('transaction_isolation') <> 'read committed'
-           AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
-            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
-                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
-                ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
-                END;
+       OR current_setting('transaction_isolation') <> 'read committed' THEN
+        IF pg_catalog.pg_is_in_recovery()
+           OR (current_setting('transaction_isolation') <> 'read committed'
+               AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+                MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                    THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                    ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
+                    END;
+        END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
-       OR (current_setting('statement_timeout') <> '0'
-           AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
-       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
-           AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
-                END;
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+       OR current_setting('statement_timeout') <> '0'
+       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0' THEN
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+           OR (current_setting('statement_timeout') <> '0'
+               AND current_setting('statement_timeout')::interval
+                   <= make_interval(secs => p_budget_ms / 1000.0))
+           OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+               AND current_setting('transaction_timeout', true)::interval
+                   <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                    THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    END;
+        END IF;
     END IF;
     v_switch := current_setting('platformkit.system', true);
     PERFORM set_config('platformkit.system', 'on', true),
