@@ -402,6 +402,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_switch pg_catalog.text;
+    v_set pg_catalog.text;
 BEGIN
     -- reader's prologue
     -- Each refusal below is behind a cheaper test that it implies: a call
@@ -438,8 +439,10 @@ BEGIN
         END IF;
     END IF;
     v_switch := current_setting('platformkit.system', true);
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true);
+    -- Assigned rather than PERFORMed, here and where the switch is turned
+    -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
+    v_set := set_config('platformkit.system', 'on', true);
+    v_set := set_config('lock_timeout', p_budget_ms::text, true);
     -- end of reader's prologue
     IF p_previous IS NULL
        OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
@@ -486,7 +489,7 @@ BEGIN
                ORDER BY a.ord)
     INTO o_counts, o_window_ends, o_previous, o_locked_until
     FROM asked AS a;
-    PERFORM set_config('platformkit.system', COALESCE(v_switch, ''), true);
+    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
 
@@ -509,6 +512,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_switch pg_catalog.text;
+    v_set pg_catalog.text;
     v_window pg_catalog.interval;
     v_start pg_catalog.timestamptz;
 BEGIN
@@ -547,8 +551,10 @@ BEGIN
         END IF;
     END IF;
     v_switch := current_setting('platformkit.system', true);
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true);
+    -- Assigned rather than PERFORMed, here and where the switch is turned
+    -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
+    v_set := set_config('platformkit.system', 'on', true);
+    v_set := set_config('lock_timeout', p_budget_ms::text, true);
     -- end of reader's prologue
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
@@ -580,7 +586,7 @@ BEGIN
     -- end of statement
     o_count := COALESCE(o_count, 0);
     o_previous := COALESCE(o_previous, 0);
-    PERFORM set_config('platformkit.system', COALESCE(v_switch, ''), true);
+    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
 
