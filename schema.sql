@@ -426,10 +426,10 @@ BEGIN
         IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
-                   <= make_interval(secs => p_budget_ms / 1000.0))
+                   <= p_budget_ms * interval '1 millisecond')
            OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
                AND current_setting('transaction_timeout', true)::interval
-                   <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+                   <= p_budget_ms * interval '1 millisecond') THEN
             RAISE EXCEPTION USING
                 ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
                 MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
@@ -538,10 +538,10 @@ BEGIN
         IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
-                   <= make_interval(secs => p_budget_ms / 1000.0))
+                   <= p_budget_ms * interval '1 millisecond')
            OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
                AND current_setting('transaction_timeout', true)::interval
-                   <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+                   <= p_budget_ms * interval '1 millisecond') THEN
             RAISE EXCEPTION USING
                 ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
                 MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
