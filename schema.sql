@@ -402,35 +402,47 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_switch pg_catalog.text;
+    v_set pg_catalog.text;
 BEGIN
     -- reader's prologue
+    -- Each refusal below is behind a cheaper test that it implies: a call
+    -- that no check could refuse pays only for those tests.
     IF pg_catalog.pg_is_in_recovery()
-       OR (current_setting('transaction_isolation') <> 'read committed'
-           AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
-            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
-                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
-                ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
-                END;
+       OR current_setting('transaction_isolation') <> 'read committed' THEN
+        IF pg_catalog.pg_is_in_recovery()
+           OR (current_setting('transaction_isolation') <> 'read committed'
+               AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+                MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                    THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                    ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
+                    END;
+        END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
-       OR (current_setting('statement_timeout') <> '0'
-           AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
-       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
-           AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
-                END;
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+       OR current_setting('statement_timeout') <> '0'
+       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0' THEN
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+           OR (current_setting('statement_timeout') <> '0'
+               AND current_setting('statement_timeout')::interval
+                   <= p_budget_ms * interval '1 millisecond')
+           OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+               AND current_setting('transaction_timeout', true)::interval
+                   <= p_budget_ms * interval '1 millisecond') THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                    THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    END;
+        END IF;
     END IF;
     v_switch := current_setting('platformkit.system', true);
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true);
+    -- Assigned rather than PERFORMed, here and where the switch is turned
+    -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
+    v_set := set_config('platformkit.system', 'on', true);
+    v_set := set_config('lock_timeout', p_budget_ms::text, true);
     -- end of reader's prologue
     IF p_previous IS NULL
        OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
@@ -477,7 +489,7 @@ BEGIN
                ORDER BY a.ord)
     INTO o_counts, o_window_ends, o_previous, o_locked_until
     FROM asked AS a;
-    PERFORM set_config('platformkit.system', COALESCE(v_switch, ''), true);
+    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
 
@@ -500,37 +512,49 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_switch pg_catalog.text;
+    v_set pg_catalog.text;
     v_window pg_catalog.interval;
     v_start pg_catalog.timestamptz;
 BEGIN
     -- reader's prologue
+    -- Each refusal below is behind a cheaper test that it implies: a call
+    -- that no check could refuse pays only for those tests.
     IF pg_catalog.pg_is_in_recovery()
-       OR (current_setting('transaction_isolation') <> 'read committed'
-           AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
-            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
-                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
-                ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
-                END;
+       OR current_setting('transaction_isolation') <> 'read committed' THEN
+        IF pg_catalog.pg_is_in_recovery()
+           OR (current_setting('transaction_isolation') <> 'read committed'
+               AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+                MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                    THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                    ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
+                    END;
+        END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
-       OR (current_setting('statement_timeout') <> '0'
-           AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
-       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
-           AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
-                END;
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+       OR current_setting('statement_timeout') <> '0'
+       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0' THEN
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+           OR (current_setting('statement_timeout') <> '0'
+               AND current_setting('statement_timeout')::interval
+                   <= p_budget_ms * interval '1 millisecond')
+           OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+               AND current_setting('transaction_timeout', true)::interval
+                   <= p_budget_ms * interval '1 millisecond') THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                    THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    END;
+        END IF;
     END IF;
     v_switch := current_setting('platformkit.system', true);
-    PERFORM set_config('platformkit.system', 'on', true),
-            set_config('lock_timeout', p_budget_ms::text, true);
+    -- Assigned rather than PERFORMed, here and where the switch is turned
+    -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
+    v_set := set_config('platformkit.system', 'on', true);
+    v_set := set_config('lock_timeout', p_budget_ms::text, true);
     -- end of reader's prologue
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
@@ -562,7 +586,7 @@ BEGIN
     -- end of statement
     o_count := COALESCE(o_count, 0);
     o_previous := COALESCE(o_previous, 0);
-    PERFORM set_config('platformkit.system', COALESCE(v_switch, ''), true);
+    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
 

@@ -580,7 +580,7 @@ fn every_procedure_begins_with_the_same_prologue() {
         let body_end = reader.find("\nEND\n$$;").expect("the body's end");
         assert!(
             reader[..body_end].trim_end().ends_with(
-                "PERFORM set_config('platformkit.system', COALESCE(v_switch, ''), true);"
+                "v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);"
             ),
             "{name} does not turn the switch back"
         );
