@@ -120,15 +120,17 @@ $$;
 
 -- The system switch: on only inside the limiter's own transaction, where the
 -- procedures below set it with set_config(..., is_local => true). An exact
--- comparison; the search_path is pinned so that no object on the caller's
--- path can stand in for the built-ins.
+-- comparison. Every name in it is schema-qualified, so no object on the
+-- caller's path can stand in for the built-ins; it has no SET clause, so
+-- PostgreSQL inlines it into the policy instead of calling it (a pinned
+-- search_path would cost every statement on the table a settings switch).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_is_system() RETURNS boolean
     LANGUAGE sql
     STABLE
     PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT COALESCE(current_setting('platformkit.system', true) = 'on', false)
+    SELECT COALESCE(pg_catalog.current_setting('platformkit.system', true)
+                        OPERATOR(pg_catalog.=) 'on', false)
 $$;
 
 -- One policy for every command, in both directions. The call is wrapped in a

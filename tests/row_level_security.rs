@@ -322,3 +322,71 @@ async fn a_prepared_transaction_or_savepoint_rollback_cannot_keep_the_switch_on(
         BTreeMap::from([(stored(&login, &alice), 1)])
     );
 }
+
+/// The policy's function names every built-in with its schema, so a
+/// `current_setting` that answers "on" and an `=` that answers true, in a
+/// schema of the application's role ahead of pg_catalog on its
+/// search_path, open nothing: the function is inlined into the policy, and
+/// still reads the real setting with the real operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_current_setting_and_an_equals_ahead_of_pg_catalog_do_not_open_the_policy() {
+    let db = fresh_db().await;
+    let limiter = Limiter::new(Postgres::new(db.tenant_config()));
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    limiter.failed(&login, &alice).await.unwrap();
+    limiter.failed(&login, &alice).await.unwrap();
+
+    db.connect_admin()
+        .await
+        .batch_execute("CREATE SCHEMA AUTHORIZATION limit_tenant")
+        .await
+        .expect("a schema owned by limit_tenant");
+    let tenant = db.connect_tenant().await;
+    tenant
+        .batch_execute(
+            "CREATE FUNCTION limit_tenant.current_setting(text, boolean) RETURNS text
+                 LANGUAGE sql AS $$ SELECT 'on' $$;
+             CREATE FUNCTION limit_tenant.yes(text, text) RETURNS boolean
+                 LANGUAGE sql AS $$ SELECT true $$;
+             CREATE OPERATOR limit_tenant.= (
+                 LEFTARG = text, RIGHTARG = text, FUNCTION = limit_tenant.yes);
+             SET search_path = limit_tenant, pg_catalog, public;",
+        )
+        .await
+        .expect("the planted built-ins");
+    let planted: bool = tenant
+        .query_one(
+            "SELECT current_setting('platformkit.system', true) = 'off'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(planted, "the planted objects are live in this session");
+
+    assert_out_of_reach(&db, &tenant, &login, &alice).await;
+}
+
+/// The policy's function has no `SET` clause, so PostgreSQL inlines it: the
+/// plan of a statement on the table evaluates the setting itself, once, and
+/// never calls the function (which would switch the settings around each
+/// call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_function_is_inlined_into_the_plan() {
+    let db = fresh_db().await;
+    let tenant = db.connect_tenant().await;
+    let plan: Vec<String> = tenant
+        .query(
+            "EXPLAIN (VERBOSE, COSTS OFF) SELECT count(*) FROM platformkit.platformkit_limits",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("current_setting"), "{plan}");
+    assert!(!plan.contains("platformkit_is_system"), "{plan}");
+}
