@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+mod common;
+
+use common::db::{lock_row, lock_waits, stored};
 use futures::future::join_all;
 use platformkit_limit::{
     Key, Limit, LimitConn, Limiter, ManualClock, Memory, Postgres, SCHEMA, Strategy,
@@ -131,23 +134,19 @@ async fn without_merging_every_call_sends_its_own_statement() {
     assert_eq!(stored_count(&db).await, 64);
 }
 
-/// Another system transaction holding every row, so that writes to them
-/// stay in flight until it ends.
-async fn hold_rows(admin: &mut Client) -> tokio_postgres::Transaction<'_> {
-    let holder = admin.transaction().await.unwrap();
-    holder
-        .batch_execute(
-            "SET LOCAL platformkit.system = 'on';
-             SELECT 1 FROM platformkit.platformkit_limits FOR UPDATE;",
-        )
-        .await
-        .unwrap();
-    holder
+/// Locks the rows of `keys` under `limit`, each from a session of its own,
+/// until the returned sessions are dropped.
+async fn lock_rows(db: &TestDb, limit: &Limit, keys: &[Key]) -> Vec<Client> {
+    let mut lockers = Vec::with_capacity(keys.len());
+    for key in keys {
+        lockers.push(lock_row(db, &stored(limit, key)).await);
+    }
+    lockers
 }
 
-/// Starts a write to each of `held` (whose rows are held) and returns once
-/// each is in flight, waiting on its row: every place for a write in flight
-/// is taken.
+/// Starts a write to each of `held` (whose rows another session locks) and
+/// returns once each is in flight, waiting on its row: every place for a
+/// write in flight is taken.
 async fn fill_the_places<C: LimitConn + 'static>(
     db: &TestDb,
     limiter: &Arc<Limiter<Postgres<C>>>,
@@ -162,17 +161,8 @@ async fn fill_the_places<C: LimitConn + 'static>(
             tokio::spawn(async move { limiter.failed(&limit, &key).await })
         })
         .collect();
-    let watcher = db.connect_admin().await;
-    while watcher
-        .query_one(
-            "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE wait_event_type = 'Lock'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get::<_, i64>(0)
-        < held.len() as i64
-    {
+    let admin = db.connect_admin().await;
+    while lock_waits(&admin).await < held.len() as i64 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tasks
@@ -206,8 +196,7 @@ async fn writes_to_different_keys_behind_the_ones_in_flight_share_statements() {
             assert_eq!(limiter.failed(&limit, key).await.unwrap().count(), Some(1));
         }
 
-        let mut admin = db.connect_admin().await;
-        let holder = hold_rows(&mut admin).await;
+        let lockers = lock_rows(&db, &limit, &held).await;
         let before = sent.load(Ordering::SeqCst);
         let in_flight = fill_the_places(&db, &limiter, &limit, &held).await;
 
@@ -218,7 +207,7 @@ async fn writes_to_different_keys_behind_the_ones_in_flight_share_statements() {
             futures::poll!(&mut queued).is_pending(),
             "queued behind the held rows"
         );
-        holder.commit().await.unwrap();
+        drop(lockers);
 
         for task in in_flight {
             assert_eq!(task.await.unwrap().unwrap().count(), Some(2));
@@ -259,8 +248,7 @@ async fn queued_writes_dropped_as_their_turn_comes_pass_it_on() {
     for key in &held {
         limiter.failed(&limit, key).await.unwrap();
     }
-    let mut admin = db.connect_admin().await;
-    let holder = hold_rows(&mut admin).await;
+    let lockers = lock_rows(&db, &limit, &held).await;
     let in_flight = fill_the_places(&db, &limiter, &limit, &held).await;
 
     let keys: Vec<Key> = (0..Limiter::DEFAULT_WRITES_IN_FLIGHT)
@@ -273,7 +261,7 @@ async fn queued_writes_dropped_as_their_turn_comes_pass_it_on() {
     for call in &mut gone {
         assert!(futures::poll!(call).is_pending(), "queued");
     }
-    holder.commit().await.unwrap();
+    drop(lockers);
     for task in in_flight {
         task.await.unwrap().unwrap();
     }

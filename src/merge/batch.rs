@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Queued, Shared, Turn};
-use crate::error::AbandonedSnafu;
+use super::{Queued, Shared, Turn, abandoned};
 use crate::store::{Asked, Counted, Op, sealed::Sealed};
 use crate::{Error, Limit, Limiter};
 
@@ -83,7 +82,7 @@ impl Batcher {
                 match queued.turn().await {
                     Some(Turn::Done(result)) => return result,
                     Some(Turn::Lead) => self.take(key),
-                    None => return Err(Arc::new(Error::from(AbandonedSnafu.build()))),
+                    None => return Err(abandoned()),
                 }
             }
         };
@@ -111,7 +110,7 @@ impl Batcher {
                 }
                 drop(lead);
                 // The store answers one count per pair asked, or errs.
-                own.ok_or_else(|| Arc::new(Error::from(AbandonedSnafu.build())))
+                own.ok_or_else(abandoned)
             }
             Err(e) => {
                 let e = Arc::new(e);
@@ -168,9 +167,7 @@ struct Leading<'a> {
 impl Drop for Leading<'_> {
     fn drop(&mut self) {
         for waiter in self.batch.drain(..) {
-            let _ = waiter.tx.send(Turn::Done(Err(Arc::new(Error::from(
-                AbandonedSnafu.build(),
-            )))));
+            let _ = waiter.tx.send(Turn::Done(Err(abandoned())));
         }
         let mut queue = self
             .batcher

@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::{Queued, Shared, Turn};
+use super::{Queued, Shared, Turn, abandoned};
 use crate::Error;
-use crate::error::AbandonedSnafu;
 use crate::store::Counted;
 
 /// A queued caller's end of the channel its turn comes on.
@@ -57,7 +56,7 @@ impl Keyed {
                 Some(Turn::Lead) => {}
                 // Every queued sender is answered, even by a leader that was
                 // dropped mid-call; this is only reached if that breaks.
-                None => return Err(Arc::new(Error::from(AbandonedSnafu.build()))),
+                None => return Err(abandoned()),
             }
         }
 
@@ -110,9 +109,7 @@ struct Leading<'a> {
 impl Drop for Leading<'_> {
     fn drop(&mut self) {
         for tx in self.batch.drain(..) {
-            let _ = tx.send(Turn::Done(Err(Arc::new(Error::from(
-                AbandonedSnafu.build(),
-            )))));
+            let _ = tx.send(Turn::Done(Err(abandoned())));
         }
         let mut queues = self
             .keyed

@@ -22,7 +22,7 @@ use snafu::ResultExt;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::error::MergedSnafu;
+use crate::error::{AbandonedSnafu, MergedSnafu};
 use crate::operation::Operation;
 use crate::store::{Counted, Op, sealed::Sealed};
 use crate::{Error, Limit};
@@ -124,3 +124,10 @@ impl<T, F: FnOnce()> Drop for Queued<T, F> {
 
 /// The error every caller of a failed batch gets, shared.
 type Shared<T> = Result<T, Arc<Error>>;
+
+/// What a caller is told when the call that carried its count gave up (at
+/// its budget, or dropped) before the answer: the count may or may not
+/// have been written, as after a timeout.
+fn abandoned() -> Arc<Error> {
+    Arc::new(Error::from(AbandonedSnafu.build()))
+}
