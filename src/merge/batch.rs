@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::{Queued, Shared, Turn, abandoned};
 use crate::store::{Asked, Counted, Op, sealed::Sealed};
-use crate::{Error, Limit, Limiter};
+use crate::{Limit, Limiter};
 
 /// The writes waiting for a statement, and how many are in flight.
 pub(super) struct Batcher {

@@ -2,12 +2,11 @@
 //! share one statement that adds their number at once.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
 use super::{Queued, Shared, Turn, abandoned};
-use crate::Error;
 use crate::store::Counted;
 
 /// A queued caller's end of the channel its turn comes on.
