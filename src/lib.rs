@@ -99,7 +99,7 @@ pub use crate::limit::{Limit, LimitBuilder, OnSuccess, Strategy, WhenUnreachable
 pub use crate::limiter::{Limiter, LimiterBuilder};
 pub use crate::permit::{Permit, Permits, Reservation, Reservations};
 #[cfg(feature = "deadpool")]
-pub use crate::pool::DeadpoolConn;
+pub use crate::pool::{DeadpoolConn, Prepared};
 pub use crate::store::Store;
 pub use crate::store::memory::Memory;
 pub use crate::store::postgres::Postgres;
