@@ -41,7 +41,8 @@
 //!
 //! # Features
 //!
-//! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`;
+//! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`, and
+//!   `Prepared` to prepare each statement once per connection;
 //! - `bb8`: [`LimitConn`] for `bb8::Pool` of
 //!   `bb8_postgres::PostgresConnectionManager`;
 //! - `sqlx`: [`LimitConn`] for `sqlx::PgPool`, and `SqlxConn` to lend any
