@@ -41,7 +41,8 @@
 //!
 //! # Features
 //!
-//! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`;
+//! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`, and
+//!   `Prepared` to prepare each statement once per connection;
 //! - `bb8`: [`LimitConn`] for `bb8::Pool` of
 //!   `bb8_postgres::PostgresConnectionManager`;
 //! - `sqlx`: [`LimitConn`] for `sqlx::PgPool`, and `SqlxConn` to lend any
@@ -99,7 +100,7 @@ pub use crate::limit::{Limit, LimitBuilder, OnSuccess, Strategy, WhenUnreachable
 pub use crate::limiter::{Limiter, LimiterBuilder};
 pub use crate::permit::{Permit, Permits, Reservation, Reservations};
 #[cfg(feature = "deadpool")]
-pub use crate::pool::DeadpoolConn;
+pub use crate::pool::{DeadpoolConn, Prepared};
 pub use crate::store::Store;
 pub use crate::store::memory::Memory;
 pub use crate::store::postgres::Postgres;

@@ -1,9 +1,11 @@
 //! The behaviour tests, each written once and run on each driver the limiter
-//! speaks: tokio-postgres connections and sqlx connections (`SqlxConn`,
-//! `sqlx::PgPool`).
+//! speaks: tokio-postgres connections (each statement one unnamed message,
+//! or, through `Prepared`, prepared once per connection in deadpool's
+//! statement cache) and sqlx connections (`SqlxConn`, `sqlx::PgPool`).
 //!
 //! Each body is a function generic over [`Driver`]; the macro at the end
-//! runs it as `on_tokio_postgres::NAME` and `on_sqlx::NAME`. What a driver
+//! runs it as `on_tokio_postgres::NAME`, `on_tokio_postgres_prepared::NAME`
+//! and `on_sqlx::NAME`. What a driver
 //! cannot do is one constant, [`Driver::CANCELS`]: sqlx keeps the cancel key
 //! private, so a slow call is not stopped on the server, and the body says
 //! what happens instead.
@@ -216,6 +218,15 @@ macro_rules! on_each_driver {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$module::$name::<super::driver::TokioPostgres>().await;
+                }
+            )*
+        }
+
+        mod on_tokio_postgres_prepared {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$module::$name::<super::driver::TokioPostgresPrepared>().await;
                 }
             )*
         }

@@ -1,6 +1,8 @@
 //! The pool adapters, against real PostgreSQL: a deadpool or bb8 pool is a
-//! connection source, an exhausted pool still ends within the budget, and a
-//! connection goes back to the pool idle, not inside a transaction.
+//! connection source, an exhausted pool still ends within the budget, a
+//! connection goes back to the pool idle, not inside a transaction, and a
+//! deadpool pool through `Prepared` prepares each statement once per
+//! connection (and nothing without it).
 #![cfg(all(feature = "deadpool", feature = "bb8"))]
 
 mod common;
@@ -9,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use common::db::backend_pid;
 use common::{BUDGET, SLACK};
-use platformkit_limit::{ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA};
+use platformkit_limit::{ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, Prepared, SCHEMA};
 use platformkit_limit_testdb::{Server, TestDb};
 use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
 
 fn deadpool(db: &TestDb, size: usize) -> deadpool_postgres::Pool {
     let manager = deadpool_postgres::Manager::new(db.config(), NoTls);
@@ -150,4 +153,105 @@ async fn a_pooled_connection_inside_a_transaction_is_refused_and_handed_back_idl
         .expect("a count")
         .get(0);
     assert_eq!(rows, 0, "the caller's work was not committed");
+}
+
+/// The limiter's statements prepared on the pooled connection `conn`, each
+/// with how many times it was planned or its plan reused (PostgreSQL counts
+/// both for a `SELECT`, neither for a `CALL`).
+async fn prepared_statements(conn: &deadpool_postgres::Object) -> Vec<(String, i64)> {
+    // (query_typed: an unnamed statement, so the look prepares nothing.)
+    conn.query_typed(
+        "SELECT statement, generic_plans + custom_plans FROM pg_catalog.pg_prepared_statements \
+         WHERE statement LIKE '%platformkit.platformkit_limit_%' ORDER BY statement",
+        &[],
+    )
+    .await
+    .expect("pg_prepared_statements")
+    .iter()
+    .map(|row| (row.get(0), row.get(1)))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_deadpool_pool_prepares_each_statement_once_per_connection() {
+    let db = Server::shared().database(SCHEMA).await;
+    let pool = deadpool(&db, 1);
+    let limit = Limit::new("prepared", 4, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("prepared");
+    let limiter = Limiter::builder(Postgres::new(Prepared(pool.clone())))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
+    for n in 1..=6u64 {
+        let failed = limiter.failed(&limit, &key).await.expect("failed");
+        assert_eq!(failed.count(), Some(n));
+        let checked = limiter.check(&limit, &key).await.expect("check");
+        assert_eq!(checked.count(), Some(n));
+    }
+    let conn = pool.get().await.expect("the one connection");
+    let prepared = prepared_statements(&conn).await;
+    let statements: Vec<&str> = prepared.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(statements.len(), 2, "{prepared:?}");
+    assert!(statements[0].starts_with("CALL platformkit.platformkit_limit_add("));
+    assert!(statements[1].starts_with("SELECT * FROM platformkit.platformkit_limit_read("));
+    assert_eq!(
+        prepared[1].1, 6,
+        "the read, prepared once and run six times"
+    );
+    assert_eq!(conn.statement_cache.size(), 2);
+    assert_eq!(backend_state(&db, backend_pid(&conn).await).await, "idle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadpool_pool_prepares_nothing_by_default() {
+    let db = Server::shared().database(SCHEMA).await;
+    let pool = deadpool(&db, 1);
+    let limit = Limit::new("unnamed", 4, Duration::from_secs(60)).expect("a limit");
+    let limiter = Limiter::new(Postgres::new(pool.clone()));
+    limiter
+        .failed(&limit, &Key::opaque("unnamed"))
+        .await
+        .expect("failed");
+    limiter
+        .check(&limit, &Key::opaque("unnamed"))
+        .await
+        .expect("check");
+    let conn = pool.get().await.expect("the one connection");
+    assert_eq!(prepared_statements(&conn).await, []);
+}
+
+/// `DEALLOCATE ALL` behind the cache: the next call is a hard error with
+/// the server's SQLSTATE, counting nothing; the one after prepares again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_deallocated_behind_the_cache_fails_once_then_is_prepared_again() {
+    let db = Server::shared().database(SCHEMA).await;
+    let pool = deadpool(&db, 1);
+    let limit = Limit::new("deallocated", 4, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("deallocated");
+    let limiter = Limiter::builder(Postgres::new(Prepared(pool.clone())))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
+    assert_eq!(
+        limiter.failed(&limit, &key).await.expect("failed").count(),
+        Some(1)
+    );
+    {
+        let conn = pool.get().await.expect("the one connection");
+        conn.batch_execute("DEALLOCATE ALL")
+            .await
+            .expect("deallocated");
+    }
+    let error = limiter
+        .failed(&limit, &key)
+        .await
+        .expect_err("a hard error");
+    assert_eq!(error.kind(), ErrorKind::Query);
+    assert_eq!(error.code(), Some(&SqlState::INVALID_SQL_STATEMENT_NAME));
+    assert_eq!(
+        limiter.failed(&limit, &key).await.expect("failed").count(),
+        Some(2)
+    );
+    let conn = pool.get().await.expect("the one connection");
+    assert_eq!(prepared_statements(&conn).await.len(), 1);
 }

@@ -26,6 +26,9 @@
 //!   flight instead of the default 1;
 //! - with the feature `sqlx`, `failed` over an sqlx `PgPool` of 1 and of 16
 //!   connections, next to `failed` over tokio-postgres ([`sqlx`](mod@sqlx));
+//! - with the feature `deadpool`, `check` and `failed` through `Prepared`,
+//!   each statement prepared once per connection, next to the same calls
+//!   sent as one unnamed statement ([`prepared`]);
 //! - an attack ([`attack`]): 16 tasks sharing one limiter over 16
 //!   connections, hammering 100 keys already refused and one hot key still
 //!   counting, with the defaults and with both off, counting the statements
@@ -49,6 +52,7 @@
 //!
 //! ```text
 //! cargo bench --bench limiter --features sqlx  # 5 rounds, with sqlx
+//! cargo bench --bench limiter --features deadpool  # with Prepared
 //! cargo bench --bench limiter                  # 5 rounds, several minutes
 //! BENCH_ROUNDS=3 cargo bench --bench limiter   # fewer rounds
 //! BENCH_QUICK=1 cargo bench --bench limiter    # one short round, for CI
@@ -65,6 +69,7 @@ mod attack;
 mod floors;
 mod measure;
 mod operations;
+mod prepared;
 mod purge;
 mod report;
 mod sqlx;
@@ -261,6 +266,8 @@ async fn run(mode: Mode) -> bool {
     );
     #[cfg(feature = "sqlx")]
     let bench = bench.with_sqlx(sqlx::ops(&db.url(), &limit).await);
+    #[cfg(feature = "deadpool")]
+    let bench = bench.with_prepared(prepared::ops(&db.config(), &limit).await);
 
     let attack = Attack::new(Pool::new(Arc::clone(&conns)), limit.clone());
     attack.refuse_keys().await;

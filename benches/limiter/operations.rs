@@ -102,6 +102,11 @@ pub(crate) enum What {
     /// `failed` over an sqlx `PgPool` of as many connections as callers
     /// (feature `sqlx`, [`crate::sqlx`]).
     SqlxFailed,
+    /// `check` through `Prepared`: its statement prepared once per
+    /// connection (feature `deadpool`, [`crate::prepared`]).
+    PreparedCheck,
+    /// `failed` through `Prepared`.
+    PreparedFailed,
 }
 
 impl What {
@@ -126,6 +131,8 @@ impl What {
             What::DefaultsPlaces(16) => "  the same, 16 writes in flight",
             What::DefaultsPlaces(_) => unreachable!("only SWEPT_PLACES are measured"),
             What::SqlxFailed => "failed over sqlx",
+            What::PreparedCheck => "check, Prepared",
+            What::PreparedFailed => "failed, Prepared",
         }
     }
 
@@ -150,6 +157,8 @@ impl What {
             What::DefaultsPlaces(16) => "failed_defaults_16_writes_in_flight",
             What::DefaultsPlaces(_) => unreachable!("only SWEPT_PLACES are measured"),
             What::SqlxFailed => "failed_sqlx",
+            What::PreparedCheck => "check_prepared",
+            What::PreparedFailed => "failed_prepared",
         }
     }
 
@@ -163,8 +172,10 @@ impl What {
             | What::DefaultsFailed
             | What::DefaultsPlaces(_)
             | What::SqlxFailed => Some(What::Upsert),
-            What::CheckAll => Some(What::Check),
-            What::FailedAll | What::RelaxedFailed | What::ConnectPerCall => Some(What::Failed),
+            What::CheckAll | What::PreparedCheck => Some(What::Check),
+            What::FailedAll | What::RelaxedFailed | What::ConnectPerCall | What::PreparedFailed => {
+                Some(What::Failed)
+            }
             What::Select1 | What::Upsert | What::Read | What::Memory => None,
         }
     }
@@ -173,8 +184,8 @@ impl What {
     /// concurrency, and compared to it.
     fn followed_by(self) -> &'static [What] {
         match self {
-            What::Check => &[What::CheckAll],
-            What::Failed => &[What::FailedAll, What::RelaxedFailed],
+            What::Check => &[What::CheckAll, What::PreparedCheck],
+            What::Failed => &[What::FailedAll, What::RelaxedFailed, What::PreparedFailed],
             _ => &[],
         }
     }
@@ -330,12 +341,13 @@ pub(crate) fn limiter_op<S: Store + 'static>(
             let limiter = &limiters[worker];
             let key = Key::opaque(&id);
             let verdict = match what {
-                What::Check => limiter.check(&limit, &key).await,
+                What::Check | What::PreparedCheck => limiter.check(&limit, &key).await,
                 What::Failed
                 | What::RelaxedFailed
                 | What::ConnectPerCall
                 | What::Memory
-                | What::SqlxFailed => limiter.failed(&limit, &key).await,
+                | What::SqlxFailed
+                | What::PreparedFailed => limiter.failed(&limit, &key).await,
                 What::Hit => limiter.hit(&limit, &key).await,
                 What::Reset => {
                     if let Err(e) = limiter.reset(&limit, &key).await {
@@ -479,6 +491,22 @@ impl Bench {
         }
     }
 
+    /// Adds `check` and `failed` through `Prepared`.
+    #[cfg_attr(not(feature = "deadpool"), allow(dead_code))]
+    pub(crate) fn with_prepared(mut self, ops: Vec<(What, Op)>) -> Bench {
+        self.ops.extend(ops);
+        self
+    }
+
+    /// Whether `what` is measured in this build.
+    fn measures(&self, what: What) -> bool {
+        match what {
+            What::SqlxFailed => !self.sqlx.is_empty(),
+            What::PreparedCheck | What::PreparedFailed => self.ops.iter().any(|(w, _)| *w == what),
+            _ => true,
+        }
+    }
+
     /// Adds `failed` over sqlx: an op for each number of connections.
     #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
     pub(crate) fn with_sqlx(mut self, ops: Vec<(usize, Op)>) -> Bench {
@@ -538,7 +566,8 @@ impl Bench {
 /// what is compared to the operation right after it; at [`WIDE`] over
 /// random keys, `failed` with the defaults through one shared limiter right
 /// after its floor; with the feature `sqlx`, `failed` over sqlx right after
-/// `failed`, over random keys. Returns this round's held `failed` at 1 connection,
+/// `failed`, over random keys; with the feature `deadpool`, `check` and
+/// `failed` through `Prepared` right after each. Returns this round's held `failed` at 1 connection,
 /// which connecting per call is compared to.
 pub(crate) async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) -> Sample {
     let mut held_failed = None;
@@ -546,7 +575,7 @@ pub(crate) async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) 
         let round_trip = bench.measure(What::Select1, conns, keys).await;
         results.record(What::Select1, None, conns, round_trip, None);
         let mut whats = vec![What::Check, What::Failed, What::Hit, What::Reset];
-        if keys == Keys::Random && !bench.sqlx.is_empty() {
+        if keys == Keys::Random && bench.measures(What::SqlxFailed) {
             // Over sqlx, right after over tokio-postgres.
             whats.insert(2, What::SqlxFailed);
         }
@@ -565,6 +594,9 @@ pub(crate) async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) 
             results.record(what, Some(keys), conns, sample, Some(floor_sample));
             if keys == Keys::Random {
                 for &next in what.followed_by() {
+                    if !bench.measures(next) {
+                        continue;
+                    }
                     let next_sample = bench.measure(next, conns, keys).await;
                     results.record(next, Some(keys), conns, next_sample, Some(sample));
                 }

@@ -94,6 +94,9 @@ impl Results {
             }
             // Measured with the feature `sqlx` only: left out when empty.
             add(What::SqlxFailed, Some(Keys::Random), conns);
+            // Measured with the feature `deadpool` only: left out when empty.
+            add(What::PreparedCheck, Some(Keys::Random), conns);
+            add(What::PreparedFailed, Some(Keys::Random), conns);
             add(What::DefaultsFailed, Some(Keys::Random), conns);
             if conns == 1 {
                 add(What::ConnectPerCall, Some(Keys::Random), 1);
@@ -270,6 +273,8 @@ impl Report<'_> {
         self.print_relaxed();
         println!();
         crate::sqlx::print(self.results);
+        println!();
+        crate::prepared::print(self.results);
         println!();
         crate::attack::print(self.results, self.attack);
         println!();

@@ -7,7 +7,9 @@
 //! reads (a code, or the connection being gone). Cancelling on the server
 //! near the deadline is done by the drivers that can.
 //!
-//! - `postgres.rs`: anything that derefs to a [`tokio_postgres::Client`];
+//! - `postgres.rs`: anything that derefs to a [`tokio_postgres::Client`],
+//!   and [`Prepared`](crate::Prepared) over a deadpool connection (feature
+//!   `deadpool`);
 //! - `sqlx.rs` (feature `sqlx`): [`SqlxConn`](crate::SqlxConn) over any sqlx
 //!   PostgreSQL connection.
 
@@ -30,6 +32,8 @@ use crate::error::{BoxError, Reading};
 /// - anything that derefs to a [`tokio_postgres::Client`] (a pool's object,
 ///   a mutex guard, [`Connected`](crate::Connected)): the statement is
 ///   cancelled on the server near the end of the budget;
+/// - `Prepared` over a deadpool connection, with the `deadpool` feature: the
+///   same, each statement prepared once per connection;
 /// - [`SqlxConn`](crate::SqlxConn) over an sqlx PostgreSQL connection (a
 ///   `PoolConnection<Postgres>`, a held `PgConnection`), with the `sqlx`
 ///   feature: sqlx does not expose what a cancel request needs, so the

@@ -1,11 +1,16 @@
 //! [`Session`](super::Session) for tokio-postgres: anything that derefs to a
-//! [`Client`].
+//! [`Client`], and, with the `deadpool` feature, [`Prepared`] over a
+//! deadpool connection.
 //!
-//! The statement goes as one unnamed Parse, Bind, Execute and Sync, with the
-//! parameter types given (`query_typed`): one message, one round trip, and
-//! nothing prepared that outlives the call, so it is safe through PgBouncer
-//! in transaction mode. A `CALL` still unanswered at the cancel mark is sent
-//! a cancel request.
+//! By default the statement goes as one unnamed Parse, Bind, Execute and
+//! Sync, with the parameter types given (`query_typed`): one message, one
+//! round trip, and nothing prepared that outlives the call, so it is safe
+//! through PgBouncer in transaction mode. Through [`Prepared`], it is
+//! prepared once per connection (a named statement in the connection's
+//! deadpool statement cache) and each call sends only Bind, Execute and
+//! Sync: still one round trip, after the first on each connection, and the
+//! server neither parses nor plans it again. Either way, a statement still
+//! unanswered at the cancel mark is sent a cancel request.
 
 use std::ops::Deref;
 use std::time::SystemTime;
@@ -25,29 +30,112 @@ impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
         params: &'a [Param<'a>; N],
         cancel_at: Instant,
     ) -> (Result<Row, Failure>, bool) {
-        let client: &Client = self;
-        let typed: [(&(dyn ToSql + Sync), Type); N] = std::array::from_fn(|i| typed(&params[i]));
-        let (answer, cancel_sent) =
-            answer_or_cancel(client.query_typed_one(sql, &typed), cancel_at, || {
-                // What psql's Ctrl-C sends, over a new connection without
-                // TLS; sent while this call still holds the connection, so
-                // it can only reach this statement.
-                let token = client.cancel_token();
-                tokio::spawn(async move {
-                    let _ = token.cancel_query(tokio_postgres::NoTls).await;
-                });
-            })
-            .await;
-        (
-            answer.map(Row::Postgres).map_err(Failure::Postgres),
-            cancel_sent,
-        )
+        send(self, None, sql, params, cancel_at).await
     }
 
     async fn rollback(&mut self) {
         let client: &Client = self;
         let _ = client.batch_execute("ROLLBACK").await;
     }
+}
+
+#[cfg(feature = "deadpool")]
+impl<T> sealed::Sealed for crate::Prepared<T>
+where
+    T: Deref<Target = deadpool_postgres::ClientWrapper> + Send,
+{
+    async fn send<'a, const N: usize>(
+        &'a mut self,
+        sql: &'static str,
+        params: &'a [Param<'a>; N],
+        cancel_at: Instant,
+    ) -> (Result<Row, Failure>, bool) {
+        let wrapper: &deadpool_postgres::ClientWrapper = &self.0;
+        send(
+            wrapper,
+            Some(&wrapper.statement_cache),
+            sql,
+            params,
+            cancel_at,
+        )
+        .await
+    }
+
+    async fn rollback(&mut self) {
+        let _ = self.0.batch_execute("ROLLBACK").await;
+    }
+}
+
+/// The statement cache of a connection, where it has one.
+#[cfg(feature = "deadpool")]
+type Cache = deadpool_postgres::StatementCache;
+#[cfg(not(feature = "deadpool"))]
+type Cache = std::convert::Infallible;
+
+/// Sends `sql` on `client`, prepared through `cache` if there is one, and
+/// sends a cancel request if it is unanswered at `cancel_at`.
+async fn send<const N: usize>(
+    client: &Client,
+    cache: Option<&Cache>,
+    sql: &'static str,
+    params: &[Param<'_>; N],
+    cancel_at: Instant,
+) -> (Result<Row, Failure>, bool) {
+    let typed: [(&(dyn ToSql + Sync), Type); N] = std::array::from_fn(|i| typed(&params[i]));
+    let (answer, cancel_sent) =
+        answer_or_cancel(one_row(client, cache, sql, &typed), cancel_at, || {
+            // What psql's Ctrl-C sends, over a new connection without TLS; sent
+            // while this call still holds the connection, so it can only reach
+            // this statement (or, on a connection's first call through
+            // `Prepared`, its Parse).
+            let token = client.cancel_token();
+            tokio::spawn(async move {
+                let _ = token.cancel_query(tokio_postgres::NoTls).await;
+            });
+        })
+        .await;
+    (
+        answer.map(Row::Postgres).map_err(Failure::Postgres),
+        cancel_sent,
+    )
+}
+
+/// The statement's one row: sent as one unnamed statement, or, with a
+/// cache, as the connection's prepared statement.
+async fn one_row<const N: usize>(
+    client: &Client,
+    cache: Option<&Cache>,
+    sql: &'static str,
+    typed: &[(&(dyn ToSql + Sync), Type); N],
+) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+    #[cfg(feature = "deadpool")]
+    if let Some(cache) = cache {
+        let types: [Type; N] = std::array::from_fn(|i| typed[i].1.clone());
+        let values: [&(dyn ToSql + Sync); N] = std::array::from_fn(|i| typed[i].0);
+        let statement = cache.prepare_typed(client, sql, &types).await?;
+        let answer = client.query_one(&statement, &values).await;
+        if let Err(e) = &answer {
+            // The statement is gone from the connection (`DEALLOCATE ALL`,
+            // `DISCARD ALL`, a PgBouncer that cannot carry it), or the
+            // schema changed its result type under it ("cached plan must
+            // not change result type"): the Bind ran nothing and the error
+            // stands, loud; the next call on this connection prepares it
+            // again.
+            if [
+                SqlState::INVALID_SQL_STATEMENT_NAME,
+                SqlState::FEATURE_NOT_SUPPORTED,
+            ]
+            .iter()
+            .any(|code| e.code() == Some(code))
+            {
+                cache.remove(sql, &types);
+            }
+        }
+        return answer;
+    }
+    #[cfg(not(feature = "deadpool"))]
+    let _ = cache;
+    client.query_typed_one(sql, typed).await
 }
 
 /// The parameter as tokio-postgres sends it: a value and its type.

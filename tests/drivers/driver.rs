@@ -7,7 +7,8 @@ use std::any::Any;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use platformkit_limit::{LimitConn, SqlxConn};
+use deadpool_postgres::ClientWrapper;
+use platformkit_limit::{LimitConn, Prepared, SqlxConn};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgConnection, PgPool, Row as _};
 use tokio::sync::{Mutex, OwnedMutexGuard};
@@ -24,6 +25,11 @@ pub trait Driver: 'static {
     /// Whether its statements are named prepared statements, which only a
     /// PgBouncer that carries them (1.21 or newer) can pass on.
     const PREPARES: bool;
+
+    /// Whether it names its prepared statements per connection (so two of
+    /// its clients collide on one server connection), rather than uniquely
+    /// within the process.
+    const NAMES_PER_CONNECTION: bool;
 
     /// One connection of the driver.
     type Conn: Send + 'static;
@@ -55,6 +61,7 @@ pub struct TokioPostgres;
 impl Driver for TokioPostgres {
     const CANCELS: bool = true;
     const PREPARES: bool = false;
+    const NAMES_PER_CONNECTION: bool = false;
     type Conn = Client;
     type Pool = deadpool_postgres::Pool;
     type Source = Config;
@@ -91,6 +98,52 @@ impl Driver for TokioPostgres {
     }
 }
 
+/// tokio-postgres through `Prepared`: deadpool's `ClientWrapper`s, each
+/// statement prepared once per connection in its statement cache.
+pub struct TokioPostgresPrepared;
+
+impl Driver for TokioPostgresPrepared {
+    const CANCELS: bool = true;
+    const PREPARES: bool = true;
+    const NAMES_PER_CONNECTION: bool = false;
+    type Conn = ClientWrapper;
+    type Pool = Prepared<deadpool_postgres::Pool>;
+    type Source = Prepared<deadpool_postgres::Pool>;
+
+    async fn connect(config: &Config) -> ClientWrapper {
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .expect("a tokio-postgres connection");
+        let task = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        ClientWrapper::new(client, task)
+    }
+
+    async fn pool(config: &Config, size: u32) -> Self::Pool {
+        Prepared(TokioPostgres::pool(config, size).await)
+    }
+
+    async fn take(pool: &Self::Pool) -> Box<dyn Any + Send> {
+        TokioPostgres::take(&pool.0).await
+    }
+
+    fn source(config: &Config) -> Self::Source {
+        let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+        Prepared(
+            deadpool_postgres::Pool::builder(manager)
+                .max_size(4)
+                .build()
+                .expect("a deadpool pool"),
+        )
+    }
+
+    async fn simple(conn: &mut ClientWrapper, sql: &str) -> Result<Option<String>, String> {
+        TokioPostgres::simple(conn, sql).await
+    }
+}
+
 /// sqlx: `PgConnection`s in a `SqlxConn`, `PgPool`.
 pub struct Sqlx;
 
@@ -113,6 +166,7 @@ fn sqlx_options(config: &Config) -> PgConnectOptions {
 impl Driver for Sqlx {
     const CANCELS: bool = false;
     const PREPARES: bool = true;
+    const NAMES_PER_CONNECTION: bool = true;
     type Conn = PgConnection;
     type Pool = PgPool;
     type Source = PgPool;
@@ -171,6 +225,15 @@ impl LimitConn for Lend<Client> {
 
     async fn conn(&self) -> Result<Self::Conn, Infallible> {
         Ok(Arc::clone(&self.0).lock_owned().await)
+    }
+}
+
+impl LimitConn for Lend<ClientWrapper> {
+    type Conn = Prepared<OwnedMutexGuard<ClientWrapper>>;
+    type Error = Infallible;
+
+    async fn conn(&self) -> Result<Self::Conn, Infallible> {
+        Ok(Prepared(Arc::clone(&self.0).lock_owned().await))
     }
 }
 

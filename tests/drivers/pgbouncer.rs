@@ -121,7 +121,9 @@ where
 /// Then every call either counts or is a hard error (`Query`, with the
 /// server's SQLSTATE), never an allow; the other client of the server
 /// connection never sees the switch on or a row; and what the table holds is
-/// exactly what the calls counted.
+/// exactly what the calls counted. (tokio-postgres through `Prepared` names
+/// its statements uniquely within the process, so its clients do not
+/// collide on the one server connection: there every call counts.)
 async fn fails_loudly_through_a_pgbouncer_without_prepared_statements<D: Driver>(
     bouncer: &PgBouncer,
 ) where
@@ -173,8 +175,8 @@ async fn fails_loudly_through_a_pgbouncer_without_prepared_statements<D: Driver>
         observe(&observer, server_pid).await;
     }
     assert!(
-        refused > 0,
-        "two sqlx clients of one server connection did not collide"
+        refused > 0 || !D::NAMES_PER_CONNECTION,
+        "two clients of one server connection did not collide"
     );
     assert_eq!(
         counts(&db).await,
