@@ -139,6 +139,33 @@ pub(crate) fn all(
             0.9,
         ));
     }
+    if crate::prepared::measured(results) {
+        // Through `Prepared`, over the read alone: its ratio to `check`,
+        // measured right after it, times `check`'s to the read, per round.
+        let through = |ratios: fn(&crate::report::Row) -> &Vec<f64>, conns| {
+            let prepared = ratios(random(What::PreparedCheck, conns));
+            let check = ratios(random(What::Check, conns));
+            prepared
+                .iter()
+                .zip(check)
+                .map(|(p, c)| p * c)
+                .collect::<Vec<_>>()
+        };
+        targets.push(Target::new(
+            format!("check through Prepared p50 ({at_1})"),
+            READ_FLOOR,
+            through(|row| &row.p50_ratios, 1),
+            AtMost,
+            1.15,
+        ));
+        targets.push(Target::new(
+            format!("check through Prepared ops/s ({at_wide})"),
+            READ_FLOOR,
+            through(|row| &row.ops_ratios, WIDE),
+            AtLeast,
+            0.8,
+        ));
+    }
     if crate::sqlx::measured(results) {
         let name = What::SqlxFailed.label();
         targets.push(Target::new(
