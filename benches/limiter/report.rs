@@ -24,6 +24,9 @@ pub(crate) struct Row {
     pub(crate) p50_ratios: Vec<f64>,
     /// Per round: these operations per second over its floor's.
     pub(crate) ops_ratios: Vec<f64>,
+    /// Per round: calls per second of the server's CPU time over its
+    /// floor's (empty where the server's CPU time cannot be read).
+    pub(crate) per_core_ratios: Vec<f64>,
 }
 
 impl Row {
@@ -75,6 +78,7 @@ impl Results {
                 samples: Vec::new(),
                 p50_ratios: Vec::new(),
                 ops_ratios: Vec::new(),
+                per_core_ratios: Vec::new(),
             });
         };
         for conns in [1, WIDE] {
@@ -134,6 +138,10 @@ impl Results {
         if let Some(floor) = floor {
             row.p50_ratios.push(sample.p50_us / floor.p50_us);
             row.ops_ratios.push(sample.ops_per_sec / floor.ops_per_sec);
+            let per_core = sample.calls_per_server_core_sec() / floor.calls_per_server_core_sec();
+            if per_core.is_finite() {
+                row.per_core_ratios.push(per_core);
+            }
         }
     }
 }

@@ -139,6 +139,21 @@ pub(crate) fn all(
             0.9,
         ));
     }
+    // Where the server's CPU time can be read (a server on this machine):
+    // what the database pays per attempt, which is what sizes it.
+    let per_core = random(What::DefaultsFailed, WIDE).per_core_ratios.clone();
+    let per_core_target = (!per_core.is_empty()).then(|| {
+        Target::new(
+            format!(
+                "failed attempts per second of the server's CPU with the defaults, {WIDE} \
+                 callers sharing one limiter ({at_wide})"
+            ),
+            "the upsert alone's, prepared, measured right before it",
+            per_core,
+            AtLeast,
+            1.5,
+        )
+    });
     if crate::prepared::measured(results) {
         // Through `Prepared`, over the read alone: its ratio to `check`,
         // measured right after it, times `check`'s to the read, per round.
@@ -309,6 +324,7 @@ pub(crate) fn all(
         )
         .check(),
     ]);
+    targets.extend(per_core_target);
     targets
 }
 
