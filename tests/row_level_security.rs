@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::db::{
     assert_idle, counts_by_key, fresh_db, hold, lend, one_i64, stored, stored_rows, system_switch,
-    visible_rows,
+    texts, visible_rows,
 };
 use common::limit;
 use platformkit_limit::{Key, Limit, Limiter, Postgres, SCHEMA, purge};
@@ -376,17 +376,12 @@ async fn a_current_setting_and_an_equals_ahead_of_pg_catalog_do_not_open_the_pol
 async fn the_policy_function_is_inlined_into_the_plan() {
     let db = fresh_db().await;
     let tenant = db.connect_tenant().await;
-    let plan: Vec<String> = tenant
-        .query(
-            "EXPLAIN (VERBOSE, COSTS OFF) SELECT count(*) FROM platformkit.platformkit_limits",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let plan = plan.join("\n");
+    let plan = texts(
+        &tenant,
+        "EXPLAIN (VERBOSE, COSTS OFF) SELECT count(*) FROM platformkit.platformkit_limits",
+    )
+    .await
+    .join("\n");
     assert!(plan.contains("current_setting"), "{plan}");
     assert!(!plan.contains("platformkit_is_system"), "{plan}");
 }

@@ -4,8 +4,11 @@
 //! `public`) moves with its rows, re-applying it queues behind no reader, and
 //! every procedure begins with the same prologue.
 
+mod common;
+
 use std::time::{Duration, UNIX_EPOCH};
 
+use common::db::texts;
 use platformkit_limit::{
     ErrorKind, Key, Limit, Limiter, ManualClock, Postgres, PurgeTask, SCHEMA, purge,
 };
@@ -435,17 +438,12 @@ async fn applying_the_schema_over_add_many_with_one_amount_leaves_one_add_many()
         .await
         .unwrap();
     owner.batch_execute(SCHEMA).await.expect("the migration");
-    let arguments: Vec<String> = owner
-        .query(
-            "SELECT pg_catalog.array_to_string(proargnames, ',') FROM pg_catalog.pg_proc \
-             WHERE proname = 'platformkit_limit_add_many'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let arguments = texts(
+        &owner,
+        "SELECT pg_catalog.array_to_string(proargnames, ',') FROM pg_catalog.pg_proc \
+         WHERE proname = 'platformkit_limit_add_many'",
+    )
+    .await;
     assert_eq!(arguments.len(), 1, "{arguments:?}");
     assert!(arguments[0].contains("p_adds"), "{arguments:?}");
 

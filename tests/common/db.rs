@@ -153,6 +153,17 @@ pub async fn one_i64(client: &Client, sql: &str, params: &[&(dyn ToSql + Sync)])
         .get(0)
 }
 
+/// The first column of every row a query returns, as text.
+pub async fn texts(client: &Client, sql: &str) -> Vec<String> {
+    client
+        .query(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
 /// Every key's total count, read as the superuser (who is not subject to
 /// row-level security).
 pub async fn counts_by_key(admin: &Client) -> BTreeMap<String, i64> {
