@@ -324,6 +324,8 @@ BEGIN
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
+    -- The parameters against the Rust bounds: each array as a whole here,
+    -- each key's length where the statement below reads the keys.
     IF p_previous IS NULL OR p_relaxed IS NULL
        OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
@@ -331,23 +333,22 @@ BEGIN
        OR cardinality(p_adds) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
-       OR EXISTS (
-           SELECT FROM unnest(p_keys, p_window_secs, p_adds, p_maxes, p_lockout_secs)
-                       AS t(key, secs, add, max, lockout)
-           WHERE NOT COALESCE(octet_length(t.key) BETWEEN 1 AND 249
-                              AND t.add >= 1
-                              AND t.secs BETWEEN 1 AND 31622400
-                              AND t.max BETWEEN 1 AND 1000000000
-                              AND t.lockout BETWEEN 0 AND 86400, false)) THEN
+       OR NOT COALESCE(1 <= ALL (p_adds)
+                       AND 1 <= ALL (p_window_secs) AND 31622400 >= ALL (p_window_secs)
+                       AND 1 <= ALL (p_maxes) AND 1000000000 >= ALL (p_maxes)
+                       AND 0 <= ALL (p_lockout_secs) AND 86400 >= ALL (p_lockout_secs),
+                       false) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     o_now := COALESCE(p_at, statement_timestamp());
     WITH asked AS (
-        SELECT t.key, t.ord, t.add, t.max, t.lockout, make_interval(secs => t.secs) AS width,
+        SELECT t.key, t.ord, t.add, make_interval(secs => t.secs) AS width,
                date_bin(make_interval(secs => t.secs), o_now,
                         timestamptz '1970-01-01 00:00:00+00') AS start
-        FROM unnest(p_keys, p_window_secs, p_adds, p_maxes, p_lockout_secs)
-             WITH ORDINALITY AS t(key, secs, add, max, lockout, ord)
+        FROM unnest(p_keys, p_window_secs, p_adds)
+             WITH ORDINALITY AS t(key, secs, add, ord)
+        -- A key out of bounds is left out here, and refused below.
+        WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND 249, false)
     ), counted AS (
         -- A pair given twice adds both amounts; the sum is numeric, so it
         -- saturates at the largest bigint instead of overflowing.
@@ -361,25 +362,42 @@ BEGIN
             SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
         RETURNING l.key, l.window_start, l.count
     )
-    SELECT array_agg(c.count ORDER BY a.ord),
-           array_agg(a.start + a.width ORDER BY a.ord),
-           array_agg(
-               CASE WHEN p_previous THEN
-                   COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
-                             WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
-               ELSE 0 END
-               ORDER BY a.ord),
-           array_agg(
-               CASE WHEN a.lockout > 0 THEN
-                   (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                    FROM platformkit.platformkit_limits AS x
-                    WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                      AND x.window_end + make_interval(secs => a.lockout) > o_now)
-               END
-               ORDER BY a.ord)
-    INTO o_counts, o_window_ends, o_previous, o_locked_until
+    SELECT array_agg(c.count ORDER BY a.ord), array_agg(a.start + a.width ORDER BY a.ord)
+    INTO o_counts, o_window_ends
     FROM asked AS a
     JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
+    IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
+        -- Raised after the upsert: this transaction, and what it wrote, ends here.
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    -- The previous windows (sliding limits) and the lockouts of earlier
+    -- windows, read only when a pair needs them: the upsert above wrote
+    -- neither. The windows are binned as above.
+    IF p_previous OR 0 < ANY (p_lockout_secs) THEN
+        SELECT array_agg(
+                   CASE WHEN p_previous THEN
+                       COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
+                                 WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
+                   ELSE 0 END
+                   ORDER BY a.ord),
+               array_agg(
+                   CASE WHEN a.lockout > 0 THEN
+                       (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                        FROM platformkit.platformkit_limits AS x
+                        WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                          AND x.window_end + make_interval(secs => a.lockout) > o_now)
+                   END
+                   ORDER BY a.ord)
+        INTO o_previous, o_locked_until
+        FROM (SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
+                     date_bin(make_interval(secs => t.secs), o_now,
+                              timestamptz '1970-01-01 00:00:00+00') AS start
+              FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
+                   WITH ORDINALITY AS t(key, secs, max, lockout, ord)) AS a;
+    ELSE
+        o_previous := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
+        o_locked_until := array_fill(NULL::timestamptz, ARRAY[cardinality(p_keys)]);
+    END IF;
     COMMIT;
 END
 $$;

@@ -237,6 +237,14 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
         // An amount below one, and fewer amounts than pairs.
         &many("add_many", 2, "60").replace("ARRAY[1, 1]", "ARRAY[1, 0]"),
         &many("add_many", 2, "60").replace("ARRAY[1, 1]", "ARRAY[1]"),
+        // Beside a valid key: an empty one, one a byte too long, none.
+        &many("add_many", 2, "60").replacen("'bounds|many'", "''", 1),
+        &many("add_many", 2, "60").replacen(
+            "'bounds|many'",
+            &format!("'{}'", "k".repeat(MAX_STORED_KEY_BYTES + 1)),
+            1,
+        ),
+        &many("add_many", 2, "60").replacen("'bounds|many'", "NULL", 1),
     ];
     for sql in refused {
         assert_eq!(
@@ -245,6 +253,14 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
             "{sql}"
         );
     }
+    // Not even the valid key beside a refused one was stored.
+    assert!(
+        keys(&mut db.connect().await)
+            .await
+            .iter()
+            .all(|(key, _)| key != "bounds|many"),
+        "a refused add_many stored a pair"
+    );
     let accepted = [
         &format!(
             "CALL platformkit.platformkit_limit_purge(p_batch => {}, p_budget_ms => 2000)",
