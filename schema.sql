@@ -372,7 +372,7 @@ BEGIN
     END IF;
     -- The previous windows (sliding limits) and the lockouts of earlier
     -- windows, read only when a pair needs them: the upsert above wrote
-    -- neither. The windows are binned as above.
+    -- neither. Each pair's window is the one it was counted in.
     IF p_previous OR 0 < ANY (p_lockout_secs) THEN
         SELECT array_agg(
                    CASE WHEN p_previous THEN
@@ -390,10 +390,9 @@ BEGIN
                    ORDER BY a.ord)
         INTO o_previous, o_locked_until
         FROM (SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
-                     date_bin(make_interval(secs => t.secs), o_now,
-                              timestamptz '1970-01-01 00:00:00+00') AS start
-              FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
-                   WITH ORDINALITY AS t(key, secs, max, lockout, ord)) AS a;
+                     t.window_end - make_interval(secs => t.secs) AS start
+              FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, o_window_ends)
+                   WITH ORDINALITY AS t(key, secs, max, lockout, window_end, ord)) AS a;
     ELSE
         o_previous := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
         o_locked_until := array_fill(NULL::timestamptz, ARRAY[cardinality(p_keys)]);
