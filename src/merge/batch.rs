@@ -2,7 +2,7 @@
 //! while this limiter's statements are in flight go together in the next
 //! one, one row each, one commit for all.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
@@ -81,7 +81,7 @@ impl Batcher {
                 let queued = Queued::new(rx, || drop(self.leading(Vec::new())));
                 match queued.turn().await {
                     Some(Turn::Done(result)) => return result,
-                    Some(Turn::Lead) => self.take(key),
+                    Some(Turn::Lead) => self.take(),
                     None => return Err(abandoned()),
                 }
             }
@@ -124,27 +124,15 @@ impl Batcher {
     }
 
     /// The writes waiting now, for the lead's statement: those still
-    /// waiting, at most one per stored key (the leader's own excluded), at
-    /// most [`Limiter::MAX_PAIRS`] with the leader's. The rest wait for the
-    /// next statement.
-    fn take(&self, own: &str) -> Vec<Waiter> {
+    /// waiting, at most [`Limiter::MAX_PAIRS`] with the leader's; the rest
+    /// wait for the next statement. Their keys are distinct, and distinct
+    /// from the leader's: the key merge above lets one write per key at a
+    /// time reach this queue.
+    fn take(&self) -> Vec<Waiter> {
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut keys = HashSet::from([own.to_owned()]);
-        let mut batch = Vec::new();
-        let mut later = VecDeque::new();
-        while let Some(waiter) = queue.waiting.pop_front() {
-            if waiter.tx.is_closed() {
-                continue;
-            }
-            if batch.len() + 1 < Limiter::MAX_PAIRS && !keys.contains(&waiter.key) {
-                keys.insert(waiter.key.clone());
-                batch.push(waiter);
-            } else {
-                later.push_back(waiter);
-            }
-        }
-        queue.waiting = later;
-        batch
+        queue.waiting.retain(|waiter| !waiter.tx.is_closed());
+        let n = queue.waiting.len().min(Limiter::MAX_PAIRS - 1);
+        queue.waiting.drain(..n).collect()
     }
 
     fn leading(&self, batch: Vec<Waiter>) -> Leading<'_> {
