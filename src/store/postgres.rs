@@ -192,10 +192,6 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             .iter()
             .map(|pair| i64::try_from(pair.limit.window_secs()).expect("at most 366 days"))
             .collect();
-        let adds: Vec<i64> = asked
-            .iter()
-            .map(|pair| i64::try_from(pair.n).unwrap_or(i64::MAX))
-            .collect();
         let budget = Budget::until(deadline);
         let previous = asked
             .iter()
@@ -219,6 +215,10 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 call(&mut conn, operation, read.statement(), budget).await?
             }
             Op::Failed | Op::Hit | Op::Reserve => {
+                let adds: Vec<i64> = asked
+                    .iter()
+                    .map(|pair| i64::try_from(pair.n).unwrap_or(i64::MAX))
+                    .collect();
                 let add = sql::AddMany {
                     keys: &keys,
                     window_secs: &windows,
