@@ -161,8 +161,16 @@ async fn fill_the_places<C: LimitConn + 'static>(
             tokio::spawn(async move { limiter.failed(&limit, &key).await })
         })
         .collect();
+    // Each sent at once: none queues behind another, so within seconds
+    // every one waits on its row.
     let admin = db.connect_admin().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while lock_waits(&admin).await < held.len() as i64 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first {} writes did not all go at once",
+            held.len()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tasks
