@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
-use crate::error::TimeoutSnafu;
 use crate::metric::{self, Outcome, Source};
 use crate::operation::Operation;
+use crate::store::Phase;
+use crate::store::sealed::Sealed;
 use crate::{Error, Limit};
 
 /// One call: an operation within a budget.
@@ -42,14 +43,37 @@ impl Call {
         &self,
         work: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        timeout_at(self.deadline(), work).await.unwrap_or_else(|_| {
-            TimeoutSnafu {
-                operation: self.operation,
-                budget: self.budget,
-            }
-            .fail()
-            .map_err(Error::from)
-        })
+        self.within_or(work, |_| true).await
+    }
+
+    /// Runs `work`, a call to `store`, within the budget: running out of it
+    /// is [`Timeout`](crate::ErrorKind::Timeout) if the store is down by
+    /// what it heard while this call waited and how far its statement got
+    /// (`phase`, read then), else
+    /// [`Overloaded`](crate::ErrorKind::Overloaded); `work` is dropped.
+    pub(crate) async fn within_store<T, S: Sealed>(
+        &self,
+        store: &S,
+        phase: impl FnOnce() -> Phase,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        self.within_or(work, |since| store.down_since(since, phase()))
+            .await
+    }
+
+    async fn within_or<T>(
+        &self,
+        work: impl Future<Output = Result<T, Error>>,
+        down: impl FnOnce(Instant) -> bool,
+    ) -> Result<T, Error> {
+        match timeout_at(self.deadline(), work).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::out_of_budget(
+                self.operation,
+                self.budget,
+                down(self.started),
+            )),
+        }
     }
 
     /// Records `limit`'s outcome of this call, answered by the store.
@@ -75,12 +99,20 @@ impl Call {
         self.record(limit, Outcome::Unreachable);
     }
 
+    /// Records that the store was too busy to answer for `limit`: the
+    /// `shed` outcome and a warning event naming the cause.
+    pub(crate) fn record_shed(&self, limit: &Limit, cause: &Error) {
+        crate::trace::shed(limit.name(), self.operation, cause);
+        self.record(limit, Outcome::Shed);
+    }
+
     /// Records the outcome of a call that clears (a reset, a take-back):
-    /// `cleared`, `unreachable` or `error`.
+    /// `cleared`, `unreachable`, `shed` or `error`.
     pub(crate) fn record_cleared(&self, limit: &Limit, result: &Result<(), Error>) {
         match result {
             Ok(()) => self.record(limit, Outcome::Cleared),
             Err(e) if e.is_unreachable() => self.record_unreachable(limit, e),
+            Err(e) if e.is_overloaded() => self.record_shed(limit, e),
             Err(_) => self.record(limit, Outcome::Error),
         }
     }

@@ -59,7 +59,7 @@ use crate::error::BoxError;
 ///     }
 /// }
 /// ```
-pub trait LimitConn: Send + Sync {
+pub trait LimitConn: Send + Sync + 'static {
     /// The connection lent for one call.
     type Conn: Session;
 
@@ -69,6 +69,21 @@ pub trait LimitConn: Send + Sync {
 
     /// Lends one connection for one call.
     fn conn(&self) -> impl Future<Output = Result<Self::Conn, Self::Error>> + Send;
+
+    /// Whether every connection the source can lend is lent out now: a pool
+    /// at its size with none idle (`Some(true)`), or a source that would
+    /// open one (`Some(false)`: a pool below its size, a source that
+    /// connects for each call); `None` (the default) when the source cannot
+    /// tell.
+    ///
+    /// When a call's budget runs out while it waits for [`conn`](Self::conn)
+    /// and PostgreSQL answered nothing meanwhile, a source that would open a
+    /// connection is waiting on the server, which is then read as down; a
+    /// saturated one is waiting on its own connections, which is load (the
+    /// guide's [down or overloaded](crate::guide#down-or-overloaded)).
+    fn saturated(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// An async closure is a connection source: of tokio-postgres clients, as
@@ -90,7 +105,7 @@ pub trait LimitConn: Send + Sync {
 /// ```
 impl<F, Fut, C, E> LimitConn for F
 where
-    F: Fn() -> Fut + Send + Sync,
+    F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<C, E>> + Send,
     C: Session,
     E: Into<BoxError>,
@@ -112,6 +127,11 @@ impl LimitConn for Config {
 
     fn conn(&self) -> impl Future<Output = Result<Connected, tokio_postgres::Error>> + Send {
         connect(self, NoTls)
+    }
+
+    /// Never: each call opens a connection of its own.
+    fn saturated(&self) -> Option<bool> {
+        Some(false)
     }
 }
 
@@ -149,6 +169,11 @@ where
 
     fn conn(&self) -> impl Future<Output = Result<Connected, tokio_postgres::Error>> + Send {
         connect(&self.config, self.tls.clone())
+    }
+
+    /// Never: each call opens a connection of its own.
+    fn saturated(&self) -> Option<bool> {
+        Some(false)
     }
 }
 

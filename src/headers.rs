@@ -43,10 +43,13 @@ impl Verdict {
     /// up) until the window resets or, on a refusal, until the next attempt
     /// may go ahead, as [`Verdict::retry_after_secs`] says. For a sliding
     /// limit `t` is the verdict's own reopening time, not the fixed window's
-    /// end. `None` when nothing counted (the store was unreachable).
+    /// end. `None` when nothing counted (the store was unreachable, or the
+    /// call was shed).
     ///
     /// The same warning as for [`Limit::policy_field`]: opt in per limit.
     pub fn rate_limit_field(&self) -> Option<String> {
+        // Nothing counted (unreachable, or shed): no field.
+        self.count()?;
         let (remaining, reset) = if self.is_refused() {
             (0, self.retry_after_secs()?)
         } else {

@@ -26,8 +26,11 @@
 //! [refusal cache](crate::guide#the-refusal-cache) answered without a round
 //! trip). `outcome` is `allowed`, `refused`, `unreachable` (the store could
 //! not be reached and the limit's
-//! [`WhenUnreachable`](crate::WhenUnreachable) decided), `error` (a hard
-//! error returned to the caller) or, for `reset` and `take_back`, `cleared`.
+//! [`WhenUnreachable`](crate::WhenUnreachable) decided), `shed` (the store
+//! was up and too busy to answer within the budget, and the call was
+//! refused: [down or overloaded](crate::guide#down-or-overloaded)), `error`
+//! (a hard error returned to the caller) or, for `reset` and `take_back`,
+//! `cleared`.
 //!
 //! Give the duration histogram buckets in your exporter so that dashboards
 //! can plot percentiles (the repository's `examples/axum_sqlx.rs` does).
@@ -63,7 +66,7 @@ pub const LABEL_LIMIT: &str = "limit";
 /// Label: the operation: `check`, `failed`, `hit`, `reserve`, `reset`,
 /// `take_back` or `purge` (see the module docs).
 pub const LABEL_OPERATION: &str = "operation";
-/// Label: `allowed`, `refused`, `unreachable`, `error` or `cleared`.
+/// Label: `allowed`, `refused`, `unreachable`, `shed`, `error` or `cleared`.
 pub const LABEL_OUTCOME: &str = "outcome";
 /// Label: `store` (the store answered, or could not be reached) or `cache`
 /// (a refusal answered from the refusal cache, with no round trip).
@@ -75,6 +78,7 @@ pub(crate) enum Outcome {
     Allowed,
     Refused,
     Unreachable,
+    Shed,
     Error,
     Cleared,
 }
@@ -94,6 +98,7 @@ impl Outcome {
             Outcome::Allowed => "allowed",
             Outcome::Refused => "refused",
             Outcome::Unreachable => "unreachable",
+            Outcome::Shed => "shed",
             Outcome::Error => "error",
             Outcome::Cleared => "cleared",
         }
@@ -107,7 +112,7 @@ pub fn describe() {
     describe_counter!(
         CALLS_TOTAL,
         Unit::Count,
-        "Limiter calls by limit, operation and outcome (allowed, refused, unreachable, error, cleared)."
+        "Limiter calls by limit, operation and outcome (allowed, refused, unreachable, shed, error, cleared)."
     );
     describe_histogram!(
         CALL_DURATION_SECONDS,

@@ -210,20 +210,6 @@ impl<S: Store> Limiter<S> {
         &self,
         pairs: &[(&Limit, &Key)],
     ) -> Result<Reservations<'_, S>, Error> {
-        if let [(limit, key)] = pairs {
-            return Ok(match self.reserve(limit, key).await? {
-                Reservation::Granted(permit) => {
-                    let verdicts = Verdicts::from_vec(vec![permit.verdict().clone()]);
-                    Reservations::Granted(Permits {
-                        permits: vec![permit],
-                        verdicts,
-                    })
-                }
-                Reservation::Refused(verdict) => {
-                    Reservations::Refused(Verdicts::from_vec(vec![verdict]))
-                }
-            });
-        }
         let counted = self.counted_all_in(Op::Reserve, pairs).await?;
         let verdicts = Verdicts::from_vec(counted.iter().map(|(v, _)| v.clone()).collect());
         if verdicts.is_refused() {

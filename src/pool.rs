@@ -46,6 +46,10 @@ mod deadpool_impl {
         async fn conn(&self) -> Result<DeadpoolConn, deadpool_postgres::PoolError> {
             self.get().await.map(DeadpoolConn)
         }
+
+        fn saturated(&self) -> Option<bool> {
+            Some(saturated(self))
+        }
     }
 
     /// A deadpool pool, or one of its connections, on which the limiter
@@ -100,6 +104,12 @@ mod deadpool_impl {
     #[derive(Clone, Debug)]
     pub struct Prepared<T>(pub T);
 
+    /// Whether the pool is at its size with no connection idle.
+    fn saturated(pool: &deadpool_postgres::Pool) -> bool {
+        let status = pool.status();
+        status.size >= status.max_size && status.available == 0
+    }
+
     #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     impl LimitConn for Prepared<deadpool_postgres::Pool> {
         type Conn = Prepared<deadpool_postgres::Object>;
@@ -107,6 +117,10 @@ mod deadpool_impl {
 
         async fn conn(&self) -> Result<Self::Conn, deadpool_postgres::PoolError> {
             self.0.get().await.map(Prepared)
+        }
+
+        fn saturated(&self) -> Option<bool> {
+            Some(saturated(&self.0))
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Events through `tracing`, with the `tracing` feature: a warning on every
-//! unreachable outcome (the limiter failed open) and on a failed purge, and
+//! unreachable outcome (the limit's `WhenUnreachable` decided), on every
+//! call shed because the store was overloaded, and on a failed purge, and
 //! an info event on a purge that succeeded; with the `tower` feature too, an
 //! error when the layer answers 500 and a warning when it cannot take back
 //! a successful attempt. They carry the cause and, where there is one, the
@@ -16,6 +17,16 @@ pub(crate) fn unreachable(limit: &str, operation: Operation, cause: &Error) {
         operation = operation.label(),
         cause = %DisplayChain(cause),
         "platformkit-limit: store unreachable, attempt allowed (fail-open)"
+    );
+}
+
+#[cfg(feature = "tracing")]
+pub(crate) fn shed(limit: &str, operation: Operation, cause: &Error) {
+    tracing::warn!(
+        limit,
+        operation = operation.label(),
+        cause = %DisplayChain(cause),
+        "platformkit-limit: store overloaded, attempt refused (shed)"
     );
 }
 
@@ -61,6 +72,9 @@ pub(crate) fn take_back_failed(_cause: &Error) {}
 
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn unreachable(_limit: &str, _operation: Operation, _cause: &Error) {}
+
+#[cfg(not(feature = "tracing"))]
+pub(crate) fn shed(_limit: &str, _operation: Operation, _cause: &Error) {}
 
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn purged(_rows: u64) {}

@@ -20,6 +20,14 @@ use crate::{Error, Limit};
 ///   the limit's [`WhenUnreachable`](crate::WhenUnreachable) decided: allowed
 ///   without a count (the default, fail-open), refused, or decided by a local
 ///   in-process count. [`unreachable`](Verdict::unreachable) gives the cause.
+/// - **shed**: the store is up but could not answer within the budget
+///   because of load (a full pool, a flood, a slow shared statement): always
+///   refused, without a count, whatever the limit's `WhenUnreachable`;
+///   [`shed`](Verdict::shed) gives the cause, and
+///   [`retry_after`](Verdict::retry_after) is
+///   [`SHED_RETRY_AFTER`](Verdict::SHED_RETRY_AFTER). The line between down
+///   and overloaded is in the
+///   [guide](crate::guide#down-or-overloaded).
 ///
 /// What "allowed" means depends on the call:
 ///
@@ -35,6 +43,7 @@ pub struct Verdict {
     allowed: bool,
     counts: Option<Counts>,
     unreachable: Option<Arc<Error>>,
+    shed: Option<Arc<Error>>,
 }
 
 #[derive(Clone, Debug)]
@@ -46,6 +55,11 @@ struct Counts {
 }
 
 impl Verdict {
+    /// How long a shed call's client is asked to wait before it tries again:
+    /// long enough for a burst to drain, short enough that a user retrying
+    /// by hand does not notice.
+    pub const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
     /// Whether the attempt may go ahead.
     pub fn is_allowed(&self) -> bool {
         self.allowed
@@ -70,6 +84,18 @@ impl Verdict {
     /// Why the store could not be reached, when it could not.
     pub fn unreachable(&self) -> Option<&Error> {
         self.unreachable.as_deref()
+    }
+
+    /// Whether the store was up but too busy to answer within the budget, so
+    /// the call was refused without a count (shed).
+    pub fn is_shed(&self) -> bool {
+        self.shed.is_some()
+    }
+
+    /// Why the call was shed, when it was: an
+    /// [`Overloaded`](crate::ErrorKind::Overloaded) error.
+    pub fn shed(&self) -> Option<&Error> {
+        self.shed.as_deref()
     }
 
     /// The key's count in the current window (see the table above), or for a
@@ -99,11 +125,14 @@ impl Verdict {
     /// For a refusal, how long until the window reopens, measured on the
     /// store's clock (for a refusal answered from the refusal cache, on this
     /// process's); [`retry_after_secs`](Verdict::retry_after_secs) gives it
-    /// as a `Retry-After` header wants it. `None` unless refused by a count
-    /// (a refusal because the store is unreachable has no reopening time).
+    /// as a `Retry-After` header wants it. For a shed call,
+    /// [`SHED_RETRY_AFTER`](Verdict::SHED_RETRY_AFTER). `None` unless refused
+    /// by a count or shed (a refusal because the store is unreachable has no
+    /// reopening time).
     pub fn retry_after(&self) -> Option<Duration> {
         match (&self.counts, self.allowed) {
             (Some(c), false) => Some(c.window_end.duration_since(c.now).unwrap_or_default()),
+            (None, false) if self.is_shed() => Some(Verdict::SHED_RETRY_AFTER),
             _ => None,
         }
     }
@@ -117,8 +146,6 @@ impl Verdict {
             .map(|c| c.window_end.duration_since(c.now).unwrap_or_default())
     }
 
-    /// A verdict nothing counted: the store was unreachable and the limit
-    /// allows (or refuses) without a count.
     /// A verdict the store's counts decided (see [`decide`](crate::decide::decide)):
     /// the count (an estimate for a sliding window), and when the next
     /// attempt may go ahead, at the store's `now`.
@@ -139,15 +166,43 @@ impl Verdict {
                 now,
             }),
             unreachable: None,
+            shed: None,
         }
     }
 
+    /// A verdict nothing counted: the store was unreachable and the limit
+    /// allows (or refuses) without a count.
     pub(crate) fn uncounted(limit: &Limit, allowed: bool, cause: Arc<Error>) -> Self {
         Verdict {
             limit: limit.name_arc().clone(),
             allowed,
             counts: None,
             unreachable: Some(cause),
+            shed: None,
+        }
+    }
+
+    /// The verdict of a pair a call over several did not ask the store
+    /// about, because another pair's refusal came from the refusal cache:
+    /// allowed by its own limit, nothing counted.
+    pub(crate) fn not_asked(limit: &Limit) -> Self {
+        Verdict {
+            limit: limit.name_arc().clone(),
+            allowed: true,
+            counts: None,
+            unreachable: None,
+            shed: None,
+        }
+    }
+
+    /// A refusal nothing counted: the store was too busy to answer.
+    pub(crate) fn shed_by(limit: &Limit, cause: Arc<Error>) -> Self {
+        Verdict {
+            limit: limit.name_arc().clone(),
+            allowed: false,
+            counts: None,
+            unreachable: None,
+            shed: Some(cause),
         }
     }
 
@@ -197,6 +252,11 @@ impl Verdicts {
     /// Whether the store could not be reached.
     pub fn is_unreachable(&self) -> bool {
         self.0.iter().any(Verdict::is_unreachable)
+    }
+
+    /// Whether the call was shed: the store was too busy to answer.
+    pub fn is_shed(&self) -> bool {
+        self.0.iter().any(Verdict::is_shed)
     }
 
     /// The longest wait among the refusals: when every refusing limit has

@@ -192,7 +192,8 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                     continue;
                 }
             };
-            for ((p, m), &l) in p.iter().zip(&m).zip(&which) {
+            let expected = model.verdicts(&op.call, &which, op.key, &case.limits, micros(now));
+            for (((p, m), &l), expected) in p.iter().zip(&m).zip(&which).zip(expected) {
                 let (p, m) = (Seen::from(p), Seen::from(m));
                 prop_assert_eq!(
                     &p,
@@ -203,7 +204,6 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                     now,
                     l
                 );
-                let expected = model.verdict(&op.call, l, op.key, case.limits[l], micros(now));
                 prop_assert_eq!(
                     &m,
                     &expected,

@@ -39,6 +39,7 @@ mod pgbouncer;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::db::{counts_by_key, fresh_db};
@@ -156,37 +157,35 @@ fn assert_counted(verdict: &Verdict, count: u64, what: &str) {
 // sqlx only: a connection the request already holds
 // ---------------------------------------------------------------------------
 
-/// A `PoolConnection` or a `&mut PgConnection` a request already holds is
-/// lent to a limiter built for that request, and comes back idle, usable by
-/// the request; the counts are the pool's limiter's too.
+/// A `PoolConnection` a request already holds is lent to a limiter built
+/// for that request, and comes back idle, usable by the request; the counts
+/// are the pool's limiter's too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_sqlx_connection_the_request_holds_is_lent_by_reference() {
+async fn an_sqlx_connection_the_request_holds_is_lent_and_taken_back() {
     let db = fresh_db().await;
     let pool = driver::Sqlx::pool(&db.config(), 2).await;
     let shared = Limiter::new(Postgres::new(pool.clone()));
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
 
-    // The request's pooled connection, behind a borrow.
+    // The request's pooled connection, lent and taken back, twice.
     let mut pooled = pool.acquire().await.unwrap();
-    {
-        let held = Mutex::new(&mut pooled);
-        let limiter = Limiter::new(Postgres::new(|| async {
-            Ok::<_, Infallible>(SqlxConn(held.lock().await))
-        }));
-        assert_counted(&limiter.failed(&login, &alice).await.unwrap(), 1, "pooled");
-    }
-    // And the `&mut PgConnection` inside it.
-    {
-        let held = Mutex::new(&mut *pooled);
-        let limiter = Limiter::new(Postgres::new(|| async {
-            Ok::<_, Infallible>(SqlxConn(held.lock().await))
+    for count in 1..=2 {
+        let held = Arc::new(Mutex::new(pooled));
+        let lent = Arc::clone(&held);
+        let limiter = Limiter::new(Postgres::new(move || {
+            let lent = Arc::clone(&lent);
+            async move { Ok::<_, Infallible>(SqlxConn(lent.lock_owned().await)) }
         }));
         assert_counted(
             &limiter.failed(&login, &alice).await.unwrap(),
-            2,
-            "by reference",
+            count,
+            "lent",
         );
+        drop(limiter);
+        pooled = Arc::try_unwrap(held)
+            .expect("the limiter and its tasks let go of the connection")
+            .into_inner();
     }
     let idle = sqlx::raw_sql(
         "SELECT (pg_catalog.transaction_timestamp() = pg_catalog.statement_timestamp())::text",

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use common::metrics::calls_recorded;
-use common::{LONG_WINDOW, PATIENT, assert_counted};
+use common::{LONG_WINDOW, PATIENT, assert_counted, assert_shed};
 use metrics_util::debugging::DebuggingRecorder;
 use platformkit_limit::{
     ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, Postgres, SCHEMA, Verdict,
@@ -319,7 +319,8 @@ async fn a_synchronous_standby_loses_no_acknowledged_count_across_a_failover() {
 /// not replicated) and completes the `CALL`. Before the fix the limiter took
 /// that answer as counted, and the count was lost when the standby took
 /// over; now an answer that comes after this call's own cancel request is
-/// the budget running out (unreachable), never an acknowledgement.
+/// the budget running out on a server that answered (shed), never an
+/// acknowledgement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_count_the_synchronous_standby_never_had_is_never_acknowledged() {
     const BEFORE: u64 = 5;
@@ -343,9 +344,11 @@ async fn a_count_the_synchronous_standby_never_had_is_never_acknowledged() {
     }
 
     standby.stop_streaming().await;
-    // The commit waits for the standby until the budget runs out.
+    // The commit waits for the standby until the budget runs out: the
+    // server answered the cancel, so the call is shed, never acknowledged.
     let verdict = service.failed(&login, &alice).await.expect("a verdict");
-    let acknowledged = BEFORE + u64::from(!verdict.is_unreachable());
+    assert_shed(&verdict, "the failure the standby never had");
+    let acknowledged = BEFORE + u64::from(verdict.count().is_some());
 
     block_in_place(|| {
         primary.pg_ctl(&["stop", "-m", "immediate"]);

@@ -162,21 +162,46 @@ pub(crate) fn misconfigured(error: &(dyn std::error::Error + 'static)) -> Option
     None
 }
 
-/// Awaits `answer`; if it is still pending at `cancel_at`, calls `cancel`
-/// once and goes on awaiting it. Returns the answer and whether `cancel` was
-/// called.
-pub(crate) async fn answer_or_cancel<F: Future>(
+/// Whether `error`, a connection source's error, is a pool that gave up
+/// waiting for one of its connections to come back: a wait, not an outage
+/// (the guide's [down or overloaded](crate::guide#down-or-overloaded)). A
+/// pool that could not connect is not a wait.
+pub(crate) fn waited_for_pool(error: &(dyn std::error::Error + 'static)) -> bool {
+    #[cfg(feature = "deadpool")]
+    if let Some(e) = error.downcast_ref::<deadpool_postgres::PoolError>() {
+        return matches!(
+            e,
+            deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)
+        );
+    }
+    #[cfg(feature = "bb8")]
+    if let Some(e) = error.downcast_ref::<bb8::RunError<tokio_postgres::Error>>() {
+        return matches!(e, bb8::RunError::TimedOut);
+    }
+    #[cfg(feature = "sqlx")]
+    if let Some(e) = error.downcast_ref::<::sqlx::Error>() {
+        return matches!(e, ::sqlx::Error::PoolTimedOut);
+    }
+    let _ = error;
+    false
+}
+
+/// Awaits `answer`; if it is still pending at `cancel_at`, starts `cancel`
+/// once and awaits both: the cancel request is finished before the answer
+/// is returned, so it cannot reach a later statement on the connection.
+/// Returns the answer and whether `cancel` was started.
+pub(crate) async fn answer_or_cancel<F: Future, C: Future<Output = ()>>(
     answer: F,
     cancel_at: Instant,
-    cancel: impl FnOnce(),
+    cancel: impl FnOnce() -> C,
 ) -> (F::Output, bool) {
     tokio::pin!(answer);
     tokio::select! {
         biased;
         answer = &mut answer => (answer, false),
         () = tokio::time::sleep_until(cancel_at) => {
-            cancel();
-            (answer.await, true)
+            let (answer, ()) = tokio::join!(answer, cancel());
+            (answer, true)
         }
     }
 }

@@ -87,11 +87,12 @@ async fn send<const N: usize>(
             // What psql's Ctrl-C sends, over a new connection without TLS; sent
             // while this call still holds the connection, so it can only reach
             // this statement (or, on a connection's first call through
-            // `Prepared`, its Parse).
+            // `Prepared`, its Parse), and finished before the connection is
+            // handed back.
             let token = client.cancel_token();
-            tokio::spawn(async move {
+            async move {
                 let _ = token.cancel_query(tokio_postgres::NoTls).await;
-            });
+            }
         })
         .await;
     (

@@ -62,23 +62,31 @@ use crate::error::{Reading, misconfigured_code};
 /// # }
 /// ```
 ///
-/// Or lend the `&mut PgConnection` a request already holds (a transaction's
-/// is refused: the connection must be idle) to a limiter for that request.
-/// A limiter built per request has its own refusal cache and merging, so
-/// those help only across its calls; share one limiter over a pool where you
-/// can.
+/// Or lend the `PoolConnection` a request already holds (a transaction's is
+/// refused: the connection must be idle) to a limiter for that request, and
+/// take it back after. The source owns what it lends (a connection source is
+/// `'static`: the limiter's shared statements are sent by a task of its
+/// own). A limiter built per request has its own refusal cache and merging,
+/// so those help only across its calls; share one limiter over a pool where
+/// you can.
 ///
 /// ```no_run
 /// use platformkit_limit::{Key, Limit, Limiter, Postgres, SqlxConn};
+/// use sqlx::{pool::PoolConnection, Postgres as Pg};
+/// use std::sync::Arc;
 /// use tokio::sync::Mutex;
 ///
-/// # async fn demo(conn: &mut sqlx::PgConnection, login: &Limit) -> Result<(), platformkit_limit::Error> {
-/// let held = Mutex::new(conn);
-/// let limiter = Limiter::new(Postgres::new(|| async {
-///     Ok::<_, std::convert::Infallible>(SqlxConn(held.lock().await))
+/// # async fn demo(conn: PoolConnection<Pg>, login: &Limit) -> Result<(), platformkit_limit::Error> {
+/// let held = Arc::new(Mutex::new(conn));
+/// let lent = held.clone();
+/// let limiter = Limiter::new(Postgres::new(move || {
+///     let lent = lent.clone();
+///     async move { Ok::<_, std::convert::Infallible>(SqlxConn(lent.lock_owned().await)) }
 /// }));
 /// let verdict = limiter.check(login, &Key::email("alice@example.com")).await?;
-/// # let _ = verdict;
+/// drop(limiter);
+/// let conn = Arc::try_unwrap(held).expect("the limiter is gone").into_inner();
+/// # let _ = (verdict, conn);
 /// # Ok(())
 /// # }
 /// ```
@@ -148,6 +156,10 @@ impl LimitConn for PgPool {
 
     async fn conn(&self) -> Result<Self::Conn, sqlx::Error> {
         self.acquire().await.map(SqlxConn)
+    }
+
+    fn saturated(&self) -> Option<bool> {
+        Some(self.size() >= self.options().get_max_connections() && self.num_idle() == 0)
     }
 }
 

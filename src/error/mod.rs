@@ -43,7 +43,10 @@ pub struct Error(Inner);
 ///
 /// Only [`Connect`](ErrorKind::Connect) and [`Timeout`](ErrorKind::Timeout)
 /// mean the store is unreachable ([`Error::is_unreachable`]), the only
-/// failures a limit may fail open on. Every SQLSTATE PostgreSQL can answer is
+/// failures a limit may fail open on. [`Overloaded`](ErrorKind::Overloaded)
+/// means the store is up and busy: the limiter sheds the call, a refusal
+/// ([`Verdict::is_shed`](crate::Verdict::is_shed)); where the line between
+/// the two runs is in the [guide](crate::guide#down-or-overloaded). Every SQLSTATE PostgreSQL can answer is
 /// read by this table (an exact code first, then its two-letter class);
 /// anything it does not name is [`Query`](ErrorKind::Query):
 ///
@@ -54,9 +57,9 @@ pub struct Error(Inner);
 /// | `57P01` | admin_shutdown | Connect |
 /// | `57P02` | crash_shutdown | Connect |
 /// | `57P03` | cannot_connect_now | Connect |
-/// | `53300` | too_many_connections | Connect |
+/// | `53` | insufficient_resources (the class: connection slots, memory, the lock table) | Overloaded |
 /// | `25006` | read_only_sql_transaction | Connect |
-/// | `57014` | query_canceled | Timeout if this call sent the cancel, else Cancelled |
+/// | `57014` | query_canceled | Overloaded if this call sent the cancel, else Cancelled |
 /// | `55P03` | lock_not_available | LockTimeout |
 /// | `2D000` | invalid_transaction_termination | InTransaction |
 /// | `25P02` | in_failed_sql_transaction | InTransaction |
@@ -75,10 +78,19 @@ pub enum ErrorKind {
     /// connection, is shutting down, or is a standby. The store is
     /// unreachable.
     Connect,
-    /// The call's budget ran out: on the client (waiting for a connection or
-    /// an answer), or on the server after this call sent its own cancel
-    /// request. The store is unreachable.
+    /// The call's budget ran out and PostgreSQL gave no answer meanwhile: a
+    /// statement of this call went unanswered, or nothing this process sent
+    /// was answered and its latest news of the server was a failure. The
+    /// store is unreachable.
     Timeout,
+    /// The store is up and could not answer this call within its budget
+    /// because of load: the call waited for a connection or behind this
+    /// limiter's other statements while PostgreSQL answered them, the
+    /// server answered this call's own cancel request, or it is out of a
+    /// resource (`53`: connection slots, memory). Never an allow: the
+    /// limiter sheds the call, a refusal
+    /// ([`Verdict::is_shed`](crate::Verdict::is_shed)).
+    Overloaded,
     /// PostgreSQL refused the limiter's statement: a misconfiguration such as
     /// a missing table, a missing privilege, a row-level security denial or a
     /// parameter out of bounds.
@@ -134,10 +146,26 @@ pub(crate) enum Inner {
         source: BoxError,
     },
 
-    #[snafu(display("{operation}: no answer within the budget of {budget:?}"))]
+    #[snafu(display("{operation}: no answer from PostgreSQL within the budget of {budget:?}"))]
     Timeout {
         operation: Operation,
         budget: Duration,
+    },
+
+    #[snafu(display(
+        "{operation}: not answered within the budget of {budget:?}, waiting while PostgreSQL \
+         answered other calls (load, not an outage)"
+    ))]
+    Shed {
+        operation: Operation,
+        budget: Duration,
+    },
+
+    #[snafu(display("{operation}: PostgreSQL is out of a resource (connection slots, memory)"))]
+    Exhausted {
+        operation: Operation,
+        code: Option<SqlState>,
+        source: BoxError,
     },
 
     #[snafu(display(
@@ -202,7 +230,7 @@ pub(crate) enum Inner {
     },
 
     #[snafu(display(
-        "the call that carried this one's count in a shared statement gave up at its budget"
+        "the shared statement that carried this call's count ended without an answer for it"
     ))]
     Abandoned,
 
@@ -236,10 +264,12 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match &self.0 {
             Inner::Connect { .. } | Inner::ConnectionLost { .. } => ErrorKind::Connect,
-            Inner::Timeout { .. }
+            Inner::Timeout { .. } => ErrorKind::Timeout,
+            Inner::Shed { .. }
+            | Inner::Exhausted { .. }
             | Inner::ServerTimeout { .. }
             | Inner::AnsweredAfterCancel { .. }
-            | Inner::Abandoned => ErrorKind::Timeout,
+            | Inner::Abandoned => ErrorKind::Overloaded,
             Inner::Merged { source, .. } => source.kind(),
             Inner::Query { .. } | Inner::Unexpected { .. } => ErrorKind::Query,
             Inner::Misconfigured { .. } | Inner::SessionTimeout { .. } => ErrorKind::Misconfigured,
@@ -258,6 +288,29 @@ impl Error {
         matches!(self.kind(), ErrorKind::Connect | ErrorKind::Timeout)
     }
 
+    /// Whether the store is up and too busy to answer within the budget:
+    /// the failures the limiter sheds, a refusal that is never an allow.
+    pub fn is_overloaded(&self) -> bool {
+        self.kind() == ErrorKind::Overloaded
+    }
+
+    /// The error of a call whose budget ran out: [`ErrorKind::Timeout`]
+    /// when the store is down by what this process heard of it, else
+    /// [`ErrorKind::Overloaded`].
+    pub(crate) fn out_of_budget(operation: Operation, budget: Duration, down: bool) -> Self {
+        if down {
+            Error(Inner::Timeout { operation, budget })
+        } else {
+            Error(Inner::Shed { operation, budget })
+        }
+    }
+
+    /// Whether PostgreSQL answered this (with a SQLSTATE), so that it was up
+    /// when the call failed.
+    pub(crate) fn answered(&self) -> bool {
+        self.code().is_some() && !matches!(&self.0, Inner::ConnectionLost { .. })
+    }
+
     /// The SQLSTATE PostgreSQL answered with, if it answered with one,
     /// whatever the driver.
     pub fn code(&self) -> Option<&SqlState> {
@@ -269,6 +322,7 @@ impl Error {
             | Inner::Cancelled { code, .. }
             | Inner::SessionTimeout { code, .. }
             | Inner::Query { code, .. }
+            | Inner::Exhausted { code, .. }
             | Inner::InTransaction { code, .. } => code.as_ref(),
             Inner::Merged { source, .. } => source.code(),
             _ => None,
@@ -282,6 +336,15 @@ impl Error {
     pub(crate) fn connect(operation: Operation, source: BoxError) -> Self {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
         while let Some(error) = cause {
+            if let Some(Some(code)) = crate::driver::misconfigured(error).as_ref()
+                && exhausted_code(code)
+            {
+                return Error(Inner::Exhausted {
+                    operation,
+                    code: Some(code.clone()),
+                    source,
+                });
+            }
             if let Some(code) = crate::driver::misconfigured(error) {
                 return Error(Inner::Misconfigured {
                     operation,
@@ -333,6 +396,11 @@ impl Error {
         let code = Some(code);
         Error(match class {
             Class::Gone => Inner::ConnectionLost {
+                operation,
+                code,
+                source,
+            },
+            Class::Exhausted => Inner::Exhausted {
                 operation,
                 code,
                 source,
@@ -390,7 +458,17 @@ pub(crate) enum Reading {
 }
 
 /// Whether a SQLSTATE that ended a connection attempt shows a
-/// misconfiguration: anything but the server going away or a cancel.
+/// misconfiguration: anything but the server going away, a cancel or the
+/// server out of a resource.
 pub(crate) fn misconfigured_code(code: &SqlState) -> bool {
-    !matches!(Class::of(code), Class::Gone | Class::Cancelled)
+    !matches!(
+        Class::of(code),
+        Class::Gone | Class::Cancelled | Class::Exhausted
+    )
+}
+
+/// Whether a SQLSTATE says the server is out of a resource (connection
+/// slots, memory): up, and overloaded.
+fn exhausted_code(code: &SqlState) -> bool {
+    Class::of(code) == Class::Exhausted
 }

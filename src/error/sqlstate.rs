@@ -11,7 +11,11 @@ pub(super) const SQLSTATES: &[(&str, &str, Class)] = &[
     ("57P01", "admin_shutdown", Class::Gone),
     ("57P02", "crash_shutdown", Class::Gone),
     ("57P03", "cannot_connect_now", Class::Gone),
-    ("53300", "too_many_connections", Class::Gone),
+    (
+        "53",
+        "insufficient_resources (the class: connection slots, memory, the lock table)",
+        Class::Exhausted,
+    ),
     ("25006", "read_only_sql_transaction", Class::Gone),
     ("57014", "query_canceled", Class::Cancelled),
     ("55P03", "lock_not_available", Class::LockTimeout),
@@ -34,8 +38,11 @@ pub(super) const SQLSTATES: &[(&str, &str, Class)] = &[
 pub(super) enum Class {
     /// The server is going away or is not the primary: unreachable.
     Gone,
-    /// A cancel: unreachable only when this call sent it.
+    /// A cancel: this call's budget running out on a server that answered
+    /// (overloaded) when this call sent it, else a hard error.
     Cancelled,
+    /// The server is out of a resource: up, and overloaded.
+    Exhausted,
     /// A lock held past the budget.
     LockTimeout,
     /// The connection was inside a caller's transaction.
@@ -65,7 +72,8 @@ impl Class {
     fn described(self) -> &'static str {
         match self {
             Class::Gone => "Connect",
-            Class::Cancelled => "Timeout if this call sent the cancel, else Cancelled",
+            Class::Cancelled => "Overloaded if this call sent the cancel, else Cancelled",
+            Class::Exhausted => "Overloaded",
             Class::LockTimeout => "LockTimeout",
             Class::InTransaction => "InTransaction",
             Class::Misconfigured => "Misconfigured",
@@ -101,6 +109,8 @@ mod tests {
         assert_eq!(Class::of(&SqlState::CONNECTION_FAILURE), Class::Gone);
         assert_eq!(Class::of(&SqlState::READ_ONLY_SQL_TRANSACTION), Class::Gone);
         assert_eq!(Class::of(&SqlState::LOCK_NOT_AVAILABLE), Class::LockTimeout);
+        assert_eq!(Class::of(&SqlState::TOO_MANY_CONNECTIONS), Class::Exhausted);
+        assert_eq!(Class::of(&SqlState::OUT_OF_MEMORY), Class::Exhausted);
         assert_eq!(
             Class::of(&SqlState::from_code("PK001")),
             Class::Misconfigured

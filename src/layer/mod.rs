@@ -46,6 +46,7 @@ pub use self::service::LimitService;
 /// | every limit allows (or the store is unreachable and the limit allows) | the service's response |
 /// | a limit refuses by its count | 429 with `Retry-After` in whole seconds, rounded up ([`Verdicts::retry_after_secs`](crate::Verdicts::retry_after_secs)) |
 /// | refused with no count: the store is unreachable and a limit has [`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse) | 503 |
+/// | shed: the store is up and too busy to answer within the budget (a flood, a full pool; [down or overloaded](crate::guide#down-or-overloaded)) | 503 with `Retry-After: 1` ([`Verdict::SHED_RETRY_AFTER`](crate::Verdict::SHED_RETRY_AFTER)) |
 /// | a hard [`Error`](crate::Error) (a misconfiguration), or no client address for [`limit_per_client_ip`](LimitLayer::limit_per_client_ip) | 500, never a silent allow |
 ///
 /// [`on_rejection`](LimitLayer::on_rejection) replaces these answers with

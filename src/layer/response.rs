@@ -17,6 +17,11 @@ pub enum Rejection {
     Refused(Verdicts),
     /// Refused with no count: the store could not be reached and a limit
     /// refuses then ([`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse)):
+    /// No refusing limit counted: the store is unreachable and a limit has
+    /// [`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse), or the
+    /// store is overloaded and the call was shed
+    /// ([`Verdicts::is_shed`](crate::Verdicts::is_shed); `Retry-After` is
+    /// then [`Verdict::SHED_RETRY_AFTER`](crate::Verdict::SHED_RETRY_AFTER)):
     /// 503 Service Unavailable.
     Unavailable(Verdicts),
     /// A hard error (a misconfiguration such as a missing table or
@@ -44,9 +49,13 @@ impl Rejection {
     }
 
     /// The refusal for `verdicts` that refuse: by a count, or, when no
-    /// refusing limit counted, because the store is unreachable.
+    /// refusing limit counted, because the store is unreachable or
+    /// overloaded (shed).
     pub(super) fn of(verdicts: Verdicts) -> Self {
-        if verdicts.retry_after().is_some() {
+        if verdicts
+            .iter()
+            .any(|verdict| verdict.is_refused() && verdict.count().is_some())
+        {
             Rejection::Refused(verdicts)
         } else {
             Rejection::Unavailable(verdicts)

@@ -101,14 +101,7 @@ where
     let limiter = &*config.limiter;
     match &config.mode {
         Mode::Hit => {
-            let verdicts = match pairs[..] {
-                [(limit, key)] => limiter
-                    .hit(limit, key)
-                    .await
-                    .map(|verdict| Verdicts::from_vec(vec![verdict])),
-                _ => limiter.hit_all(&pairs).await,
-            };
-            let verdicts = match verdicts {
+            let verdicts = match limiter.hit_all(&pairs).await {
                 Ok(verdicts) => verdicts,
                 Err(e) => return Ok(config.failed(e)),
             };
@@ -173,8 +166,12 @@ impl<S, R> Config<S, R> {
                 continue;
             }
             named.push(rule.limit.name());
-            fields.policy.push(rule.limit.policy_field());
-            fields.rate_limit.extend(verdict.rate_limit_field());
+            // Both fields or neither: a policy sent alone would tell the
+            // client that the store is unreachable or overloaded.
+            if let Some(field) = verdict.rate_limit_field() {
+                fields.policy.push(rule.limit.policy_field());
+                fields.rate_limit.push(field);
+            }
         }
         fields
     }

@@ -7,6 +7,7 @@
 //! a setting that cannot fail on a value (a store's clock) is
 //! `with_x(value)`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use snafu::ensure;
@@ -211,7 +212,7 @@ impl<S: Store> LimiterBuilder<S> {
     pub(super) fn assemble(self) -> Limiter<S> {
         metric::describe();
         Limiter {
-            store: self.store,
+            store: Arc::new(self.store),
             budget: self.budget,
             fallback: Memory::bounded(),
             refusals: match self.refusal_cache {

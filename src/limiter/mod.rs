@@ -9,17 +9,16 @@ pub use builder::LimiterBuilder;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cache::{Lookup, RefusalCache};
+use crate::cache::RefusalCache;
 
 use crate::call::Call;
 use crate::decide::decide;
 use crate::key::stored;
 use crate::merge::Merging;
-use crate::metric::{Outcome, Source};
 use crate::operation::Operation;
 use crate::permit::CountedIn;
 use crate::store::sealed::Sealed as _;
-use crate::store::{Op, Store};
+use crate::store::{Op, Phase, Store};
 use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreachable};
 
 /// The front of the crate: `check`, `failed`, `hit` and `reset` over a store,
@@ -64,7 +63,7 @@ use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreach
 /// ```
 #[derive(Debug)]
 pub struct Limiter<S> {
-    store: S,
+    store: Arc<S>,
     budget: Duration,
     /// The local count of limits that count locally while the store is
     /// unreachable ([`WhenUnreachable::CountLocally`]).
@@ -244,7 +243,11 @@ impl<S: Store> Limiter<S> {
         // The local count (if the limit ever fell back to it) is cleared too.
         let _ = self.fallback.reset(key, call.deadline()).await;
         let result = call
-            .within(self.store.reset(key, call.deadline()))
+            .within_store(
+                &*self.store,
+                || Phase::Queued,
+                Box::pin(self.store.reset(key, call.deadline())),
+            )
             .await
             .map(drop);
         // Again: a refusal cached by a call that raced the reset is stale.
@@ -260,52 +263,16 @@ impl<S: Store> Limiter<S> {
             .map(|(verdict, _)| verdict)
     }
 
-    /// Runs one counting operation for a stored key, with the budget, the
-    /// limit's choice when the store is unreachable, and the metrics.
+    /// Runs one counting operation for a stored key: [`run_all`](Limiter::run_all)
+    /// with one pair.
     pub(crate) async fn run(
         &self,
         op: Op,
         limit: &Limit,
         key: &str,
     ) -> Result<(Verdict, CountedIn), Error> {
-        let call = Call::start(op.into(), self.budget);
-        let asked_at = self.store.local_now();
-        // A claim to refresh a cached refusal, if this call holds one: it
-        // ends with the answer below, or when this future is dropped.
-        let refresh = match self.refusals.get(key, asked_at, self.budget) {
-            Lookup::Refused(verdict) => {
-                call.record_from(limit, Outcome::Refused, Source::Cache);
-                return Ok((verdict, CountedIn::Nowhere));
-            }
-            Lookup::Ask(refresh) => refresh,
-        };
-        let deadline = call.deadline();
-        let counting = async {
-            match &self.merging {
-                Some(merging) if op.adds() => {
-                    merging.add(&self.store, op, limit, key, deadline).await
-                }
-                _ => self.store.count(op, limit, key, 1, deadline).await,
-            }
-        };
-        match call.within(counting).await {
-            Ok(counted) => {
-                let verdict = decide(op, limit, &counted);
-                self.refusals.answered(key, &verdict, asked_at, refresh);
-                call.record(limit, Outcome::of(&verdict));
-                let window_start = counted.window_start(limit);
-                Ok((verdict, CountedIn::Store { window_start }))
-            }
-            Err(e) if e.is_unreachable() => {
-                self.refusals.unanswered(refresh);
-                call.record_unreachable(limit, &e);
-                Ok(self.when_unreachable(op, limit, key, Arc::new(e)))
-            }
-            Err(e) => {
-                call.record(limit, Outcome::Error);
-                Err(e)
-            }
-        }
+        let mut ran = self.run_all(op, &[(limit, key.to_owned())]).await?;
+        Ok(ran.pop().expect("one verdict per pair"))
     }
 
     /// The verdict when the store could not be reached: the limit decides.
@@ -348,7 +315,11 @@ impl<S: Store> Limiter<S> {
         self.refusals.forget(key);
         let result = match counted_in {
             CountedIn::Store { window_start } => call
-                .within(self.store.take_back(key, window_start, 1, call.deadline()))
+                .within_store(
+                    &*self.store,
+                    || Phase::Queued,
+                    Box::pin(self.store.take_back(key, window_start, 1, call.deadline())),
+                )
                 .await
                 .map(drop),
             CountedIn::Fallback { window_start } => self

@@ -1,17 +1,19 @@
 //! The several-limits calls: `check_all`, `failed_all`, `hit_all`, one
-//! statement over several (limit, key) pairs.
+//! statement over several (limit, key) pairs; and `run_all`, the one path
+//! of every counting call, one pair or several.
 
 use std::sync::Arc;
 
 use snafu::ensure;
 
+use crate::cache::Lookup;
 use crate::call::Call;
 use crate::decide::decide;
 use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
-use crate::metric::Outcome;
+use crate::metric::{Outcome, Source};
 use crate::permit::CountedIn;
-use crate::store::{Asked, Op, Store};
+use crate::store::{Asked, Counted, Op, Phase, Progress, Store, Watch};
 use crate::{Error, Key, Limit, Limiter, Verdict, Verdicts};
 
 impl<S: Store> Limiter<S> {
@@ -106,40 +108,150 @@ impl<S: Store> Limiter<S> {
             .iter()
             .map(|(limit, key)| (*limit, stored(limit.name(), key)))
             .collect();
-        let asked: Vec<Asked<'_>> = stored
-            .iter()
-            .map(|(limit, key)| Asked { limit, key, n: 1 })
-            .collect();
+        self.run_all(op, &stored).await
+    }
+
+    /// Runs one counting operation over one or several (limit, stored key)
+    /// pairs: the one path of every call, whatever its number of pairs.
+    ///
+    /// The refusal cache first: a pair refused from it refuses the call, and
+    /// no statement is sent for any pair (the pairs not asked are allowed by
+    /// their own limits, with nothing counted). Then one statement: a write
+    /// through merging when it is on, each pair a caller of its own key; a
+    /// read, or a write with merging off, as one statement of its own. Then
+    /// each pair's verdict: decided by its count, or by its limit's
+    /// [`WhenUnreachable`](crate::WhenUnreachable) when the store is down,
+    /// or shed when it is overloaded.
+    pub(crate) async fn run_all(
+        &self,
+        op: Op,
+        stored: &[(&Limit, String)],
+    ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
         let call = Call::start(op.into(), self.budget);
-        let result = call
-            .within(self.store.count_many(op, &asked, call.deadline()))
-            .await;
-        match result {
-            Ok(counted) => {
-                let mut verdicts = Vec::with_capacity(stored.len());
-                for ((limit, _), counted) in stored.iter().zip(&counted) {
-                    let verdict = decide(op, limit, counted);
+        let asked_at = self.store.local_now();
+        let mut refreshes = Vec::with_capacity(stored.len());
+        let mut cached: Vec<Option<Verdict>> = Vec::with_capacity(stored.len());
+        for (_, key) in stored {
+            match self.refusals.get(key, asked_at, self.budget) {
+                Lookup::Refused(verdict) => cached.push(Some(verdict)),
+                Lookup::Ask(refresh) => {
+                    cached.push(None);
+                    refreshes.push(refresh);
+                }
+            }
+        }
+        if cached.iter().any(Option::is_some) {
+            // Refused without a round trip; the claims of the others end here.
+            drop(refreshes);
+            return Ok(stored
+                .iter()
+                .zip(cached)
+                .map(|((limit, _), cached)| match cached {
+                    Some(verdict) => {
+                        call.record_from(limit, Outcome::Refused, Source::Cache);
+                        (verdict, CountedIn::Nowhere)
+                    }
+                    None => (Verdict::not_asked(limit), CountedIn::Nowhere),
+                })
+                .collect());
+        }
+        let deadline = call.deadline();
+        // Where each pair's statement got, read if the budget runs out.
+        let watches: Vec<Watch> = stored.iter().map(|_| Watch::default()).collect();
+        // Boxed: a store's future (a connection, a statement, a cancel) is
+        // large, and a caller's own future (a service's, a layer's) should
+        // not carry it on the stack.
+        let counting = Box::pin(async {
+            match (&self.merging, stored) {
+                (Some(merging), _) if op.adds() => merging
+                    .add_all(&self.store, op, stored, deadline, &watches)
+                    .await
+                    .map(|counted| after_the_call(stored, counted)),
+                (_, [(limit, key)]) => {
+                    let progress = Progress::default();
+                    watches[0].follow(&progress);
+                    self.store
+                        .count(op, limit, key, 1, deadline, &progress)
+                        .await
+                        .map(|counted| vec![counted])
+                }
+                _ => {
+                    let progress = Progress::default();
+                    watches[0].follow(&progress);
+                    let asked: Vec<Asked<'_>> = stored
+                        .iter()
+                        .map(|(limit, key)| Asked { limit, key, n: 1 })
+                        .collect();
+                    self.store.count_many(op, &asked, deadline, &progress).await
+                }
+            }
+        });
+        let phase = || {
+            watches
+                .iter()
+                .map(Watch::phase)
+                .max()
+                .unwrap_or(Phase::Queued)
+        };
+        match call.within_store(&*self.store, phase, counting).await {
+            Ok(counted) => Ok(stored
+                .iter()
+                .zip(counted)
+                .zip(refreshes)
+                .map(|(((limit, key), counted), refresh)| {
+                    let verdict = decide(op, limit, &counted);
+                    self.refusals.answered(key, &verdict, asked_at, refresh);
                     call.record(limit, Outcome::of(&verdict));
                     let window_start = counted.window_start(limit);
-                    verdicts.push((verdict, CountedIn::Store { window_start }));
-                }
-                Ok(verdicts)
-            }
+                    (verdict, CountedIn::Store { window_start })
+                })
+                .collect()),
             Err(e) if e.is_unreachable() => {
                 let cause = Arc::new(e);
-                let mut verdicts = Vec::with_capacity(stored.len());
-                for (limit, key) in &stored {
-                    call.record_unreachable(limit, &cause);
-                    verdicts.push(self.when_unreachable(op, limit, key, cause.clone()));
-                }
-                Ok(verdicts)
+                Ok(stored
+                    .iter()
+                    .zip(refreshes)
+                    .map(|((limit, key), refresh)| {
+                        self.refusals.unanswered(refresh);
+                        call.record_unreachable(limit, &cause);
+                        self.when_unreachable(op, limit, key, cause.clone())
+                    })
+                    .collect())
+            }
+            Err(e) if e.is_overloaded() => {
+                let cause = Arc::new(e);
+                Ok(stored
+                    .iter()
+                    .zip(refreshes)
+                    .map(|((limit, _), refresh)| {
+                        self.refusals.unanswered(refresh);
+                        call.record_shed(limit, &cause);
+                        (Verdict::shed_by(limit, cause.clone()), CountedIn::Nowhere)
+                    })
+                    .collect())
             }
             Err(e) => {
-                for (limit, _) in &stored {
+                for (limit, _) in stored {
                     call.record(limit, Outcome::Error);
                 }
                 Err(e)
             }
         }
     }
+}
+
+/// The counts of a merged write as one statement gives them: a pair given
+/// twice in one call reads the count after all of the call's additions,
+/// as `add_many` answers it, not its own position's.
+fn after_the_call(stored: &[(&Limit, String)], mut counted: Vec<Counted>) -> Vec<Counted> {
+    for i in 0..stored.len() {
+        let last = (i..stored.len())
+            .rev()
+            .find(|&j| stored[j].1 == stored[i].1)
+            .unwrap_or(i);
+        if last != i {
+            counted[i] = counted[last].clone();
+        }
+    }
+    counted
 }

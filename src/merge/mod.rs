@@ -1,22 +1,27 @@
 //! Merging: concurrent `failed`, `hit` and `reserve` calls through one
 //! limiter share statements.
 //!
-//! Two layers, each answering every caller with its own count:
-//! - [`key`]: calls for the same stored key add their number at once (a hot
-//!   key's callers become one row lock and one commit per batch);
-//! - [`batch`]: the writes for different keys that arrive while a statement
-//!   is in flight go together in the next one (one commit, one WAL flush,
-//!   for many calls).
+//! Two merges, each answering every caller with its own count:
+//! - calls for the same stored key add their number at once (a hot key's
+//!   callers become one row lock and one commit per statement);
+//! - the keys waiting while this limiter's statements are in flight go
+//!   together in the next one (one commit, one WAL flush, for many calls).
 //!
 //! Who sends, who waits and which count each caller gets is written once, in
-//! the [guide](crate::guide#merging). Here: the queues, the leader's batch,
-//! and the hand-over of the lead, which is never lost, whether the leader's
-//! call or a waiter's is dropped at its budget.
+//! the [guide](crate::guide#merging). Here: the queue of keys, and the
+//! flights that send it.
+//!
+//! A statement is sent by a *flight*, a task of its own, never by a caller:
+//! a caller only waits for its answer, so a caller that is dropped (its
+//! client went away, its budget ran out, a `select!` chose another branch)
+//! changes nothing for the others. A flight sends what is queued, answers
+//! each caller still waiting, and goes on with what queued meanwhile, until
+//! the queue is empty.
 
-mod batch;
-mod key;
+mod flight;
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use snafu::ResultExt;
 use tokio::sync::oneshot;
@@ -24,110 +29,166 @@ use tokio::time::Instant;
 
 use crate::error::{AbandonedSnafu, MergedSnafu};
 use crate::operation::Operation;
-use crate::store::{Counted, Op, sealed::Sealed};
+use crate::store::{Counted, Op, Watch, sealed::Sealed};
 use crate::{Error, Limit};
 
-use batch::Batcher;
-use key::Keyed;
-
-/// Both layers of merging, for one limiter.
+/// Merging, for one limiter.
 #[derive(Debug)]
 pub(crate) struct Merging {
-    keys: Keyed,
-    batches: Batcher,
+    shared: Arc<Shared>,
 }
+
+/// What the callers and the flights of one limiter share.
+pub(crate) struct Shared {
+    /// How many flights may be in flight at once.
+    places: usize,
+    queue: Mutex<Queue>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("places", &self.places)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The keys with callers waiting, and how many flights are out.
+#[derive(Default)]
+struct Queue {
+    in_flight: usize,
+    /// Every stored key that has callers waiting or a statement in flight.
+    keys: HashMap<String, Waiting>,
+    /// The keys whose callers wait for the next statement, in order of
+    /// arrival; each at most once, and never while its statement is in
+    /// flight.
+    ready: VecDeque<String>,
+}
+
+/// The callers of one stored key.
+struct Waiting {
+    op: Op,
+    limit: Limit,
+    /// The callers waiting for the next statement with the key (its
+    /// earlier callers' may be in flight).
+    callers: Vec<Caller>,
+}
+
+/// A caller waiting for its count.
+struct Caller {
+    deadline: Instant,
+    tx: oneshot::Sender<Answer>,
+    /// Where the caller reads how far its statement got.
+    watch: Watch,
+}
+
+/// What a caller is told: its own count, or the error every caller of a
+/// failed statement shares.
+type Answer = Result<Counted, Arc<Error>>;
 
 impl Merging {
     /// Merging with at most `places` statements of writes in flight
     /// ([`LimiterBuilder::writes_in_flight`](crate::LimiterBuilder::writes_in_flight)).
     pub(crate) fn new(places: usize) -> Self {
         Merging {
-            keys: Keyed::default(),
-            batches: Batcher::new(places),
+            shared: Arc::new(Shared {
+                places,
+                queue: Mutex::default(),
+            }),
         }
     }
 
     /// How many statements of writes may be in flight at once.
     pub(crate) fn places(&self) -> usize {
-        self.batches.places
+        self.shared.places
     }
 
-    /// Adds one to the stored key's count under `limit`, merged with the
-    /// other callers for the key, then batched with the calls for other keys.
-    pub(crate) async fn add<S: Sealed>(
+    /// Adds one to each stored key's count under its limit, with the other
+    /// callers for each key and the other keys waiting; each count after
+    /// this caller's addition, in the order given. The pairs are queued
+    /// together, so that they go in one statement unless a key's earlier
+    /// callers are in flight. Dropping the future gives up this caller's
+    /// wait and nothing else: its ones may or may not be counted.
+    pub(crate) async fn add_all<S: Sealed>(
         &self,
-        store: &S,
+        store: &Arc<S>,
         op: Op,
-        limit: &Limit,
-        key: &str,
+        pairs: &[(&Limit, String)],
         deadline: Instant,
-    ) -> Result<Counted, Error> {
-        self.keys
-            .add(key, |n| {
-                self.batches.add(store, op, limit, key, n, deadline)
-            })
-            .await
-            .context(MergedSnafu {
-                operation: Operation::from(op),
-            })
-            .map_err(Error::from)
-    }
-}
-
-/// What a queued caller is told.
-enum Turn<T> {
-    /// The batch it was in is done: its answer.
-    Done(T),
-    /// The statement before it is done: it sends the next one.
-    Lead,
-}
-
-/// A caller's place in a queue. Dropped after the lead was handed to it but
-/// before it read that (its call was dropped at its budget, or its client
-/// went away), it passes the lead on with `pass_on`: a lead is never lost,
-/// so a queue can never be left with no one to send its statement.
-struct Queued<T, F: FnOnce()> {
-    rx: oneshot::Receiver<Turn<T>>,
-    pass_on: Option<F>,
-}
-
-impl<T, F: FnOnce()> Queued<T, F> {
-    fn new(rx: oneshot::Receiver<Turn<T>>, pass_on: F) -> Self {
-        Queued {
-            rx,
-            pass_on: Some(pass_on),
+        watches: &[Watch],
+    ) -> Result<Vec<Counted>, Error> {
+        let operation = Operation::from(op);
+        let waits = self.queue(store, op, pairs, deadline, watches);
+        let mut counted = Vec::with_capacity(waits.len());
+        for rx in waits {
+            let answer = match rx.await {
+                Ok(answer) => answer,
+                // A flight answers every caller it takes, even when it is
+                // torn down; this is only reached if the runtime drops it
+                // unrun.
+                Err(_) => Err(Arc::new(Error::from(AbandonedSnafu.build()))),
+            };
+            counted.push(
+                answer
+                    .context(MergedSnafu { operation })
+                    .map_err(Error::from)?,
+            );
         }
+        Ok(counted)
     }
 
-    /// This caller's turn; `None` if every sender went without answering,
-    /// which the leaders' drop guards never let happen.
-    async fn turn(mut self) -> Option<Turn<T>> {
-        let turn = (&mut self.rx).await.ok();
-        // Read: the lead, if it is one, is this caller's to use now.
-        self.pass_on = None;
-        turn
-    }
-}
-
-impl<T, F: FnOnce()> Drop for Queued<T, F> {
-    fn drop(&mut self) {
-        let Some(pass_on) = self.pass_on.take() else {
-            return;
-        };
-        // No lead can arrive after this; one that already did is passed on.
-        self.rx.close();
-        if let Ok(Turn::Lead) = self.rx.try_recv() {
-            pass_on();
+    /// Queues one caller for each pair's key, and starts a flight if a
+    /// place is free.
+    fn queue<S: Sealed>(
+        &self,
+        store: &Arc<S>,
+        op: Op,
+        pairs: &[(&Limit, String)],
+        deadline: Instant,
+        watches: &[Watch],
+    ) -> Vec<oneshot::Receiver<Answer>> {
+        let mut waits = Vec::with_capacity(pairs.len());
+        let mut start = false;
+        {
+            let mut queue = self.shared.lock();
+            for ((limit, key), watch) in pairs.iter().zip(watches) {
+                let (tx, rx) = oneshot::channel();
+                waits.push(rx);
+                let caller = Caller {
+                    deadline,
+                    tx,
+                    watch: watch.clone(),
+                };
+                if let Some(waiting) = queue.keys.get_mut(key) {
+                    // Queued already, or in flight: it is queued again when
+                    // its statement returns.
+                    waiting.callers.push(caller);
+                    continue;
+                }
+                queue.keys.insert(
+                    key.clone(),
+                    Waiting {
+                        op,
+                        limit: (*limit).clone(),
+                        callers: vec![caller],
+                    },
+                );
+                queue.ready.push_back(key.clone());
+                if !start && queue.in_flight < self.shared.places {
+                    queue.in_flight += 1;
+                    start = true;
+                }
+            }
         }
+        if start {
+            flight::start(self.shared.clone(), store.clone());
+        }
+        waits
     }
 }
 
-/// The error every caller of a failed batch gets, shared.
-type Shared<T> = Result<T, Arc<Error>>;
-
-/// What a caller is told when the call that carried its count gave up (at
-/// its budget, or dropped) before the answer: the count may or may not
-/// have been written, as after a timeout.
-fn abandoned() -> Arc<Error> {
-    Arc::new(Error::from(AbandonedSnafu.build()))
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::clock::{Clock, from_micros, micros_since_epoch};
 use crate::decide::window_of;
-use crate::store::{Asked, Counted, Op, Store, sealed};
+use crate::store::{Asked, Counted, Op, Phase, Progress, Store, sealed};
 use crate::{Error, Limit, ManualClock, Strategy};
 
 /// The in-process fake: the same behaviour as [`Postgres`](crate::Postgres),
@@ -142,6 +142,11 @@ impl sealed::Sealed for Memory {
         self.clock.local_now()
     }
 
+    /// A wait in front of `Memory` is this process's own load: never down.
+    fn down_since(&self, _since: Instant, _phase: Phase) -> bool {
+        false
+    }
+
     async fn count(
         &self,
         op: Op,
@@ -149,6 +154,7 @@ impl sealed::Sealed for Memory {
         key: &str,
         n: u64,
         _deadline: Instant,
+        _progress: &Progress,
     ) -> Result<Counted, Error> {
         Ok(self.count_at(op, limit, key, n, self.clock.local_now()))
     }
@@ -157,16 +163,14 @@ impl sealed::Sealed for Memory {
         &self,
         op: Op,
         asked: &[Asked<'_>],
-        deadline: Instant,
+        _deadline: Instant,
+        _progress: &Progress,
     ) -> Result<Vec<Counted>, Error> {
-        let mut counted = Vec::with_capacity(asked.len());
-        for pair in asked {
-            counted.push(
-                self.count(op, pair.limit, pair.key, pair.n, deadline)
-                    .await?,
-            );
-        }
-        Ok(counted)
+        let now = self.clock.local_now();
+        Ok(asked
+            .iter()
+            .map(|pair| self.count_at(op, pair.limit, pair.key, pair.n, now))
+            .collect())
     }
 
     async fn take_back(

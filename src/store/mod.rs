@@ -4,12 +4,15 @@
 //! Stores only load and store counts; the verdict is decided by
 //! [`decide`](crate::decide::decide), shared by both.
 
+pub(crate) mod health;
 pub(crate) mod memory;
 pub(crate) mod postgres;
 pub(crate) mod purge;
 pub(crate) mod sql;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use tokio::time::Instant;
@@ -73,6 +76,63 @@ pub struct Asked<'a> {
     pub n: u64,
 }
 
+/// How far a store's call got, as the store reports it: read when a
+/// caller's budget runs out before the answer, to tell a server that is
+/// down from one that is busy (the guide's
+/// [down or overloaded](crate::guide#down-or-overloaded)). Shared by the
+/// callers of a merged statement.
+#[derive(Clone, Debug, Default)]
+pub struct Progress(Arc<AtomicU8>);
+
+/// A step of [`Progress`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    /// Not begun: queued behind this limiter's other statements.
+    Queued,
+    /// Asking the connection source for a connection.
+    Connecting,
+    /// The statement was sent, and is not answered yet.
+    Sent,
+}
+
+impl Progress {
+    /// The step reached.
+    pub(crate) fn phase(&self) -> Phase {
+        match self.0.load(Ordering::Relaxed) {
+            0 => Phase::Queued,
+            1 => Phase::Connecting,
+            _ => Phase::Sent,
+        }
+    }
+
+    /// Notes that the call reached `phase`.
+    pub(crate) fn reached(&self, phase: Phase) {
+        let step = match phase {
+            Phase::Queued => 0,
+            Phase::Connecting => 1,
+            Phase::Sent => 2,
+        };
+        self.0.store(step, Ordering::Relaxed);
+    }
+}
+
+/// Where a caller reads the progress of the statement that carries its
+/// count: a merged caller's is set when a flight takes it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Watch(Arc<OnceLock<Progress>>);
+
+impl Watch {
+    /// Follows `progress`, the statement this caller is in.
+    pub(crate) fn follow(&self, progress: &Progress) {
+        let _ = self.0.set(progress.clone());
+    }
+
+    /// The step reached: [`Phase::Queued`] until a statement is begun.
+    pub(crate) fn phase(&self) -> Phase {
+        self.0.get().map_or(Phase::Queued, Progress::phase)
+    }
+}
+
 /// What a store counted for one call.
 #[derive(Clone, Debug)]
 pub struct Counted {
@@ -100,13 +160,20 @@ pub(crate) mod sealed {
     use super::*;
 
     /// The methods of [`Store`](super::Store), out of callers' reach.
-    pub trait Sealed: Send + Sync {
+    pub trait Sealed: Send + Sync + 'static {
         /// This process's idea of the store's time: the pinned clock's, or
         /// the system's. The refusal cache runs on it.
         fn local_now(&self) -> SystemTime;
 
+        /// Whether the store is down, by what it heard, for a call that
+        /// began at `since` and ran out of budget with its statement at
+        /// `phase` (the guide's
+        /// [down or overloaded](crate::guide#down-or-overloaded)).
+        fn down_since(&self, since: Instant, phase: Phase) -> bool;
+
         /// Runs one counting operation for the stored key `key` under
-        /// `limit`, finishing by `deadline`; a write adds `n`.
+        /// `limit`, finishing by `deadline`; a write adds `n`. How far it
+        /// got goes to `progress`.
         fn count(
             &self,
             op: Op,
@@ -114,6 +181,7 @@ pub(crate) mod sealed {
             key: &str,
             n: u64,
             deadline: Instant,
+            progress: &Progress,
         ) -> impl Future<Output = Result<Counted, Error>> + Send;
 
         /// Runs one counting operation over several (limit, stored key)
@@ -124,6 +192,7 @@ pub(crate) mod sealed {
             op: Op,
             asked: &[Asked<'_>],
             deadline: Instant,
+            progress: &Progress,
         ) -> impl Future<Output = Result<Vec<Counted>, Error>> + Send;
 
         /// Takes `n` back from the stored key's count in the window that

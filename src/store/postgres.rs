@@ -1,8 +1,9 @@
 //! [`Postgres`]: the real store. A limit is a row.
 
-use std::time::SystemTime;
+use std::future::Future;
+use std::time::{Duration, SystemTime};
 
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout_at};
 
 use snafu::ensure;
 
@@ -10,8 +11,9 @@ use crate::clock::Clock;
 use crate::driver::{Row, Session};
 use crate::error::{AnsweredAfterCancelSnafu, InvalidOptionSnafu, UnexpectedSnafu};
 use crate::operation::Operation;
+use crate::store::health::Health;
 use crate::store::sql::{self, Budget, Statement};
-use crate::store::{Asked, Counted, Op, Store, sealed};
+use crate::store::{Asked, Counted, Op, Phase, Progress, Store, sealed};
 use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
 
 /// The real store: each key's count in each window is a row of
@@ -43,6 +45,8 @@ pub struct Postgres<C> {
     conns: C,
     clock: Clock,
     relaxed: bool,
+    /// What this store last heard from the server: down, or overloaded.
+    health: Health,
 }
 
 impl<C: LimitConn> Postgres<C> {
@@ -52,6 +56,7 @@ impl<C: LimitConn> Postgres<C> {
             conns,
             clock: Clock::Store,
             relaxed: false,
+            health: Health::default(),
         }
     }
 
@@ -103,11 +108,124 @@ impl<C: LimitConn> Postgres<C> {
         Ok(Some(pinned))
     }
 
-    async fn connection(&self, operation: Operation) -> Result<C::Conn, Error> {
-        self.conns
-            .conn()
-            .await
-            .map_err(|e| Error::connect(operation, e.into()))
+    /// A connection for one call. A source that fails is a failure heard
+    /// from the server unless the server answered its refusal; a pool that
+    /// gave up waiting for one of its connections is a wait, read as any
+    /// call's budget running out (see [`Health`]).
+    async fn connection(
+        &self,
+        operation: Operation,
+        since: Instant,
+        progress: &Progress,
+    ) -> Result<C::Conn, Error> {
+        progress.reached(Phase::Connecting);
+        self.conns.conn().await.map_err(|e| {
+            let source = e.into();
+            if crate::driver::waited_for_pool(&*source) {
+                let waited = Instant::now().saturating_duration_since(since);
+                return Error::out_of_budget(
+                    operation,
+                    waited,
+                    self.down(since, Phase::Connecting),
+                );
+            }
+            let error = Error::connect(operation, source);
+            if error.answered() {
+                self.health.answered();
+            } else {
+                self.health.failed();
+            }
+            error
+        })
+    }
+
+    /// A connection for one call and the budget left on it, unless the
+    /// connection came too late to send a statement the budget can still
+    /// see to its end (past the cancel mark): then nothing is sent, and the
+    /// call ran out of budget waiting for the connection.
+    async fn session(
+        &self,
+        operation: Operation,
+        since: Instant,
+        deadline: Instant,
+        progress: &Progress,
+    ) -> Result<(C::Conn, Budget), Error> {
+        let conn = self.connection(operation, since, progress).await?;
+        let budget = Budget::until(deadline);
+        if Instant::now() >= budget.cancel_at {
+            let waited = Instant::now().saturating_duration_since(since);
+            return Err(Error::out_of_budget(
+                operation,
+                waited,
+                self.down(since, Phase::Connecting),
+            ));
+        }
+        Ok((conn, budget))
+    }
+
+    /// Whether the server is down, for a call that began at `since` and ran
+    /// out of budget at `phase`: its statement sent and unanswered, or
+    /// waiting for a connection from a source that was opening one, is
+    /// evidence of its own (see [`Health`]).
+    fn down(&self, since: Instant, phase: Phase) -> bool {
+        let own = match phase {
+            Phase::Queued => false,
+            Phase::Connecting => self.conns.saturated() == Some(false),
+            Phase::Sent => true,
+        };
+        self.health.down_since(since, own)
+    }
+
+    /// Runs `work` (a connection, then one statement through [`call`]) until
+    /// `deadline`. A budget that runs out with this call's statement sent
+    /// and unanswered is a statement with no answer at all; either way, the
+    /// store's health says whether the server was down or busy.
+    async fn within<T>(
+        &self,
+        operation: Operation,
+        deadline: Instant,
+        since: Instant,
+        progress: &Progress,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match timeout_at(deadline, work).await {
+            Ok(result) => result,
+            Err(_) => {
+                let phase = progress.phase();
+                if phase == Phase::Sent {
+                    self.health.failed();
+                }
+                let budget = deadline.saturating_duration_since(since);
+                let budget =
+                    Duration::from_millis(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX));
+                Err(Error::out_of_budget(
+                    operation,
+                    budget,
+                    self.down(since, phase),
+                ))
+            }
+        }
+    }
+}
+
+impl<C: LimitConn> Postgres<C> {
+    /// Sends one statement through [`call`], and notes what the server did:
+    /// an answer (a row, or an error with a SQLSTATE), or a failure.
+    async fn call<S: Session, const N: usize>(
+        &self,
+        session: &mut S,
+        operation: Operation,
+        statement: Statement<'_, N>,
+        budget: Budget,
+        progress: &Progress,
+    ) -> Result<Row, Error> {
+        let answer = send(session, operation, statement, budget, progress).await;
+        match &answer {
+            Ok(_) => self.health.answered(),
+            Err(e) if e.answered() => self.health.answered(),
+            Err(_) => self.health.failed(),
+        }
+        answer
     }
 }
 
@@ -118,6 +236,10 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         self.clock.local_now()
     }
 
+    fn down_since(&self, since: Instant, phase: Phase) -> bool {
+        self.down(since, phase)
+    }
+
     async fn count(
         &self,
         op: Op,
@@ -125,44 +247,51 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         key: &str,
         n: u64,
         deadline: Instant,
+        progress: &Progress,
     ) -> Result<Counted, Error> {
         let operation = Operation::from(op);
         // A pinned clock out of bounds is refused before a connection is taken.
         let pinned = self.pinned()?;
-        let mut conn = self.connection(operation).await?;
         let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
-        let budget = Budget::until(deadline);
         let previous = limit.strategy() == Strategy::Sliding;
         let max = i64::from(limit.max());
         let lockout = i64::try_from(limit.lockout_secs()).expect("at most a day");
-        let row = match op {
-            Op::Check => {
-                let read = sql::Read {
-                    key,
-                    window_secs: window,
-                    at: pinned,
-                    budget_ms: budget.server_ms,
-                    previous,
-                    max,
-                    lockout_secs: lockout,
-                };
-                call(&mut conn, operation, read.statement(), budget).await?
-            }
-            Op::Failed | Op::Hit | Op::Reserve => {
-                let add = sql::Add {
-                    key,
-                    add: i64::try_from(n).unwrap_or(i64::MAX),
-                    window_secs: window,
-                    at: pinned,
-                    budget_ms: budget.server_ms,
-                    relaxed: self.relaxed,
-                    previous,
-                    max,
-                    lockout_secs: lockout,
-                };
-                call(&mut conn, operation, add.statement(), budget).await?
-            }
-        };
+        let since = Instant::now();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                match op {
+                    Op::Check => {
+                        let read = sql::Read {
+                            key,
+                            window_secs: window,
+                            at: pinned,
+                            budget_ms: budget.server_ms,
+                            previous,
+                            max,
+                            lockout_secs: lockout,
+                        };
+                        self.call(&mut conn, operation, read.statement(), budget, progress)
+                            .await
+                    }
+                    Op::Failed | Op::Hit | Op::Reserve => {
+                        let add = sql::Add {
+                            key,
+                            add: i64::try_from(n).unwrap_or(i64::MAX),
+                            window_secs: window,
+                            at: pinned,
+                            budget_ms: budget.server_ms,
+                            relaxed: self.relaxed,
+                            previous,
+                            max,
+                            lockout_secs: lockout,
+                        };
+                        self.call(&mut conn, operation, add.statement(), budget, progress)
+                            .await
+                    }
+                }
+            })
+            .await?;
         let get = |e| Error::from_call(operation, e, false);
         let count: i64 = row.get(0).map_err(get)?;
         let window_end: SystemTime = row.get(1).map_err(get)?;
@@ -183,16 +312,15 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         op: Op,
         asked: &[Asked<'_>],
         deadline: Instant,
+        progress: &Progress,
     ) -> Result<Vec<Counted>, Error> {
         let operation = Operation::from(op);
         let pinned = self.pinned()?;
-        let mut conn = self.connection(operation).await?;
         let keys: Vec<&str> = asked.iter().map(|pair| pair.key).collect();
         let windows: Vec<i64> = asked
             .iter()
             .map(|pair| i64::try_from(pair.limit.window_secs()).expect("at most 366 days"))
             .collect();
-        let budget = Budget::until(deadline);
         let previous = asked
             .iter()
             .any(|pair| pair.limit.strategy() == Strategy::Sliding);
@@ -201,38 +329,50 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             .iter()
             .map(|p| i64::try_from(p.limit.lockout_secs()).expect("at most a day"))
             .collect();
-        let row = match op {
-            Op::Check => {
-                let read = sql::ReadMany {
-                    keys: &keys,
-                    window_secs: &windows,
-                    at: pinned,
-                    budget_ms: budget.server_ms,
-                    previous,
-                    maxes: &maxes,
-                    lockout_secs: &lockouts,
-                };
-                call(&mut conn, operation, read.statement(), budget).await?
-            }
-            Op::Failed | Op::Hit | Op::Reserve => {
-                let adds: Vec<i64> = asked
-                    .iter()
-                    .map(|pair| i64::try_from(pair.n).unwrap_or(i64::MAX))
-                    .collect();
-                let add = sql::AddMany {
-                    keys: &keys,
-                    window_secs: &windows,
-                    adds: &adds,
-                    at: pinned,
-                    budget_ms: budget.server_ms,
-                    relaxed: self.relaxed,
-                    previous,
-                    maxes: &maxes,
-                    lockout_secs: &lockouts,
-                };
-                call(&mut conn, operation, add.statement(), budget).await?
-            }
+        let adds: Vec<i64> = if op.adds() {
+            asked
+                .iter()
+                .map(|pair| i64::try_from(pair.n).unwrap_or(i64::MAX))
+                .collect()
+        } else {
+            Vec::new()
         };
+        let since = Instant::now();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                match op {
+                    Op::Check => {
+                        let read = sql::ReadMany {
+                            keys: &keys,
+                            window_secs: &windows,
+                            at: pinned,
+                            budget_ms: budget.server_ms,
+                            previous,
+                            maxes: &maxes,
+                            lockout_secs: &lockouts,
+                        };
+                        self.call(&mut conn, operation, read.statement(), budget, progress)
+                            .await
+                    }
+                    Op::Failed | Op::Hit | Op::Reserve => {
+                        let add = sql::AddMany {
+                            keys: &keys,
+                            window_secs: &windows,
+                            adds: &adds,
+                            at: pinned,
+                            budget_ms: budget.server_ms,
+                            relaxed: self.relaxed,
+                            previous,
+                            maxes: &maxes,
+                            lockout_secs: &lockouts,
+                        };
+                        self.call(&mut conn, operation, add.statement(), budget, progress)
+                            .await
+                    }
+                }
+            })
+            .await?;
         let get = |e| Error::from_call(operation, e, false);
         let counts: Vec<i64> = row.get(0).map_err(get)?;
         let window_ends: Vec<SystemTime> = row.get(1).map_err(get)?;
@@ -275,34 +415,48 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         n: u64,
         deadline: Instant,
     ) -> Result<u64, Error> {
-        let mut conn = self.connection(Operation::TakeBack).await?;
-        let budget = Budget::until(deadline);
-        let take_back = sql::TakeBack {
-            key,
-            window_start,
-            n: i64::try_from(n).unwrap_or(i64::MAX),
-            budget_ms: budget.server_ms,
-            relaxed: self.relaxed,
-        };
-        let row = call(
-            &mut conn,
-            Operation::TakeBack,
-            take_back.statement(),
-            budget,
-        )
-        .await?;
+        let operation = Operation::TakeBack;
+        let since = Instant::now();
+        let progress = &Progress::default();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                let take_back = sql::TakeBack {
+                    key,
+                    window_start,
+                    n: i64::try_from(n).unwrap_or(i64::MAX),
+                    budget_ms: budget.server_ms,
+                    relaxed: self.relaxed,
+                };
+                self.call(
+                    &mut conn,
+                    operation,
+                    take_back.statement(),
+                    budget,
+                    progress,
+                )
+                .await
+            })
+            .await?;
         deleted(&row, Operation::TakeBack)
     }
 
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
-        let mut conn = self.connection(Operation::Reset).await?;
-        let budget = Budget::until(deadline);
-        let reset = sql::Reset {
-            key,
-            budget_ms: budget.server_ms,
-            relaxed: self.relaxed,
-        };
-        let row = call(&mut conn, Operation::Reset, reset.statement(), budget).await?;
+        let operation = Operation::Reset;
+        let since = Instant::now();
+        let progress = &Progress::default();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                let reset = sql::Reset {
+                    key,
+                    budget_ms: budget.server_ms,
+                    relaxed: self.relaxed,
+                };
+                self.call(&mut conn, operation, reset.statement(), budget, progress)
+                    .await
+            })
+            .await?;
         deleted(&row, Operation::Reset)
     }
 }
@@ -344,7 +498,19 @@ pub(crate) async fn call<S: Session, const N: usize>(
     statement: Statement<'_, N>,
     budget: Budget,
 ) -> Result<Row, Error> {
+    send(session, operation, statement, budget, &Progress::default()).await
+}
+
+/// As [`call`], noting in `progress` when the statement is on its way.
+async fn send<S: Session, const N: usize>(
+    session: &mut S,
+    operation: Operation,
+    statement: Statement<'_, N>,
+    budget: Budget,
+    progress: &Progress,
+) -> Result<Row, Error> {
     crate::metric::statement_sent(operation);
+    progress.reached(Phase::Sent);
     let (answer, cancel_sent) = session
         .send(statement.sql, &statement.params, budget.cancel_at)
         .await;

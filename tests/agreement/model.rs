@@ -212,8 +212,10 @@ pub fn case() -> impl Strategy<Value = Case> {
 /// `Limiter::FLOOD_REFUSALS` times within `Limiter::FLOOD_SPAN` (answers from the cache
 /// included), the refusal is answered again, with nothing counted, for the
 /// TTL or until it reopens, whichever is sooner; then the next call asks
-/// again. An allow, a reset or a success forgets the key; the several-limits
-/// calls neither read nor fill it.
+/// again. An allow, a reset or a success forgets the key. The several-limits
+/// calls read and fill it the same way, pair by pair: when any pair's
+/// refusal is answered from it, nothing is counted for any pair, and the
+/// pairs not asked are allowed by their own limits with nothing counted.
 #[derive(Default)]
 pub struct Model {
     counts: HashMap<(usize, usize, u64), u64>,
@@ -263,7 +265,58 @@ impl Model {
             + u128::from(self.count(limit, key, start)) * u128::from(width)
     }
 
-    pub fn verdict(
+    /// The verdicts of one call over the limits `which`, each for `key`.
+    pub fn verdicts(
+        &mut self,
+        call: &Call,
+        which: &[usize],
+        key: usize,
+        specs: &[(u32, u64, bool, u64)],
+        now: u64,
+    ) -> Vec<Seen> {
+        let cached: Vec<Option<Seen>> = which
+            .iter()
+            .map(|&limit| self.cached(limit, key, now))
+            .collect();
+        if cached.iter().any(Option::is_some) {
+            return cached
+                .into_iter()
+                .map(|seen| {
+                    seen.unwrap_or(Seen {
+                        allowed: true,
+                        refused: false,
+                        unreachable: false,
+                        count: None,
+                        remaining: None,
+                        reopens_at: None,
+                        retry_after: None,
+                    })
+                })
+                .collect();
+        }
+        which
+            .iter()
+            .map(|&limit| self.verdict(call, limit, key, specs[limit], now))
+            .collect()
+    }
+
+    /// The refusal the cache answers for (limit, key) at `now`, if fresh.
+    fn cached(&mut self, limit: usize, key: usize, now: u64) -> Option<Seen> {
+        let cached = self.refusals.entry((limit, key)).or_default();
+        let (seen, reopens, fresh_until) = cached.held.as_ref()?;
+        if now >= *fresh_until {
+            return None;
+        }
+        let seen = Seen {
+            retry_after: Some(Duration::from_micros(reopens - now)),
+            ..seen.clone()
+        };
+        cached.refused_at(now);
+        Some(seen)
+    }
+
+    /// The verdict the store's count gives for (limit, key) at `now`.
+    fn verdict(
         &mut self,
         call: &Call,
         limit: usize,
@@ -272,20 +325,6 @@ impl Model {
         now: u64,
     ) -> Seen {
         let (max, window, sliding, lockout) = spec;
-        let single = !matches!(call, Call::CheckAll | Call::FailedAll | Call::HitAll);
-        if single {
-            let cached = self.refusals.entry((limit, key)).or_default();
-            if let Some((seen, reopens, fresh_until)) = &cached.held {
-                if now < *fresh_until {
-                    let seen = Seen {
-                        retry_after: Some(Duration::from_micros(reopens - now)),
-                        ..seen.clone()
-                    };
-                    cached.refused_at(now);
-                    return seen;
-                }
-            }
-        }
         let width = window * MICROS_PER_SEC;
         let start = now / width * width;
         if matches!(
@@ -347,9 +386,9 @@ impl Model {
             reopens_at: Some(at_micros(reopens)),
             retry_after: (!allowed).then(|| Duration::from_micros(reopens - now)),
         };
-        if single && allowed {
+        if allowed {
             self.refusals.remove(&(limit, key));
-        } else if single {
+        } else {
             let cached = self.refusals.entry((limit, key)).or_default();
             cached.refused_at(now);
             let ttl = u64::try_from(Limiter::DEFAULT_REFUSAL_TTL.as_micros()).unwrap();

@@ -54,7 +54,7 @@ pub fn lend(
 pub fn on_held(
     held: &Arc<Mutex<Client>>,
     budget: Duration,
-) -> Limiter<Postgres<impl LimitConn<Conn = OwnedMutexGuard<Client>, Error = Infallible>>> {
+) -> Limiter<Postgres<impl LimitConn<Conn = OwnedMutexGuard<Client>, Error = Infallible> + use<>>> {
     Limiter::builder(Postgres::new(lend(Arc::clone(held))))
         .budget(budget)
         .build()

@@ -22,7 +22,7 @@ pub mod wire;
 use std::future::Future;
 use std::time::{Duration, UNIX_EPOCH};
 
-use platformkit_limit::{Limit, ManualClock, Verdict};
+use platformkit_limit::{ErrorKind, Limit, ManualClock, Verdict};
 use tokio::time::Instant;
 
 /// A window long enough that no test straddles two windows of the database's
@@ -71,6 +71,26 @@ pub async fn timed<T>(bound: Duration, what: &str, call: impl Future<Output = T>
         Ok(output) => (output, started.elapsed()),
         Err(_) => panic!("{what}: still running after {bound:?}"),
     }
+}
+
+/// Asserts that the call was shed: the store was up and too busy to answer
+/// within the budget, so it was refused, counted nowhere, with a short
+/// `Retry-After`, and never read as unreachable.
+#[track_caller]
+pub fn assert_shed(verdict: &Verdict, what: &str) {
+    assert!(
+        verdict.is_shed() && verdict.is_refused() && !verdict.is_unreachable(),
+        "{what}: expected shed, got {verdict:?}"
+    );
+    let cause = verdict.shed().expect("a shed verdict has a cause");
+    assert_eq!(cause.kind(), ErrorKind::Overloaded, "{what}: {cause:?}");
+    assert!(!cause.is_unreachable(), "{what}: {cause:?}");
+    assert_eq!(verdict.count(), None, "{what}: nothing counted");
+    assert_eq!(
+        verdict.retry_after(),
+        Some(Verdict::SHED_RETRY_AFTER),
+        "{what}"
+    );
 }
 
 /// Asserts that the verdict was counted by the store, not allowed blindly.

@@ -1,0 +1,203 @@
+//! A flight: the task that sends the queued keys' statements, one after
+//! another, and answers their callers.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{Answer, Caller, Queue, Shared};
+use crate::error::AbandonedSnafu;
+use crate::store::{Asked, Counted, Op, Progress, sealed::Sealed};
+use crate::{Error, Limit, Limiter};
+
+/// One key of a statement: its callers, in order of arrival.
+struct Member {
+    key: String,
+    limit: Limit,
+    callers: Vec<Caller>,
+}
+
+/// Starts a flight on the runtime; its place is already taken.
+pub(super) fn start<S: Sealed>(shared: Arc<Shared>, store: Arc<S>) {
+    tokio::spawn(async move {
+        let mut flight = Flight {
+            shared,
+            members: Vec::new(),
+            holding: true,
+        };
+        flight.run(store).await;
+    });
+}
+
+/// A flight, holding one place. Dropped (the runtime shut down, or a panic
+/// unwound it), it answers the callers it took and gives its place back, so
+/// that no caller waits for a statement that will never be sent and no
+/// place is lost.
+struct Flight {
+    shared: Arc<Shared>,
+    members: Vec<Member>,
+    /// Whether it still holds its place.
+    holding: bool,
+}
+
+impl Flight {
+    /// Sends statements until nothing waits. The store is let go before the
+    /// last answers are given, so that a caller that then drops its limiter
+    /// gets back what its connection source owns.
+    async fn run<S: Sealed>(&mut self, store: Arc<S>) {
+        let Some((mut op, mut deadline)) = self.take() else {
+            return;
+        };
+        loop {
+            let answers = self.send(&*store, op, deadline).await;
+            let told = self.answer(answers);
+            let next = self.take();
+            let Some(next) = next else {
+                drop(store);
+                tell(told);
+                return;
+            };
+            tell(told);
+            (op, deadline) = next;
+        }
+    }
+
+    /// Takes the keys waiting now (at most [`Limiter::MAX_PAIRS`]) and their
+    /// callers still waiting, for the next statement: its operation and its
+    /// deadline, the latest of its callers' (the statement goes on while
+    /// any of them waits). `None`, giving the place back, when nothing
+    /// waits.
+    fn take(&mut self) -> Option<(Op, Instant)> {
+        let mut queue = self.shared.lock();
+        let mut op = None;
+        let mut deadline: Option<Instant> = None;
+        while self.members.len() < Limiter::MAX_PAIRS {
+            let Some(key) = queue.ready.pop_front() else {
+                break;
+            };
+            let Queue { keys, .. } = &mut *queue;
+            let Some(waiting) = keys.get_mut(&key) else {
+                continue;
+            };
+            waiting.callers.retain(|caller| !caller.tx.is_closed());
+            if waiting.callers.is_empty() {
+                // Every caller of the key went away before it was sent.
+                keys.remove(&key);
+                continue;
+            }
+            let callers = std::mem::take(&mut waiting.callers);
+            let latest = callers.iter().map(|c| c.deadline).max();
+            deadline = deadline.max(latest);
+            op.get_or_insert(waiting.op);
+            self.members.push(Member {
+                key,
+                limit: waiting.limit.clone(),
+                callers,
+            });
+        }
+        match (op, deadline) {
+            (Some(op), Some(deadline)) => Some((op, deadline)),
+            _ => {
+                queue.in_flight -= 1;
+                self.holding = false;
+                None
+            }
+        }
+    }
+
+    /// Sends one statement for the members: alone for one key, one
+    /// `add_many` for several. Each key's count after every caller's one.
+    async fn send<S: Sealed>(&self, store: &S, op: Op, deadline: Instant) -> Vec<Answer> {
+        let progress = Progress::default();
+        for caller in self.members.iter().flat_map(|member| &member.callers) {
+            caller.watch.follow(&progress);
+        }
+        let n = |member: &Member| member.callers.len() as u64;
+        if let [member] = &self.members[..] {
+            let counted = store
+                .count(
+                    op,
+                    &member.limit,
+                    &member.key,
+                    n(member),
+                    deadline,
+                    &progress,
+                )
+                .await;
+            return vec![counted.map_err(Arc::new)];
+        }
+        let asked: Vec<Asked<'_>> = self
+            .members
+            .iter()
+            .map(|member| Asked {
+                limit: &member.limit,
+                key: &member.key,
+                n: n(member),
+            })
+            .collect();
+        match store.count_many(op, &asked, deadline, &progress).await {
+            Ok(counted) if counted.len() == self.members.len() => {
+                counted.into_iter().map(Ok).collect()
+            }
+            Ok(_) => {
+                // The store answers one count per pair asked, or errs.
+                let e = Arc::new(Error::from(AbandonedSnafu.build()));
+                vec![Err(e); self.members.len()]
+            }
+            Err(e) => vec![Err(Arc::new(e)); self.members.len()],
+        }
+    }
+
+    /// Each member's callers with their answers, each its own position's
+    /// count, to be told; the keys whose callers came while it was in
+    /// flight are queued again.
+    fn answer(&mut self, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
+        let mut told = Vec::new();
+        let mut queue = self.shared.lock();
+        for (member, answer) in self.members.drain(..).zip(answers) {
+            let n = member.callers.len() as u64;
+            for (position, caller) in (0..).zip(member.callers) {
+                let answer = answer
+                    .clone()
+                    .map(|counted| at_position(counted, n, position));
+                told.push((caller, answer));
+            }
+            let Queue { keys, ready, .. } = &mut *queue;
+            if let Some(waiting) = keys.get_mut(&member.key) {
+                if waiting.callers.is_empty() {
+                    keys.remove(&member.key);
+                } else {
+                    ready.push_back(member.key);
+                }
+            }
+        }
+        told
+    }
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        if !self.members.is_empty() {
+            let abandoned = Arc::new(Error::from(AbandonedSnafu.build()));
+            tell(self.answer(vec![Err(abandoned); self.members.len()]));
+        }
+        if self.holding {
+            let mut queue = self.shared.lock();
+            queue.in_flight = queue.in_flight.saturating_sub(1);
+        }
+    }
+}
+
+/// Tells each caller its answer; a caller that went away hears nothing.
+fn tell(told: Vec<(Caller, Answer)>) {
+    for (caller, answer) in told {
+        let _ = caller.tx.send(answer);
+    }
+}
+
+/// The count seen by the caller at `position` (0-based) of the `n` callers
+/// whose one a statement added, leaving the count at `counted.count`.
+fn at_position(mut counted: Counted, n: u64, position: u64) -> Counted {
+    counted.count = counted.count.saturating_sub(n - 1 - position);
+    counted
+}
