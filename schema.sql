@@ -214,7 +214,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
             pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
@@ -303,7 +303,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
             pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
@@ -461,7 +461,7 @@ BEGIN
     -- Assigned rather than PERFORMed, here and where the switch is turned
     -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
     v_set := set_config('platformkit.system', 'on', true);
-    v_set := set_config('lock_timeout', p_budget_ms::text, true);
+    v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
     -- end of reader's prologue
     IF p_previous IS NULL
        OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
@@ -573,7 +573,7 @@ BEGIN
     -- Assigned rather than PERFORMed, here and where the switch is turned
     -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
     v_set := set_config('platformkit.system', 'on', true);
-    v_set := set_config('lock_timeout', p_budget_ms::text, true);
+    v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
     -- end of reader's prologue
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
@@ -632,7 +632,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
             pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
@@ -687,7 +687,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
             pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
@@ -743,7 +743,7 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
             pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000

@@ -1,9 +1,9 @@
 //! The caller's session cannot change what the limiter counts: neither its
 //! settings (isolation, read-only, TimeZone, DateStyle, row_security,
 //! search_path, lock_timeout...) nor an object on its search_path, its own
-//! (a temporary table, a temporary `timestamptz`, operators in a schema
-//! ahead of pg_catalog) or a stranger's (an operator in a writable
-//! `public`). After each call the session's settings, search_path included,
+//! (a temporary table, a temporary domain of every type name the routines
+//! spell, operators in a schema ahead of pg_catalog) or a stranger's (an
+//! operator in a writable `public`). After each call the session's settings, search_path included,
 //! are as it left them.
 //!
 //! The attacks on name lookup are those of the schema red-team report
@@ -399,5 +399,141 @@ async fn a_strangers_operator_in_a_writable_public_schema_never_runs_inside_the_
         "",
         "the switch is on in the application's session"
     );
+    assert_eq!(search_path(&client).await, path);
+}
+
+/// The type names a routine of the limiter could spell before its
+/// search_path is pinned: each gets a temporary domain below.
+const SHADOWED_TYPES: &[&str] = &[
+    "text",
+    "bool",
+    "int8",
+    "int4",
+    "int2",
+    "float8",
+    "numeric",
+    "interval",
+    "timestamptz",
+    "timestamp",
+    "regclass",
+    "regtype",
+];
+
+/// A temporary domain named `text`, with a CHECK that ran the caller's code,
+/// stood in for the `text` of `p_budget_ms::text` in every writer's
+/// prologue, which is parsed before the prologue pins the search_path: the
+/// caller's code ran inside the limiter's transaction with the switch on,
+/// and cleared every count (seven failures under a limit of 5 counted 1
+/// each time). Now every name the prologue spells before the pin is
+/// schema-qualified: a temporary domain of every type name it could spell,
+/// each with a CHECK that records that it ran (in a sequence, which no
+/// rollback undoes) and clears every count it can see, never runs in any of
+/// the limiter's calls, and every call counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn temporary_types_named_as_the_prologues_types_never_run_inside_the_limiters_calls() {
+    let db = fresh_db().await;
+    let held = hold(&db.tenant_config()).await;
+    let mut shadows = String::from(
+        "CREATE TEMP SEQUENCE ran;
+         CREATE FUNCTION pg_temp.ran() RETURNS pg_catalog.bool LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM pg_catalog.nextval('pg_temp.ran'::pg_catalog.regclass);
+             DELETE FROM platformkit.platformkit_limits;
+             RETURN true;
+         END
+         $$;",
+    );
+    for name in SHADOWED_TYPES {
+        shadows.push_str(&format!(
+            "CREATE DOMAIN pg_temp.\"{name}\" AS pg_catalog.\"{name}\" CHECK (pg_temp.ran());"
+        ));
+    }
+    held.lock()
+        .await
+        .batch_execute(&shadows)
+        .await
+        .expect("the shadow types");
+    {
+        // Each unqualified name is the shadow in this session, and its
+        // CHECK runs the caller's code.
+        let client = held.lock().await;
+        for name in SHADOWED_TYPES {
+            let shadowing: bool = client
+                .query_one(
+                    &format!(
+                        "SELECT '\"{name}\"'::pg_catalog.regtype \
+                         OPERATOR(pg_catalog.=) 'pg_temp.\"{name}\"'::pg_catalog.regtype"
+                    ),
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert!(shadowing, "{name}");
+        }
+    }
+    let path = search_path(&*held.lock().await).await;
+
+    let limiter = pinned_limiter(&held);
+    six_failures_count_for_real(&db, &limiter, "temporary types").await;
+
+    // The other writers and readers: add_many and read_many over two pairs,
+    // take_back, reset and purge.
+    let hourly = Limit::new("login", 5, Duration::from_secs(60 * 60)).unwrap();
+    let address = Limit::new("address", 50, Duration::from_secs(60 * 60)).unwrap();
+    let victim = Key::email("victim@example.com");
+    let ip = Key::email("ip@example.com");
+    let pairs = [(&hourly, &victim), (&address, &ip)];
+    let counts: Vec<Option<u64>> = limiter
+        .hit_all(&pairs)
+        .await
+        .unwrap()
+        .iter()
+        .map(|v| v.count())
+        .collect();
+    assert_eq!(counts, [Some(7), Some(1)], "add_many");
+    let counts: Vec<Option<u64>> = limiter
+        .check_all(&pairs)
+        .await
+        .unwrap()
+        .iter()
+        .map(|v| v.count())
+        .collect();
+    assert_eq!(counts, [Some(7), Some(1)], "read_many");
+    match limiter.reserve(&address, &ip).await.unwrap() {
+        platformkit_limit::Reservation::Granted(permit) => {
+            assert_eq!(permit.verdict().count(), Some(2));
+            permit.succeeded().await.unwrap();
+        }
+        platformkit_limit::Reservation::Refused(verdict) => panic!("refused: {verdict:?}"),
+    }
+    assert_eq!(
+        limiter.check(&address, &ip).await.unwrap().count(),
+        Some(1),
+        "take_back"
+    );
+    limiter.reset(&address, &ip).await.unwrap();
+    assert_eq!(
+        stored_windows(&db).await,
+        [(stored(&hourly, &victim), JAN_1_1000_UTC as i64, 7)],
+        "reset"
+    );
+    // The pinned window closed long ago on the database's clock: purge
+    // deletes it, and only it.
+    assert_eq!(
+        platformkit_limit::purge(&lend(Arc::clone(&held)))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(stored_windows(&db).await, [], "purge");
+
+    let client = held.lock().await;
+    let ran: bool = client
+        .query_one("SELECT is_called FROM pg_temp.ran", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!ran, "the caller's code ran inside the limiter's calls");
     assert_eq!(search_path(&client).await, path);
 }

@@ -623,3 +623,64 @@ fn same_prologue(routines: &[&str], start: &str, end: &str) {
         );
     }
 }
+
+/// Until its search_path is pinned, a writer's prologue is parsed under
+/// the caller's: a type, function or operator it spelled without its schema
+/// would be whatever the caller's `pg_temp` or an earlier schema holds (a
+/// temporary domain `text` once ran the caller's code inside the limiter's
+/// transaction). So every cast, type and function up to the end of the
+/// statement that pins it names `pg_catalog`, and no operator is used.
+#[test]
+fn the_prologue_names_every_builtin_with_its_schema_until_it_pins_the_search_path() {
+    for procedure in SCHEMA.split("CREATE OR REPLACE PROCEDURE").skip(1) {
+        let name = procedure.split('(').next().unwrap_or_default().trim();
+        let from = procedure.find("-- prologue\n").expect("a prologue");
+        let pin = procedure.find("set_config('search_path'").expect("the pin");
+        let to = pin + procedure[pin..].find(';').expect("the pin's end");
+        let before = unquoted(&procedure[from..to]);
+        for (at, _) in before.match_indices("::") {
+            assert!(
+                before[at + 2..].starts_with("pg_catalog."),
+                "{name}: a cast to a type without its schema: {}",
+                &before[at..(at + 30).min(before.len())]
+            );
+        }
+        for (at, _) in before.match_indices('(') {
+            let word: String = before[..at]
+                .chars()
+                .rev()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            assert!(
+                word.is_empty() || word.starts_with("pg_catalog."),
+                "{name}: the function {word} without its schema"
+            );
+        }
+        let operators = before
+            .replace("ERRCODE =", "")
+            .replace("MESSAGE =", "")
+            .replace("--", "");
+        assert!(
+            !operators.contains(['<', '>', '=', '+', '-', '*', '/', '~', '!', '|', '&', '%']),
+            "{name}: an operator before the search_path is pinned"
+        );
+    }
+}
+
+/// `sql` with the text of every string literal blanked.
+fn unquoted(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    for c in sql.chars() {
+        if c == '\'' {
+            quoted = !quoted;
+            out.push(c);
+        } else {
+            out.push(if quoted { ' ' } else { c });
+        }
+    }
+    out
+}
