@@ -216,18 +216,34 @@ BEGIN
             pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
@@ -305,18 +321,34 @@ BEGIN
             pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
@@ -418,6 +450,17 @@ SET search_path = pg_catalog, pg_temp
 SET lock_timeout = 0
 SET row_security = on
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_indexscan = on
+SET enable_bitmapscan = on
+SET enable_nestloop = on
+SET seq_page_cost = 1
+SET random_page_cost = 4
+SET cpu_tuple_cost = 0.01
+SET cpu_index_tuple_cost = 0.005
+SET cpu_operator_cost = 0.0025
+SET max_parallel_workers_per_gather = 0
+SET jit = off
 AS $$
 DECLARE
     v_switch pg_catalog.text;
@@ -441,18 +484,22 @@ BEGIN
     END IF;
     IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
        OR current_setting('statement_timeout') <> '0'
-       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0' THEN
+       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+       OR current_setting('transaction_deferrable') <> 'off' THEN
         IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
            OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
                AND current_setting('transaction_timeout', true)::interval
-                   <= p_budget_ms * interval '1 millisecond') THEN
+                   <= p_budget_ms * interval '1 millisecond')
+           OR (current_setting('transaction_isolation') = 'serializable'
+               AND current_setting('transaction_read_only') = 'on'
+               AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
                 ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
                 MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                    THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                    THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
                     ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                     END;
         END IF;
@@ -528,6 +575,17 @@ SET search_path = pg_catalog, pg_temp
 SET lock_timeout = 0
 SET row_security = on
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_indexscan = on
+SET enable_bitmapscan = on
+SET enable_nestloop = on
+SET seq_page_cost = 1
+SET random_page_cost = 4
+SET cpu_tuple_cost = 0.01
+SET cpu_index_tuple_cost = 0.005
+SET cpu_operator_cost = 0.0025
+SET max_parallel_workers_per_gather = 0
+SET jit = off
 AS $$
 DECLARE
     v_switch pg_catalog.text;
@@ -553,18 +611,22 @@ BEGIN
     END IF;
     IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
        OR current_setting('statement_timeout') <> '0'
-       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0' THEN
+       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+       OR current_setting('transaction_deferrable') <> 'off' THEN
         IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
            OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
                AND current_setting('transaction_timeout', true)::interval
-                   <= p_budget_ms * interval '1 millisecond') THEN
+                   <= p_budget_ms * interval '1 millisecond')
+           OR (current_setting('transaction_isolation') = 'serializable'
+               AND current_setting('transaction_read_only') = 'on'
+               AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
                 ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
                 MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                    THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                    THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
                     ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                     END;
         END IF;
@@ -634,18 +696,34 @@ BEGIN
             pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
@@ -689,18 +767,34 @@ BEGIN
             pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
@@ -745,18 +839,34 @@ BEGIN
             pg_catalog.set_config('platformkit.system', 'on', true),
             pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;

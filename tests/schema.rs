@@ -585,11 +585,58 @@ fn every_procedure_begins_with_the_same_prologue() {
         "-- reader's prologue\n",
         "-- end of reader's prologue\n",
     );
+    let writer_pins = writer_pins(procedures[0]);
+    for pinned in [
+        ("synchronous_commit", "on"),
+        ("enable_seqscan", "off"),
+        ("enable_indexscan", "on"),
+        ("enable_bitmapscan", "on"),
+        ("enable_nestloop", "on"),
+        ("max_parallel_workers_per_gather", "0"),
+        ("jit", "off"),
+    ] {
+        assert!(
+            writer_pins.contains(&(pinned.0.to_owned(), pinned.1.to_owned())),
+            "the writers do not pin {pinned:?}"
+        );
+    }
     for reader in &readers {
         let name = reader.split('(').next().unwrap_or_default().trim();
         assert!(
             reader.contains("\nSET search_path = pg_catalog, pg_temp\n"),
             "{name} does not pin its search_path"
+        );
+        // The readers pin the writers' settings, but for the switch, the
+        // lock_timeout (set in the body) and synchronous_commit (they write
+        // nothing), to the same values.
+        let mut reader_pins: Vec<(String, String)> = reader
+            .lines()
+            .take_while(|line| !line.starts_with("AS $$"))
+            .filter_map(|line| line.strip_prefix("SET "))
+            .map(|set| {
+                let (setting, value) = set.split_once(" = ").expect("SET name = value");
+                (setting.to_owned(), value.to_owned())
+            })
+            .filter(|(setting, _)| setting != "lock_timeout")
+            .collect();
+        reader_pins.sort();
+        let mut expected: Vec<(String, String)> = writer_pins
+            .iter()
+            .filter(|(setting, _)| {
+                !["platformkit.system", "lock_timeout", "synchronous_commit"]
+                    .contains(&setting.as_str())
+            })
+            .map(|(setting, value)| {
+                (
+                    setting.clone(),
+                    value.replace("pg_catalog, pg_temp", "pg_catalog, pg_temp"),
+                )
+            })
+            .collect();
+        expected.sort();
+        assert_eq!(
+            reader_pins, expected,
+            "{name} pins other settings than the writers"
         );
         let body_end = reader.find("\nEND\n$$;").expect("the body's end");
         assert!(
@@ -683,4 +730,20 @@ fn unquoted(sql: &str) -> String {
         }
     }
     out
+}
+
+/// The settings a writer's prologue pins with `set_config(name, value,
+/// true)`, as `(name, value)`; the lock_timeout's value is the budget.
+fn writer_pins(procedure: &str) -> Vec<(String, String)> {
+    let from = procedure.find("-- prologue\n").expect("a prologue");
+    let to = procedure.find("-- end of prologue\n").expect("its end");
+    procedure[from..to]
+        .split("pg_catalog.set_config('")
+        .skip(1)
+        .map(|call| {
+            let (setting, rest) = call.split_once("', ").expect("set_config(name, value");
+            let value = rest.split(", true)").next().expect("is_local");
+            (setting.to_owned(), value.trim_matches('\'').to_owned())
+        })
+        .collect()
 }
