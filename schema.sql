@@ -67,8 +67,9 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
     window_start timestamptz NOT NULL,
     -- When the window closes. Limits have windows of different lengths, so
     -- the close cannot be derived from window_start alone; purge needs it to
-    -- find windows that closed more than a day ago, and the index below
-    -- serves exactly that.
+    -- know when a window may go (the column purge_after, added below, and
+    -- its index) and to find windows that end far ahead (the index on
+    -- window_end).
     window_end   timestamptz NOT NULL,
     -- Failures (or asks) counted in the window. Never negative; the
     -- limiter saturates instead of overflowing.
@@ -105,10 +106,45 @@ BEGIN
                 AND window_end - window_start <= interval '31622400 seconds')
             NOT VALID;
     END IF;
-    -- The purge scans by window_end.
+    -- The purge finds windows that end far ahead by window_end.
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
         CREATE INDEX platformkit_limits_window_end
             ON platformkit.platformkit_limits (window_end);
+    END IF;
+    -- The moment each window may go, in Unix seconds, for the purge: a day
+    -- after it closes, or a window's length after, whichever is later (a
+    -- sliding window still reads the window before the current one). A
+    -- window that breaks the window check may go a day after it closes.
+    -- Generated, so that every row has it however it was written; every
+    -- function in it is immutable (the time zone is named), and no stored
+    -- row can make it fail: the arithmetic is float8, where an infinite end
+    -- gives an infinite moment. A column of its own, not an index
+    -- expression: under row-level security only a leakproof comparison of a
+    -- column can bound an index scan, and purge's scan must be a range of
+    -- the index below, so that a batch costs what it deletes, not what the
+    -- table holds. Added to a table from before it by rewriting the table,
+    -- once.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid OPERATOR(pg_catalog.=) t
+          AND a.attname OPERATOR(pg_catalog.=) 'purge_after'
+          AND NOT a.attisdropped
+    ) THEN
+        ALTER TABLE platformkit.platformkit_limits
+            ADD COLUMN purge_after double precision GENERATED ALWAYS AS (
+                CASE WHEN pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) > 0
+                      AND pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) <= 31622400
+                THEN GREATEST(pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400,
+                              2 * pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                              - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)))
+                ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
+                END) STORED;
+    END IF;
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_after') IS NULL THEN
+        CREATE INDEX platformkit_limits_purge_after
+            ON platformkit.platformkit_limits (purge_after);
     END IF;
     IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
             FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
@@ -220,7 +256,7 @@ BEGIN
             pg_catalog.set_config('synchronous_commit', 'on', true),
             pg_catalog.set_config('enable_seqscan', 'off', true),
             pg_catalog.set_config('enable_indexscan', 'on', true),
-            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
             pg_catalog.set_config('enable_nestloop', 'on', true),
             pg_catalog.set_config('seq_page_cost', '1', true),
             pg_catalog.set_config('random_page_cost', '4', true),
@@ -325,7 +361,7 @@ BEGIN
             pg_catalog.set_config('synchronous_commit', 'on', true),
             pg_catalog.set_config('enable_seqscan', 'off', true),
             pg_catalog.set_config('enable_indexscan', 'on', true),
-            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
             pg_catalog.set_config('enable_nestloop', 'on', true),
             pg_catalog.set_config('seq_page_cost', '1', true),
             pg_catalog.set_config('random_page_cost', '4', true),
@@ -452,7 +488,7 @@ SET row_security = on
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_indexscan = on
-SET enable_bitmapscan = on
+SET enable_bitmapscan = off
 SET enable_nestloop = on
 SET seq_page_cost = 1
 SET random_page_cost = 4
@@ -577,7 +613,7 @@ SET row_security = on
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_indexscan = on
-SET enable_bitmapscan = on
+SET enable_bitmapscan = off
 SET enable_nestloop = on
 SET seq_page_cost = 1
 SET random_page_cost = 4
@@ -700,7 +736,7 @@ BEGIN
             pg_catalog.set_config('synchronous_commit', 'on', true),
             pg_catalog.set_config('enable_seqscan', 'off', true),
             pg_catalog.set_config('enable_indexscan', 'on', true),
-            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
             pg_catalog.set_config('enable_nestloop', 'on', true),
             pg_catalog.set_config('seq_page_cost', '1', true),
             pg_catalog.set_config('random_page_cost', '4', true),
@@ -771,7 +807,7 @@ BEGIN
             pg_catalog.set_config('synchronous_commit', 'on', true),
             pg_catalog.set_config('enable_seqscan', 'off', true),
             pg_catalog.set_config('enable_indexscan', 'on', true),
-            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
             pg_catalog.set_config('enable_nestloop', 'on', true),
             pg_catalog.set_config('seq_page_cost', '1', true),
             pg_catalog.set_config('random_page_cost', '4', true),
@@ -814,10 +850,14 @@ $$;
 -- Deletes at most p_batch rows whose window closed more than 24 hours ago
 -- and more than one window length ago (a sliding window still reads the
 -- window before the current one), skipping rows another transaction holds;
--- returns how many went. The test is done in epoch seconds (float8), which
--- cannot overflow or fail on any stored row. A row that breaks the window
--- check (one stored before the check existed: not finite, backwards, longer
--- than 366 days, or ending more than 367 days from now) is deleted.
+-- returns how many went. Both scans are index ranges (of purge_after, the
+-- moment a row may go, and of window_end), so a batch costs
+-- what it deletes, however many closed windows must still be kept. The test
+-- is done in epoch seconds (float8), which cannot overflow or fail on any
+-- stored row. A row that breaks the window check (one stored before the
+-- check existed: not finite, backwards or longer than 366 days) goes a day
+-- after it closes, and a row ending more than 367 days from now (a clock
+-- pinned far ahead, a direct insert, an infinite end) goes at once.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge(
     p_batch bigint, p_budget_ms bigint,
     INOUT o_deleted bigint DEFAULT NULL)
@@ -843,7 +883,7 @@ BEGIN
             pg_catalog.set_config('synchronous_commit', 'on', true),
             pg_catalog.set_config('enable_seqscan', 'off', true),
             pg_catalog.set_config('enable_indexscan', 'on', true),
-            pg_catalog.set_config('enable_bitmapscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
             pg_catalog.set_config('enable_nestloop', 'on', true),
             pg_catalog.set_config('seq_page_cost', '1', true),
             pg_catalog.set_config('random_page_cost', '4', true),
@@ -874,19 +914,23 @@ BEGIN
     IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    DELETE FROM platformkit.platformkit_limits AS l
-    USING (
+    WITH due AS (
+        -- A range of the index platformkit_limits_purge_after.
         SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
-        WHERE (d.window_end < statement_timestamp() - interval '24 hours'
-               OR d.window_end > statement_timestamp() + interval '31708800 seconds')
-          AND (NOT isfinite(d.window_start) OR NOT isfinite(d.window_end)
-               OR d.window_end <= d.window_start
-               OR date_part('epoch', d.window_end) - date_part('epoch', d.window_start) > 31622400
-               OR 2 * date_part('epoch', d.window_end) - date_part('epoch', d.window_start)
-                  < date_part('epoch', statement_timestamp()))
+        WHERE d.purge_after < date_part('epoch', statement_timestamp())
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
-    ) AS doomed
+    ), ahead AS (
+        -- Windows that end more than 367 days from now, which only a clock
+        -- pinned far ahead or a direct insert stores (an infinite end
+        -- included): a range of platformkit_limits_window_end.
+        SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
+        WHERE d.window_end > statement_timestamp() + interval '31708800 seconds'
+        LIMIT p_batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM platformkit.platformkit_limits AS l
+    USING (SELECT * FROM due UNION ALL SELECT * FROM ahead LIMIT p_batch) AS doomed
     WHERE l.key = doomed.key AND l.window_start = doomed.window_start;
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
     COMMIT;

@@ -388,7 +388,7 @@ pub async fn explained(db: &TestDb) -> (Arc<Mutex<Client>>, Plans) {
                 .batch_execute(
                     "GRANT SET ON PARAMETER session_preload_libraries,
                          auto_explain.log_min_duration, auto_explain.log_nested_statements,
-                         auto_explain.log_level
+                         auto_explain.log_level, auto_explain.log_analyze
                      TO limit_tenant",
                 )
                 .await
