@@ -3,8 +3,13 @@
 //! search_path, lock_timeout...) nor an object on its search_path, its own
 //! (a temporary table, a temporary domain of every type name the routines
 //! spell, operators in a schema ahead of pg_catalog) or a stranger's (an
-//! operator in a writable `public`). After each call the session's settings, search_path included,
-//! are as it left them.
+//! operator in a writable `public`). Nor can the settings of the session,
+//! the role or the database make the limiter slow enough to fail open
+//! (planner switches and costs, JIT, a wait for a safe snapshot) or relax a
+//! durable commit: each is pinned inside the routines or refused as
+//! `Misconfigured`, and every plan reaches the table by an index. After
+//! each call the session's settings, search_path included, are as it left
+//! them.
 //!
 //! The attacks on name lookup are those of the schema red-team report
 //! (section 3), run as the application's role, `limit_tenant`, on a clock
