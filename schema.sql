@@ -67,8 +67,9 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
     window_start timestamptz NOT NULL,
     -- When the window closes. Limits have windows of different lengths, so
     -- the close cannot be derived from window_start alone; purge needs it to
-    -- find windows that closed more than a day ago, and the index below
-    -- serves exactly that.
+    -- know when a window may go (the column purge_after, added below, and
+    -- its index) and to find windows that end far ahead (the index on
+    -- window_end).
     window_end   timestamptz NOT NULL,
     -- Failures (or asks) counted in the window. Never negative; the
     -- limiter saturates instead of overflowing.
@@ -105,10 +106,45 @@ BEGIN
                 AND window_end - window_start <= interval '31622400 seconds')
             NOT VALID;
     END IF;
-    -- The purge scans by window_end.
+    -- The purge finds windows that end far ahead by window_end.
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
         CREATE INDEX platformkit_limits_window_end
             ON platformkit.platformkit_limits (window_end);
+    END IF;
+    -- The moment each window may go, in Unix seconds, for the purge: a day
+    -- after it closes, or a window's length after, whichever is later (a
+    -- sliding window still reads the window before the current one). A
+    -- window that breaks the window check may go a day after it closes.
+    -- Generated, so that every row has it however it was written; every
+    -- function in it is immutable (the time zone is named), and no stored
+    -- row can make it fail: the arithmetic is float8, where an infinite end
+    -- gives an infinite moment. A column of its own, not an index
+    -- expression: under row-level security only a leakproof comparison of a
+    -- column can bound an index scan, and purge's scan must be a range of
+    -- the index below, so that a batch costs what it deletes, not what the
+    -- table holds. Added to a table from before it by rewriting the table,
+    -- once.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid OPERATOR(pg_catalog.=) t
+          AND a.attname OPERATOR(pg_catalog.=) 'purge_after'
+          AND NOT a.attisdropped
+    ) THEN
+        ALTER TABLE platformkit.platformkit_limits
+            ADD COLUMN purge_after double precision GENERATED ALWAYS AS (
+                CASE WHEN pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) > 0
+                      AND pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) <= 31622400
+                THEN GREATEST(pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400,
+                              2 * pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                              - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)))
+                ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
+                END) STORED;
+    END IF;
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_after') IS NULL THEN
+        CREATE INDEX platformkit_limits_purge_after
+            ON platformkit.platformkit_limits (purge_after);
     END IF;
     IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
             FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
@@ -214,20 +250,36 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
@@ -303,20 +355,36 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
@@ -418,6 +486,17 @@ SET search_path = pg_catalog, pg_temp
 SET lock_timeout = 0
 SET row_security = on
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_indexscan = on
+SET enable_bitmapscan = off
+SET enable_nestloop = on
+SET seq_page_cost = 1
+SET random_page_cost = 4
+SET cpu_tuple_cost = 0.01
+SET cpu_index_tuple_cost = 0.005
+SET cpu_operator_cost = 0.0025
+SET max_parallel_workers_per_gather = 0
+SET jit = off
 AS $$
 DECLARE
     v_switch pg_catalog.text;
@@ -441,18 +520,22 @@ BEGIN
     END IF;
     IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
        OR current_setting('statement_timeout') <> '0'
-       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0' THEN
+       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+       OR current_setting('transaction_deferrable') <> 'off' THEN
         IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
            OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
                AND current_setting('transaction_timeout', true)::interval
-                   <= p_budget_ms * interval '1 millisecond') THEN
+                   <= p_budget_ms * interval '1 millisecond')
+           OR (current_setting('transaction_isolation') = 'serializable'
+               AND current_setting('transaction_read_only') = 'on'
+               AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
                 ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
                 MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                    THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                    THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
                     ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                     END;
         END IF;
@@ -461,7 +544,7 @@ BEGIN
     -- Assigned rather than PERFORMed, here and where the switch is turned
     -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
     v_set := set_config('platformkit.system', 'on', true);
-    v_set := set_config('lock_timeout', p_budget_ms::text, true);
+    v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
     -- end of reader's prologue
     IF p_previous IS NULL
        OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
@@ -528,6 +611,17 @@ SET search_path = pg_catalog, pg_temp
 SET lock_timeout = 0
 SET row_security = on
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_indexscan = on
+SET enable_bitmapscan = off
+SET enable_nestloop = on
+SET seq_page_cost = 1
+SET random_page_cost = 4
+SET cpu_tuple_cost = 0.01
+SET cpu_index_tuple_cost = 0.005
+SET cpu_operator_cost = 0.0025
+SET max_parallel_workers_per_gather = 0
+SET jit = off
 AS $$
 DECLARE
     v_switch pg_catalog.text;
@@ -553,18 +647,22 @@ BEGIN
     END IF;
     IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
        OR current_setting('statement_timeout') <> '0'
-       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0' THEN
+       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+       OR current_setting('transaction_deferrable') <> 'off' THEN
         IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
            OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
                AND current_setting('transaction_timeout', true)::interval
-                   <= p_budget_ms * interval '1 millisecond') THEN
+                   <= p_budget_ms * interval '1 millisecond')
+           OR (current_setting('transaction_isolation') = 'serializable'
+               AND current_setting('transaction_read_only') = 'on'
+               AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
                 ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
                 MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                    THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                    THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
                     ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                     END;
         END IF;
@@ -573,7 +671,7 @@ BEGIN
     -- Assigned rather than PERFORMed, here and where the switch is turned
     -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
     v_set := set_config('platformkit.system', 'on', true);
-    v_set := set_config('lock_timeout', p_budget_ms::text, true);
+    v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
     -- end of reader's prologue
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
@@ -632,20 +730,36 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
@@ -687,20 +801,36 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
@@ -720,10 +850,14 @@ $$;
 -- Deletes at most p_batch rows whose window closed more than 24 hours ago
 -- and more than one window length ago (a sliding window still reads the
 -- window before the current one), skipping rows another transaction holds;
--- returns how many went. The test is done in epoch seconds (float8), which
--- cannot overflow or fail on any stored row. A row that breaks the window
--- check (one stored before the check existed: not finite, backwards, longer
--- than 366 days, or ending more than 367 days from now) is deleted.
+-- returns how many went. Both scans are index ranges (of purge_after, the
+-- moment a row may go, and of window_end), so a batch costs
+-- what it deletes, however many closed windows must still be kept. The test
+-- is done in epoch seconds (float8), which cannot overflow or fail on any
+-- stored row. A row that breaks the window check (one stored before the
+-- check existed: not finite, backwards or longer than 366 days) goes a day
+-- after it closes, and a row ending more than 367 days from now (a clock
+-- pinned far ahead, a direct insert, an infinite end) goes at once.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge(
     p_batch bigint, p_budget_ms bigint,
     INOUT o_deleted bigint DEFAULT NULL)
@@ -743,20 +877,36 @@ BEGIN
     SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
             pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::text, true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
             pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= make_interval(secs => p_budget_ms / 1000.0))
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0)) THEN
+               <= make_interval(secs => p_budget_ms / 1000.0))
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
             ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
             MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
-                THEN 'platformkit: the session''s statement_timeout or transaction_timeout is no longer than the limiter''s budget'
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
                 ELSE 'platformkit: p_budget_ms must be 1 to 60000'
                 END;
     END IF;
@@ -764,19 +914,23 @@ BEGIN
     IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    DELETE FROM platformkit.platformkit_limits AS l
-    USING (
+    WITH due AS (
+        -- A range of the index platformkit_limits_purge_after.
         SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
-        WHERE (d.window_end < statement_timestamp() - interval '24 hours'
-               OR d.window_end > statement_timestamp() + interval '31708800 seconds')
-          AND (NOT isfinite(d.window_start) OR NOT isfinite(d.window_end)
-               OR d.window_end <= d.window_start
-               OR date_part('epoch', d.window_end) - date_part('epoch', d.window_start) > 31622400
-               OR 2 * date_part('epoch', d.window_end) - date_part('epoch', d.window_start)
-                  < date_part('epoch', statement_timestamp()))
+        WHERE d.purge_after < date_part('epoch', statement_timestamp())
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
-    ) AS doomed
+    ), ahead AS (
+        -- Windows that end more than 367 days from now, which only a clock
+        -- pinned far ahead or a direct insert stores (an infinite end
+        -- included): a range of platformkit_limits_window_end.
+        SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
+        WHERE d.window_end > statement_timestamp() + interval '31708800 seconds'
+        LIMIT p_batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM platformkit.platformkit_limits AS l
+    USING (SELECT * FROM due UNION ALL SELECT * FROM ahead LIMIT p_batch) AS doomed
     WHERE l.key = doomed.key AND l.window_start = doomed.window_start;
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
     COMMIT;

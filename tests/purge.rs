@@ -1,7 +1,8 @@
 //! The purge drops exactly the windows that closed more than a day ago,
 //! works through more rows than one batch (and stops after exactly one),
 //! skips a row a call holds instead of waiting for it, and, run in the
-//! middle of writes, loses no count of an open window.
+//! middle of writes, loses no count of an open window; each batch reads
+//! only the rows it deletes, and a window ending far ahead goes at once.
 
 mod common;
 
@@ -10,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::db::{Pool, as_system, counts_by_key, fresh_db, lock_row, stored, stored_rows};
+use common::db::{
+    Pool, as_system, counts_by_key, explained, fresh_db, lend, lock_row, stored, stored_rows,
+};
 use common::{PATIENT, assert_counted, limit};
 use platformkit_limit::{Key, Limiter, Postgres, PurgeTask, purge};
 use tokio::time::{Instant, sleep};
@@ -231,4 +234,113 @@ async fn purge_under_load_loses_no_open_counts() {
         "an open window's count differs from the calls made on it: \
          stored {open:?}, made {expected:?}"
     );
+}
+
+/// The purge's scan of the table, from the plan of its DELETE: the line of
+/// the node that reads `index`, with its actual rows.
+fn scan_of(plan: &str, index: &str) -> String {
+    plan.lines()
+        .find(|line| line.contains(&format!("Index Scan using {index} on platformkit_limits")))
+        .unwrap_or_else(|| panic!("the purge does not scan {index}:\n{plan}"))
+        .to_owned()
+}
+
+/// Weekly windows closed more than a day ago but less than a week ago must
+/// be kept (a sliding window still reads them); comparing in epoch seconds
+/// made the planner read every closed window on every batch, 2 s a batch
+/// with nothing to delete over 2 M of them, and past the batch's budget
+/// purge would never finish. Now the purge reads a range of the index on
+/// the moment each row may go: each batch reads the rows it deletes and no
+/// other, whatever the table holds (shown by the plan's actual rows, as
+/// the limiter's role runs it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_reads_only_the_rows_it_deletes_however_many_closed_windows_it_keeps() {
+    let db = fresh_db().await;
+    let mut system = db.connect().await;
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT 'reset|' || g, e - interval '7 days', e, 1
+         FROM (SELECT g, now() - interval '25 hours' - (g % 5000) * interval '1 minute' AS e
+               FROM generate_series(1, 20000) AS g) AS weekly",
+        &[],
+    )
+    .await;
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT 'old|' || g, now() - interval '2 days 1 minute', now() - interval '2 days', 1
+         FROM generate_series(1, 30) AS g",
+        &[],
+    )
+    .await;
+    system
+        .batch_execute("ANALYZE platformkit.platformkit_limits")
+        .await
+        .unwrap();
+
+    let (held, plans) = explained(&db).await;
+    held.lock()
+        .await
+        .batch_execute("SET auto_explain.log_analyze = on")
+        .await
+        .unwrap();
+    for expected in [30, 0] {
+        plans.lock().unwrap().clear();
+        assert_eq!(purge(&lend(Arc::clone(&held))).await.unwrap(), expected);
+        let plans = plans.lock().unwrap();
+        let delete = plans
+            .iter()
+            .find(|plan| plan.contains("Delete on platformkit_limits"))
+            .expect("the plan of the purge's DELETE");
+        assert!(
+            !delete.contains("Seq Scan") && !delete.contains("Rows Removed by Filter"),
+            "the purge read rows it did not delete:\n{delete}"
+        );
+        let due = scan_of(delete, "platformkit_limits_purge_after");
+        assert!(
+            due.contains(&format!(" rows={expected} loops=1)")),
+            "the purge read other rows than the {expected} it deleted: {due}"
+        );
+        let ahead = scan_of(delete, "platformkit_limits_window_end");
+        assert!(ahead.contains(" rows=0 loops=1)"), "{ahead}");
+    }
+    assert_eq!(stored_rows(&db).await.len(), 20_000);
+}
+
+/// A window that ends far ahead, stored through the procedure with a clock
+/// pinned in 2199 or 2150 (inside the bounds the Rust side allows) or by a
+/// direct insert, was never deleted: purge also asked that it had closed.
+/// Now a row that ends more than 367 days from now goes at the next purge,
+/// and an open window stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_that_end_far_ahead_are_purged_at_once() {
+    let db = fresh_db().await;
+    let tenant = db.connect_tenant().await;
+    for (key, at, window) in [
+        ("far|2199", "2199-12-31 00:00:00+00", 31_622_400),
+        ("far|2150", "2150-06-01 00:00:00+00", 60),
+        ("open|now", "now", 3_600),
+    ] {
+        tenant
+            .batch_execute(&format!(
+                "CALL platformkit.platformkit_limit_add(p_key => '{key}', p_add => 1, \
+                 p_window_secs => {window}, p_at => '{at}', p_budget_ms => 2000, \
+                 p_relaxed => false, p_previous => false, p_max => 5, p_lockout_secs => 0)"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e:?}"));
+    }
+    let mut system = db.connect().await;
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         VALUES ('far|insert', '2199-01-01 00:00:00+00', '2199-01-01 00:01:00+00', 1)",
+        &[],
+    )
+    .await;
+
+    assert_eq!(purge(&db.tenant_config()).await.unwrap(), 3);
+    let left: Vec<String> = stored_rows(&db).await.into_iter().map(|r| r.0).collect();
+    assert_eq!(left, ["open|now"]);
 }

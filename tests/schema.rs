@@ -585,11 +585,53 @@ fn every_procedure_begins_with_the_same_prologue() {
         "-- reader's prologue\n",
         "-- end of reader's prologue\n",
     );
+    let writer_pins = writer_pins(procedures[0]);
+    for pinned in [
+        ("synchronous_commit", "on"),
+        ("enable_seqscan", "off"),
+        ("enable_indexscan", "on"),
+        ("enable_bitmapscan", "off"),
+        ("enable_nestloop", "on"),
+        ("max_parallel_workers_per_gather", "0"),
+        ("jit", "off"),
+    ] {
+        assert!(
+            writer_pins.contains(&(pinned.0.to_owned(), pinned.1.to_owned())),
+            "the writers do not pin {pinned:?}"
+        );
+    }
     for reader in &readers {
         let name = reader.split('(').next().unwrap_or_default().trim();
         assert!(
             reader.contains("\nSET search_path = pg_catalog, pg_temp\n"),
             "{name} does not pin its search_path"
+        );
+        // The readers pin the writers' settings, but for the switch, the
+        // lock_timeout (set in the body) and synchronous_commit (they write
+        // nothing), to the same values.
+        let mut reader_pins: Vec<(String, String)> = reader
+            .lines()
+            .take_while(|line| !line.starts_with("AS $$"))
+            .filter_map(|line| line.strip_prefix("SET "))
+            .map(|set| {
+                let (setting, value) = set.split_once(" = ").expect("SET name = value");
+                (setting.to_owned(), value.to_owned())
+            })
+            .filter(|(setting, _)| setting != "lock_timeout")
+            .collect();
+        reader_pins.sort();
+        let mut expected: Vec<(String, String)> = writer_pins
+            .iter()
+            .filter(|(setting, _)| {
+                !["platformkit.system", "lock_timeout", "synchronous_commit"]
+                    .contains(&setting.as_str())
+            })
+            .cloned()
+            .collect();
+        expected.sort();
+        assert_eq!(
+            reader_pins, expected,
+            "{name} pins other settings than the writers"
         );
         let body_end = reader.find("\nEND\n$$;").expect("the body's end");
         assert!(
@@ -622,4 +664,149 @@ fn same_prologue(routines: &[&str], start: &str, end: &str) {
             "{name} has a DECLARE initialiser, run before the search_path is pinned"
         );
     }
+}
+
+/// Until its search_path is pinned, a writer's prologue is parsed under
+/// the caller's: a type, function or operator it spelled without its schema
+/// would be whatever the caller's `pg_temp` or an earlier schema holds (a
+/// temporary domain `text` once ran the caller's code inside the limiter's
+/// transaction). So every cast, type and function up to the end of the
+/// statement that pins it names `pg_catalog`, and no operator is used.
+#[test]
+fn the_prologue_names_every_builtin_with_its_schema_until_it_pins_the_search_path() {
+    for procedure in SCHEMA.split("CREATE OR REPLACE PROCEDURE").skip(1) {
+        let name = procedure.split('(').next().unwrap_or_default().trim();
+        let from = procedure.find("-- prologue\n").expect("a prologue");
+        let pin = procedure.find("set_config('search_path'").expect("the pin");
+        let to = pin + procedure[pin..].find(';').expect("the pin's end");
+        let before = unquoted(&procedure[from..to]);
+        for (at, _) in before.match_indices("::") {
+            assert!(
+                before[at + 2..].starts_with("pg_catalog."),
+                "{name}: a cast to a type without its schema: {}",
+                &before[at..(at + 30).min(before.len())]
+            );
+        }
+        for (at, _) in before.match_indices('(') {
+            let word: String = before[..at]
+                .chars()
+                .rev()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            assert!(
+                word.is_empty() || word.starts_with("pg_catalog."),
+                "{name}: the function {word} without its schema"
+            );
+        }
+        let operators = before
+            .replace("ERRCODE =", "")
+            .replace("MESSAGE =", "")
+            .replace("--", "");
+        assert!(
+            !operators.contains(['<', '>', '=', '+', '-', '*', '/', '~', '!', '|', '&', '%']),
+            "{name}: an operator before the search_path is pinned"
+        );
+    }
+}
+
+/// `sql` with the text of every string literal blanked.
+fn unquoted(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    for c in sql.chars() {
+        if c == '\'' {
+            quoted = !quoted;
+            out.push(c);
+        } else {
+            out.push(if quoted { ' ' } else { c });
+        }
+    }
+    out
+}
+
+/// The settings a writer's prologue pins with `set_config(name, value,
+/// true)`, as `(name, value)`; the lock_timeout's value is the budget.
+fn writer_pins(procedure: &str) -> Vec<(String, String)> {
+    let from = procedure.find("-- prologue\n").expect("a prologue");
+    let to = procedure.find("-- end of prologue\n").expect("its end");
+    procedure[from..to]
+        .split("pg_catalog.set_config('")
+        .skip(1)
+        .map(|call| {
+            let (setting, rest) = call.split_once("', ").expect("set_config(name, value");
+            let value = rest.split(", true)").next().expect("is_local");
+            (setting.to_owned(), value.trim_matches('\'').to_owned())
+        })
+        .collect()
+}
+
+/// An install from before the column `purge_after` (the moment each window
+/// may go, which purge's index ranges over) gets it on re-applying the
+/// schema, computed for every row already stored, with its index, and the
+/// table stays under FORCE ROW LEVEL SECURITY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_over_an_install_without_purge_after_adds_it_to_every_row() {
+    let db = Server::shared().database(SCHEMA).await;
+    let mut owner = db.connect().await;
+    owner
+        .batch_execute(
+            "DROP INDEX platformkit.platformkit_limits_purge_after;
+             ALTER TABLE platformkit.platformkit_limits DROP COLUMN purge_after;",
+        )
+        .await
+        .unwrap();
+    let tx = owner.transaction().await.unwrap();
+    tx.batch_execute(
+        "SET LOCAL platformkit.system = 'on';
+         INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count) VALUES
+           ('login|open', now() - interval '1 minute', now() + interval '1 hour', 4),
+           ('login|closed', now() - interval '3 days', now() - interval '3 days' + interval '60 s', 2),
+           ('weekly|kept', now() - interval '8 days', now() - interval '1 day 1 hour', 1);",
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let indexes = texts(
+        &owner,
+        "SELECT indexrelid::regclass::text FROM pg_catalog.pg_index
+         WHERE indrelid = 'platformkit.platformkit_limits'::regclass ORDER BY 1",
+    )
+    .await;
+    assert_eq!(
+        indexes,
+        [
+            "platformkit.platformkit_limits_pkey",
+            "platformkit.platformkit_limits_purge_after",
+            "platformkit.platformkit_limits_window_end",
+        ]
+    );
+    let forced = texts(
+        &owner,
+        "SELECT (relrowsecurity AND relforcerowsecurity)::text FROM pg_catalog.pg_class
+         WHERE oid = 'platformkit.platformkit_limits'::regclass",
+    )
+    .await;
+    assert_eq!(forced, ["true"]);
+    let tx = owner.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL platformkit.system = 'on'")
+        .await
+        .unwrap();
+    let missing: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM platformkit.platformkit_limits WHERE purge_after IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    tx.commit().await.unwrap();
+    assert_eq!(missing, 0, "rows without the moment they may go");
+    assert_eq!(purge(&db.config()).await.unwrap(), 1, "the closed minute");
+    let kept: Vec<String> = keys(&mut owner).await.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(kept, ["login|open", "weekly|kept"]);
 }

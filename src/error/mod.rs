@@ -63,7 +63,7 @@ pub struct Error(Inner);
 /// | `55P03` | lock_not_available | LockTimeout |
 /// | `2D000` | invalid_transaction_termination | InTransaction |
 /// | `25P02` | in_failed_sql_transaction | InTransaction |
-/// | `PK001` | the session's timeout is shorter than the budget | Misconfigured |
+/// | `PK001` | a session setting the limiter refuses | Misconfigured |
 /// | `22023` | invalid_parameter_value | Query |
 ///
 /// `25006` is what a hot standby answers: the primary is not where the
@@ -97,9 +97,11 @@ pub enum ErrorKind {
     Query,
     /// No connection could be had for a reason an outage does not explain
     /// (an invalid configuration, bad credentials, a database that does not
-    /// exist), or the session's `statement_timeout` (or
-    /// `transaction_timeout`) is shorter than the budget. A misconfiguration,
-    /// never a silent allow.
+    /// exist), or a setting of the session the limiter refuses (SQLSTATE
+    /// PK001): a `statement_timeout` or `transaction_timeout` no longer than
+    /// the budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a
+    /// read-only transaction on a primary. A misconfiguration, never a
+    /// silent allow.
     Misconfigured,
     /// The connection source handed over a connection that was inside a
     /// transaction of the caller's. The limiter never commits a caller's
@@ -203,8 +205,8 @@ pub(crate) enum Inner {
     },
 
     #[snafu(display(
-        "{operation}: the session's statement_timeout or transaction_timeout is shorter \
-         than the limiter's budget"
+        "{operation}: a setting of the session would stop or hold the limiter's call \
+         (a timeout no longer than its budget, or a read-only or deferrable transaction)"
     ))]
     SessionTimeout {
         operation: Operation,

@@ -27,7 +27,7 @@ pub(super) const SQLSTATES: &[(&str, &str, Class)] = &[
     ("25P02", "in_failed_sql_transaction", Class::InTransaction),
     (
         "PK001",
-        "the session's timeout is shorter than the budget",
+        "a session setting the limiter refuses",
         Class::Misconfigured,
     ),
     ("22023", "invalid_parameter_value", Class::Refused),

@@ -366,3 +366,93 @@ pub fn refused<T: std::fmt::Debug>(
         .unwrap_or_else(|| panic!("{what}: not an answer from the server: {err:?}"));
     (db.code().clone(), db.message().to_owned())
 }
+
+/// The plans a session sent back, each the text of one NOTICE.
+pub type Plans = Arc<std::sync::Mutex<Vec<String>>>;
+
+/// The settings [`explained`] has `limit_tenant` set, granted once per
+/// server (PostgreSQL 15's `GRANT SET ON PARAMETER`).
+static EXPLAIN_GRANTED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+/// A session of the limiter's role, `limit_tenant`, in which every
+/// statement, those the limiter's routines run included, sends its plan
+/// back as a NOTICE (`auto_explain` at level NOTICE), and the plans it has
+/// sent. The superuser grants the role the settings this takes and preloads
+/// `auto_explain` for the role's sessions in this database only; the
+/// session sets them itself, as an ordinary role may once granted.
+pub async fn explained(db: &TestDb) -> (Arc<Mutex<Client>>, Plans) {
+    let admin = db.connect_admin().await;
+    EXPLAIN_GRANTED
+        .get_or_init(|| async {
+            admin
+                .batch_execute(
+                    "GRANT SET ON PARAMETER session_preload_libraries,
+                         auto_explain.log_min_duration, auto_explain.log_nested_statements,
+                         auto_explain.log_level, auto_explain.log_analyze
+                     TO limit_tenant",
+                )
+                .await
+                .expect("granting limit_tenant auto_explain's settings");
+        })
+        .await;
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE limit_tenant IN DATABASE \"{}\" SET session_preload_libraries = 'auto_explain'",
+            db.name()
+        ))
+        .await
+        .expect("preloading auto_explain");
+    let (client, mut connection) = db
+        .tenant_config()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connecting as limit_tenant");
+    let plans = Plans::default();
+    let sent = Arc::clone(&plans);
+    tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(tokio_postgres::AsyncMessage::Notice(notice)) => {
+                    if notice.message().contains("plan:") {
+                        sent.lock().unwrap().push(notice.message().to_owned());
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    client
+        .batch_execute(
+            "SET auto_explain.log_min_duration = 0;
+             SET auto_explain.log_nested_statements = on;
+             SET auto_explain.log_level = notice;",
+        )
+        .await
+        .expect("turning auto_explain on");
+    (Arc::new(Mutex::new(client)), plans)
+}
+
+/// Asserts that the plans sent so far reached the limiter's table, and
+/// only through an index: no sequential scan of it, no JIT compilation and
+/// no parallel workers in any of them.
+#[track_caller]
+pub fn assert_index_plans(plans: &Plans, what: &str) {
+    let plans = plans.lock().unwrap();
+    let table: Vec<&String> = plans
+        .iter()
+        .filter(|plan| plan.contains(" on platformkit_limits"))
+        .collect();
+    assert!(!table.is_empty(), "{what}: no plan reached the table");
+    for plan in table {
+        assert!(
+            !plan.contains("Seq Scan on platformkit_limits"),
+            "{what}: a sequential scan of the table:\n{plan}"
+        );
+        assert!(
+            !plan.contains("JIT:"),
+            "{what}: a JIT-compiled plan:\n{plan}"
+        );
+        assert!(!plan.contains("Gather"), "{what}: a parallel plan:\n{plan}");
+    }
+}
