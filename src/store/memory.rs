@@ -18,11 +18,11 @@ use crate::{Error, Limit, ManualClock, Strategy};
 /// replicas give three limits, and every deploy or restart resets them. That
 /// is exactly the failure a limit in the database exists to prevent. It also
 /// keeps every window it has seen (nothing purges it; the limiter's own
-/// local count, for [`WhenUnreachable::CountLocally`], is bounded: see the
-/// guide's [fail-open](crate::guide#fail-open) section).
-///
-/// [`WhenUnreachable::CountLocally`]: crate::WhenUnreachable::CountLocally The tests hold it to
-/// agree with `Postgres`, verdict for verdict.
+/// local count, for
+/// [`WhenUnreachable::CountLocally`](crate::WhenUnreachable::CountLocally),
+/// is bounded: see the guide's [fail-open](crate::guide#fail-open)
+/// section). The tests hold it to agree with `Postgres`, verdict for
+/// verdict.
 ///
 /// ```
 /// use platformkit_limit::{Key, Limit, Limiter, Memory};
