@@ -39,8 +39,10 @@ use crate::error::{Reading, misconfigured_code};
 /// Like every connection, it must be idle when lent; one inside a
 /// transaction is an [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction)
 /// error, and that transaction is rolled back. sqlx cannot cancel a
-/// statement on the server: see the guide's
-/// [drivers](crate::guide#drivers) section.
+/// statement on the server, and a call given up (at its budget, or dropped)
+/// leaves its `CALL`'s answer owed on the connection: the limiter's next
+/// call reads it first, the service's own next query would not. See the
+/// guide's [drivers](crate::guide#drivers) section.
 ///
 /// Lend a connection the service holds, one call at a time:
 ///
