@@ -72,8 +72,11 @@ const DIGEST_SUFFIX_BYTES: usize = 1 + 64;
 ///
 /// A key reads at most [`Key::MAX_INPUT_CHARS`] characters of its input
 /// (of the parts together, each `|` between them counted as one; of an
-/// address or a name, after its leading white space), so no input, however
-/// long, costs more than that prefix. An input with more is *cut*: its key
+/// address or a name, after its leading white space), so normalizing and
+/// encoding cost what that prefix costs, however long the input; past it,
+/// [`Key::email`] and [`Key::username`] only step over the white space at
+/// either end (one test a character, nothing allocated), to trim it as
+/// before. An input with more is *cut*: its key
 /// is the digest form above, always, over the encoding of what was read
 /// followed by a NUL byte (which no encoding contains), so it is never the
 /// key of an input that was not cut. Two inputs cut alike, the same first
@@ -81,8 +84,9 @@ const DIGEST_SUFFIX_BYTES: usize = 1 + 64;
 /// space after the prefix and nothing else is no cut: [`Key::email`] and
 /// [`Key::username`] trim it, as they trim any input.
 ///
-/// Every key that is not digested, and every input of at most
-/// [`Key::MAX_INPUT_CHARS`] characters, is the key it was before the bound:
+/// Every input within the bound (at most [`Key::MAX_INPUT_CHARS`]
+/// characters, counted as above) has the key it had before the bound, and
+/// so does every input whose key was not digested:
 ///
 /// - [`Key::new`] and [`Key::opaque`] write at least one byte per character,
 ///   so an input past the bound is over [`Key::MAX_BYTES`] and was digested
