@@ -78,8 +78,14 @@ pub fn identity_normalization(data: &[u8]) {
         once,
         "normalization is idempotent"
     );
-    assert_eq!(Key::email(&input), Key::email(&once));
-    assert_eq!(Key::username(&input), Key::username(&once));
+    // Past the bound a key is of the first characters it read, so the key of
+    // the normalized form is the input's only while neither is cut.
+    if input.trim().chars().count() <= Key::MAX_INPUT_CHARS
+        && once.chars().count() <= Key::MAX_INPUT_CHARS
+    {
+        assert_eq!(Key::email(&input), Key::email(&once));
+        assert_eq!(Key::username(&input), Key::username(&once));
+    }
     let flipped: String = input
         .chars()
         .map(|c| {

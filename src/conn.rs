@@ -26,7 +26,10 @@ use crate::error::BoxError;
 /// connection is handed back (sqlx cannot cancel). Should the budget run out
 /// anyway, the limiter's own `CALL` may still be running on it, and the next
 /// statement on the connection waits for it (at most the `lock_timeout` the
-/// call carried, plus the statement's own work). A connection handed over
+/// call carried, plus the statement's own work); what it ends with is the
+/// abandoned call's, never the next call's (see the guide's
+/// [drivers](crate::guide#drivers) section for a connection the service
+/// holds under sqlx). A connection handed over
 /// inside a transaction is an
 /// [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction) error, and
 /// that transaction is rolled back, never committed.

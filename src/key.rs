@@ -68,6 +68,44 @@ const DIGEST_SUFFIX_BYTES: usize = 1 + 64;
 /// The limiter puts the limit's name in front (`name|…`), so the same key
 /// under two limits is two counters.
 ///
+/// # Bounded work
+///
+/// A key reads at most [`Key::MAX_INPUT_CHARS`] characters of its input
+/// (of the parts together, each `|` between them counted as one; of an
+/// address or a name, after its leading white space), so normalizing and
+/// encoding cost what that prefix costs, however long the input; past it,
+/// [`Key::email`] and [`Key::username`] only step over the white space at
+/// either end (one test a character, nothing allocated), to trim it as
+/// before. An input with more is *cut*: its key
+/// is the digest form above, always, over the encoding of what was read
+/// followed by a NUL byte (which no encoding contains), so it is never the
+/// key of an input that was not cut. Two inputs cut alike, the same first
+/// [`Key::MAX_INPUT_CHARS`] characters, are one key whatever follows. White
+/// space after the prefix and nothing else is no cut: [`Key::email`] and
+/// [`Key::username`] trim it, as they trim any input.
+///
+/// Every input within the bound (at most [`Key::MAX_INPUT_CHARS`]
+/// characters, counted as above) has the key it had before the bound, and
+/// so does every input whose key was not digested:
+///
+/// - [`Key::new`] and [`Key::opaque`] write at least one byte per character,
+///   so an input past the bound is over [`Key::MAX_BYTES`] and was digested
+///   already.
+/// - [`Key::email`] and [`Key::username`] normalize, and normalization can
+///   shorten: canonical composition puts up to 4 characters into one (the
+///   longest canonical decomposition, as of `U+1F82`), and NFKC, case
+///   folding and the repeated rounds compose no further than that, since
+///   neither lowers the number of characters of the full compatibility
+///   decomposition. So an address of `n` characters normalizes to at least
+///   `(n - 288) / 4` characters (288: what the trims of the at most 8 rounds
+///   can take, at most 18 characters at each end a round), and one of more
+///   than 1064 characters to more than the 194 bytes an undigested
+///   `email|…` key has room for. The bound, 1600, leaves a margin over that.
+/// - The cost of the prefix is bounded too: NFKC expands a character to at
+///   most 18 (`U+FDFA`), and full case folding to at most 3.
+///
+/// The tests check each of these factors over every Unicode scalar value.
+///
 /// **The encoding is part of the stored data.** Changing it changes every
 /// stored key, which silently resets every counter on deploy; the golden
 /// vectors in the tests pin it.
@@ -80,10 +118,17 @@ impl Key {
     /// The longest encoded key, in bytes (without the limit's name).
     pub const MAX_BYTES: usize = 200;
 
+    /// The most characters of its input a key reads: 1600, eight times
+    /// [`Key::MAX_BYTES`]. Past it, the key is digested from what was read
+    /// (see [bounded work](Key#bounded-work)).
+    pub const MAX_INPUT_CHARS: usize = 8 * Key::MAX_BYTES;
+
     /// A key made of `parts`, in order.
     ///
     /// Any string is accepted as a part, including empty ones and ones with
-    /// NUL, control characters or the separator.
+    /// NUL, control characters or the separator. At most
+    /// [`Key::MAX_INPUT_CHARS`] characters of the parts are read
+    /// ([bounded work](Key#bounded-work)).
     ///
     /// # Errors
     ///
@@ -94,24 +139,19 @@ impl Key {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut encoded = String::new();
-        let mut any = false;
+        let mut encoder = Encoder::default();
         for part in parts {
-            if any {
-                encoded.push('|');
+            if !encoder.read(part.as_ref()) {
+                break;
             }
-            any = true;
-            escape_into(part.as_ref(), &mut encoded);
         }
         ensure!(
-            any,
+            encoder.parts > 0,
             InvalidKeySnafu {
                 reason: "a key needs at least one part"
             }
         );
-        Ok(Key {
-            encoded: bound(encoded).into_boxed_str(),
-        })
+        Ok(encoder.finish(false))
     }
 
     /// An opaque identifier used exactly as given (no trimming, no case
@@ -122,7 +162,10 @@ impl Key {
     /// assert_eq!(Key::opaque("Order-7").as_str(), "id|Order-7");
     /// ```
     pub fn opaque(id: &str) -> Self {
-        Self::from_two("id", id)
+        let mut encoder = Encoder::default();
+        encoder.read("id");
+        encoder.read(id);
+        encoder.finish(false)
     }
 
     /// An email address, normalized so that one mailbox's spellings are one
@@ -150,7 +193,7 @@ impl Key {
     /// assert_ne!(Key::email("alice+x@example.com"), Key::email("alice@example.com"));
     /// ```
     pub fn email(address: &str) -> Self {
-        Self::from_two("email", &normalize_identity(address))
+        Self::normalized("email", address)
     }
 
     /// A username, normalized as [`Key::email`] normalizes an address:
@@ -163,7 +206,7 @@ impl Key {
     /// assert_eq!(Key::username("ﬁona").as_str(), "user|fiona");
     /// ```
     pub fn username(name: &str) -> Self {
-        Self::from_two("user", &normalize_identity(name))
+        Self::normalized("user", name)
     }
 
     /// An IP address, grouped the way one attacker holds addresses: an IPv4
@@ -216,8 +259,24 @@ impl Key {
         Ok(Self::from_two("ip", &text))
     }
 
+    /// `kind|<subject>`, the subject read whole: an address, a network.
     fn from_two(kind: &str, subject: &str) -> Self {
-        Self::new([kind, subject]).expect("two parts are never empty")
+        let mut encoder = Encoder::default();
+        encoder.whole(kind);
+        encoder.whole(subject);
+        encoder.finish(false)
+    }
+
+    /// `kind|<the normalized input>`, normalizing at most
+    /// [`Key::MAX_INPUT_CHARS`] characters of the input after its leading
+    /// white space; cut when anything but white space follows them.
+    fn normalized(kind: &str, input: &str) -> Self {
+        let (head, rest, _) = take_chars(input.trim_start(), Key::MAX_INPUT_CHARS);
+        let cut = !rest.trim_end().is_empty();
+        let mut encoder = Encoder::default();
+        encoder.whole(kind);
+        encoder.whole(&normalize_identity(head));
+        encoder.finish(cut)
     }
 
     /// The encoded key, as stored (without the limit's name).
@@ -261,6 +320,84 @@ pub fn normalize_identity(input: &str) -> String {
     current
 }
 
+/// A key being written: the encoding so far and what is left of the budget
+/// of input characters.
+struct Encoder {
+    encoded: String,
+    parts: usize,
+    /// Input characters that may still be read.
+    left: usize,
+    /// Whether input was left unread.
+    cut: bool,
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Encoder {
+            encoded: String::new(),
+            parts: 0,
+            left: Key::MAX_INPUT_CHARS,
+            cut: false,
+        }
+    }
+}
+
+impl Encoder {
+    /// Adds `part`, reading no more of it than the budget leaves (its `|`
+    /// counts as one character); `false` once input is left unread, when
+    /// nothing more is read.
+    fn read(&mut self, part: &str) -> bool {
+        if self.cut {
+            return false;
+        }
+        if self.parts > 0 {
+            if self.left == 0 {
+                self.cut = true;
+                return false;
+            }
+            self.left -= 1;
+            self.encoded.push('|');
+        }
+        self.parts += 1;
+        let (head, rest, read) = take_chars(part, self.left);
+        self.left -= read;
+        escape_into(head, &mut self.encoded);
+        self.cut = !rest.is_empty();
+        !self.cut
+    }
+
+    /// Adds `part` whole: one already bounded (a kind, a normalized prefix,
+    /// an address).
+    fn whole(&mut self, part: &str) {
+        if self.parts > 0 {
+            self.encoded.push('|');
+        }
+        self.parts += 1;
+        escape_into(part, &mut self.encoded);
+    }
+
+    /// The key, digested when it is too long or its input was cut (here, or
+    /// as `cut` says, before normalizing).
+    fn finish(self, cut: bool) -> Key {
+        Key {
+            encoded: bound(self.encoded, self.cut || cut).into_boxed_str(),
+        }
+    }
+}
+
+/// At most the first `n` characters of `s`, the rest, and how many
+/// characters the first part has; reads no further than character `n + 1`.
+fn take_chars(s: &str, n: usize) -> (&str, &str, usize) {
+    let mut read = 0;
+    for (i, _) in s.char_indices() {
+        if read == n {
+            return (&s[..i], &s[i..], read);
+        }
+        read += 1;
+    }
+    (s, "", read)
+}
+
 /// Escapes one part onto `out` (see the module docs).
 fn escape_into(part: &str, out: &mut String) {
     for c in part.chars() {
@@ -280,12 +417,19 @@ fn escape_into(part: &str, out: &mut String) {
     }
 }
 
-/// Cuts an encoding longer than [`Key::MAX_BYTES`] to a prefix and a digest.
-fn bound(encoded: String) -> String {
-    if encoded.len() <= Key::MAX_BYTES {
+/// Cuts an encoding longer than [`Key::MAX_BYTES`] to a prefix and a digest;
+/// the encoding of a cut input always, its digest over the encoding and a
+/// NUL byte.
+fn bound(encoded: String, cut: bool) -> String {
+    if encoded.len() <= Key::MAX_BYTES && !cut {
         return encoded;
     }
-    let digest = Sha256::digest(encoded.as_bytes());
+    let mut hasher = Sha256::new();
+    hasher.update(encoded.as_bytes());
+    if cut {
+        hasher.update([0]);
+    }
+    let digest = hasher.finalize();
     let cut = prefix_end(&encoded, Key::MAX_BYTES - DIGEST_SUFFIX_BYTES);
     let mut out = String::with_capacity(Key::MAX_BYTES);
     out.push_str(&encoded[..cut]);

@@ -73,7 +73,7 @@ pub enum Strategy {
 /// |---|---|---|
 /// | `Allow` (default) | allowed, not counted | whoever can make the database unreachable gets unlimited attempts while it lasts |
 /// | `Refuse` | refused, with no `retry_after` (answer 503) | whoever can make the database unreachable locks everyone out of the route (fail-closed) |
-/// | `CountLocally` | decided by a count in this process, the same limit per replica: the same arithmetic as the store, on the store's clock as this process sees it, bounded as `purge` bounds the table | N replicas allow up to N × max while it lasts; counts made meanwhile are not in the database afterwards |
+/// | `CountLocally` | decided by a count in this process, the same limit per replica: the same arithmetic as the store, on the store's clock as this process sees it, for at most [`Limiter::DEFAULT_LOCAL_KEYS`](crate::Limiter::DEFAULT_LOCAL_KEYS) keys ([`LimiterBuilder::local_keys`](crate::LimiterBuilder::local_keys)); a key it has no room for is refused, as `Refuse` | N replicas allow up to N × max while it lasts; counts made meanwhile are not in the database afterwards; past the bound, new keys are locked out until old ones' windows close |
 ///
 /// See [fail-open](crate::guide#fail-open) for what counts as unreachable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -86,7 +86,9 @@ pub enum WhenUnreachable {
     /// unlimited.
     Refuse,
     /// Count in this process until the database is back, holding each
-    /// replica to the limit.
+    /// replica to the limit. The local count holds a bounded number of
+    /// keys; a key it has no room for is refused, never allowed uncounted
+    /// (the guide's [fail-open](crate::guide#fail-open) section).
     CountLocally,
 }
 

@@ -99,6 +99,11 @@ fn every_nonsensical_option_is_refused_when_it_is_set() {
             limiter().refusal_ttl(Limiter::MAX_REFUSAL_TTL + Duration::from_millis(1)),
         ),
         ("no writes in flight", limiter().writes_in_flight(0)),
+        ("a local count of no keys", limiter().local_keys(0)),
+        (
+            "a local count of more than ten million keys",
+            limiter().local_keys(Limiter::MAX_LOCAL_KEYS + 1),
+        ),
     ]
     .into_iter()
     .map(|(what, builder)| (what, builder.build().expect_err(what)))
@@ -158,6 +163,17 @@ fn the_boundaries_themselves_are_accepted() {
             .refusal_cache(1)
             .build()
             .is_ok()
+    );
+    for keys in [1, Limiter::MAX_LOCAL_KEYS] {
+        let limiter = Limiter::builder(Memory::new())
+            .local_keys(keys)
+            .build()
+            .expect("a local count at the boundary");
+        assert_eq!(limiter.local_keys(), keys);
+    }
+    assert_eq!(
+        Limiter::new(Memory::new()).local_keys(),
+        Limiter::DEFAULT_LOCAL_KEYS
     );
     for ttl in [Duration::from_millis(1), Limiter::MAX_REFUSAL_TTL] {
         let limiter = Limiter::builder(Memory::new())

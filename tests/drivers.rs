@@ -76,7 +76,12 @@ async fn backend_state(admin: &Client, pid: i32) -> Option<String> {
 }
 
 /// Waits up to `within` for `pid` to be in `state` (`None`: gone).
-async fn wait_for_state(admin: &Client, pid: i32, state: Option<&str>, within: Duration) {
+pub(crate) async fn wait_for_state(
+    admin: &Client,
+    pid: i32,
+    state: Option<&str>,
+    within: Duration,
+) {
     let deadline = Instant::now() + within;
     loop {
         let now = backend_state(admin, pid).await;
@@ -250,6 +255,7 @@ on_each_driver!(
     faults::an_exhausted_pool_is_unreachable_within_the_budget,
     budget::a_held_row_lock_is_a_lock_timeout_on_either_driver,
     budget::a_slow_call_ends_within_the_budget_and_says_whether_the_server_stopped,
+    budget::a_late_error_of_a_call_given_up_reaches_no_later_statement,
     callers_transaction::a_connection_inside_the_callers_transaction_is_refused_on_either_driver,
     keys::hostile_keys_never_break_the_statement_on_either_driver,
     pgbouncer::every_operation_works_through_pgbouncer_on_either_driver,

@@ -148,12 +148,27 @@ fn golden_vectors() -> Vec<(&'static str, Key, String)> {
             Key::ip_grouped(ip("::ffff:192.0.2.7"), 48).unwrap(),
             "ip|192.0.2.7".to_owned(),
         ),
-        // A 1 MiB part: the first 135 bytes, '~', and the SHA-256 of the whole
-        // encoding ("a" x 1048576).
+        // A 1 MiB part, past `Key::MAX_INPUT_CHARS`: cut. The first 135
+        // bytes, '~', and the SHA-256 of the encoding of what was read ("a" x
+        // 1600) followed by a NUL byte. (Before the bound, the digest was of
+        // the whole 1 MiB: 9bc1b2a2…; a key of more than 1600 characters is
+        // a stored-key change, in CHANGELOG.md.)
         (
             r#"["a" x 1 MiB]"#,
             key(&[&repeat('a', 1 << 20)]),
-            repeat('a', 135) + "~9bc1b2a288b26af7257a36277ae3816a7d4f16e89c1e7e77d0a5c48bad62b360",
+            repeat('a', 135) + "~80ed9f7177bc557d1e21f35377ed09fe3ef02c168460cc96bc7978edc63e6f4f",
+        ),
+        // A 1 MiB address of U+FDFA, each one 18 characters in NFKC: the
+        // first 1600 normalized (with Python's `unicodedata` NFKC and
+        // `casefold`), the first 134 bytes of `email|…`, '~', and the SHA-256
+        // of the encoding followed by a NUL byte.
+        (
+            r#"email("\u{fdfa}" x 1 MiB)"#,
+            Key::email(&repeat('\u{fdfa}', (1 << 20) / 3)),
+            format!(
+                "email|{}صلى الله عليه وس~01b89153fa6beeb0aca1c1c90a257893623907c4d2a3af0d137e01f5e543e501",
+                "صلى الله عليه وسلم".repeat(3)
+            ),
         ),
         // The cut never splits an escape: "\|" would straddle byte 135, so the
         // prefix stops at 134. Full encoding: "a" x 134, "\|", "b" x 200.
@@ -573,5 +588,325 @@ fn nonsensical_budgets_are_refused() {
             .build()
             .unwrap_or_else(|e| panic!("{budget:?} refused: {e}"));
         assert_eq!(limiter.budget(), budget);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Bounded work: a key reads at most `Key::MAX_INPUT_CHARS` of its input
+// ---------------------------------------------------------------------------
+
+/// The keys as they were before the bound, kept as the reference: the
+/// encoding of every part whole, digested over all of it when too long, and
+/// addresses and names normalized whole.
+mod before_the_bound {
+    use platformkit_limit::Key;
+    use sha2::{Digest, Sha256};
+    use unicode_normalization::UnicodeNormalization;
+
+    /// Trims, applies NFKC and full case folding, until nothing changes.
+    pub fn normalize_identity(input: &str) -> String {
+        let trimmed = input.trim();
+        if trimmed.is_ascii() {
+            return trimmed.to_ascii_lowercase();
+        }
+        let mut current = trimmed.to_owned();
+        for _ in 0..8 {
+            let nfkc: String = current.nfkc().collect();
+            let folded = caseless::default_case_fold_str(&nfkc);
+            let next: String = folded.nfkc().collect::<String>().trim().to_owned();
+            if next == current {
+                break;
+            }
+            current = next;
+        }
+        current
+    }
+
+    pub fn key(parts: &[String]) -> String {
+        let encoded = super::reference_encoding(parts);
+        if encoded.len() <= Key::MAX_BYTES {
+            return encoded;
+        }
+        let digest = Sha256::digest(encoded.as_bytes());
+        let cut = prefix_end(&encoded, Key::MAX_BYTES - super::DIGEST_SUFFIX_BYTES);
+        let mut out = encoded[..cut].to_owned();
+        out.push('~');
+        for byte in digest {
+            out.push_str(&format!("{byte:02x}"));
+        }
+        out
+    }
+
+    pub fn email(address: &str) -> String {
+        key(&["email".to_owned(), normalize_identity(address)])
+    }
+
+    pub fn username(name: &str) -> String {
+        key(&["user".to_owned(), normalize_identity(name)])
+    }
+
+    fn prefix_end(encoded: &str, max: usize) -> usize {
+        let mut end = 0;
+        let mut chars = encoded.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            let unit_len = if c == '\\' {
+                match chars.next() {
+                    Some((_, 'x')) => {
+                        chars.next();
+                        chars.next();
+                        4
+                    }
+                    Some(_) => 2,
+                    None => 1,
+                }
+            } else {
+                c.len_utf8()
+            };
+            if i + unit_len > max {
+                break;
+            }
+            end = i + unit_len;
+        }
+        end
+    }
+}
+
+/// Characters that normalization expands, shortens or folds, white space,
+/// and the ones the encoding escapes.
+fn identity_char() -> impl Strategy<Value = char> {
+    prop_oneof![
+        2 => any::<char>(),
+        4 => prop::sample::select(vec![
+            'a', 'Z', '@', '.', ' ', '\t', '\u{a0}', '\u{3000}', '|', '\\', '~', '\0', '\u{85}',
+            '\u{fdfa}', '\u{fdfb}', '\u{3300}', '\u{fb03}', '\u{1e9e}', '\u{390}', '\u{130}',
+            '\u{1f82}', '\u{a8}', '\u{308}', '\u{304}', '\u{301}', '\u{345}', '\u{1100}',
+            '\u{1161}', '\u{11a8}', 'Ω', 'ß', 'İ', 'ﬁ', 'Ａ', '😀',
+        ]),
+    ]
+}
+
+fn identity(chars: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = String> {
+    prop::collection::vec(identity_char(), chars).prop_map(|cs| cs.into_iter().collect())
+}
+
+/// Inputs that are as short as they can be once encoded and normalized: one
+/// byte a character, or sequences that compose into one character.
+fn narrow_identity(chars: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = String> {
+    let unit = prop::sample::select(vec![
+        "a",
+        "Z",
+        ".",
+        "@",
+        " ",
+        "U\u{308}\u{304}",
+        "\u{1100}\u{1161}\u{11a8}",
+        "\u{3b1}\u{313}\u{300}\u{345}",
+        "e\u{301}",
+    ]);
+    let max = *chars.end();
+    prop::collection::vec(unit, chars).prop_map(move |units| {
+        let s: String = units.concat();
+        first_chars(&s, max).to_owned()
+    })
+}
+
+/// The first `n` characters of `s`.
+fn first_chars(s: &str, n: usize) -> &str {
+    s.char_indices().nth(n).map_or(s, |(i, _)| &s[..i])
+}
+
+/// The parts' characters, each `|` between them counted as one.
+fn input_chars(parts: &[String]) -> usize {
+    parts.iter().map(|p| p.chars().count()).sum::<usize>() + parts.len().saturating_sub(1)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Within the bound, every key is the key it was before: addresses and
+    /// names whatever they normalize to, parts whatever they escape to.
+    #[test]
+    fn within_the_bound_every_key_is_the_key_it_was_before(
+        input in identity(0..=80),
+        parts in prop::collection::vec(identity(0..=60), 1..5),
+    ) {
+        let (email, username) = (Key::email(&input), Key::username(&input));
+        prop_assert_eq!(email.as_str(), before_the_bound::email(&input));
+        prop_assert_eq!(username.as_str(), before_the_bound::username(&input));
+        let opaque = Key::opaque(&input);
+        prop_assert_eq!(
+            opaque.as_str(),
+            before_the_bound::key(&["id".to_owned(), input.clone()])
+        );
+        let new = Key::new(&parts).unwrap();
+        prop_assert_eq!(new.as_str(), before_the_bound::key(&parts));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        // Each case normalizes about 1600 characters twice.
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Around the bound: an input of at most `Key::MAX_INPUT_CHARS`
+    /// characters is the key it was before; one past it, whose key was
+    /// digested before too, is still digested.
+    #[test]
+    fn at_the_bound_a_key_is_the_key_it_was_before_or_was_digested_already(
+        input in prop_oneof![
+            identity(Key::MAX_INPUT_CHARS - 8..=Key::MAX_INPUT_CHARS + 8),
+            narrow_identity(Key::MAX_INPUT_CHARS - 8..=Key::MAX_INPUT_CHARS + 8),
+        ],
+        pad in identity(0..=3),
+    ) {
+        let parts = vec![pad, input.clone()];
+        let new = Key::new(&parts).unwrap();
+        if input_chars(&parts) <= Key::MAX_INPUT_CHARS {
+            prop_assert_eq!(new.as_str(), before_the_bound::key(&parts));
+        } else {
+            prop_assert!(new.is_digested());
+            let before = before_the_bound::key(&parts);
+            prop_assert!(decode(&before).is_none(), "parts past the bound had an undigested key");
+        }
+        let email = Key::email(&input);
+        if input.trim().chars().count() <= Key::MAX_INPUT_CHARS {
+            prop_assert_eq!(email.as_str(), before_the_bound::email(&input));
+        } else {
+            prop_assert!(email.is_digested());
+            let before = before_the_bound::email(&input);
+            prop_assert!(decode(&before).is_none(), "an address past the bound had an undigested key");
+        }
+    }
+}
+
+/// The longest input of each of the characters that normalization expands
+/// most (or the encoding escapes), 1 MiB of it: every constructor reads no
+/// more than its first `Key::MAX_INPUT_CHARS` characters. Whatever follows
+/// them gives the same key, so the work is that of the prefix however long
+/// the input; and the key is digested, never the key of an input the bound
+/// did not cut.
+#[test]
+fn no_constructor_reads_past_its_first_max_input_chars() {
+    let n = Key::MAX_INPUT_CHARS;
+    for c in [
+        '\u{fdfa}', '\u{fdfb}', '\u{3300}', '\u{fb03}', '\u{1e9e}', '\u{390}', '\u{1f82}',
+        '\u{a8}', 'A', '|', '~', '\0',
+    ] {
+        let long = repeat(c, (1 << 20) / c.len_utf8());
+        let head = first_chars(&long, n);
+        let other = format!("{head}, then something else@example.com");
+        for (what, key, of_head) in [
+            ("email", Key::email(&long), Key::email(&other)),
+            ("username", Key::username(&long), Key::username(&other)),
+            ("opaque", Key::opaque(&long), {
+                // `id|` is three of the characters read.
+                Key::opaque(&(first_chars(&long, n - 3).to_owned() + "x"))
+            }),
+            ("new", key(&[&long]), key(&[&other])),
+            (
+                "new, then a part never read",
+                key(&[&long, "b"]),
+                key(&[head, "c"]),
+            ),
+            (
+                "new, after a part",
+                key(&["k", &long]),
+                key(&["k", &(first_chars(&long, n - 2).to_owned() + "x")]),
+            ),
+        ] {
+            assert_eq!(
+                key,
+                of_head,
+                "{what} of U+{:04X} read past its prefix",
+                u32::from(c)
+            );
+            assert!(key.is_digested(), "{what} of U+{:04X}", u32::from(c));
+        }
+    }
+    // Parts past the bound are not read either, however many.
+    let many: Vec<String> = (0..1 << 16).map(|i| i.to_string()).collect();
+    let mut others = many.clone();
+    others[Key::MAX_INPUT_CHARS] = "other".to_owned();
+    assert_eq!(Key::new(&many).unwrap(), Key::new(&others).unwrap());
+
+    // White space around an address is trimmed, however much: no cut.
+    let spaces = repeat(' ', 1 << 20);
+    let alice = Key::email("alice@example.com");
+    assert_eq!(Key::email(&format!("{spaces}Alice@Example.com")), alice);
+    assert_eq!(Key::email(&format!("Alice@Example.com{spaces}")), alice);
+    assert!(!alice.is_digested());
+}
+
+/// A cut input's key is never the key of an input that was not cut, even
+/// when both read the same characters.
+#[test]
+fn a_cut_key_is_never_the_key_of_an_input_within_the_bound() {
+    let n = Key::MAX_INPUT_CHARS;
+    let within = repeat('a', n);
+    let past = repeat('a', n + 1);
+    assert_ne!(key(&[&within]), key(&[&past]));
+    assert_ne!(Key::email(&within), Key::email(&past));
+    assert_ne!(key(&[&within]), key(&[&within, ""]));
+}
+
+/// The factors the bound rests on (see `Key`'s "Bounded work"), over every
+/// Unicode scalar value: a canonical decomposition has at most 4
+/// characters, so composition puts at most 4 into one; case folding never
+/// lowers the number of characters of the compatibility decomposition; no
+/// character but white space decomposes to white space alone; NFKC expands
+/// a character to at most 18, case folding to at most 3. And the inputs
+/// that shorten most under normalization still do not fit once past the
+/// bound.
+#[test]
+fn the_bound_rests_on_factors_that_hold_for_every_character() {
+    use unicode_normalization::UnicodeNormalization;
+
+    let (mut nfd, mut nfkc, mut fold) = (0, 0, 0);
+    for c in (0..=0x10ffff).filter_map(char::from_u32) {
+        let one = c.to_string();
+        nfd = nfd.max(one.nfd().count());
+        nfkc = nfkc.max(one.nfkc().count());
+        let folded = caseless::default_case_fold_str(&one);
+        fold = fold.max(folded.chars().count());
+        let decomposed = one.nfkd().count();
+        assert!(
+            folded.nfkd().count() >= decomposed,
+            "folding U+{:04X} lowers its decomposition",
+            u32::from(c)
+        );
+        if !c.is_whitespace() {
+            assert!(
+                one.nfkd().any(|d| !d.is_whitespace()),
+                "U+{:04X} decomposes to white space alone",
+                u32::from(c)
+            );
+        }
+    }
+    assert_eq!((nfd, nfkc, fold), (4, 18, 3));
+
+    // Past the bound, the sequences that compose most (3 characters into a
+    // 2-byte one; Hangul's 3 jamo into one syllable; Greek's 4 into one)
+    // normalize to more than an undigested `email|…` key holds.
+    for unit in [
+        "U\u{308}\u{304}",
+        "\u{1100}\u{1161}\u{11a8}",
+        "\u{3b1}\u{313}\u{300}\u{345}",
+        "\u{3b9}\u{308}\u{301}",
+    ] {
+        let units = unit.chars().count();
+        let input = unit.repeat(Key::MAX_INPUT_CHARS / units + 1);
+        let normalized = before_the_bound::normalize_identity(&input);
+        assert!(
+            normalized.len() > Key::MAX_BYTES - "email|".len(),
+            "{unit:?}: {} bytes",
+            normalized.len()
+        );
     }
 }

@@ -18,7 +18,7 @@ use std::convert::Infallible;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use common::db::{
     backend_pid, counts_by_key, fresh_db, hold, lock_row, nothing_listens, on_held, stored,
@@ -29,7 +29,8 @@ use common::metrics::{Recorded, calls_recorded};
 use common::{BUDGET, SLACK, assert_counted, limit, timed};
 use metrics_util::debugging::DebuggingRecorder;
 use platformkit_limit::{
-    ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA, Store, Verdict,
+    ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, Postgres, SCHEMA, Store, Verdict,
+    WhenUnreachable,
 };
 use platformkit_limit_testdb::{Options, Server};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
@@ -483,4 +484,81 @@ async fn a_connection_source_that_never_yields_ends_within_the_budget() {
     let verdict = limiter.failed(&login, &alice).await.unwrap();
     assert_counted(&verdict, "after the pool recovered");
     assert_eq!(verdict.count(), Some(1));
+}
+
+/// The local count of `CountLocally` limits holds at most its bound of keys,
+/// however many distinct keys come while the store is unreachable. A key it
+/// has no room for is refused (as `WhenUnreachable::Refuse` answers), never
+/// allowed uncounted, for a read as for a write; a key it counts keeps its
+/// count and its lockout. Once every window of a key has closed (and its
+/// lockout ended), the key is dropped and its room goes to a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_count_holds_a_bounded_number_of_keys_and_refuses_a_key_it_cannot_count() {
+    const ROOM: usize = 100;
+    let window = Duration::from_secs(60);
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 60 * 60));
+    let limiter = Limiter::builder(Postgres::new(nothing_listens()).with_clock(clock.clone()))
+        .no_refusal_cache()
+        .local_keys(ROOM)
+        .build()
+        .unwrap();
+    assert_eq!(limiter.local_keys(), ROOM);
+    let login = Limit::builder("login", 3, window)
+        .lockout(Duration::from_secs(600))
+        .when_unreachable(WhenUnreachable::CountLocally)
+        .build()
+        .unwrap();
+
+    // A key counted to its max, then locked out.
+    let victim = Key::email("victim@example.com");
+    for _ in 0..3 {
+        limiter.failed(&login, &victim).await.unwrap();
+    }
+    assert!(limiter.check(&login, &victim).await.unwrap().is_refused());
+
+    for i in 0..10 * ROOM {
+        let key = Key::email(&format!("{i:0>120}@example.com"));
+        let verdict = limiter.failed(&login, &key).await.unwrap();
+        assert!(verdict.is_unreachable(), "{i}: {verdict:?}");
+        if i + 1 < ROOM {
+            assert_eq!(verdict.count(), Some(1), "{i}: counted locally");
+            assert!(verdict.is_allowed(), "{i}");
+        } else {
+            assert!(
+                verdict.is_refused(),
+                "{i}: a key the local count has no room for was not refused: {verdict:?}"
+            );
+            assert_eq!(verdict.count(), None, "{i}: nothing counted");
+            for read in [
+                limiter.check(&login, &key).await.unwrap(),
+                limiter.hit(&login, &key).await.unwrap(),
+            ] {
+                assert!(read.is_refused() && read.is_unreachable(), "{i}: {read:?}");
+            }
+        }
+        assert!(
+            limiter.local_keys_held() <= ROOM,
+            "{i}: {}",
+            limiter.local_keys_held()
+        );
+    }
+    let victim_now = limiter.check(&login, &victim).await.unwrap();
+    assert!(victim_now.is_refused(), "{victim_now:?}");
+    assert_eq!(victim_now.count(), Some(3), "the victim's count was kept");
+
+    // Two windows on (a sliding window reads the one before), every key
+    // but the locked-out victim has nothing left that a verdict reads: it is
+    // dropped, and a new key is counted.
+    clock.advance(2 * window + Duration::from_secs(1));
+    let late = limiter
+        .failed(&login, &Key::email("late@example.com"))
+        .await
+        .unwrap();
+    assert!(late.is_allowed() && late.is_unreachable(), "{late:?}");
+    assert_eq!(late.count(), Some(1));
+    assert_eq!(limiter.local_keys_held(), 2, "the victim and the late key");
+    assert!(
+        limiter.check(&login, &victim).await.unwrap().is_refused(),
+        "the victim's lockout was kept"
+    );
 }

@@ -39,8 +39,10 @@ use crate::error::{Reading, misconfigured_code};
 /// Like every connection, it must be idle when lent; one inside a
 /// transaction is an [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction)
 /// error, and that transaction is rolled back. sqlx cannot cancel a
-/// statement on the server: see the guide's
-/// [drivers](crate::guide#drivers) section.
+/// statement on the server, and a call given up (at its budget, or dropped)
+/// leaves its `CALL`'s answer owed on the connection: the limiter's next
+/// call reads it first, the service's own next query would not. See the
+/// guide's [drivers](crate::guide#drivers) section.
 ///
 /// Lend a connection the service holds, one call at a time:
 ///
@@ -114,6 +116,9 @@ where
         _cancel_at: Instant,
     ) -> (Result<Row, Failure>, bool) {
         let conn: &mut PgConnection = (*self.0).as_mut();
+        if let Err(e) = settle(conn).await {
+            return (Err(Failure::Sqlx(e)), false);
+        }
         let mut query = sqlx::query(sql);
         for param in params {
             query = match *param {
@@ -132,6 +137,26 @@ where
     async fn rollback(&mut self) {
         let conn: &mut PgConnection = (*self.0).as_mut();
         let _ = conn.execute("ROLLBACK").await;
+    }
+}
+
+/// Reads what the connection still owes a statement given up before its
+/// answer came (a call dropped at its budget, or by its caller), so that
+/// the answer is not taken for the next statement's: sqlx hands a late
+/// error to whichever statement reads next. An error read here is the
+/// given-up statement's and is dropped; reading goes on to its
+/// ReadyForQuery. Nothing is sent, and nothing waits when nothing is owed.
+/// The call's deadline bounds the wait. See the guide's
+/// [drivers](crate::guide#drivers) section.
+async fn settle(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    loop {
+        // `flush` is sqlx's `wait_until_ready`: it reads up to the
+        // ReadyForQuery of every Sync sent, returning the first error it
+        // reads; each round reads at least one message.
+        match sqlx::Connection::flush(&mut *conn).await {
+            Err(sqlx::Error::Database(_)) => continue,
+            settled => return settled,
+        }
     }
 }
 

@@ -39,6 +39,17 @@ impl Limiter<Memory> {
     /// The most keys a refusal cache may hold: ten million.
     pub const MAX_REFUSAL_CACHE_KEYS: usize = 10_000_000;
 
+    /// How many keys the local count of [`WhenUnreachable::CountLocally`]
+    /// limits holds by default (at most about 60 MB at the longest keys).
+    /// What happens when it is full is in the guide's
+    /// [fail-open](crate::guide#fail-open) section.
+    ///
+    /// [`WhenUnreachable::CountLocally`]: crate::WhenUnreachable::CountLocally
+    pub const DEFAULT_LOCAL_KEYS: usize = 100_000;
+
+    /// The most keys a local count may hold: ten million.
+    pub const MAX_LOCAL_KEYS: usize = 10_000_000;
+
     /// How long the refusal cache answers for a flooded key before asking
     /// the store again, by default: one second.
     pub const DEFAULT_REFUSAL_TTL: Duration = cache::DEFAULT_REFUSAL_TTL;
@@ -71,6 +82,7 @@ impl Limiter<Memory> {
 /// | [`refusal_ttl`](LimiterBuilder::refusal_ttl) | [`Limiter::DEFAULT_REFUSAL_TTL`] (1 s) | 1 ms to [`Limiter::MAX_REFUSAL_TTL`] (60 s) |
 /// | merging | on | [`no_merging`](LimiterBuilder::no_merging) |
 /// | [`writes_in_flight`](LimiterBuilder::writes_in_flight) | [`Limiter::DEFAULT_WRITES_IN_FLIGHT`] (1) | 1 or more |
+/// | [`local_keys`](LimiterBuilder::local_keys) | [`Limiter::DEFAULT_LOCAL_KEYS`] (100 000) | 1 to [`Limiter::MAX_LOCAL_KEYS`] (ten million) |
 #[derive(Debug)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct LimiterBuilder<S> {
@@ -80,6 +92,7 @@ pub struct LimiterBuilder<S> {
     refusal_ttl: Duration,
     merging: bool,
     writes_in_flight: usize,
+    local_keys: usize,
 }
 
 impl<S: Store> LimiterBuilder<S> {
@@ -91,6 +104,7 @@ impl<S: Store> LimiterBuilder<S> {
             refusal_ttl: Limiter::DEFAULT_REFUSAL_TTL,
             merging: true,
             writes_in_flight: Limiter::DEFAULT_WRITES_IN_FLIGHT,
+            local_keys: Limiter::DEFAULT_LOCAL_KEYS,
         }
     }
 
@@ -119,6 +133,16 @@ impl<S: Store> LimiterBuilder<S> {
     /// [refusal cache](crate::guide#the-refusal-cache) for what it bounds).
     pub fn refusal_ttl(mut self, ttl: Duration) -> Self {
         self.refusal_ttl = ttl;
+        self
+    }
+
+    /// How many keys the local count of
+    /// [`WhenUnreachable::CountLocally`](crate::WhenUnreachable::CountLocally)
+    /// limits may hold while the store is unreachable; a key it has no room
+    /// for is refused (the guide's [fail-open](crate::guide#fail-open)
+    /// section).
+    pub fn local_keys(mut self, keys: usize) -> Self {
+        self.local_keys = keys;
         self
     }
 
@@ -183,6 +207,13 @@ impl<S: Store> LimiterBuilder<S> {
             );
         }
         ensure!(
+            (1..=Limiter::MAX_LOCAL_KEYS).contains(&self.local_keys),
+            InvalidOptionSnafu {
+                option: "local keys",
+                reason: "between one key and ten million",
+            }
+        );
+        ensure!(
             self.writes_in_flight >= 1,
             InvalidOptionSnafu {
                 option: "writes in flight",
@@ -214,7 +245,7 @@ impl<S: Store> LimiterBuilder<S> {
         Limiter {
             store: Arc::new(self.store),
             budget: self.budget,
-            fallback: Memory::bounded(),
+            fallback: Memory::bounded(self.local_keys),
             refusals: match self.refusal_cache {
                 Some(keys) => RefusalCache::new(keys, self.refusal_ttl),
                 None => RefusalCache::off(self.refusal_ttl),

@@ -128,6 +128,18 @@ impl<S: Store> Limiter<S> {
         self.refusals.ttl()
     }
 
+    /// How many keys the local count of
+    /// [`WhenUnreachable::CountLocally`] limits may hold
+    /// ([`LimiterBuilder::local_keys`]).
+    pub fn local_keys(&self) -> usize {
+        self.fallback.capacity().unwrap_or(usize::MAX)
+    }
+
+    /// How many keys the local count holds now.
+    pub fn local_keys_held(&self) -> usize {
+        self.fallback.len()
+    }
+
     /// The budget of every call ([`LimiterBuilder::budget`]).
     pub fn budget(&self) -> Duration {
         self.budget
@@ -293,11 +305,17 @@ impl<S: Store> Limiter<S> {
                 let counted = self
                     .fallback
                     .count_at(op, limit, key, 1, self.store.local_now());
-                let window_start = counted.window_start(limit);
-                (
-                    decide(op, limit, &counted).because_unreachable(cause),
-                    CountedIn::Fallback { window_start },
-                )
+                match counted {
+                    Some(counted) => {
+                        let window_start = counted.window_start(limit);
+                        (
+                            decide(op, limit, &counted).because_unreachable(cause),
+                            CountedIn::Fallback { window_start },
+                        )
+                    }
+                    // No room to count the key: refused, as `Refuse` would.
+                    None => (Verdict::uncounted(limit, false, cause), CountedIn::Nowhere),
+                }
             }
             WhenUnreachable::Allow => (Verdict::uncounted(limit, true, cause), CountedIn::Nowhere),
         }

@@ -17,8 +17,12 @@ use crate::{Error, Limit, ManualClock, Strategy};
 /// **Not a production limiter.** Its counts live in one process: three
 /// replicas give three limits, and every deploy or restart resets them. That
 /// is exactly the failure a limit in the database exists to prevent. It also
-/// keeps every window it has seen (nothing purges it). The tests hold it to
-/// agree with `Postgres`, verdict for verdict.
+/// keeps every window it has seen (nothing purges it; the limiter's own
+/// local count, for
+/// [`WhenUnreachable::CountLocally`](crate::WhenUnreachable::CountLocally),
+/// is bounded: see the guide's [fail-open](crate::guide#fail-open)
+/// section). The tests hold it to agree with `Postgres`, verdict for
+/// verdict.
 ///
 /// ```
 /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -37,12 +41,36 @@ use crate::{Error, Limit, ManualClock, Strategy};
 /// ```
 #[derive(Debug, Default)]
 pub struct Memory {
-    windows: Mutex<HashMap<String, BTreeMap<i64, u64>>>,
+    state: Mutex<State>,
     clock: Clock,
-    /// Drop what `purge` would drop (windows closed a day and a window ago)
-    /// as it goes: for the limiter's local fallback, which nothing purges.
-    bounded: bool,
+    /// The most keys it holds, for the limiter's local count (which nothing
+    /// purges); `None` for the fake, which keeps every window it has seen.
+    capacity: Option<usize>,
 }
+
+/// The keys and their windows.
+#[derive(Debug, Default)]
+struct State {
+    keys: HashMap<String, Windows>,
+    /// Bounded: when a full map may next be swept for keys nothing reads any
+    /// more, on the store's clock (microseconds since the epoch).
+    next_sweep: i64,
+}
+
+/// One key's windows: each window's start and its count.
+#[derive(Debug, Default)]
+struct Windows {
+    counts: BTreeMap<i64, u64>,
+    /// Bounded: until when a verdict may still read one of these windows
+    /// (a sliding window reads the one before; a lockout the full one that
+    /// started it). Past it the key can go.
+    read_until: i64,
+}
+
+/// How often, at most, a full local count looks for keys nothing reads any
+/// more: once a second, so that a flood of new keys into a full map costs
+/// one pass over it a second, not one a call.
+const SWEEP_EVERY_MICROS: i64 = 1_000_000;
 
 impl Memory {
     /// An empty fake on the system clock.
@@ -58,14 +86,29 @@ impl Memory {
 
     /// A fake that drops what `purge` would drop as it writes: the
     /// limiter's local count while the database is unreachable.
-    pub(crate) fn bounded() -> Self {
+    pub(crate) fn bounded(keys: usize) -> Self {
         Memory {
-            bounded: true,
+            capacity: Some(keys),
             ..Self::default()
         }
     }
 
-    /// One counting operation at `now`.
+    /// The most keys it holds, if bounded.
+    pub(crate) fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    /// How many keys it holds now.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().keys.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One counting operation at `now`; `None` when the key is not held and
+    /// a bounded map has no room for it (nothing is counted).
     pub(crate) fn count_at(
         &self,
         op: Op,
@@ -73,15 +116,32 @@ impl Memory {
         key: &str,
         n: u64,
         now: SystemTime,
-    ) -> Counted {
+    ) -> Option<Counted> {
         let now_micros = micros_since_epoch(now);
+        let mut state = self.lock();
+        if !state.keys.contains_key(key) && !self.room_for_one(&mut state, now_micros) {
+            return None;
+        }
+        Some(self.count_in(&mut state, op, limit, key, n, now_micros))
+    }
+
+    /// One counting operation at `now_micros`, with room for the key.
+    fn count_in(
+        &self,
+        state: &mut State,
+        op: Op,
+        limit: &Limit,
+        key: &str,
+        n: u64,
+        now_micros: i64,
+    ) -> Counted {
         let (start, end) = window_of(now_micros, limit.window_secs());
-        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        let windows = &mut state.keys;
         let width = end - start;
         let previous = match limit.strategy() {
             Strategy::Sliding => windows
                 .get(key)
-                .and_then(|w| w.get(&(start - width)))
+                .and_then(|w| w.counts.get(&(start - width)))
                 .copied()
                 .unwrap_or(0),
             Strategy::Fixed => 0,
@@ -89,7 +149,8 @@ impl Memory {
         let lockout = i64::try_from(limit.lockout_secs()).unwrap_or(i64::MAX) * 1_000_000;
         let locked_until = if lockout > 0 {
             windows.get(key).and_then(|w| {
-                w.iter()
+                w.counts
+                    .iter()
                     .filter(|&(&s, &count)| s < start && count >= u64::from(limit.max()))
                     .map(|(&s, _)| s + width + lockout)
                     .filter(|&until| until > now_micros)
@@ -102,24 +163,18 @@ impl Memory {
         let count = match op {
             Op::Check => windows
                 .get(key)
-                .and_then(|w| w.get(&start))
+                .and_then(|w| w.counts.get(&start))
                 .copied()
                 .unwrap_or(0),
             Op::Failed | Op::Hit | Op::Reserve => {
                 let key_windows = windows.entry(key.to_owned()).or_default();
-                if self.bounded {
-                    // What purge keeps: windows closed less than a day ago,
-                    // or less than a window ago (lockouts and sliding
-                    // windows read them).
-                    let day = 24 * 60 * 60 * 1_000_000;
-                    key_windows.retain(|&s, _| {
-                        let end = s + width;
-                        end >= now_micros - day || end >= now_micros - width
-                    });
-                }
-                let count = key_windows.entry(start).or_insert(0);
+                let count = key_windows.counts.entry(start).or_insert(0);
                 *count = count.saturating_add(n).min(MAX_COUNT);
-                *count
+                let count = *count;
+                if self.capacity.is_some() {
+                    key_windows.keep_what_is_read(limit, start, width, lockout, now_micros);
+                }
+                count
             }
         };
         Counted {
@@ -129,6 +184,59 @@ impl Memory {
             window_end: from_micros(end),
             now: from_micros(now_micros),
         }
+    }
+
+    /// Whether a bounded map has room for one more key (the fake always
+    /// has). A full map first drops the keys nothing reads any more, at most
+    /// once per [`SWEEP_EVERY_MICROS`].
+    fn room_for_one(&self, state: &mut State, now: i64) -> bool {
+        let Some(capacity) = self.capacity else {
+            return true;
+        };
+        if state.keys.len() < capacity {
+            return true;
+        }
+        // A clock moved back is no reason to wait for the next sweep.
+        if now >= state.next_sweep || now < state.next_sweep - SWEEP_EVERY_MICROS {
+            state.keys.retain(|_, w| w.read_until > now);
+            state.next_sweep = now.saturating_add(SWEEP_EVERY_MICROS);
+        }
+        state.keys.len() < capacity
+    }
+}
+
+impl Windows {
+    /// Keeps only the windows a verdict can still read, at most three: the
+    /// current one and every later one (a clock moved back), the one before
+    /// (a sliding window reads it), and the latest full one before those
+    /// whose lockout has not ended. Sets until when any of them is read.
+    fn keep_what_is_read(&mut self, limit: &Limit, start: i64, width: i64, lockout: i64, now: i64) {
+        let max = u64::from(limit.max());
+        let previous = start - width;
+        let locking = self
+            .counts
+            .range(..previous)
+            .rev()
+            .find(|&(_, &count)| count >= max)
+            .map(|(&s, _)| s)
+            .filter(|&s| lockout > 0 && s.saturating_add(width).saturating_add(lockout) > now);
+        self.counts
+            .retain(|&s, _| s >= previous || Some(s) == locking);
+        self.read_until = self
+            .counts
+            .iter()
+            .map(|(&s, &count)| {
+                // The window after this one's end reads it (sliding); a full
+                // one is read until its lockout ends.
+                let next_ends = s.saturating_add(width.saturating_mul(2));
+                if lockout > 0 && count >= max {
+                    next_ends.max(s.saturating_add(width).saturating_add(lockout))
+                } else {
+                    next_ends
+                }
+            })
+            .max()
+            .unwrap_or(i64::MIN);
     }
 }
 
@@ -156,7 +264,9 @@ impl sealed::Sealed for Memory {
         _deadline: Instant,
         _progress: &Progress,
     ) -> Result<Counted, Error> {
-        Ok(self.count_at(op, limit, key, n, self.clock.local_now()))
+        // The fake is unbounded: there is always room.
+        let now = micros_since_epoch(self.clock.local_now());
+        Ok(self.count_in(&mut self.lock(), op, limit, key, n, now))
     }
 
     async fn count_many(
@@ -166,10 +276,12 @@ impl sealed::Sealed for Memory {
         _deadline: Instant,
         _progress: &Progress,
     ) -> Result<Vec<Counted>, Error> {
-        let now = self.clock.local_now();
+        // The fake is unbounded: there is always room.
+        let now = micros_since_epoch(self.clock.local_now());
+        let mut state = self.lock();
         Ok(asked
             .iter()
-            .map(|pair| self.count_at(op, pair.limit, pair.key, pair.n, now))
+            .map(|pair| self.count_in(&mut state, op, pair.limit, pair.key, pair.n, now))
             .collect())
     }
 
@@ -181,10 +293,11 @@ impl sealed::Sealed for Memory {
         _deadline: Instant,
     ) -> Result<u64, Error> {
         let start = micros_since_epoch(window_start);
-        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = windows
+        let mut state = self.lock();
+        let count = state
+            .keys
             .get_mut(key)
-            .and_then(|w| w.get_mut(&start))
+            .and_then(|w| w.counts.get_mut(&start))
             .map_or(0, |count| {
                 *count = count.saturating_sub(n);
                 *count
@@ -193,7 +306,52 @@ impl sealed::Sealed for Memory {
     }
 
     async fn reset(&self, key: &str, _deadline: Instant) -> Result<u64, Error> {
-        let mut windows = self.windows.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(windows.remove(key).map_or(0, |w| w.len() as u64))
+        Ok(self
+            .lock()
+            .keys
+            .remove(key)
+            .map_or(0, |w| w.counts.len() as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    fn limit() -> Limit {
+        Limit::builder("l", 2, Duration::from_secs(60))
+            .lockout(Duration::from_secs(600))
+            .strategy(Strategy::Sliding)
+            .build()
+            .unwrap()
+    }
+
+    /// The fake keeps every key and every window it has seen; the local
+    /// count holds its bound of keys, refuses the next, and keeps at most
+    /// three windows a key however many it counted in.
+    #[test]
+    fn the_fake_keeps_everything_and_the_local_count_its_bound() {
+        let (limit, now) = (limit(), UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+        let (fake, local) = (Memory::new(), Memory::bounded(10));
+        for i in 0..20 {
+            let key = format!("k{i}");
+            assert!(fake.count_at(Op::Failed, &limit, &key, 1, now).is_some());
+            let counted = local.count_at(Op::Failed, &limit, &key, 1, now);
+            assert_eq!(counted.is_some(), i < 10, "{i}");
+        }
+        assert_eq!((fake.len(), local.len()), (20, 10));
+        assert!(local.count_at(Op::Check, &limit, "k10", 1, now).is_none());
+        assert!(local.count_at(Op::Check, &limit, "k9", 1, now).is_some());
+
+        for w in 0..100 {
+            let at = now + Duration::from_secs(60 * w);
+            fake.count_at(Op::Failed, &limit, "k0", 2, at);
+            local.count_at(Op::Failed, &limit, "k0", 2, at);
+        }
+        let windows = |m: &Memory| m.lock().keys["k0"].counts.len();
+        assert_eq!(windows(&fake), 100);
+        assert!(windows(&local) <= 3, "{}", windows(&local));
     }
 }

@@ -1,6 +1,7 @@
 //! The hostile keys, for `tests/hostile_keys.rs` (on tokio-postgres) and the
-//! driver suite (on each driver): every ASCII control character, a mebibyte,
-//! multibyte text across the digest cut-off, look-alikes, SQL, and spellings
+//! driver suite (on each driver): every ASCII control character, a mebibyte
+//! (apart by a character a key reads, together past it), multibyte text
+//! across the digest cut-off, look-alikes, SQL, and spellings
 //! of one subject that must share a count.
 
 use std::net::IpAddr;
@@ -40,14 +41,25 @@ pub fn hostile_subjects() -> Vec<Subject> {
         ));
     }
     let mebibyte = "a".repeat(1 << 20);
-    let mut mebibyte_other = mebibyte.clone();
-    mebibyte_other.replace_range(mebibyte.len() - 1.., "b");
+    // `big|` and the part: the last character a key reads is the part's
+    // character `Key::MAX_INPUT_CHARS - 5`.
+    let last_read = Key::MAX_INPUT_CHARS - 5;
+    let mut differs_within = mebibyte.clone();
+    differs_within.replace_range(last_read..=last_read, "b");
+    let mut differs_past = mebibyte.clone();
+    differs_past.replace_range(mebibyte.len() - 1.., "b");
     let long_multibyte = "é".repeat(150);
+    subjects.push(Subject {
+        what: "1 MiB part, and one differing only past the characters a key reads".into(),
+        spellings: vec![
+            Key::new(["big", &mebibyte]).expect("parts"),
+            Key::new(["big", &differs_past]).expect("parts"),
+        ],
+    });
     subjects.extend([
-        parts("1 MiB part", ["big", &mebibyte]),
         parts(
-            "1 MiB part differing in its last byte, beyond the digest cut-off",
-            ["big", &mebibyte_other],
+            "1 MiB part differing in the last character a key reads, beyond the digest cut-off",
+            ["big", &differs_within],
         ),
         parts(
             "multibyte characters across the cut-off",

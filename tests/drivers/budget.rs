@@ -6,11 +6,15 @@ use std::time::Duration;
 use platformkit_limit::{ErrorKind, Key, LimitConn, Limiter, Postgres};
 use tokio_postgres::error::SqlState;
 
-use crate::common::db::{assert_no_lock_waits_soon, fresh_db, lock_row, stored};
+use crate::common::db::{
+    assert_no_lock_waits_soon, fresh_db, lock_row, stored, until_a_call_waits_on_a_lock,
+};
 use crate::common::faults::{end_slow_writes, slow_writes};
 use crate::common::{BUDGET, SLACK, assert_shed, limit, timed};
-use crate::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend};
-use crate::{CountedOnce, assert_counted, assert_unreachable, counted_once, counts};
+use crate::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend, text};
+use crate::{
+    CountedOnce, assert_counted, assert_unreachable, counted_once, counts, wait_for_state,
+};
 
 /// A row lock another session holds past the server's part of the budget:
 /// the server ends the wait (`lock_timeout`) before the client gives up, as
@@ -104,4 +108,49 @@ where
     end_slow_writes(&db).await;
     let next = limiter.failed(&login, &alice).await.unwrap();
     assert_counted(&next, written as u64 + 1, "the next call");
+}
+
+/// A call given up while its `CALL` waits on a row lock (its future dropped,
+/// as at the end of its budget or when the request goes away), whose
+/// answer, the lock timeout's error, comes only after: that late answer
+/// belongs to no one. Once the lock is gone, the next call on the same held
+/// connection is counted (not that old `LockTimeout`), and the service's
+/// own next statement on it answers.
+pub async fn a_late_error_of_a_call_given_up_reaches_no_later_statement<D: Driver>()
+where
+    Lend<D::Conn>: LimitConn,
+{
+    let CountedOnce {
+        db,
+        admin,
+        held,
+        limiter,
+        login,
+        alice,
+    } = counted_once::<D>(BUDGET).await;
+
+    let locker = lock_row(&db, &stored(&login, &alice)).await;
+    let pid = {
+        let call = limiter.failed(&login, &alice);
+        tokio::pin!(call);
+        tokio::select! {
+            answer = &mut call => panic!("answered while the row is locked: {answer:?}"),
+            pid = until_a_call_waits_on_a_lock(&admin, BUDGET) => pid,
+        }
+        // The call is dropped here, its `CALL` still waiting on the lock.
+    };
+    // The server's lock timeout ends the wait; its error is owed to the
+    // call given up.
+    wait_for_state(&admin, pid, Some("idle"), BUDGET + SLACK).await;
+    locker.batch_execute("ROLLBACK").await.unwrap();
+
+    let next = limiter.failed(&login, &alice).await;
+    let next = next.unwrap_or_else(|e| panic!("the next call got an error: {e:?}"));
+    assert_counted(&next, 2, "the next call on the held connection");
+    assert_eq!(
+        text::<D>(&held, "SELECT 1").await.as_deref(),
+        Some("1"),
+        "the service's own next statement"
+    );
+    assert_idle_and_switch_off::<D>(&held, "after").await;
 }
