@@ -17,15 +17,18 @@ struct Member {
     callers: Vec<Caller>,
 }
 
-/// Starts a flight on the runtime; its place is already taken.
-pub(super) fn start<S: Sealed>(shared: Arc<Shared>, store: Arc<S>) {
+/// Starts a flight on the runtime; its place is already taken. Its first
+/// statement sends the keys `first` (the call that started it queued them),
+/// so that a write that finds a place free goes at once, alone; then it
+/// sends whatever waits.
+pub(super) fn start<S: Sealed>(shared: Arc<Shared>, store: Arc<S>, first: Vec<String>) {
     tokio::spawn(async move {
         let mut flight = Flight {
             shared,
             members: Vec::new(),
             holding: true,
         };
-        flight.run(store).await;
+        flight.run(store, first).await;
     });
 }
 
@@ -44,14 +47,14 @@ impl Flight {
     /// Sends statements until nothing waits. The store is let go before the
     /// last answers are given, so that a caller that then drops its limiter
     /// gets back what its connection source owns.
-    async fn run<S: Sealed>(&mut self, store: Arc<S>) {
-        let Some((mut op, mut deadline)) = self.take() else {
+    async fn run<S: Sealed>(&mut self, store: Arc<S>, first: Vec<String>) {
+        let Some((mut op, mut deadline)) = self.take(Some(&first)) else {
             return;
         };
         loop {
             let answers = self.send(&*store, op, deadline).await;
             let told = self.answer(answers);
-            let next = self.take();
+            let next = self.take(None);
             let Some(next) = next else {
                 drop(store);
                 tell(told);
@@ -62,17 +65,32 @@ impl Flight {
         }
     }
 
-    /// Takes the keys waiting now (at most [`Limiter::MAX_PAIRS`]) and their
-    /// callers still waiting, for the next statement: its operation and its
-    /// deadline, the latest of its callers' (the statement goes on while
-    /// any of them waits). `None`, giving the place back, when nothing
-    /// waits.
-    fn take(&mut self) -> Option<(Op, Instant)> {
+    /// Takes the keys waiting now (at most [`Limiter::MAX_PAIRS`]; of
+    /// `only`'s, if given, those still waiting) and their callers still
+    /// waiting, for the next statement: its operation and its deadline, the
+    /// latest of its callers' (the statement goes on while any of them
+    /// waits). `None`, giving the place back, when nothing waits.
+    fn take(&mut self, only: Option<&[String]>) -> Option<(Op, Instant)> {
         let mut queue = self.shared.lock();
         let mut op = None;
         let mut deadline: Option<Instant> = None;
+        let mut only = only.map(|keys| keys.iter());
         while self.members.len() < Limiter::MAX_PAIRS {
-            let Some(key) = queue.ready.pop_front() else {
+            let next = match &mut only {
+                None => queue.ready.pop_front(),
+                Some(keys) => {
+                    let Some(key) = keys.next() else {
+                        break;
+                    };
+                    // Still waiting for a statement, unless another flight
+                    // took it already.
+                    match queue.ready.iter().position(|k| k == key) {
+                        Some(at) => queue.ready.remove(at),
+                        None => continue,
+                    }
+                }
+            };
+            let Some(key) = next else {
                 break;
             };
             let Queue { keys, .. } = &mut *queue;
@@ -97,6 +115,12 @@ impl Flight {
         }
         match (op, deadline) {
             (Some(op), Some(deadline)) => Some((op, deadline)),
+            // Its first keys were taken by another flight: it sends what
+            // else waits, if anything, so that nothing waits with no flight.
+            _ if only.is_some() => {
+                drop(queue);
+                self.take(None)
+            }
             _ => {
                 queue.in_flight -= 1;
                 self.holding = false;

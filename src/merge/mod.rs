@@ -149,6 +149,9 @@ impl Merging {
     ) -> Vec<oneshot::Receiver<Answer>> {
         let mut waits = Vec::with_capacity(pairs.len());
         let mut start = false;
+        // The keys this call queued first: a flight it starts sends them
+        // (and only them) at once.
+        let mut first = Vec::new();
         {
             let mut queue = self.shared.lock();
             for ((limit, key), watch) in pairs.iter().zip(watches) {
@@ -174,6 +177,7 @@ impl Merging {
                     },
                 );
                 queue.ready.push_back(key.clone());
+                first.push(key.clone());
                 if !start && queue.in_flight < self.shared.places {
                     queue.in_flight += 1;
                     start = true;
@@ -181,7 +185,7 @@ impl Merging {
             }
         }
         if start {
-            flight::start(self.shared.clone(), store.clone());
+            flight::start(self.shared.clone(), store.clone(), first);
         }
         waits
     }
