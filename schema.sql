@@ -265,6 +265,9 @@ BEGIN
             pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
             pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
             pg_catalog.set_config('jit', 'off', true);
+    -- Every lock wait of the call together within the budget: a quarter
+    -- each, for the at most four waits of one row's upsert.
+    PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
@@ -370,6 +373,9 @@ BEGIN
             pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
             pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
             pg_catalog.set_config('jit', 'off', true);
+    -- Every lock wait of the call together within the budget: a quarter
+    -- each, for the at most four waits of one row's upsert.
+    PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
@@ -745,6 +751,9 @@ BEGIN
             pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
             pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
             pg_catalog.set_config('jit', 'off', true);
+    -- Every lock wait of the call together within the budget: a quarter
+    -- each, for the at most four waits of one row's upsert.
+    PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
@@ -816,6 +825,9 @@ BEGIN
             pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
             pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
             pg_catalog.set_config('jit', 'off', true);
+    -- Every lock wait of the call together within the budget: a quarter
+    -- each, for the at most four waits of one row's upsert.
+    PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
@@ -892,6 +904,9 @@ BEGIN
             pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
             pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
             pg_catalog.set_config('jit', 'off', true);
+    -- Every lock wait of the call together within the budget: a quarter
+    -- each, for the at most four waits of one row's upsert.
+    PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval

@@ -256,6 +256,8 @@ on_each_driver!(
     budget::a_held_row_lock_is_a_lock_timeout_on_either_driver,
     budget::a_slow_call_ends_within_the_budget_and_says_whether_the_server_stopped,
     budget::a_late_error_of_a_call_given_up_reaches_no_later_statement,
+    budget::a_held_row_over_a_long_round_trip_is_a_lock_timeout_on_either_driver,
+    budget::every_waiter_on_a_held_row_is_a_lock_timeout_on_either_driver,
     callers_transaction::a_connection_inside_the_callers_transaction_is_refused_on_either_driver,
     keys::hostile_keys_never_break_the_statement_on_either_driver,
     pgbouncer::every_operation_works_through_pgbouncer_on_either_driver,

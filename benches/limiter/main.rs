@@ -66,6 +66,7 @@
 //! stops the run before anything is measured.
 
 mod attack;
+mod flood;
 mod floors;
 mod measure;
 mod operations;
@@ -274,6 +275,7 @@ async fn run(mode: Mode) -> bool {
 
     let mut results = Results::new();
     let mut attack_results = AttackResults::new();
+    let mut flood_results = flood::FloodResults::default();
     // The table is new: it has had inserts only (the refused keys' updates
     // are left out below with the attack's).
     let mut counters = Updates::default();
@@ -304,6 +306,7 @@ async fn run(mode: Mode) -> bool {
             counters = now;
         }
         attack::round(&bench, &attack, &mut results, &mut attack_results).await;
+        flood::round(&conns, round, &mut flood_results).await;
         // The attack's updates are neither block's.
         counters = updates(&bench.conns, &admin).await;
         eprintln!(
@@ -325,6 +328,7 @@ async fn run(mode: Mode) -> bool {
     let targets = targets::all(
         &results,
         &attack_results,
+        &flood_results,
         &purge,
         random_updates,
         hot_updates,
@@ -337,6 +341,7 @@ async fn run(mode: Mode) -> bool {
         random_updates,
         hot_updates,
         attack: &attack_results,
+        flood: &flood_results,
         purge: &purge,
         targets: &targets,
     };

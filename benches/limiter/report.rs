@@ -267,6 +267,7 @@ pub(crate) struct Report<'a> {
     pub(crate) random_updates: Updates,
     pub(crate) hot_updates: Updates,
     pub(crate) attack: &'a AttackResults,
+    pub(crate) flood: &'a crate::flood::FloodResults,
     pub(crate) purge: &'a PurgeReport,
     pub(crate) targets: &'a [Target],
 }
@@ -285,6 +286,8 @@ impl Report<'_> {
         crate::prepared::print(self.results);
         println!();
         crate::attack::print(self.results, self.attack);
+        println!();
+        crate::flood::print(self.flood);
         println!();
         crate::purge::print(self.purge);
         println!();
@@ -558,6 +561,7 @@ impl Report<'_> {
                 },
             },
             attack: self.attack.json(),
+            flood: self.flood,
             purge: self.purge,
             capacity: capacity(self.results, self.attack),
             targets: self.targets,
@@ -577,6 +581,7 @@ struct Json<'a> {
     rows: Vec<RowJson<'a>>,
     hot_updates: HotJson,
     attack: AttackJson<'a>,
+    flood: &'a crate::flood::FloodResults,
     purge: &'a PurgeReport,
     capacity: Vec<Capacity>,
     targets: &'a [Target],

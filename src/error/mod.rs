@@ -307,10 +307,20 @@ impl Error {
         }
     }
 
+    /// Whether this is a statement answered after this call's own cancel
+    /// request: it did its work, late.
+    pub(crate) fn answered_after_cancel(&self) -> bool {
+        matches!(&self.0, Inner::AnsweredAfterCancel { .. })
+    }
+
     /// Whether PostgreSQL answered this (with a SQLSTATE), so that it was up
     /// when the call failed.
     pub(crate) fn answered(&self) -> bool {
-        self.code().is_some() && !matches!(&self.0, Inner::ConnectionLost { .. })
+        match &self.0 {
+            Inner::AnsweredAfterCancel { .. } => true,
+            Inner::ConnectionLost { .. } => false,
+            _ => self.code().is_some(),
+        }
     }
 
     /// The SQLSTATE PostgreSQL answered with, if it answered with one,

@@ -13,6 +13,7 @@
 //! statement with no answer at all).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -23,6 +24,11 @@ pub(crate) struct Health {
     base: Instant,
     answered: AtomicU64,
     failed: AtomicU64,
+    /// About the link's round trip, in microseconds: the time answered
+    /// statements took, falling at once to a shorter one and rising slowly
+    /// to longer ones (the server's own work included, so never less than
+    /// the round trip).
+    rtt_micros: AtomicU64,
 }
 
 impl Default for Health {
@@ -31,6 +37,7 @@ impl Default for Health {
             base: Instant::now(),
             answered: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            rtt_micros: AtomicU64::new(0),
         }
     }
 }
@@ -51,6 +58,25 @@ impl Health {
     pub(crate) fn failed(&self) {
         self.failed
             .fetch_max(self.stamp(Instant::now()), Ordering::Relaxed);
+    }
+
+    /// An answered statement took `took`, from sending to its answer.
+    pub(crate) fn took(&self, took: Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let _ = self
+            .rtt_micros
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |rtt| {
+                Some(if rtt == 0 || sample <= rtt {
+                    sample
+                } else {
+                    rtt + (sample - rtt) / 16
+                })
+            });
+    }
+
+    /// About the link's round trip (zero before the first answer).
+    pub(crate) fn round_trip(&self) -> Duration {
+        Duration::from_micros(self.rtt_micros.load(Ordering::Relaxed))
     }
 
     /// Whether the server is down, by what was heard, for a call that began
@@ -74,14 +100,14 @@ mod tests {
     async fn a_server_is_down_only_when_nothing_was_answered_while_the_call_waited() {
         let health = Health::default();
         let start = Instant::now();
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        tokio::time::advance(Duration::from_millis(1)).await;
         assert!(
             health.down_since(start, false),
             "never answered: no sign it is up"
         );
 
         health.answered();
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        tokio::time::advance(Duration::from_millis(1)).await;
         let later = Instant::now();
         assert!(
             !health.down_since(start, false),
@@ -92,7 +118,7 @@ mod tests {
             "answered before, and no failure since: a wait is load"
         );
 
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        tokio::time::advance(Duration::from_millis(1)).await;
         health.failed();
         assert!(
             health.down_since(later, false),
@@ -103,11 +129,11 @@ mod tests {
             "but it answered after `start`"
         );
 
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        tokio::time::advance(Duration::from_millis(1)).await;
         health.answered();
         assert!(!health.down_since(later, false), "answered again");
 
-        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        tokio::time::advance(Duration::from_millis(1)).await;
         let last = Instant::now();
         assert!(
             !health.down_since(last, false),

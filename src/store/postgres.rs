@@ -140,8 +140,8 @@ impl<C: LimitConn> Postgres<C> {
     }
 
     /// A connection for one call and the budget left on it, unless the
-    /// connection came too late to send a statement the budget can still
-    /// see to its end (past the cancel mark): then nothing is sent, and the
+    /// connection came too late to send a statement and hear back within
+    /// the budget: then nothing is sent, and the
     /// call ran out of budget waiting for the connection.
     async fn session(
         &self,
@@ -151,8 +151,11 @@ impl<C: LimitConn> Postgres<C> {
         progress: &Progress,
     ) -> Result<(C::Conn, Budget), Error> {
         let conn = self.connection(operation, since, progress).await?;
-        let budget = Budget::until(deadline);
-        if Instant::now() >= budget.cancel_at {
+        // At most a quarter of what is left: a measure too long for the
+        // link cannot starve a call of the time to send.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let budget = Budget::until(deadline, self.health.round_trip().min(left / 4));
+        if Instant::now() >= budget.send_by {
             let waited = Instant::now().saturating_duration_since(since);
             return Err(Error::out_of_budget(
                 operation,
@@ -219,10 +222,24 @@ impl<C: LimitConn> Postgres<C> {
         budget: Budget,
         progress: &Progress,
     ) -> Result<Row, Error> {
+        let sent = Instant::now();
         let answer = send(session, operation, statement, budget, progress).await;
         match &answer {
-            Ok(_) => self.health.answered(),
-            Err(e) if e.answered() => self.health.answered(),
+            Ok(_) => {
+                self.health.answered();
+                self.health.took(sent.elapsed());
+            }
+            // An error the server answered says it is up; its time says
+            // nothing of the link (a lock wait, a cancel), except for a
+            // statement that did its work and was answered after this
+            // call's cancel, whose time keeps the measure from staying
+            // above what the link gives.
+            Err(e) if e.answered() => {
+                self.health.answered();
+                if e.answered_after_cancel() {
+                    self.health.took(sent.elapsed());
+                }
+            }
             Err(_) => self.health.failed(),
         }
         answer
@@ -514,6 +531,12 @@ async fn send<S: Session, const N: usize>(
     let (answer, cancel_sent) = session
         .send(statement.sql, &statement.params, budget.cancel_at)
         .await;
+    if cancel_sent && !cancelled_by_it(&answer) {
+        // The statement was answered before its cancel reached the server:
+        // keep the connection until the cancel has landed, on an idle
+        // backend, which ignores it, and not on the next statement.
+        tokio::time::sleep_until(budget.cancel_lands).await;
+    }
     match answer {
         Ok(_) if cancel_sent => AnsweredAfterCancelSnafu { operation }
             .fail()
@@ -527,6 +550,17 @@ async fn send<S: Session, const N: usize>(
             }
             Err(error)
         }
+    }
+}
+
+/// Whether `answer` is the statement stopped by a cancel (57014).
+fn cancelled_by_it(answer: &Result<Row, crate::driver::Failure>) -> bool {
+    match answer {
+        Ok(_) => false,
+        Err(failure) => matches!(
+            failure.reading(),
+            crate::error::Reading::Answered(code) if code == tokio_postgres::error::SqlState::QUERY_CANCELED
+        ),
     }
 }
 

@@ -63,7 +63,7 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
                 .conn()
                 .await
                 .map_err(|e| Error::connect(Operation::Purge, e.into()))?;
-            let budget = Budget::until(purge.deadline());
+            let budget = Budget::until(purge.deadline(), Duration::ZERO);
             let batch = sql::PurgeBatch {
                 batch: PurgeTask::BATCH_ROWS,
                 budget_ms: budget.server_ms,

@@ -7,6 +7,7 @@
 //! [`db`]: the databases, the connections a test holds or lends, and what a
 //! test reads of them as the system, the superuser or a stranger.
 //! [`http`]: a bare HTTP/1.1 client for the example services.
+//! [`latency`]: a TCP proxy that lengthens the round trip.
 //! [`metrics`]: what a `DebuggingRecorder` saw.
 #![allow(dead_code, reason = "each test binary uses only some of the helpers")]
 
@@ -15,6 +16,7 @@ pub mod db;
 pub mod faults;
 pub mod hostile_keys;
 pub mod http;
+pub mod latency;
 pub mod metrics;
 pub mod verdicts;
 pub mod wire;

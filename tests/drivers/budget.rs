@@ -10,6 +10,7 @@ use crate::common::db::{
     assert_no_lock_waits_soon, fresh_db, lock_row, stored, until_a_call_waits_on_a_lock,
 };
 use crate::common::faults::{end_slow_writes, slow_writes};
+use crate::common::latency::Delayed;
 use crate::common::{BUDGET, SLACK, assert_shed, limit, timed};
 use crate::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend, text};
 use crate::{
@@ -153,4 +154,106 @@ where
         "the service's own next statement"
     );
     assert_idle_and_switch_off::<D>(&held, "after").await;
+}
+
+/// Over a link whose round trip is 50 ms (a proxy that delays each way by
+/// 25 ms), a call with a budget of 200 ms on a row another session holds:
+/// the budget's split counts the round trip the store measured, so the
+/// server's lock waits end, and their `55P03` is back, before the client's
+/// deadline: a `LockTimeout` error on either driver, never an allow; and
+/// once the lock is gone, the same connection counts again.
+pub async fn a_held_row_over_a_long_round_trip_is_a_lock_timeout_on_either_driver<D: Driver>()
+where
+    Lend<D::Conn>: LimitConn,
+{
+    let db = fresh_db().await;
+    let server = db.config();
+    let port = server.get_ports().first().copied().expect("a port");
+    let proxy = Delayed::to(port, Duration::from_millis(25)).await;
+    let mut far = tokio_postgres::Config::new();
+    far.host("127.0.0.1")
+        .port(proxy.port)
+        .user(server.get_user().expect("a user"))
+        .dbname(server.get_dbname().expect("a database"));
+    if let Some(password) = server.get_password() {
+        far.password(password);
+    }
+    let held = hold::<D>(&far).await;
+    let budget = Duration::from_millis(200);
+    let limiter = Limiter::builder(Postgres::new(lend::<D>(&held)))
+        .budget(budget)
+        .no_refusal_cache()
+        .build()
+        .unwrap();
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    // A few answered calls: the store learns the round trip (the first of
+    // each statement on a connection through `Prepared` takes two).
+    let warm = Key::email("warm@example.com");
+    for _ in 0..5 {
+        limiter.check(&login, &warm).await.unwrap();
+        limiter.failed(&login, &warm).await.unwrap();
+    }
+    for n in 1..=3 {
+        let verdict = limiter.failed(&login, &alice).await.unwrap();
+        assert_counted(&verdict, n, &format!("far: {verdict:?}"));
+    }
+
+    let locker = lock_row(&db, &stored(&login, &alice)).await;
+    for attempt in 0..3 {
+        let (result, _) = timed(budget + SLACK, "far", limiter.failed(&login, &alice)).await;
+        let err = result.expect_err("a held lock gave a verdict over a long round trip");
+        assert_eq!(
+            err.kind(),
+            ErrorKind::LockTimeout,
+            "attempt {attempt}: {err:?}"
+        );
+    }
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert_counted(&limiter.failed(&login, &alice).await.unwrap(), 4, "after");
+}
+
+/// However many sessions queue on a held row (eight replicas, each a
+/// limiter of its own), every waiter's answer is `LockTimeout` within its
+/// budget: the server bounds all of a call's lock waits together, never one
+/// acquisition at a time, so no waiter runs past its budget into a cancel.
+pub async fn every_waiter_on_a_held_row_is_a_lock_timeout_on_either_driver<D: Driver>()
+where
+    Lend<D::Conn>: LimitConn,
+{
+    const REPLICAS: usize = 8;
+    let db = fresh_db().await;
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    let mut replicas = Vec::with_capacity(REPLICAS);
+    for _ in 0..REPLICAS {
+        let held = hold::<D>(&db.config()).await;
+        let limiter = Limiter::builder(Postgres::new(lend::<D>(&held)))
+            .budget(BUDGET)
+            .build()
+            .unwrap();
+        replicas.push(std::sync::Arc::new(limiter));
+    }
+    replicas[0].failed(&login, &alice).await.unwrap();
+
+    let locker = lock_row(&db, &stored(&login, &alice)).await;
+    let mut waiters = Vec::with_capacity(REPLICAS);
+    for limiter in &replicas {
+        let (limiter, login, alice) = (limiter.clone(), login.clone(), alice.clone());
+        waiters.push(tokio::spawn(async move {
+            timed(BUDGET + SLACK, "a waiter", limiter.failed(&login, &alice)).await
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        let (result, _) = waiter.await.unwrap();
+        let err = result.expect_err("a waiter on a held row gave a verdict");
+        assert_eq!(err.kind(), ErrorKind::LockTimeout, "waiter {i}: {err:?}");
+    }
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert_counted(
+        &replicas[1].failed(&login, &alice).await.unwrap(),
+        2,
+        "after",
+    );
 }
