@@ -58,6 +58,26 @@ fn emitted() -> Emitted {
             let broken = Limiter::new(Postgres::new(bare.config()));
             broken.failed(&limit, &key).await.expect_err("no schema");
 
+            // A limiter answered before, whose one connection is held
+            // elsewhere: the wait is load, and the call is shed.
+            let held = std::sync::Arc::new(tokio::sync::Mutex::new(db.connect().await));
+            let lend = {
+                let held = held.clone();
+                move || {
+                    let held = held.clone();
+                    async move { Ok::<_, std::convert::Infallible>(held.lock_owned().await) }
+                }
+            };
+            let busy = Limiter::builder(Postgres::new(lend))
+                .budget(Duration::from_millis(200))
+                .build()
+                .expect("a budget");
+            busy.check(&limit, &key).await.expect("answered");
+            let taken = held.lock().await;
+            let verdict = busy.check(&limit, &key).await.expect("a verdict");
+            assert!(verdict.is_shed(), "{verdict:?}");
+            drop(taken);
+
             let postgres = Limiter::new(Postgres::new(db.config()));
             postgres.failed(&limit, &key).await.expect("a verdict");
             purge(&db.config()).await.expect("a purge");
@@ -170,7 +190,7 @@ fn the_metric_check_can_fail() {
     let emitted = emitted();
     assert!(!emitted.names.contains("platformkit_limit_calls_totl"));
     assert!(!emitted.labels["outcome"].contains("denied"));
-    for outcome in ["allowed", "refused", "unreachable", "error", "cleared"] {
+    for outcome in ["allowed", "refused", "unreachable", "shed", "error", "cleared"] {
         assert!(emitted.labels["outcome"].contains(outcome), "{outcome}");
     }
 }

@@ -4,6 +4,7 @@
 //! (the range is shown beside it). A few are checks of correctness, not
 //! speed: a miss there fails the run.
 
+use platformkit_limit::Limiter;
 use serde::Serialize;
 
 use crate::WIDE;
@@ -340,20 +341,28 @@ pub(crate) fn all(
         .check(),
         Target::new(
             "an ordinary user's login p99 under that flood",
-            "its p99 alone, on the same limiter, right before",
-            flood.p99_ratios.iter().copied(),
+            format!(
+                "the limiter's budget ({} s): served, never shed",
+                Limiter::DEFAULT_BUDGET.as_secs_f64()
+            ),
+            flood
+                .p99_flood_us
+                .iter()
+                .map(|us| us / 1e6 / Limiter::DEFAULT_BUDGET.as_secs_f64()),
             AtMost,
-            FLOOD_P99_BOUND,
+            FLOOD_P99_OF_BUDGET,
         ),
     ]);
     targets.extend(per_core_target);
     targets
 }
 
-/// How much longer an ordinary user's p99 may be under a flood of a refused
-/// address than alone: the flood is answered in process, so what it costs
-/// the user is the CPU its tasks take, never the database.
-const FLOOD_P99_BOUND: f64 = 20.0;
+/// The most of the budget an ordinary user's p99 may take under a flood of
+/// a refused address: the flood is answered in process, without a
+/// statement, so what it costs the user is the CPU its tasks take (the
+/// bench's flooders call back to back; the ratio to the user's p99 alone is
+/// in the flood's line of the report), never a wait for the database.
+const FLOOD_P99_OF_BUDGET: f64 = 0.5;
 
 fn show_value(x: f64) -> String {
     if !x.is_finite() {
