@@ -32,6 +32,11 @@ impl Call {
         }
     }
 
+    /// When the call began.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
     /// When the budget runs out.
     pub(crate) fn deadline(&self) -> Instant {
         self.started + self.budget

@@ -190,7 +190,14 @@ fn the_metric_check_can_fail() {
     let emitted = emitted();
     assert!(!emitted.names.contains("platformkit_limit_calls_totl"));
     assert!(!emitted.labels["outcome"].contains("denied"));
-    for outcome in ["allowed", "refused", "unreachable", "shed", "error", "cleared"] {
+    for outcome in [
+        "allowed",
+        "refused",
+        "unreachable",
+        "shed",
+        "error",
+        "cleared",
+    ] {
         assert!(emitted.labels["outcome"].contains(outcome), "{outcome}");
     }
 }

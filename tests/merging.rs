@@ -375,3 +375,65 @@ fn concurrent_merged_writes_count_as_memory_counts_them_one_by_one() {
         })?;
     });
 }
+
+/// A limiter that outlives the runtime its statements were sent on (one in
+/// a `static`, shared by several runtimes): the flight torn down with its
+/// runtime, mid-statement, answers its callers, gives its place back and
+/// leaves no key queued with no flight to send it; the next runtime's calls
+/// for the same key are sent and counted.
+#[test]
+fn a_flight_torn_down_with_its_runtime_leaves_no_key_and_no_place_behind() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let first = runtime();
+    let limit = Limit::new("torn", 1_000, Duration::from_secs(3600)).expect("a limit");
+    let key = Key::opaque("k");
+    let (db, limiter) = first.block_on(async {
+        let db = Server::shared().database(SCHEMA).await;
+        // A connection for each call, on whichever runtime makes it.
+        let limiter = Arc::new(
+            Limiter::builder(Postgres::new(db.config()))
+                .no_refusal_cache()
+                .budget(Duration::from_secs(5))
+                .build()
+                .expect("a limiter"),
+        );
+        limiter.failed(&limit, &key).await.expect("a verdict");
+        (db, limiter)
+    });
+    let locker = first.block_on(lock_row(&db, &stored(&limit, &key)));
+    for _ in 0..2 {
+        let (limiter, limit, key) = (limiter.clone(), limit.clone(), key.clone());
+        first.spawn(async move { limiter.failed(&limit, &key).await });
+    }
+    first.block_on(async {
+        let admin = db.connect_admin().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while lock_waits(&admin).await < 1 {
+            assert!(tokio::time::Instant::now() < deadline, "no write waited");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    // The runtime goes, and with it the flight, its statement and the lock.
+    drop(locker);
+    drop(first);
+
+    let second = runtime();
+    second.block_on(async {
+        let verdict = tokio::time::timeout(Duration::from_secs(4), limiter.failed(&limit, &key))
+            .await
+            .expect("the key was left with no flight to send it")
+            .expect("a verdict");
+        assert!(
+            !verdict.is_shed() && !verdict.is_unreachable(),
+            "{verdict:?}"
+        );
+        assert!(verdict.count().is_some_and(|c| c >= 2), "{verdict:?}");
+    });
+    drop(second);
+}

@@ -71,7 +71,9 @@ async fn ordinary(
     took
 }
 
-/// One round of the flood, into `results`.
+/// One round of the flood, into `results`. The limits' windows are the
+/// longest, so that no round crosses into a new window midway (which would
+/// open the address again, as a fixed window does).
 pub(crate) async fn round(conns: &Arc<Vec<Held>>, round: usize, results: &mut FloodResults) {
     let pool = Pool::new(Arc::new(conns.iter().take(CONNS).cloned().collect()));
     // Every default, the budget's included: the flood's answers and the

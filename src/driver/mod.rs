@@ -57,13 +57,13 @@ pub(crate) mod sealed {
         /// Sends `sql` with `params` (in the order of its `$n`) and reads its
         /// one row. A driver that can cancels the statement on the server if
         /// it is still unanswered at `cancel_at`; the second value says
-        /// whether it sent that cancel request.
+        /// when it delivered that cancel request, if it did.
         fn send<'a, const N: usize>(
             &'a mut self,
             sql: &'static str,
             params: &'a [Param<'a>; N],
             cancel_at: Instant,
-        ) -> impl Future<Output = (Result<Row, Failure>, bool)> + Send + 'a;
+        ) -> impl Future<Output = (Result<Row, Failure>, Option<Instant>)> + Send + 'a;
 
         /// Rolls back the transaction the connection was lent inside, so that
         /// it goes back idle. Best effort: the error already says what
@@ -188,20 +188,21 @@ pub(crate) fn waited_for_pool(error: &(dyn std::error::Error + 'static)) -> bool
 
 /// Awaits `answer`; if it is still pending at `cancel_at`, starts `cancel`
 /// once and awaits both: the cancel request is finished before the answer
-/// is returned, so it cannot reach a later statement on the connection.
-/// Returns the answer and whether `cancel` was started.
-pub(crate) async fn answer_or_cancel<F: Future, C: Future<Output = ()>>(
+/// is returned. Returns the answer and, when a cancel request was delivered
+/// (`cancel` answers whether it was), when it was.
+pub(crate) async fn answer_or_cancel<F: Future, C: Future<Output = bool>>(
     answer: F,
     cancel_at: Instant,
     cancel: impl FnOnce() -> C,
-) -> (F::Output, bool) {
+) -> (F::Output, Option<Instant>) {
     tokio::pin!(answer);
     tokio::select! {
         biased;
-        answer = &mut answer => (answer, false),
+        answer = &mut answer => (answer, None),
         () = tokio::time::sleep_until(cancel_at) => {
-            let (answer, ()) = tokio::join!(answer, cancel());
-            (answer, true)
+            let delivered = async { cancel().await.then(Instant::now) };
+            let (answer, delivered) = tokio::join!(answer, delivered);
+            (answer, delivered)
         }
     }
 }

@@ -29,7 +29,7 @@ impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
         sql: &'static str,
         params: &'a [Param<'a>; N],
         cancel_at: Instant,
-    ) -> (Result<Row, Failure>, bool) {
+    ) -> (Result<Row, Failure>, Option<Instant>) {
         send(self, None, sql, params, cancel_at).await
     }
 
@@ -49,7 +49,7 @@ where
         sql: &'static str,
         params: &'a [Param<'a>; N],
         cancel_at: Instant,
-    ) -> (Result<Row, Failure>, bool) {
+    ) -> (Result<Row, Failure>, Option<Instant>) {
         let wrapper: &deadpool_postgres::ClientWrapper = &self.0;
         send(
             wrapper,
@@ -80,9 +80,9 @@ async fn send<const N: usize>(
     sql: &'static str,
     params: &[Param<'_>; N],
     cancel_at: Instant,
-) -> (Result<Row, Failure>, bool) {
+) -> (Result<Row, Failure>, Option<Instant>) {
     let typed: [(&(dyn ToSql + Sync), Type); N] = std::array::from_fn(|i| typed(&params[i]));
-    let (answer, cancel_sent) =
+    let (answer, cancelled) =
         answer_or_cancel(one_row(client, cache, sql, &typed), cancel_at, || {
             // What psql's Ctrl-C sends, over a new connection without TLS; sent
             // while this call still holds the connection, so it can only reach
@@ -90,14 +90,12 @@ async fn send<const N: usize>(
             // `Prepared`, its Parse), and finished before the connection is
             // handed back.
             let token = client.cancel_token();
-            async move {
-                let _ = token.cancel_query(tokio_postgres::NoTls).await;
-            }
+            async move { token.cancel_query(tokio_postgres::NoTls).await.is_ok() }
         })
         .await;
     (
         answer.map(Row::Postgres).map_err(Failure::Postgres),
-        cancel_sent,
+        cancelled,
     )
 }
 

@@ -66,11 +66,12 @@ use crate::error::{Reading, misconfigured_code};
 ///
 /// Or lend the `PoolConnection` a request already holds (a transaction's is
 /// refused: the connection must be idle) to a limiter for that request, and
-/// take it back after. The source owns what it lends (a connection source is
-/// `'static`: the limiter's shared statements are sent by a task of its
-/// own). A limiter built per request has its own refusal cache and merging,
-/// so those help only across its calls; share one limiter over a pool where
-/// you can.
+/// keep using it through the same lock. The source owns what it lends (a
+/// connection source is `'static`: the limiter's shared statements are sent
+/// by a task of its own, which may still hold the connection for a moment
+/// after a call that ran out of budget). A limiter built per request has
+/// its own refusal cache and merging, so those help only across its calls;
+/// share one limiter over a pool where you can.
 ///
 /// ```no_run
 /// use platformkit_limit::{Key, Limit, Limiter, Postgres, SqlxConn};
@@ -86,8 +87,8 @@ use crate::error::{Reading, misconfigured_code};
 ///     async move { Ok::<_, std::convert::Infallible>(SqlxConn(lent.lock_owned().await)) }
 /// }));
 /// let verdict = limiter.check(login, &Key::email("alice@example.com")).await?;
-/// drop(limiter);
-/// let conn = Arc::try_unwrap(held).expect("the limiter is gone").into_inner();
+/// // The request's own queries, on the same connection, one at a time.
+/// let conn = held.lock().await;
 /// # let _ = (verdict, conn);
 /// # Ok(())
 /// # }
@@ -114,10 +115,10 @@ where
         params: &'a [Param<'a>; N],
         // sqlx keeps the cancel key private: nothing to cancel with.
         _cancel_at: Instant,
-    ) -> (Result<Row, Failure>, bool) {
+    ) -> (Result<Row, Failure>, Option<Instant>) {
         let conn: &mut PgConnection = (*self.0).as_mut();
         if let Err(e) = settle(conn).await {
-            return (Err(Failure::Sqlx(e)), false);
+            return (Err(Failure::Sqlx(e)), None);
         }
         let mut query = sqlx::query(sql);
         for param in params {
@@ -131,7 +132,7 @@ where
             };
         }
         let answer = query.fetch_one(conn).await;
-        (answer.map(Row::Sqlx).map_err(Failure::Sqlx), false)
+        (answer.map(Row::Sqlx).map_err(Failure::Sqlx), None)
     }
 
     async fn rollback(&mut self) {

@@ -307,6 +307,12 @@ impl Error {
         }
     }
 
+    /// Whether this is a budget that ran out (down or overloaded, by what
+    /// was heard), as [`Error::out_of_budget`] makes it.
+    pub(crate) fn is_out_of_budget(&self) -> bool {
+        matches!(&self.0, Inner::Timeout { .. } | Inner::Shed { .. })
+    }
+
     /// Whether this is a statement answered after this call's own cancel
     /// request: it did its work, late.
     pub(crate) fn answered_after_cancel(&self) -> bool {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use snafu::ensure;
 
-use crate::cache::Lookup;
+use crate::cache::{Lookup, Refresh};
 use crate::call::Call;
 use crate::decide::decide;
 use crate::error::InvalidOptionSnafu;
@@ -129,32 +129,84 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
         let call = Call::start(op.into(), self.budget);
         let asked_at = self.store.local_now();
-        let mut refreshes = Vec::with_capacity(stored.len());
+        let mut refreshes: Vec<Option<Refresh>> = Vec::with_capacity(stored.len());
         let mut cached: Vec<Option<Verdict>> = Vec::with_capacity(stored.len());
-        for (_, key) in stored {
+        for (i, (_, key)) in stored.iter().enumerate() {
+            // A key given twice is looked up once: the second lookup would
+            // find the first's claim to refresh, and refuse.
+            if let Some(first) = stored[..i].iter().position(|(_, k)| k == key) {
+                cached.push(cached[first].clone());
+                refreshes.push(None);
+                continue;
+            }
             match self.refusals.get(key, asked_at, self.budget) {
-                Lookup::Refused(verdict) => cached.push(Some(verdict)),
+                Lookup::Refused(verdict) => {
+                    cached.push(Some(verdict));
+                    refreshes.push(None);
+                }
                 Lookup::Ask(refresh) => {
                     cached.push(None);
                     refreshes.push(refresh);
                 }
             }
         }
-        if cached.iter().any(Option::is_some) {
-            // Refused without a round trip; the claims of the others end here.
-            drop(refreshes);
-            return Ok(stored
-                .iter()
-                .zip(cached)
-                .map(|((limit, _), cached)| match cached {
-                    Some(verdict) => {
-                        call.record_from(limit, Outcome::Refused, Source::Cache);
-                        (verdict, CountedIn::Nowhere)
-                    }
-                    None => (Verdict::not_asked(limit), CountedIn::Nowhere),
-                })
-                .collect());
+        if cached.iter().all(Option::is_none) {
+            return self.ask(op, &call, asked_at, stored, refreshes).await;
         }
+        // Refused without a round trip. A failure happened all the same: it
+        // is still counted under the pairs the cache does not answer, so
+        // that no limit of the call under-counts a burst. Any other call
+        // asks the store nothing; the claims of the others end here.
+        let rest: Vec<(&Limit, String)> = stored
+            .iter()
+            .zip(&cached)
+            .filter(|(_, cached)| cached.is_none())
+            .map(|((limit, key), _)| (*limit, key.clone()))
+            .collect();
+        let mut asked = if op == Op::Failed && !rest.is_empty() {
+            let refreshes = refreshes
+                .into_iter()
+                .zip(&cached)
+                .filter(|(_, cached)| cached.is_none())
+                .map(|(refresh, _)| refresh)
+                .collect();
+            Some(
+                self.ask(op, &call, asked_at, &rest, refreshes)
+                    .await?
+                    .into_iter(),
+            )
+        } else {
+            drop(refreshes);
+            None
+        };
+        Ok(stored
+            .iter()
+            .zip(cached)
+            .map(|((limit, _), cached)| match cached {
+                Some(verdict) => {
+                    call.record_from(limit, Outcome::Refused, Source::Cache);
+                    (verdict, CountedIn::Nowhere)
+                }
+                None => asked
+                    .as_mut()
+                    .and_then(Iterator::next)
+                    .unwrap_or_else(|| (Verdict::not_asked(limit), CountedIn::Nowhere)),
+            })
+            .collect())
+    }
+
+    /// Asks the store for the pairs `stored` in one statement (see
+    /// [`run_all`](Limiter::run_all)), each with its claim to refresh a
+    /// cached refusal, if it holds one.
+    async fn ask(
+        &self,
+        op: Op,
+        call: &Call,
+        asked_at: std::time::SystemTime,
+        stored: &[(&Limit, String)],
+        refreshes: Vec<Option<Refresh>>,
+    ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
+        let started = call.started();
         let deadline = call.deadline();
         // Where each pair's statement got, read if the budget runs out.
         let watches: Vec<Watch> = stored.iter().map(|_| Watch::default()).collect();
@@ -164,12 +216,12 @@ impl<S: Store> Limiter<S> {
         let counting = Box::pin(async {
             match (&self.merging, stored) {
                 (Some(merging), _) if op.adds() => merging
-                    .add_all(&self.store, op, stored, deadline, &watches)
+                    .add_all(&self.store, op, stored, (started, deadline), &watches)
                     .await
                     .map(|counted| after_the_call(stored, counted)),
                 (_, [(limit, key)]) => {
                     let progress = Progress::default();
-                    watches[0].follow(&progress);
+                    watches[0].follow(&progress, deadline);
                     self.store
                         .count(op, limit, key, 1, deadline, &progress)
                         .await
@@ -177,7 +229,7 @@ impl<S: Store> Limiter<S> {
                 }
                 _ => {
                     let progress = Progress::default();
-                    watches[0].follow(&progress);
+                    watches[0].follow(&progress, deadline);
                     let asked: Vec<Asked<'_>> = stored
                         .iter()
                         .map(|(limit, key)| Asked { limit, key, n: 1 })
@@ -189,7 +241,7 @@ impl<S: Store> Limiter<S> {
         let phase = || {
             watches
                 .iter()
-                .map(Watch::phase)
+                .map(|watch| watch.phase_for(deadline))
                 .max()
                 .unwrap_or(Phase::Queued)
         };

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{Answer, Caller, Queue, Shared};
 use crate::error::AbandonedSnafu;
-use crate::store::{Asked, Counted, Op, Progress, sealed::Sealed};
+use crate::store::{Asked, Counted, Op, Phase, Progress, sealed::Sealed};
 use crate::{Error, Limit, Limiter};
 
 /// One key of a statement: its callers, in order of arrival.
@@ -20,43 +20,48 @@ struct Member {
 /// Starts a flight on the runtime; its place is already taken. Its first
 /// statement sends the keys `first` (the call that started it queued them),
 /// so that a write that finds a place free goes at once, alone; then it
-/// sends whatever waits.
+/// sends whatever waits. The flight is made before the task, so that a task
+/// dropped unrun (the runtime shutting down) still gives its place back.
 pub(super) fn start<S: Sealed>(shared: Arc<Shared>, store: Arc<S>, first: Vec<String>) {
+    let mut flight = Flight {
+        shared,
+        store: Some(store),
+        members: Vec::new(),
+        holding: true,
+    };
     tokio::spawn(async move {
-        let mut flight = Flight {
-            shared,
-            members: Vec::new(),
-            holding: true,
-        };
-        flight.run(store, first).await;
+        flight.run(first).await;
     });
 }
 
-/// A flight, holding one place. Dropped (the runtime shut down, or a panic
-/// unwound it), it answers the callers it took and gives its place back, so
-/// that no caller waits for a statement that will never be sent and no
-/// place is lost.
-struct Flight {
+/// A flight, holding one place. Dropped before its work is done (the
+/// runtime shut down, or a panic unwound it), it answers the callers it
+/// took, gives its place back, and answers the callers of every key left
+/// queued with no flight to send it, so that no caller waits for a
+/// statement that will never be sent and no place is lost.
+struct Flight<S: Sealed> {
     shared: Arc<Shared>,
+    /// The store, until nothing is left to send: let go before the last
+    /// answers are given, so that a caller that then drops its limiter
+    /// gets back what its connection source owns.
+    store: Option<Arc<S>>,
     members: Vec<Member>,
     /// Whether it still holds its place.
     holding: bool,
 }
 
-impl Flight {
-    /// Sends statements until nothing waits. The store is let go before the
-    /// last answers are given, so that a caller that then drops its limiter
-    /// gets back what its connection source owns.
-    async fn run<S: Sealed>(&mut self, store: Arc<S>, first: Vec<String>) {
+impl<S: Sealed> Flight<S> {
+    /// Sends statements until nothing waits.
+    async fn run(&mut self, first: Vec<String>) {
         let Some((mut op, mut deadline)) = self.take(Some(&first)) else {
             return;
         };
         loop {
-            let answers = self.send(&*store, op, deadline).await;
-            let told = self.answer(answers);
+            let answers = self.send(op, deadline).await;
+            let told = self.answer(op, answers);
             let next = self.take(None);
             let Some(next) = next else {
-                drop(store);
+                self.store = None;
                 tell(told);
                 return;
             };
@@ -131,10 +136,14 @@ impl Flight {
 
     /// Sends one statement for the members: alone for one key, one
     /// `add_many` for several. Each key's count after every caller's one.
-    async fn send<S: Sealed>(&self, store: &S, op: Op, deadline: Instant) -> Vec<Answer> {
+    async fn send(&self, op: Op, deadline: Instant) -> Vec<Answer> {
+        let Some(store) = self.store.as_deref() else {
+            let abandoned = Arc::new(Error::from(AbandonedSnafu.build()));
+            return vec![Err(abandoned); self.members.len()];
+        };
         let progress = Progress::default();
         for caller in self.members.iter().flat_map(|member| &member.callers) {
-            caller.watch.follow(&progress);
+            caller.watch.follow(&progress, deadline);
         }
         let n = |member: &Member| member.callers.len() as u64;
         if let [member] = &self.members[..] {
@@ -175,15 +184,28 @@ impl Flight {
     /// Each member's callers with their answers, each its own position's
     /// count, to be told; the keys whose callers came while it was in
     /// flight are queued again.
-    fn answer(&mut self, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
+    ///
+    /// A statement whose own budget ran out (the latest of its callers') is
+    /// read for each caller as of when that caller began: what the store
+    /// heard since then, and its statement sent and unanswered.
+    fn answer(&mut self, op: Op, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
         let mut told = Vec::new();
         let mut queue = self.shared.lock();
         for (member, answer) in self.members.drain(..).zip(answers) {
             let n = member.callers.len() as u64;
             for (position, caller) in (0..).zip(member.callers) {
-                let answer = answer
-                    .clone()
-                    .map(|counted| at_position(counted, n, position));
+                let answer = match &answer {
+                    Err(e) if e.is_out_of_budget() => Err(Arc::new(Error::out_of_budget(
+                        op.into(),
+                        caller.deadline.saturating_duration_since(caller.since),
+                        self.store
+                            .as_deref()
+                            .is_some_and(|store| store.down_since(caller.since, Phase::Sent)),
+                    ))),
+                    answer => answer
+                        .clone()
+                        .map(|counted| at_position(counted, n, position)),
+                };
                 told.push((caller, answer));
             }
             let Queue { keys, ready, .. } = &mut *queue;
@@ -199,15 +221,34 @@ impl Flight {
     }
 }
 
-impl Drop for Flight {
+impl<S: Sealed> Drop for Flight<S> {
     fn drop(&mut self) {
         if !self.members.is_empty() {
             let abandoned = Arc::new(Error::from(AbandonedSnafu.build()));
-            tell(self.answer(vec![Err(abandoned); self.members.len()]));
+            let told = self.answer(Op::Failed, vec![Err(abandoned); self.members.len()]);
+            tell(told);
         }
-        if self.holding {
+        if !self.holding {
+            return;
+        }
+        let stranded = {
             let mut queue = self.shared.lock();
             queue.in_flight = queue.in_flight.saturating_sub(1);
+            if queue.in_flight > 0 {
+                // Another flight sends what is queued.
+                Vec::new()
+            } else {
+                let Queue { keys, ready, .. } = &mut *queue;
+                ready
+                    .drain(..)
+                    .filter_map(|key| keys.remove(&key))
+                    .flat_map(|waiting| waiting.callers)
+                    .collect::<Vec<_>>()
+            }
+        };
+        let abandoned = Arc::new(Error::from(AbandonedSnafu.build()));
+        for caller in stranded {
+            let _ = caller.tx.send(Err(abandoned.clone()));
         }
     }
 }

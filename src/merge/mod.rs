@@ -76,6 +76,8 @@ struct Waiting {
 
 /// A caller waiting for its count.
 struct Caller {
+    /// When its call began, and its deadline.
+    since: Instant,
     deadline: Instant,
     tx: oneshot::Sender<Answer>,
     /// Where the caller reads how far its statement got.
@@ -114,11 +116,11 @@ impl Merging {
         store: &Arc<S>,
         op: Op,
         pairs: &[(&Limit, String)],
-        deadline: Instant,
+        (since, deadline): (Instant, Instant),
         watches: &[Watch],
     ) -> Result<Vec<Counted>, Error> {
         let operation = Operation::from(op);
-        let waits = self.queue(store, op, pairs, deadline, watches);
+        let waits = self.queue(store, op, pairs, (since, deadline), watches);
         let mut counted = Vec::with_capacity(waits.len());
         for rx in waits {
             let answer = match rx.await {
@@ -144,7 +146,7 @@ impl Merging {
         store: &Arc<S>,
         op: Op,
         pairs: &[(&Limit, String)],
-        deadline: Instant,
+        (since, deadline): (Instant, Instant),
         watches: &[Watch],
     ) -> Vec<oneshot::Receiver<Answer>> {
         let mut waits = Vec::with_capacity(pairs.len());
@@ -158,6 +160,7 @@ impl Merging {
                 let (tx, rx) = oneshot::channel();
                 waits.push(rx);
                 let caller = Caller {
+                    since,
                     deadline,
                     tx,
                     watch: watch.clone(),
@@ -166,6 +169,12 @@ impl Merging {
                     // Queued already, or in flight: it is queued again when
                     // its statement returns.
                     waiting.callers.push(caller);
+                    // A place free with keys waiting (a flight torn down
+                    // left them): a flight is started for them.
+                    if !start && queue.in_flight < self.shared.places && !queue.ready.is_empty() {
+                        queue.in_flight += 1;
+                        start = true;
+                    }
                     continue;
                 }
                 queue.keys.insert(

@@ -13,6 +13,7 @@
 //! statement with no answer at all).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -24,11 +25,23 @@ pub(crate) struct Health {
     base: Instant,
     answered: AtomicU64,
     failed: AtomicU64,
-    /// About the link's round trip, in microseconds: the time answered
-    /// statements took, falling at once to a shorter one and rising slowly
-    /// to longer ones (the server's own work included, so never less than
-    /// the round trip).
-    rtt_micros: AtomicU64,
+    /// About the link's round trip: the shortest answered statement of the
+    /// last two windows of [`RTT_WINDOW`] (a statement's time includes the
+    /// server's own work and waits, so never less than the round trip; the
+    /// shortest of recent ones is the closest to it, and a flood of slow
+    /// ones does not raise it while a fast one comes now and then).
+    rtt: Mutex<Shortest>,
+}
+
+/// How long a shortest round trip is kept: two windows of this.
+const RTT_WINDOW: Duration = Duration::from_secs(10);
+
+/// The shortest statement of the current window and of the one before.
+#[derive(Debug, Default)]
+struct Shortest {
+    window: u64,
+    current: Option<Duration>,
+    previous: Option<Duration>,
 }
 
 impl Default for Health {
@@ -37,7 +50,7 @@ impl Default for Health {
             base: Instant::now(),
             answered: AtomicU64::new(0),
             failed: AtomicU64::new(0),
-            rtt_micros: AtomicU64::new(0),
+            rtt: Mutex::default(),
         }
     }
 }
@@ -62,21 +75,27 @@ impl Health {
 
     /// An answered statement took `took`, from sending to its answer.
     pub(crate) fn took(&self, took: Duration) {
-        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        let _ = self
-            .rtt_micros
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |rtt| {
-                Some(if rtt == 0 || sample <= rtt {
-                    sample
-                } else {
-                    rtt + (sample - rtt) / 16
-                })
-            });
+        let window = self.window_now();
+        let mut rtt = self.rtt.lock().unwrap_or_else(PoisonError::into_inner);
+        rtt.roll(window);
+        rtt.current = Some(rtt.current.map_or(took, |shortest| shortest.min(took)));
     }
 
-    /// About the link's round trip (zero before the first answer).
+    /// About the link's round trip (zero before the first answer, and after
+    /// two windows without one).
     pub(crate) fn round_trip(&self) -> Duration {
-        Duration::from_micros(self.rtt_micros.load(Ordering::Relaxed))
+        let window = self.window_now();
+        let mut rtt = self.rtt.lock().unwrap_or_else(PoisonError::into_inner);
+        rtt.roll(window);
+        match (rtt.current, rtt.previous) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or_default(),
+        }
+    }
+
+    fn window_now(&self) -> u64 {
+        let since = Instant::now().saturating_duration_since(self.base);
+        u64::try_from(since.as_nanos() / RTT_WINDOW.as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Whether the server is down, by what was heard, for a call that began
@@ -89,6 +108,22 @@ impl Health {
         let answered = self.answered.load(Ordering::Relaxed);
         let failed = self.failed.load(Ordering::Relaxed);
         answered < self.stamp(since) && (answered == 0 || failed >= answered || own)
+    }
+}
+
+impl Shortest {
+    /// Moves on to `window`, forgetting what is older than the one before.
+    fn roll(&mut self, window: u64) {
+        if window == self.window {
+            return;
+        }
+        self.previous = if window == self.window + 1 {
+            self.current
+        } else {
+            None
+        };
+        self.current = None;
+        self.window = window;
     }
 }
 
@@ -143,5 +178,32 @@ mod tests {
             health.down_since(last, true),
             "but not when the call's own statement went unanswered"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_round_trip_is_the_shortest_recent_statement_and_slow_ones_do_not_raise_it() {
+        let health = Health::default();
+        assert_eq!(health.round_trip(), Duration::ZERO, "nothing measured yet");
+        health.took(Duration::from_millis(5));
+        for _ in 0..100 {
+            // A flood of statements that waited on a lock.
+            health.took(Duration::from_millis(400));
+        }
+        assert_eq!(health.round_trip(), Duration::from_millis(5));
+        tokio::time::advance(RTT_WINDOW).await;
+        health.took(Duration::from_millis(400));
+        assert_eq!(
+            health.round_trip(),
+            Duration::from_millis(5),
+            "kept for the window after"
+        );
+        tokio::time::advance(RTT_WINDOW).await;
+        assert_eq!(
+            health.round_trip(),
+            Duration::from_millis(400),
+            "then forgotten"
+        );
+        tokio::time::advance(RTT_WINDOW * 2).await;
+        assert_eq!(health.round_trip(), Duration::ZERO, "nothing recent");
     }
 }

@@ -117,19 +117,29 @@ impl Progress {
 }
 
 /// Where a caller reads the progress of the statement that carries its
-/// count: a merged caller's is set when a flight takes it.
+/// count, and that statement's deadline: a merged caller's is set when a
+/// flight takes it.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Watch(Arc<OnceLock<Progress>>);
+pub(crate) struct Watch(Arc<OnceLock<(Progress, Instant)>>);
 
 impl Watch {
-    /// Follows `progress`, the statement this caller is in.
-    pub(crate) fn follow(&self, progress: &Progress) {
-        let _ = self.0.set(progress.clone());
+    /// Follows `progress`, the statement this caller is in, which runs
+    /// until `deadline`.
+    pub(crate) fn follow(&self, progress: &Progress, deadline: Instant) {
+        let _ = self.0.set((progress.clone(), deadline));
     }
 
-    /// The step reached: [`Phase::Queued`] until a statement is begun.
-    pub(crate) fn phase(&self) -> Phase {
-        self.0.get().map_or(Phase::Queued, Progress::phase)
+    /// The step reached, for a caller whose budget ends at `deadline`:
+    /// [`Phase::Queued`] until a statement is begun, and while it is sent
+    /// with budget left after this caller's (it may still be answered).
+    pub(crate) fn phase_for(&self, deadline: Instant) -> Phase {
+        match self.0.get() {
+            None => Phase::Queued,
+            Some((progress, until)) => match progress.phase() {
+                Phase::Sent if *until > deadline => Phase::Queued,
+                phase => phase,
+            },
+        }
     }
 }
 

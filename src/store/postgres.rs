@@ -151,11 +151,13 @@ impl<C: LimitConn> Postgres<C> {
         progress: &Progress,
     ) -> Result<(C::Conn, Budget), Error> {
         let conn = self.connection(operation, since, progress).await?;
-        // At most a quarter of what is left: a measure too long for the
-        // link cannot starve a call of the time to send.
+        let rtt = self.health.round_trip();
         let left = deadline.saturating_duration_since(Instant::now());
-        let budget = Budget::until(deadline, self.health.round_trip().min(left / 4));
-        if Instant::now() >= budget.send_by {
+        // The split counts at most a quarter of what is left: a measure too
+        // long for the link cannot starve a call of the time to send. But a
+        // statement that cannot come back in what is left is not sent.
+        let budget = Budget::until(deadline, rtt.min(left / 4));
+        if left < rtt + sql::LEAST_SERVER || Instant::now() >= budget.send_by {
             let waited = Instant::now().saturating_duration_since(since);
             return Err(Error::out_of_budget(
                 operation,
@@ -528,14 +530,20 @@ async fn send<S: Session, const N: usize>(
 ) -> Result<Row, Error> {
     crate::metric::statement_sent(operation);
     progress.reached(Phase::Sent);
-    let (answer, cancel_sent) = session
+    let (answer, cancelled) = session
         .send(statement.sql, &statement.params, budget.cancel_at)
         .await;
-    if cancel_sent && !cancelled_by_it(&answer) {
+    let cancel_sent = cancelled.is_some();
+    if let Some(delivered) = cancelled
+        && !cancelled_by_it(&answer)
+    {
         // The statement was answered before its cancel reached the server:
         // keep the connection until the cancel has landed, on an idle
         // backend, which ignores it, and not on the next statement.
-        tokio::time::sleep_until(budget.cancel_lands).await;
+        let landed = budget
+            .cancel_lands
+            .max(delivered + budget.rtt / 2 + sql::CANCEL_LANDS);
+        tokio::time::sleep_until(landed).await;
     }
     match answer {
         Ok(_) if cancel_sent => AnsweredAfterCancelSnafu { operation }

@@ -294,6 +294,8 @@ pub(crate) struct Budget {
     pub(crate) cancel_at: Instant,
     /// The last moment a statement may be sent.
     pub(crate) send_by: Instant,
+    /// About the link's round trip, as the split counted it.
+    pub(crate) rtt: Duration,
     /// When a cancel request sent at `cancel_at` has surely reached the
     /// server (a connection, the request, the server's signal), so that it
     /// can no longer reach a later statement on the connection.
@@ -303,9 +305,13 @@ pub(crate) struct Budget {
 /// The most a cancel request is sent ahead of the deadline.
 const CANCEL_AHEAD: Duration = Duration::from_millis(100);
 
+/// The least a statement is sent with beyond the round trip: less, and it
+/// could only run out of budget on its way.
+pub(crate) const LEAST_SERVER: Duration = Duration::from_millis(2);
+
 /// What a server takes, beyond the round trips, to act on a cancel request:
 /// its new connection's start.
-const CANCEL_LANDS: Duration = Duration::from_millis(2);
+pub(crate) const CANCEL_LANDS: Duration = Duration::from_millis(2);
 
 impl Budget {
     /// The split of what is left until `deadline`, on a link whose round
@@ -323,6 +329,7 @@ impl Budget {
             cancel_at,
             send_by: deadline.checked_sub(ahead + rtt).unwrap_or(now),
             cancel_lands: (cancel_at + rtt * 2 + CANCEL_LANDS).min(deadline),
+            rtt,
         }
     }
 }
