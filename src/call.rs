@@ -12,7 +12,8 @@ use crate::metric::{self, Outcome, Source};
 use crate::operation::Operation;
 use crate::store::Phase;
 use crate::store::sealed::Sealed;
-use crate::{Error, Limit};
+use crate::trace::Decided;
+use crate::{Error, Limit, WhenUnreachable};
 
 /// One call: an operation within a budget.
 #[derive(Debug)]
@@ -98,9 +99,19 @@ impl Call {
     }
 
     /// Records that the store could not be reached for `limit`: the
-    /// `unreachable` outcome and a warning event naming the cause.
+    /// `unreachable` outcome and a warning event naming the cause and what
+    /// the limit's `WhenUnreachable` made of the attempt.
     pub(crate) fn record_unreachable(&self, limit: &Limit, cause: &Error) {
-        crate::trace::unreachable(limit.name(), self.operation, cause);
+        let decided = match limit.when_unreachable() {
+            WhenUnreachable::Allow => Decided::Allowed,
+            WhenUnreachable::Refuse => Decided::Refused,
+            WhenUnreachable::CountLocally => Decided::Locally,
+        };
+        self.record_unreachable_as(limit, cause, decided);
+    }
+
+    fn record_unreachable_as(&self, limit: &Limit, cause: &Error, decided: Decided) {
+        crate::trace::unreachable(limit.name(), self.operation, cause, decided);
         self.record(limit, Outcome::Unreachable);
     }
 
@@ -116,7 +127,7 @@ impl Call {
     pub(crate) fn record_cleared(&self, limit: &Limit, result: &Result<(), Error>) {
         match result {
             Ok(()) => self.record(limit, Outcome::Cleared),
-            Err(e) if e.is_unreachable() => self.record_unreachable(limit, e),
+            Err(e) if e.is_unreachable() => self.record_unreachable_as(limit, e, Decided::Nothing),
             Err(e) if e.is_overloaded() => self.record_shed(limit, e),
             Err(_) => self.record(limit, Outcome::Error),
         }

@@ -1,5 +1,6 @@
 //! Events through `tracing`, with the `tracing` feature: a warning on every
-//! unreachable outcome (the limit's `WhenUnreachable` decided), on every
+//! unreachable outcome (saying what the limit's `WhenUnreachable` made of
+//! the attempt), on every
 //! call shed because the store was overloaded, and on a failed purge, and
 //! an info event on a purge that succeeded; with the `tower` feature too, an
 //! error when the layer answers 500 and a warning when it cannot take back
@@ -10,13 +11,40 @@
 use crate::Error;
 use crate::operation::Operation;
 
+/// What became of an attempt the store could not be asked about.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Decided {
+    /// Let through without a count (`WhenUnreachable::Allow`).
+    Allowed,
+    /// Refused (`WhenUnreachable::Refuse`).
+    Refused,
+    /// Decided by the local count (`WhenUnreachable::CountLocally`).
+    Locally,
+    /// A reset or take-back: nothing to allow or refuse.
+    Nothing,
+}
+
+/// The store was unreachable; `decided` is what became of the attempt, as
+/// the limit's `WhenUnreachable` says (or that a reset or take-back had
+/// nothing to decide).
 #[cfg(feature = "tracing")]
-pub(crate) fn unreachable(limit: &str, operation: Operation, cause: &Error) {
+pub(crate) fn unreachable(limit: &str, operation: Operation, cause: &Error, decided: Decided) {
+    let message = match decided {
+        Decided::Allowed => "platformkit-limit: store unreachable, attempt allowed (fail-open)",
+        Decided::Refused => {
+            "platformkit-limit: store unreachable, attempt refused (WhenUnreachable::Refuse)"
+        }
+        Decided::Locally => {
+            "platformkit-limit: store unreachable, attempt decided by the local count \
+             (WhenUnreachable::CountLocally)"
+        }
+        Decided::Nothing => "platformkit-limit: store unreachable, nothing cleared",
+    };
     tracing::warn!(
         limit,
         operation = operation.label(),
         cause = %DisplayChain(cause),
-        "platformkit-limit: store unreachable, attempt allowed (fail-open)"
+        "{message}"
     );
 }
 
@@ -71,7 +99,7 @@ pub(crate) fn layer_failed(_cause: &Error) {}
 pub(crate) fn take_back_failed(_cause: &Error) {}
 
 #[cfg(not(feature = "tracing"))]
-pub(crate) fn unreachable(_limit: &str, _operation: Operation, _cause: &Error) {}
+pub(crate) fn unreachable(_limit: &str, _operation: Operation, _cause: &Error, _decided: Decided) {}
 
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn shed(_limit: &str, _operation: Operation, _cause: &Error) {}
