@@ -78,6 +78,14 @@ fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
             let key = Key::email("secret-alice@example.com");
             let verdict = limiter.failed(&limit, &key).await.expect("a verdict");
             assert!(verdict.is_unreachable());
+            // A limit that refuses when the store is unreachable is said to
+            // refuse, never to allow.
+            let strict = Limit::builder("strict", 3, Duration::from_secs(60))
+                .when_unreachable(platformkit_limit::WhenUnreachable::Refuse)
+                .build()
+                .expect("a limit");
+            let verdict = limiter.failed(&strict, &key).await.expect("a verdict");
+            assert!(verdict.is_unreachable() && verdict.is_refused());
             platformkit_limit::purge(&db.config())
                 .await
                 .expect("a purge");
@@ -99,6 +107,14 @@ fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
         "{unreachable}"
     );
     assert!(unreachable.contains("cause="), "{unreachable}");
+    let refused = warnings
+        .iter()
+        .find(|f| f.contains("limit=\"strict\""))
+        .expect("a warning for the strict limit");
+    assert!(
+        refused.contains("attempt refused") && !refused.contains("allowed"),
+        "{refused}"
+    );
     assert!(
         !warnings.iter().any(|f| f.contains("purged")),
         "a successful purge is a warning: {warnings:?}"
