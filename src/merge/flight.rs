@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{Answer, Caller, Queue, Shared};
 use crate::error::AbandonedSnafu;
-use crate::store::{Asked, Counted, Op, Phase, Progress, sealed::Sealed};
+use crate::store::{Asked, Counted, Op, Progress, sealed::Sealed};
 use crate::{Error, Limit, Limiter};
 
 /// One key of a statement: its callers, in order of arrival.
@@ -187,7 +187,9 @@ impl<S: Sealed> Flight<S> {
     ///
     /// A statement whose own budget ran out (the latest of its callers') is
     /// read for each caller as of when that caller began: what the store
-    /// heard since then, and its statement sent and unanswered.
+    /// heard since then, and how far its statement got (sent and
+    /// unanswered, or still waiting for a connection), as the caller itself
+    /// reads it when its own budget runs out first.
     fn answer(&mut self, op: Op, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
         let mut told = Vec::new();
         let mut queue = self.shared.lock();
@@ -198,9 +200,9 @@ impl<S: Sealed> Flight<S> {
                     Err(e) if e.is_out_of_budget() => Err(Arc::new(Error::out_of_budget(
                         op.into(),
                         caller.deadline.saturating_duration_since(caller.since),
-                        self.store
-                            .as_deref()
-                            .is_some_and(|store| store.down_since(caller.since, Phase::Sent)),
+                        self.store.as_deref().is_some_and(|store| {
+                            store.down_since(caller.since, caller.watch.phase_for(caller.deadline))
+                        }),
                     ))),
                     answer => answer
                         .clone()
