@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Answer, Caller, Queue, Shared};
-use crate::error::AbandonedSnafu;
+use super::{Answer, Caller, Queue, Shared, abandoned};
 use crate::store::{Asked, Counted, Op, Progress, sealed::Sealed};
 use crate::{Error, Limit, Limiter};
 
@@ -138,7 +137,7 @@ impl<S: Sealed> Flight<S> {
     /// `add_many` for several. Each key's count after every caller's one.
     async fn send(&self, op: Op, deadline: Instant) -> Vec<Answer> {
         let Some(store) = self.store.as_deref() else {
-            let abandoned = Arc::new(Error::from(AbandonedSnafu.build()));
+            let abandoned = abandoned();
             return vec![Err(abandoned); self.members.len()];
         };
         let progress = Progress::default();
@@ -174,7 +173,7 @@ impl<S: Sealed> Flight<S> {
             }
             Ok(_) => {
                 // The store answers one count per pair asked, or errs.
-                let e = Arc::new(Error::from(AbandonedSnafu.build()));
+                let e = abandoned();
                 vec![Err(e); self.members.len()]
             }
             Err(e) => vec![Err(Arc::new(e)); self.members.len()],
@@ -226,7 +225,7 @@ impl<S: Sealed> Flight<S> {
 impl<S: Sealed> Drop for Flight<S> {
     fn drop(&mut self) {
         if !self.members.is_empty() {
-            let abandoned = Arc::new(Error::from(AbandonedSnafu.build()));
+            let abandoned = abandoned();
             let told = self.answer(Op::Failed, vec![Err(abandoned); self.members.len()]);
             tell(told);
         }
@@ -248,7 +247,7 @@ impl<S: Sealed> Drop for Flight<S> {
                     .collect::<Vec<_>>()
             }
         };
-        let abandoned = Arc::new(Error::from(AbandonedSnafu.build()));
+        let abandoned = abandoned();
         for caller in stranded {
             let _ = caller.tx.send(Err(abandoned.clone()));
         }

@@ -128,7 +128,7 @@ impl Merging {
                 // A flight answers every caller it takes, even when it is
                 // torn down; this is only reached if the runtime drops it
                 // unrun.
-                Err(_) => Err(Arc::new(Error::from(AbandonedSnafu.build()))),
+                Err(_) => Err(abandoned()),
             };
             counted.push(
                 answer
@@ -204,4 +204,11 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// What a caller is told when the statement that carried its count ended
+/// without an answer for it (its flight torn down): the count may or may
+/// not have been written, as after a timeout.
+fn abandoned() -> Arc<Error> {
+    Arc::new(Error::from(AbandonedSnafu.build()))
 }
