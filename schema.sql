@@ -22,6 +22,13 @@
 --
 -- (run that again after applying a newer version of this file).
 
+-- Replicas that apply this at the same moment (each on its start-up) take
+-- turns: two concurrent CREATE SCHEMA IF NOT EXISTS (or CREATE OR REPLACE of
+-- one routine) can collide in the catalog. The lock is the transaction's, so
+-- it holds when the file goes as one script (one simple-query message, as
+-- Postgres::migrate sends it) or inside a migration tool's transaction.
+SELECT pg_catalog.pg_advisory_xact_lock(31643310761011572); -- the bytes of 'pklimit'
+
 CREATE SCHEMA IF NOT EXISTS platformkit;
 REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
 

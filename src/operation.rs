@@ -22,10 +22,14 @@ pub(crate) enum Operation {
     TakeBack,
     /// Deletes windows that closed long ago.
     Purge,
+    /// Applies the schema: a start-up step, in errors only (no metric, no
+    /// event).
+    Migrate,
 }
 
 impl Operation {
-    /// Every operation, in the order the docs list them.
+    /// Every operation the metrics label, in the order the docs list them
+    /// (all but [`Operation::Migrate`]).
     #[cfg(test)]
     pub(crate) const ALL: [Operation; 7] = [
         Operation::Check,
@@ -47,6 +51,7 @@ impl Operation {
             Operation::Reset => "reset",
             Operation::TakeBack => "take_back",
             Operation::Purge => "purge",
+            Operation::Migrate => "migrate",
         }
     }
 }

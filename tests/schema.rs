@@ -810,3 +810,57 @@ async fn applying_the_schema_over_an_install_without_purge_after_adds_it_to_ever
     let kept: Vec<String> = keys(&mut owner).await.into_iter().map(|(k, _)| k).collect();
     assert_eq!(kept, ["login|open", "weekly|kept"]);
 }
+
+/// `Postgres::migrate` is the start-up step: on an empty database it
+/// applies the schema through the store's own connection source, and every
+/// replica of a service may run it at the same moment on every start.
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_migrating_at_once_on_an_empty_database_all_succeed() {
+    const REPLICAS: usize = 6;
+    let db = Server::shared().empty_database().await;
+    let starts = (0..REPLICAS).map(|_| {
+        let config = db.config();
+        tokio::spawn(async move { Postgres::new(config).migrate().await })
+    });
+    for (replica, started) in futures::future::join_all(starts)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        started
+            .expect("no panic")
+            .unwrap_or_else(|e| panic!("replica {replica}: {e:?}"));
+    }
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let login = Limit::new("login", 3, Duration::from_secs(60)).unwrap();
+    let verdict = limiter
+        .failed(&login, &Key::email("alice@example.com"))
+        .await
+        .unwrap();
+    assert_eq!(verdict.count(), Some(1));
+    // And again, over the schema it made.
+    Postgres::new(db.config())
+        .migrate()
+        .await
+        .expect("a second start");
+}
+
+/// A role that may not create the schema gets a typed error naming the
+/// step, never a panic or a half-applied schema it then runs on.
+#[tokio::test]
+async fn a_role_that_may_not_create_the_schema_gets_a_query_error_from_migrate() {
+    let db = Server::shared().empty_database().await;
+    let err = Postgres::new(db.stranger_config())
+        .migrate()
+        .await
+        .expect_err("a login granted nothing cannot create the schema");
+    assert_eq!(err.kind(), ErrorKind::Query, "{err:?}");
+    assert!(err.to_string().starts_with("migrate"), "{err}");
+    let admin = db.connect_admin().await;
+    let schemas = texts(
+        &admin,
+        "SELECT nspname::text FROM pg_namespace WHERE nspname = 'platformkit'",
+    )
+    .await;
+    assert!(schemas.is_empty(), "{schemas:?}");
+}

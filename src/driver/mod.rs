@@ -65,6 +65,14 @@ pub(crate) mod sealed {
             cancel_at: Instant,
         ) -> impl Future<Output = (Result<Row, Failure>, Option<Instant>)> + Send + 'a;
 
+        /// Runs `script`, several statements with no parameters, as one
+        /// simple-query message: the schema, for
+        /// [`Postgres::migrate`](crate::Postgres::migrate).
+        fn script(
+            &mut self,
+            script: &'static str,
+        ) -> impl Future<Output = Result<(), Failure>> + Send + '_;
+
         /// Rolls back the transaction the connection was lent inside, so that
         /// it goes back idle. Best effort: the error already says what
         /// happened.

@@ -33,6 +33,14 @@ impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
         send(self, None, sql, params, cancel_at).await
     }
 
+    async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
+        let client: &Client = self;
+        client
+            .batch_execute(script)
+            .await
+            .map_err(Failure::Postgres)
+    }
+
     async fn rollback(&mut self) {
         let client: &Client = self;
         let _ = client.batch_execute("ROLLBACK").await;
@@ -59,6 +67,13 @@ where
             cancel_at,
         )
         .await
+    }
+
+    async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
+        self.0
+            .batch_execute(script)
+            .await
+            .map_err(Failure::Postgres)
     }
 
     async fn rollback(&mut self) {

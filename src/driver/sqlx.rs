@@ -135,6 +135,15 @@ where
         (answer.map(Row::Sqlx).map_err(Failure::Sqlx), None)
     }
 
+    async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
+        let conn: &mut PgConnection = (*self.0).as_mut();
+        settle(conn).await.map_err(Failure::Sqlx)?;
+        conn.execute(sqlx::raw_sql(script))
+            .await
+            .map(drop)
+            .map_err(Failure::Sqlx)
+    }
+
     async fn rollback(&mut self) {
         let conn: &mut PgConnection = (*self.0).as_mut();
         let _ = conn.execute("ROLLBACK").await;

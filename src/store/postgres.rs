@@ -88,6 +88,47 @@ impl<C: LimitConn> Postgres<C> {
         &self.conns
     }
 
+    /// Applies [`SCHEMA`](crate::SCHEMA) through one connection of the
+    /// source: the service's start-up step, safe to run again (on every
+    /// start, by every replica at once). The role that runs it owns the
+    /// schema and needs no [`grants`](crate::grants); a service that runs as
+    /// another role runs `grants(role)` as the owner after it.
+    ///
+    /// The script waits for its locks as a migration does (it takes the
+    /// table's strongest lock only when it changes the table), so it has
+    /// no budget: run it before serving.
+    ///
+    /// ```no_run
+    /// use platformkit_limit::{Limiter, Postgres};
+    ///
+    /// # async fn demo() -> Result<(), platformkit_limit::Error> {
+    /// let config: tokio_postgres::Config = "host=localhost user=app dbname=app".parse().unwrap();
+    /// // Or the service's pool: sqlx's `PgPool`, deadpool's, bb8's.
+    /// let store = Postgres::new(config);
+    /// store.migrate().await?;
+    /// let limiter = Limiter::new(store);
+    /// # let _ = limiter;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Connect`] when no connection could be had;
+    /// [`ErrorKind::Query`] when PostgreSQL refused the script (a role that
+    /// may not create the schema, or that does not own the one there).
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let operation = Operation::Migrate;
+        let mut conn = self
+            .conns
+            .conn()
+            .await
+            .map_err(|e| Error::connect(operation, e.into()))?;
+        crate::driver::sealed::Sealed::script(&mut conn, sql::SCHEMA)
+            .await
+            .map_err(|failure| Error::from_call(operation, failure, false))
+    }
+
     /// The pinned time, if the clock is pinned: within the years the
     /// procedures accept (1900 to 2199).
     fn pinned(&self) -> Result<Option<SystemTime>, Error> {
