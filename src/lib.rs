@@ -9,7 +9,8 @@
 //! connection from your [`LimitConn`] (a pool, an async closure, a config)
 //! and sends one statement. When the database cannot be reached within the
 //! budget, the limit's [`WhenUnreachable`] decides and the verdict says so;
-//! every other failure is an [`Error`].
+//! every other failure is an [`Error`]. [`Postgres::migrate`] applies the
+//! schema at start-up.
 //!
 //! ```
 //! use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -48,7 +49,8 @@
 //! - `sqlx`: [`LimitConn`] for `sqlx::PgPool`, and `SqlxConn` to lend any
 //!   sqlx PostgreSQL connection; sqlx cannot cancel a statement on the
 //!   server (the [guide](guide#drivers) says what that means);
-//! - `tracing`: a warning on every unreachable outcome and failed purge, info on a purge
+//! - `tracing` (on by default): a warning on every fail-open, shed call
+//!   and failed purge, an error when the layer answers 500, info on a purge
 //!   (never the key);
 //! - `tower`: `LimitLayer`, a tower layer that limits requests by keys read
 //!   from the request head, in front of any `http` service (axum, tonic,
@@ -130,9 +132,3 @@ pub mod internal {
         pub use crate::checks::*;
     }
 }
-
-/// The README's example, compiled by `cargo test --all-features --doc` so
-/// the front page cannot rot (it needs sqlx and axum).
-#[cfg(all(doctest, feature = "sqlx", feature = "axum"))]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;

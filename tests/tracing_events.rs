@@ -10,51 +10,11 @@ use std::time::Duration;
 
 use platformkit_limit::{Key, Limit, Limiter, Postgres, SCHEMA};
 use platformkit_limit_testdb::Server;
-
-mod events {
-    use std::sync::{Arc, Mutex};
-
-    use tracing::field::{Field, Visit};
-    use tracing::span::{Attributes, Id, Record};
-    use tracing::{Event, Level, Metadata, Subscriber};
-
-    /// The warning events seen, as `field=value` strings.
-    #[derive(Clone, Default)]
-    pub struct Seen(pub Arc<Mutex<Vec<(Level, String)>>>);
-
-    struct Fields(String);
-
-    impl Visit for Fields {
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            self.0.push_str(&format!("{}={:?} ", field.name(), value));
-        }
-    }
-
-    impl Subscriber for Seen {
-        fn enabled(&self, _: &Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &Attributes<'_>) -> Id {
-            Id::from_u64(1)
-        }
-        fn record(&self, _: &Id, _: &Record<'_>) {}
-        fn record_follows_from(&self, _: &Id, _: &Id) {}
-        fn event(&self, event: &Event<'_>) {
-            let mut fields = Fields(String::new());
-            event.record(&mut fields);
-            self.0
-                .lock()
-                .expect("not poisoned")
-                .push((*event.metadata().level(), fields.0));
-        }
-        fn enter(&self, _: &Id) {}
-        fn exit(&self, _: &Id) {}
-    }
-}
+use platformkit_limit_testdb::events::Seen;
 
 #[test]
 fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
-    let seen = events::Seen::default();
+    let seen = Seen::default();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -91,7 +51,7 @@ fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
                 .expect("a purge");
         });
     });
-    let seen = seen.0.lock().expect("not poisoned").clone();
+    let seen = seen.events();
     let warnings: Vec<&String> = seen
         .iter()
         .filter(|(level, _)| *level == tracing::Level::WARN)

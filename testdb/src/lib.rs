@@ -97,6 +97,7 @@
 
 mod bootstrap;
 mod cluster;
+pub mod events;
 mod locate;
 mod pgbouncer;
 mod process;
