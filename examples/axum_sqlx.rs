@@ -10,7 +10,9 @@
 //! ```
 //!
 //! - `POST /login` (header `x-account`, form field `password`): attempt
-//!   mode, per account and per client address in one statement. A success
+//!   mode, per account and per client address in one statement; a login
+//!   without `x-account` is answered 400 by the layer (`require`), never
+//!   tried unlimited. A success
 //!   takes the attempt back, so only failures count. Both limits refuse
 //!   when the database cannot be reached: the route answers 503 rather than
 //!   let password guesses through unlimited. No `RateLimit` fields: on a
@@ -34,7 +36,7 @@
 //! path would have to decode exactly as axum does, or `alice%40example.com`
 //! would be a second counter for alice. (A form login can keep the account
 //! in the body and reserve per account in the handler with
-//! `Limiter::reserve_all`; `examples/axum_login.rs` limits in the handler.)
+//! `Limiter::reserve`: `examples/axum_form_login.rs`.)
 //!
 //! `main` starts a throwaway PostgreSQL (or uses `DATABASE_URL`, a superuser
 //! URL) and gives the service an empty database; the service applies
@@ -118,7 +120,7 @@ pub fn router(pool: PgPool, metrics: PrometheusHandle) -> Result<Router, platfor
     let per_account = |head: &request::Parts| account(&head.headers).map(Key::email);
     let login_limits =
         LimitLayer::attempt(limiter.clone(), |r: &response::Parts| r.status.is_success())
-            .limit(&limits.login_account, per_account)
+            .require(&limits.login_account, per_account)
             .limit_per_client_ip(&limits.login_address);
     let api_limits = LimitLayer::hit(limiter)
         .limit(&limits.api, api_key)
@@ -158,7 +160,8 @@ struct LoginForm {
     password: String,
 }
 
-/// The login: the limits were decided before it runs.
+/// The login: the limits were decided before it runs, and the layer
+/// answered 400 to a request without an account.
 async fn login(headers: HeaderMap, Form(form): Form<LoginForm>) -> (StatusCode, &'static str) {
     let Some(account) = account(&headers) else {
         return (StatusCode::BAD_REQUEST, "name the account in x-account\n");

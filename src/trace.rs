@@ -3,8 +3,9 @@
 //! the attempt), on every
 //! call shed because the store was overloaded, and on a failed purge, and
 //! an info event on a purge that succeeded; with the `tower` feature too, an
-//! error when the layer answers 500 and a warning when it cannot take back
-//! a successful attempt. They carry the cause and, where there is one, the
+//! error when the layer answers 500 (a hard error, or a per-address rule
+//! with no client address: that one names the limit and the fix) and a
+//! warning when it cannot take back a successful attempt. They carry the cause and, where there is one, the
 //! limit's name and the operation; never the key.
 //! Without the feature these are no-ops.
 
@@ -82,6 +83,16 @@ pub(crate) fn layer_failed(cause: &Error) {
     );
 }
 
+/// A per-address rule of the tower layer found no client address: the
+/// request was answered 500. `fix` says how to hand the layer the address.
+#[cfg(all(feature = "tracing", feature = "tower"))]
+pub(crate) fn no_client_address(limit: &str, fix: &str) {
+    tracing::error!(
+        limit,
+        "platformkit-limit: request answered 500 by the limit layer: {fix}"
+    );
+}
+
 /// The tower layer could not take back a successful attempt: it stays
 /// counted.
 #[cfg(all(feature = "tracing", feature = "tower"))]
@@ -94,6 +105,9 @@ pub(crate) fn take_back_failed(cause: &Error) {
 
 #[cfg(all(not(feature = "tracing"), feature = "tower"))]
 pub(crate) fn layer_failed(_cause: &Error) {}
+
+#[cfg(all(not(feature = "tracing"), feature = "tower"))]
+pub(crate) fn no_client_address(_limit: &str, _fix: &str) {}
 
 #[cfg(all(not(feature = "tracing"), feature = "tower"))]
 pub(crate) fn take_back_failed(_cause: &Error) {}

@@ -123,11 +123,13 @@ async fn the_sqlx_service_limits_logins_and_the_api_over_http_then_keeps_its_pol
         send(address, "POST", "/login", &bob, WRONG).await.status,
         401
     );
-    // No account named: exempt from the per-account limit, still counted
-    // per address, and refused by the handler.
-    assert_eq!(
-        send(address, "POST", "/login", &[], WRONG).await.status,
-        400
+    // No account named: the per-account rule is required, so the layer
+    // answers 400 before the handler, and nothing is counted.
+    let anonymous = send(address, "POST", "/login", &[], WRONG).await;
+    assert_eq!(anonymous.status, 400, "{}", anonymous.body);
+    assert!(
+        anonymous.body.starts_with("bad request:"),
+        "the layer's answer"
     );
 
     // The API: 5 a minute per key, every request counted, advertised.

@@ -15,6 +15,7 @@ use axum::body::{Body, to_bytes};
 use axum::extract::{ConnectInfo, Extension};
 use axum::http::{HeaderMap, Request, Response, StatusCode, header, request, response};
 use axum::routing::{get, post};
+use common::http;
 use common::verdicts::counts_of;
 use platformkit_limit::{
     ClientIp, Key, Limit, LimitConn, LimitLayer, Limiter, ManualClock, Memory, Postgres, Rejection,
@@ -468,6 +469,18 @@ async fn the_client_address_comes_from_connect_info_or_client_ip_never_a_header(
     assert_eq!(counted.count(), Some(1));
 }
 
+/// What the answer to a request without a client address must say: how to
+/// hand the layer the address.
+fn says_how_to_hand_over_the_address(body: &str) {
+    assert!(body.starts_with("internal server error: "), "{body}");
+    assert!(
+        body.contains("into_make_service_with_connect_info::<SocketAddr>()")
+            && body.contains("ClientIp")
+            && body.contains("trusted proxy"),
+        "{body}"
+    );
+}
+
 #[tokio::test]
 async fn a_request_without_a_client_address_is_answered_500_not_let_through() {
     let limiter = memory(&clock());
@@ -475,8 +488,142 @@ async fn a_request_without_a_client_address_is_answered_500_not_let_through() {
     let (app, runs) = counted_route(LimitLayer::hit(limiter).limit_per_client_ip(&per_address));
     let response = send(&app, ask(), "right").await;
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(text(response).await, "internal server error\n");
+    says_how_to_hand_over_the_address(&text(response).await);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // The answer is replaceable, and names the rule's limit.
+    let layer = LimitLayer::hit(memory(&clock()))
+        .limit_per_client_ip(&per_address)
+        .on_rejection(|rejection: Rejection| {
+            let Rejection::NoClientAddress { limit } = &rejection else {
+                panic!("no client address, not {rejection:?}");
+            };
+            let mut answer = Response::new(Body::from(format!("no address for {limit}")));
+            *answer.status_mut() = rejection.status();
+            answer
+        });
+    let app = Router::new().route("/", post(echo)).layer(layer);
+    let replaced = send(&app, ask(), "").await;
+    assert_eq!(replaced.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(text(replaced).await, "no address for api-address");
+}
+
+/// `app` on a loopback port, served by hyper through `axum::serve`, with or
+/// without the peer's address in `ConnectInfo`.
+async fn serve(app: Router, connect_info: bool) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let address = listener.local_addr().expect("an address");
+    tokio::spawn(async move {
+        if connect_info {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+        } else {
+            axum::serve(listener, app).await
+        }
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_a_service_served_without_connect_info_answers_500_saying_how_to_fix_it() {
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Arc::new(Limiter::new(Postgres::new(db.config())));
+    let per_address = limit("login-address", 3, 900);
+    let (app, runs) = counted_route(
+        LimitLayer::attempt(limiter.clone(), is_success).limit_per_client_ip(&per_address),
+    );
+
+    // Served as `axum::serve(listener, app)`: no address, from the first
+    // request on, and never let through.
+    let forgot = serve(app.clone(), false).await;
+    for _ in 0..2 {
+        let answer = http::send(forgot, "POST", "/", &[], "password=wrong").await;
+        assert_eq!(answer.status, 500, "{}", answer.body);
+        says_how_to_hand_over_the_address(&answer.body);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the service never ran");
+
+    // Served as the message says: limited per address, in the database.
+    let fixed = serve(app, true).await;
+    let answer = http::send(fixed, "POST", "/", &[], "password=wrong").await;
+    assert_eq!(answer.status, 401, "{}", answer.body);
+    let loopback = Key::ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let counted = limiter.check(&per_address, &loopback).await.expect("ok");
+    assert_eq!(counted.count(), Some(1));
+}
+
+#[tokio::test]
+async fn a_required_key_that_is_missing_is_answered_400_and_the_answer_is_replaceable() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let per_account = limit("login-account", 2, 900);
+    let (app, runs) = counted_route(
+        LimitLayer::attempt(limiter.clone(), is_success).require(&per_account, account),
+    );
+    let missing = send(&app, ask(), "wrong").await;
+    assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        text(missing).await,
+        "bad request: the request lacks the key a rate limit counts it by\n"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    let layer = LimitLayer::hit(limiter)
+        .limit(&limit("api", 100, 60), tenant)
+        .require(&per_account, account)
+        .on_rejection(|rejection: Rejection| {
+            let Rejection::MissingKey { limit } = &rejection else {
+                panic!("a missing key, not {rejection:?}");
+            };
+            let mut answer = Response::new(Body::from(format!("name the account ({limit})")));
+            *answer.status_mut() = rejection.status();
+            answer
+        });
+    let app = Router::new().route("/", post(echo)).layer(layer);
+    // The other rule's key is there; the required one is not.
+    let replaced = send(&app, ask().header("x-tenant", "acme"), "").await;
+    assert_eq!(replaced.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(text(replaced).await, "name the account (login-account)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_a_login_without_its_required_account_is_400_never_an_unlimited_attempt() {
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Arc::new(Limiter::new(Postgres::new(db.config())));
+    let per_account = limit("login", 5, 900);
+    let (app, runs) = counted_route(
+        LimitLayer::attempt(limiter.clone(), is_success).require(&per_account, account),
+    );
+    let service = serve(app, true).await;
+
+    // The newcomer's eight logins without `x-account`: each a 400 before
+    // the service, never a password tried unlimited.
+    for attempt in 1..=8 {
+        let answer = http::send(service, "POST", "/", &[], "wrong").await;
+        assert_eq!(answer.status, 400, "attempt {attempt}: {}", answer.body);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the service never ran");
+
+    // With the account: five wrong passwords, then refused.
+    let alice = [("x-account", "alice@example.com")];
+    for attempt in 1..=5 {
+        let answer = http::send(service, "POST", "/", &alice, "wrong").await;
+        assert_eq!(answer.status, 401, "attempt {attempt}: {}", answer.body);
+    }
+    let refused = http::send(service, "POST", "/", &alice, "right").await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert!(refused.retry_after().is_some());
+    assert_eq!(runs.load(Ordering::SeqCst), 5);
+    let counted = limiter
+        .check(&per_account, &Key::email("alice@example.com"))
+        .await
+        .expect("ok");
+    assert_eq!(counted.count(), Some(6));
 }
 
 #[tokio::test]

@@ -91,3 +91,54 @@ fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
         );
     }
 }
+
+/// The newcomer's mistake: a per-address rule in front of a router served
+/// without `into_make_service_with_connect_info`. The first request is
+/// answered 500, and an error event names the rule's limit and the fix.
+#[cfg(feature = "axum")]
+#[test]
+fn a_per_address_rule_without_a_client_address_is_an_error_event_naming_the_limit_and_the_fix() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use platformkit_limit::LimitLayer;
+    use tower::ServiceExt as _;
+
+    let seen = events::Seen::default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    tracing::subscriber::with_default(seen.clone(), || {
+        runtime.block_on(async {
+            let db = Server::shared().database(SCHEMA).await;
+            let limiter = Limiter::new(Postgres::new(db.config()));
+            let per_address =
+                Limit::new("login-address", 3, Duration::from_secs(900)).expect("a limit");
+            let app = axum::Router::new()
+                .route("/login", axum::routing::post(|| async { "welcome" }))
+                .layer(LimitLayer::hit(limiter).limit_per_client_ip(&per_address));
+            let request = Request::post("/login")
+                .body(Body::empty())
+                .expect("a request");
+            let answer = app.oneshot(request).await.expect("infallible");
+            assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        });
+    });
+    let seen = seen.0.lock().expect("not poisoned").clone();
+    let errors: Vec<&String> = seen
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::ERROR)
+        .map(|(_, fields)| fields)
+        .collect();
+    let [event] = errors[..] else {
+        panic!("one error event for the one request, not {seen:?}");
+    };
+    assert!(event.contains("limit=\"login-address\""), "{event}");
+    for fix in [
+        "into_make_service_with_connect_info::<SocketAddr>()",
+        "ClientIp",
+        "trusted proxy",
+    ] {
+        assert!(event.contains(fix), "{fix} missing from {event}");
+    }
+}

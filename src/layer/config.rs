@@ -6,11 +6,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
-use snafu::OptionExt;
 
 use super::client_ip::client_ip;
-use crate::error::InvalidOptionSnafu;
-use crate::{Error, Key, Limit, Limiter};
+use super::response::Rejection;
+use crate::{Key, Limit, Limiter};
 
 /// A key function: who a rule counts, read from the request head.
 pub(super) type KeyFn = Arc<dyn Fn(&Parts) -> Option<Key> + Send + Sync>;
@@ -41,23 +40,32 @@ pub(super) struct Rule {
 
 #[derive(Clone)]
 pub(super) enum KeyOf {
+    /// A key function; `None` exempts the request from the rule.
     Head(KeyFn),
+    /// A key function; `None` is answered 400 ([`Rejection::MissingKey`]).
+    Required(KeyFn),
+    /// The client's address; none is answered 500
+    /// ([`Rejection::NoClientAddress`]).
     ClientIp,
 }
 
 impl<S, R> Config<S, R> {
     /// Each rule's key for this request, with the rule's index; the rules
-    /// that exempt it are left out.
-    pub(super) fn keys(&self, head: &Parts) -> Result<Vec<(usize, Key)>, Error> {
+    /// that exempt it are left out. The first rule, in the order they were
+    /// added, that cannot do without its key and finds none makes the
+    /// rejection instead.
+    pub(super) fn keys(&self, head: &Parts) -> Result<Vec<(usize, Key)>, Rejection> {
         let mut keys = Vec::with_capacity(self.rules.len());
         for (index, rule) in self.rules.iter().enumerate() {
             let key = match &rule.key {
                 KeyOf::Head(key) => key(head),
-                KeyOf::ClientIp => Some(Key::ip(client_ip(head).context(InvalidOptionSnafu {
-                    option: "client address",
-                    reason: "the layer limits per client address and the request carries none: \
-                             set a ClientIp extension before the layer, or (with the axum \
-                             feature) serve with into_make_service_with_connect_info::<SocketAddr>()",
+                KeyOf::Required(key) => Some(key(head).ok_or_else(|| Rejection::MissingKey {
+                    limit: rule.limit.name().to_owned(),
+                })?),
+                KeyOf::ClientIp => Some(Key::ip(client_ip(head).ok_or_else(|| {
+                    Rejection::NoClientAddress {
+                        limit: rule.limit.name().to_owned(),
+                    }
                 })?)),
             };
             if let Some(key) = key {
@@ -87,6 +95,7 @@ impl<S, R> fmt::Debug for Config<S, R> {
             .map(|rule| {
                 let key = match rule.key {
                     KeyOf::Head(_) => "head",
+                    KeyOf::Required(_) => "head, required",
                     KeyOf::ClientIp => "client ip",
                 };
                 (rule.limit.name(), key, rule.advertised)

@@ -22,13 +22,20 @@ pub use self::service::LimitService;
 /// A [tower `Layer`](tower::Layer) that limits requests before they reach
 /// the service, with a [`Limiter`] shared by every replica.
 ///
-/// Each rule is a [`Limit`] and a key function over the request head
-/// (`Fn(&http::request::Parts) -> Option<Key>`: the body is never read;
-/// `None` exempts the request from that rule). Every rule that gives a key
-/// is decided in **one statement** ([`Limiter::hit_all`] or
+/// Each rule is a [`Limit`] and whose key it counts, read from the request
+/// head (the body is never read):
+///
+/// | the rule | a request without its key |
+/// |---|---|
+/// | [`limit`](LimitLayer::limit)`(&limit, key_fn)` | **exempt** from this rule: `None` is an exemption, on purpose (a health check, an anonymous caller of a per-user limit) |
+/// | [`require`](LimitLayer::require)`(&limit, key_fn)` | 400 ([`Rejection::MissingKey`]), nothing counted: a login without its account |
+/// | [`limit_per_client_ip`](LimitLayer::limit_per_client_ip)`(&limit)` | 500 ([`Rejection::NoClientAddress`]) and an error event: the service forgot to hand the layer the address |
+///
+/// A key function is `Fn(&http::request::Parts) -> Option<Key>`. Every rule
+/// that gives a key is decided in **one statement** ([`Limiter::hit_all`] or
 /// [`Limiter::reserve_all`]; a single key goes through `hit` or `reserve`,
-/// refusal cache and merging included). A request no rule gives a key to
-/// passes without one.
+/// refusal cache and merging included). A request every rule exempts
+/// passes without a call.
 ///
 /// Two modes:
 ///
@@ -47,7 +54,9 @@ pub use self::service::LimitService;
 /// | a limit refuses by its count | 429 with `Retry-After` in whole seconds, rounded up ([`Verdicts::retry_after_secs`](crate::Verdicts::retry_after_secs)) |
 /// | refused with no count: the store is unreachable and a limit has [`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse) | 503 |
 /// | shed: the store is up and too busy to answer within the budget (a flood, a full pool; [down or overloaded](crate::guide#down-or-overloaded)) | 503 with `Retry-After: 1` ([`Verdict::SHED_RETRY_AFTER`](crate::Verdict::SHED_RETRY_AFTER)) |
-/// | a hard [`Error`](crate::Error) (a misconfiguration), or no client address for [`limit_per_client_ip`](LimitLayer::limit_per_client_ip) | 500, never a silent allow |
+/// | a [required](LimitLayer::require) key is missing | 400, nothing counted |
+/// | no client address for [`limit_per_client_ip`](LimitLayer::limit_per_client_ip) | 500 saying how to fix it, and an error event naming the limit (feature `tracing`); never a silent allow |
+/// | a hard [`Error`](crate::Error) (a misconfiguration) | 500, and an error event; never a silent allow |
 ///
 /// [`on_rejection`](LimitLayer::on_rejection) replaces these answers with
 /// your own; the layer still adds `Retry-After` to a refusal that lacks it.
@@ -58,8 +67,9 @@ pub use self::service::LimitService;
 /// [`advertise`](LimitLayer::advertise).
 ///
 /// A key the head does not hold (a login's account, in the form body)
-/// belongs in the handler, with [`Limiter::reserve`]; the layer takes what
-/// the head holds: the client's address, an authenticated user an earlier
+/// belongs in the handler, with [`Limiter::reserve`]: [`Rejection`] shows
+/// that handler, which answers as the layer does. The layer takes what the
+/// head holds: the client's address, an authenticated user an earlier
 /// layer put in the extensions, an API tenant.
 ///
 /// ```
@@ -190,8 +200,13 @@ impl<S: Store> LimitLayer<S> {
 
 impl<S, R> LimitLayer<S, R> {
     /// Adds a rule: `limit`, counted per the key `key` reads from the
-    /// request head. `None` exempts the request from this rule (an internal
-    /// caller, a health check, an anonymous user for a per-user limit).
+    /// request head.
+    ///
+    /// **`None` exempts the request from this rule**, unlimited by it: for
+    /// an internal caller, a health check, an anonymous user of a per-user
+    /// limit. A key every limited request must have (a login's account)
+    /// is a rule for [`require`](LimitLayer::require), which answers 400
+    /// where this one lets the request through.
     ///
     /// # Panics
     ///
@@ -204,12 +219,67 @@ impl<S, R> LimitLayer<S, R> {
         self.rule(limit, KeyOf::Head(Arc::new(key)))
     }
 
+    /// Adds a rule: `limit`, counted per the key `key` reads from the
+    /// request head, which every request must have: a request for which
+    /// `key` gives `None` is answered 400 Bad Request
+    /// ([`Rejection::MissingKey`], replaceable with
+    /// [`on_rejection`](LimitLayer::on_rejection)), before the service runs
+    /// and without a count. Never an unlimited attempt, where
+    /// [`limit`](LimitLayer::limit) would exempt it.
+    ///
+    /// ```
+    /// use axum::Router;
+    /// use axum::body::Body;
+    /// use axum::http::{Request, StatusCode, request::Parts, response};
+    /// use axum::routing::post;
+    /// use platformkit_limit::{Key, Limit, LimitLayer, Limiter, Memory};
+    /// use std::time::Duration;
+    /// use tower::ServiceExt as _;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let login = Limit::new("login", 5, Duration::from_secs(15 * 60))?;
+    /// let account = |head: &Parts| Some(Key::email(head.headers.get("x-account")?.to_str().ok()?));
+    /// let ok = |r: &response::Parts| r.status.is_success();
+    /// let logins = LimitLayer::attempt(limiter, ok).require(&login, account);
+    /// let app = Router::new().route("/login", post(|| async { "welcome" })).layer(logins);
+    ///
+    /// let anonymous = app.oneshot(Request::post("/login").body(Body::empty())?).await?;
+    /// assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Beyond [`Limiter::MAX_PAIRS`] rules.
+    pub fn require(
+        self,
+        limit: &Limit,
+        key: impl Fn(&Parts) -> Option<Key> + Send + Sync + 'static,
+    ) -> Self {
+        self.rule(limit, KeyOf::Required(Arc::new(key)))
+    }
+
     /// Adds a rule: `limit`, counted per client address ([`Key::ip`]: an
     /// IPv6 address counts as its /64), the address being [`client_ip`]'s.
-    /// A request that carries no address is answered 500 (a
-    /// [`Rejection::Failed`]): a service that forgot to hand the address
-    /// over would otherwise run unlimited. Why the address never comes
-    /// from `X-Forwarded-For` is on [`ClientIp`].
+    /// Why the address never comes from `X-Forwarded-For`, and a
+    /// middleware for a service behind a proxy, are on [`ClientIp`].
+    ///
+    /// # Serve with the address
+    ///
+    /// The layer cannot see at build time how the service will be served,
+    /// so hand it the address one of two ways:
+    ///
+    /// - clients connect directly: with the `axum` feature, serve with
+    ///   `axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())`;
+    /// - behind a proxy: insert a [`ClientIp`] before this layer, from
+    ///   the header your proxy sets, only when the peer is that proxy.
+    ///
+    /// A request that carries no address is never let through: it is
+    /// answered 500 ([`Rejection::NoClientAddress`]) with a body that says
+    /// the above, and (feature `tracing`) an error event naming the limit,
+    /// from the first request on.
     ///
     /// # Panics
     ///
@@ -264,8 +334,9 @@ impl<S, R> LimitLayer<S, R> {
     }
 
     /// Replaces the answers to a refusal (429), an unreachable store that
-    /// refuses (503) and a hard error (500) with what `respond` makes of the
-    /// [`Rejection`]: a JSON problem, a page. The layer adds `Retry-After`
+    /// refuses (503), a missing [required](LimitLayer::require) key (400),
+    /// no client address and a hard error (500) with what `respond` makes
+    /// of the [`Rejection`]: a JSON problem, a page. The layer adds `Retry-After`
     /// to a refusal, and the fields of the [advertised](LimitLayer::advertise)
     /// limits, when the response lacks them.
     ///

@@ -4,10 +4,85 @@
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use crate::{Error, Verdicts};
+use crate::{Error, Verdict, Verdicts};
 
 /// Why the layer answered instead of the service; what
 /// [`LimitLayer::on_rejection`](crate::LimitLayer::on_rejection) is given.
+///
+/// With the `axum` feature a `Rejection` is also an axum `IntoResponse`,
+/// the layer's own answer ([`DefaultOnRejection`], with `Retry-After`), so
+/// a handler that limits by what only the body holds answers as the layer
+/// does. A login whose account is in the form, counted per account
+/// ([`Limiter::reserve`](crate::Limiter::reserve)): wrong passwords count,
+/// a good one is taken back, a refusal is the layer's 429 and a hard
+/// error its 500 (both through `?` and `into`), a form without an account
+/// is a 400.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use axum::extract::{Form, State};
+/// use axum::http::StatusCode;
+/// use axum::routing::post;
+/// use axum::{Router, body::Body, http::Request};
+/// use platformkit_limit::{Key, Limit, Limiter, Memory, Rejection, Reservation};
+/// use serde::Deserialize;
+/// use tower::ServiceExt as _;
+///
+/// struct App {
+///     limiter: Limiter<Memory>, // Limiter<Postgres<_>> in production
+///     login: Limit,
+/// }
+///
+/// #[derive(Deserialize)]
+/// struct LoginForm {
+///     #[serde(default)]
+///     email: String,
+///     password: String,
+/// }
+///
+/// async fn login(
+///     State(app): State<Arc<App>>,
+///     Form(form): Form<LoginForm>,
+/// ) -> Result<(StatusCode, &'static str), Rejection> {
+///     if form.email.trim().is_empty() {
+///         return Ok((StatusCode::BAD_REQUEST, "name the account\n"));
+///     }
+///     let permit = match app.limiter.reserve(&app.login, &Key::email(&form.email)).await? {
+///         Reservation::Granted(permit) => permit,
+///         Reservation::Refused(verdict) => return Err(verdict.into()),
+///     };
+///     if form.password != "correct horse" { // your password check
+///         permit.failed();
+///         return Ok((StatusCode::UNAUTHORIZED, "wrong email or password\n"));
+///     }
+///     // A take-back that fails leaves the attempt counted: the safe side.
+///     let _ = permit.succeeded().await;
+///     Ok((StatusCode::OK, "welcome\n"))
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let login_limit = Limit::new("login", 2, Duration::from_secs(900))?;
+/// let app = Arc::new(App { limiter: Limiter::new(Memory::new()), login: login_limit });
+/// let app = Router::new().route("/login", post(login)).with_state(app);
+/// let post_form = |form: &'static str| {
+///     Request::post("/login")
+///         .header("content-type", "application/x-www-form-urlencoded")
+///         .body(Body::from(form))
+/// };
+/// let status = async |form| Ok::<_, Box<dyn std::error::Error>>(
+///     app.clone().oneshot(post_form(form)?).await?.status(),
+/// );
+/// assert_eq!(status("email=alice%40example.com&password=correct+horse").await?, 200);
+/// for _ in 0..2 {
+///     assert_eq!(status("email=alice%40example.com&password=guess").await?, 401);
+/// }
+/// assert_eq!(status("email=ALICE%40example.com&password=correct+horse").await?, 429);
+/// assert_eq!(status("password=guess").await?, 400);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Rejection {
@@ -15,8 +90,6 @@ pub enum Rejection {
     /// [`Verdicts::refused_by`] names it and
     /// [`Verdicts::retry_after_secs`] says when to come back.
     Refused(Verdicts),
-    /// Refused with no count: the store could not be reached and a limit
-    /// refuses then ([`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse)):
     /// No refusing limit counted: the store is unreachable and a limit has
     /// [`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse), or the
     /// store is overloaded and the call was shed
@@ -24,27 +97,60 @@ pub enum Rejection {
     /// then [`Verdict::SHED_RETRY_AFTER`](crate::Verdict::SHED_RETRY_AFTER)):
     /// 503 Service Unavailable.
     Unavailable(Verdicts),
+    /// A rule added with [`LimitLayer::require`](crate::LimitLayer::require)
+    /// found no key in the request (a login without its account): 400 Bad
+    /// Request, and nothing counted. The client's mistake, so no event.
+    MissingKey {
+        /// The name of the rule's limit.
+        limit: String,
+    },
+    /// A rule added with
+    /// [`LimitLayer::limit_per_client_ip`](crate::LimitLayer::limit_per_client_ip)
+    /// found no client address: the service is served without axum's
+    /// `ConnectInfo` and sets no [`ClientIp`](crate::ClientIp). 500
+    /// Internal Server Error, never a silent allow, and an error event
+    /// (feature `tracing`) naming the limit; the default body says how to
+    /// fix it.
+    NoClientAddress {
+        /// The name of the rule's limit.
+        limit: String,
+    },
     /// A hard error (a misconfiguration such as a missing table or
-    /// privilege, or no client address for a per-address rule): 500
-    /// Internal Server Error, never a silent allow.
+    /// privilege): 500 Internal Server Error, never a silent allow, and an
+    /// error event (feature `tracing`).
     Failed(Error),
 }
 
+/// How to hand a per-address rule the client's address: the default
+/// answer's body and the error event both say it.
+macro_rules! no_client_address {
+    () => {
+        "a per-address limit found no client address: serve with \
+         into_make_service_with_connect_info::<SocketAddr>(), or set a ClientIp from a \
+         trusted proxy before the layer"
+    };
+}
+
 impl Rejection {
-    /// The status the default answer has: 429, 503 or 500.
+    /// The status the default answer has: 429, 503, 400 or 500.
     pub fn status(&self) -> StatusCode {
         match self {
             Rejection::Refused(_) => StatusCode::TOO_MANY_REQUESTS,
             Rejection::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Rejection::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Rejection::MissingKey { .. } => StatusCode::BAD_REQUEST,
+            Rejection::NoClientAddress { .. } | Rejection::Failed(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
-    /// The verdicts, unless the rejection is an error.
+    /// The verdicts, when limits were asked.
     pub fn verdicts(&self) -> Option<&Verdicts> {
         match self {
             Rejection::Refused(verdicts) | Rejection::Unavailable(verdicts) => Some(verdicts),
-            Rejection::Failed(_) => None,
+            Rejection::MissingKey { .. }
+            | Rejection::NoClientAddress { .. }
+            | Rejection::Failed(_) => None,
         }
     }
 
@@ -60,6 +166,67 @@ impl Rejection {
         } else {
             Rejection::Unavailable(verdicts)
         }
+    }
+
+    /// The event for a rejection that is the service's fault.
+    pub(super) fn report(&self) {
+        match self {
+            Rejection::Failed(error) => crate::trace::layer_failed(error),
+            Rejection::NoClientAddress { limit } => {
+                crate::trace::no_client_address(limit, no_client_address!());
+            }
+            Rejection::Refused(_) | Rejection::Unavailable(_) | Rejection::MissingKey { .. } => {}
+        }
+    }
+
+    /// What `respond` answers, reported first, with the fields the answer
+    /// lacks added.
+    pub(super) fn answer<B>(self, respond: &impl OnRejection<B>, fields: Fields) -> Response<B> {
+        self.report();
+        let mut response = respond.on_rejection(self);
+        fields.add_to(response.headers_mut());
+        response
+    }
+}
+
+/// The rejection for verdicts that refuse, such as a
+/// [`Reservations::Refused`](crate::Reservations::Refused)'s: 429 when a
+/// refusing limit counted, else 503.
+impl From<Verdicts> for Rejection {
+    fn from(verdicts: Verdicts) -> Self {
+        Rejection::of(verdicts)
+    }
+}
+
+/// The rejection for a verdict that refuses, such as a
+/// [`Reservation::Refused`](crate::Reservation::Refused)'s: 429 when it
+/// counted, else 503.
+impl From<Verdict> for Rejection {
+    fn from(verdict: Verdict) -> Self {
+        Rejection::of(Verdicts::from_vec(vec![verdict]))
+    }
+}
+
+/// A hard error: [`Rejection::Failed`].
+impl From<Error> for Rejection {
+    fn from(error: Error) -> Self {
+        Rejection::Failed(error)
+    }
+}
+
+/// The layer's own answer ([`DefaultOnRejection`]) with `Retry-After` on a
+/// refusal, the event of [`Rejection::Failed`] and
+/// [`Rejection::NoClientAddress`] included: for a handler that limits by
+/// what the head does not hold (the example on [`Rejection`]).
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl axum::response::IntoResponse for Rejection {
+    fn into_response(self) -> axum::response::Response {
+        let fields = Fields {
+            retry_after: self.verdicts().and_then(Verdicts::retry_after_secs),
+            ..Fields::default()
+        };
+        self.answer(&DefaultOnRejection, fields)
     }
 }
 
@@ -83,7 +250,9 @@ where
 
 /// The layer's own answers: the [`Rejection`]'s status with a one-line
 /// `text/plain` body that says nothing about the limit or the key
-/// ("too many requests", "service unavailable", "internal server error").
+/// ("too many requests", "service unavailable", "bad request: ...",
+/// "internal server error"); for [`Rejection::NoClientAddress`], the body
+/// says how to hand the layer the address.
 /// For any body type that can be made from a `&'static str` (axum's
 /// `Body`, `String`, `http_body_util::Full<Bytes>`).
 #[derive(Clone, Copy, Debug, Default)]
@@ -94,6 +263,12 @@ impl<B: From<&'static str>> OnRejection<B> for DefaultOnRejection {
         let body = match rejection {
             Rejection::Refused(_) => "too many requests\n",
             Rejection::Unavailable(_) => "service unavailable\n",
+            Rejection::MissingKey { .. } => {
+                "bad request: the request lacks the key a rate limit counts it by\n"
+            }
+            Rejection::NoClientAddress { .. } => {
+                concat!("internal server error: ", no_client_address!(), "\n")
+            }
             Rejection::Failed(_) => "internal server error\n",
         };
         let mut response = Response::new(B::from(body));

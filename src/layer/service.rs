@@ -11,7 +11,7 @@ use tower::Service;
 use super::response::{DefaultOnRejection, Fields, OnRejection, Rejection};
 use super::{Config, Mode};
 use crate::store::Store;
-use crate::{Error, Key, Limit, Reservations, Verdicts};
+use crate::{Key, Limit, Reservations, Verdicts};
 
 /// The service [`LimitLayer`](crate::LimitLayer) wraps around yours.
 pub struct LimitService<T, S, R = DefaultOnRejection> {
@@ -80,7 +80,7 @@ async fn serve<T, S, R, ReqBody, ResBody>(
     config: Arc<Config<S, R>>,
     mut inner: T,
     mut request: Request<ReqBody>,
-    keys: Result<Vec<(usize, Key)>, Error>,
+    keys: Result<Vec<(usize, Key)>, Rejection>,
 ) -> Result<Response<ResBody>, T::Error>
 where
     T: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -89,7 +89,7 @@ where
 {
     let keys = match keys {
         Ok(keys) => keys,
-        Err(e) => return Ok(config.failed(e)),
+        Err(rejection) => return Ok(rejection.answer(&*config.respond, Fields::default())),
     };
     if keys.is_empty() {
         return inner.call(request).await;
@@ -103,7 +103,9 @@ where
         Mode::Hit => {
             let verdicts = match limiter.hit_all(&pairs).await {
                 Ok(verdicts) => verdicts,
-                Err(e) => return Ok(config.failed(e)),
+                Err(e) => {
+                    return Ok(Rejection::Failed(e).answer(&*config.respond, Fields::default()));
+                }
             };
             if verdicts.is_refused() {
                 return Ok(config.refused(&keys, verdicts));
@@ -118,7 +120,9 @@ where
             let permits = match limiter.reserve_all(&pairs).await {
                 Ok(Reservations::Granted(permits)) => permits,
                 Ok(Reservations::Refused(verdicts)) => return Ok(config.refused(&keys, verdicts)),
-                Err(e) => return Ok(config.failed(e)),
+                Err(e) => {
+                    return Ok(Rejection::Failed(e).answer(&*config.respond, Fields::default()));
+                }
             };
             let fields = config.fields(&keys, permits.verdicts());
             attach(&mut request, permits.verdicts().clone());
@@ -183,17 +187,6 @@ impl<S, R> Config<S, R> {
     {
         let mut fields = self.fields(keys, &verdicts);
         fields.retry_after = verdicts.retry_after_secs();
-        let mut response = self.respond.on_rejection(Rejection::of(verdicts));
-        fields.add_to(response.headers_mut());
-        response
-    }
-
-    /// The answer to a hard error.
-    fn failed<B>(&self, error: Error) -> Response<B>
-    where
-        R: OnRejection<B>,
-    {
-        crate::trace::layer_failed(&error);
-        self.respond.on_rejection(Rejection::Failed(error))
+        Rejection::of(verdicts).answer(&*self.respond, fields)
     }
 }
