@@ -96,7 +96,11 @@ async fn main() -> Result<(), BoxError> {
     }
     for (name, replica) in [("B", &b), ("A", &a)] {
         let (status, retry_after) = guess(replica).await?;
-        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "the 4th attempt is refused");
+        assert_eq!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "the 4th attempt is refused"
+        );
         let secs = retry_after.unwrap_or_default();
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
         let closes = UNIX_EPOCH + WINDOW * u32::try_from(now / WINDOW.as_secs() + 1)?;
@@ -119,7 +123,9 @@ async fn main() -> Result<(), BoxError> {
         .connect_lazy(&unreachable)?;
     let limiter = Arc::new(Limiter::new(Postgres::new(pool)));
     let login = Limit::new("login", 3, WINDOW)?;
-    let verdict = limiter.check(&login, &Key::email("alice@example.com")).await?;
+    let verdict = limiter
+        .check(&login, &Key::email("alice@example.com"))
+        .await?;
     println!(
         "\nreplica C, database unreachable: allowed = {}, unreachable = {}",
         verdict.is_allowed(),

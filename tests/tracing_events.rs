@@ -103,7 +103,7 @@ fn a_per_address_rule_without_a_client_address_is_an_error_event_naming_the_limi
     use platformkit_limit::LimitLayer;
     use tower::ServiceExt as _;
 
-    let seen = events::Seen::default();
+    let seen = Seen::default();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -124,7 +124,7 @@ fn a_per_address_rule_without_a_client_address_is_an_error_event_naming_the_limi
             assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
         });
     });
-    let seen = seen.0.lock().expect("not poisoned").clone();
+    let seen = seen.events();
     let errors: Vec<&String> = seen
         .iter()
         .filter(|(level, _)| *level == tracing::Level::ERROR)

@@ -50,6 +50,10 @@ async fn the_readmes_example_runs_as_written_on_a_fresh_database_as_any_role() {
         assert_eq!(answer.status(), StatusCode::OK);
     }
 
+    // A login that names no account is the layer's 400, and counts nothing.
+    let anonymous = post_login(&service, None, WRONG).await;
+    assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
+
     // The API counts every request and says so in the RateLimit fields.
     let request = Request::get("/api/items")
         .header("x-api-key", "demo")
