@@ -22,12 +22,14 @@ pub(crate) enum Operation {
     TakeBack,
     /// Deletes windows that closed long ago.
     Purge,
+    /// Lists the keys a limit refuses, for an operator.
+    RefusedKeys,
 }
 
 impl Operation {
     /// Every operation, in the order the docs list them.
     #[cfg(test)]
-    pub(crate) const ALL: [Operation; 7] = [
+    pub(crate) const ALL: [Operation; 8] = [
         Operation::Check,
         Operation::Failed,
         Operation::Hit,
@@ -35,6 +37,7 @@ impl Operation {
         Operation::Reset,
         Operation::TakeBack,
         Operation::Purge,
+        Operation::RefusedKeys,
     ];
 
     /// The label, as the metrics, errors and events carry it.
@@ -47,6 +50,7 @@ impl Operation {
             Operation::Reset => "reset",
             Operation::TakeBack => "take_back",
             Operation::Purge => "purge",
+            Operation::RefusedKeys => "refused_keys",
         }
     }
 }

@@ -169,6 +169,7 @@ macro_rules! column {
 
 column!(
     i64,
+    Vec<String>,
     Vec<i64>,
     SystemTime,
     Option<SystemTime>,
