@@ -69,7 +69,10 @@ $$;
 
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
     -- The limit's name and the encoded key: 'login|email|alice@example.com'.
-    key          text        NOT NULL,
+    -- Compared byte for byte (collation "C"), whatever the database's
+    -- locale: the keys of one limit are then one range of the primary key,
+    -- which an operator's listing scans (platformkit_limit_list).
+    key          text        COLLATE "C" NOT NULL,
     -- When the window opened, on the database's clock.
     window_start timestamptz NOT NULL,
     -- When the window closes. Limits have windows of different lengths, so
@@ -112,6 +115,17 @@ BEGIN
                 AND window_end > window_start
                 AND window_end - window_start <= interval '31622400 seconds')
             NOT VALID;
+    END IF;
+    -- A table from before the key compared byte for byte: its primary key
+    -- is rebuilt once, its rows are not rewritten.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid OPERATOR(pg_catalog.=) t
+          AND a.attname OPERATOR(pg_catalog.=) 'key'
+          AND a.attcollation OPERATOR(pg_catalog.=) 'pg_catalog."C"'::pg_catalog.regcollation
+    ) THEN
+        ALTER TABLE platformkit.platformkit_limits
+            ALTER COLUMN key TYPE pg_catalog.text COLLATE pg_catalog."C";
     END IF;
     -- The purge finds windows that end far ahead by window_end.
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
@@ -203,7 +217,7 @@ $$;
 -- with COMMIT, so that nothing of the limiter's transaction (the switch, the
 -- settings, a row lock) outlives the CALL, whoever called it.
 --
--- The readers (read, read_many) write nothing, so they need no transaction
+-- The readers (read, read_many, list) write nothing, so they need no transaction
 -- of their own: they are functions, `SELECT * FROM
 -- platformkit.platformkit_limit_read(…)`, with the search_path pinned and
 -- the other settings restored by their SET clauses, the switch turned on for
@@ -716,6 +730,150 @@ BEGIN
     -- end of statement
     o_count := COALESCE(o_count, 0);
     o_previous := COALESCE(o_previous, 0);
+    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
+END
+$$;
+
+-- Lists the keys under p_prefix (a limit's name and '|') that the limit
+-- refuses now, for an operator: the current window's count, or the
+-- sliding estimate (p_previous), at p_max, or a lockout of an earlier
+-- window running (p_lockout_secs > 0), the same arithmetic as the
+-- crate's decision for a check, in exact numeric microseconds. At most
+-- p_at_most keys, newest first: by the latest window the key was counted
+-- in, then the highest current count, then the key. The scan is one range
+-- of the primary key's index, the keys from p_prefix to p_prefix with its
+-- '|' made '}' (the next byte): the key column's collation is "C", so the
+-- range holds exactly the keys that begin with p_prefix, and no other
+-- limit's (login2|... sorts before login|...). Writes nothing: a function
+-- (see the readers' prologue above).
+CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
+    p_prefix text, p_window_secs bigint, p_at timestamptz, p_budget_ms bigint,
+    p_previous boolean, p_max bigint, p_lockout_secs bigint, p_at_most bigint,
+    OUT o_keys text[],
+    OUT o_counts bigint[],
+    OUT o_window_end timestamptz,
+    OUT o_now timestamptz,
+    OUT o_previous bigint[],
+    OUT o_locked_until timestamptz[])
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = 0
+SET row_security = on
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_indexscan = on
+SET enable_bitmapscan = off
+SET enable_nestloop = on
+SET seq_page_cost = 1
+SET random_page_cost = 4
+SET cpu_tuple_cost = 0.01
+SET cpu_index_tuple_cost = 0.005
+SET cpu_operator_cost = 0.0025
+SET max_parallel_workers_per_gather = 0
+SET jit = off
+AS $$
+DECLARE
+    v_switch pg_catalog.text;
+    v_set pg_catalog.text;
+    v_window pg_catalog.interval;
+    v_start pg_catalog.timestamptz;
+    v_upper pg_catalog.text;
+    v_w pg_catalog.numeric;
+    v_e pg_catalog.numeric;
+BEGIN
+    -- reader's prologue
+    -- Each refusal below is behind a cheaper test that it implies: a call
+    -- that no check could refuse pays only for those tests.
+    IF pg_catalog.pg_is_in_recovery()
+       OR current_setting('transaction_isolation') <> 'read committed' THEN
+        IF pg_catalog.pg_is_in_recovery()
+           OR (current_setting('transaction_isolation') <> 'read committed'
+               AND statement_timestamp() - transaction_timestamp() > interval '100 milliseconds') THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+                MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                    THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                    ELSE 'platformkit: a read inside a caller''s REPEATABLE READ or SERIALIZABLE transaction begun over 100 ms ago could see counts that old'
+                    END;
+        END IF;
+    END IF;
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+       OR current_setting('statement_timeout') <> '0'
+       OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+       OR current_setting('transaction_deferrable') <> 'off' THEN
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+           OR (current_setting('statement_timeout') <> '0'
+               AND current_setting('statement_timeout')::interval
+                   <= p_budget_ms * interval '1 millisecond')
+           OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+               AND current_setting('transaction_timeout', true)::interval
+                   <= p_budget_ms * interval '1 millisecond')
+           OR (current_setting('transaction_isolation') = 'serializable'
+               AND current_setting('transaction_read_only') = 'on'
+               AND current_setting('transaction_deferrable') = 'on') THEN
+            RAISE EXCEPTION USING
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                    THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
+                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    END;
+        END IF;
+    END IF;
+    v_switch := current_setting('platformkit.system', true);
+    -- Assigned rather than PERFORMed, here and where the switch is turned
+    -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
+    v_set := set_config('platformkit.system', 'on', true);
+    v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
+    -- end of reader's prologue
+    IF p_prefix IS NULL OR octet_length(p_prefix) NOT BETWEEN 2 AND 49
+       OR right(p_prefix, 1) <> '|'
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND 86400
+       OR p_at_most IS NULL OR p_at_most NOT BETWEEN 1 AND 1000
+       OR p_previous IS NULL
+       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    v_window := make_interval(secs => p_window_secs);
+    o_now := COALESCE(p_at, statement_timestamp());
+    v_start := date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
+    o_window_end := v_start + v_window;
+    v_upper := left(p_prefix, -1) || '}';
+    -- The window's width and how much of it has passed, in microseconds.
+    v_w := p_window_secs::numeric * 1000000;
+    v_e := (extract(epoch FROM o_now) - extract(epoch FROM v_start)) * 1000000;
+    WITH keyed AS (
+        SELECT l.key,
+               max(l.window_start) AS latest,
+               COALESCE(max(l.count) FILTER (WHERE l.window_start = v_start), 0) AS cur,
+               CASE WHEN p_previous THEN
+                   COALESCE(max(l.count) FILTER (WHERE l.window_start = v_start - v_window), 0)
+               ELSE 0 END AS prev,
+               CASE WHEN p_lockout_secs > 0 THEN
+                   max(l.window_end) FILTER (
+                       WHERE l.window_start < v_start AND l.count >= p_max
+                         AND l.window_end + make_interval(secs => p_lockout_secs) > o_now)
+                   + make_interval(secs => p_lockout_secs)
+               END AS locked_until
+        FROM platformkit.platformkit_limits AS l
+        WHERE l.key >= p_prefix AND l.key < v_upper
+        GROUP BY l.key
+    ), refused AS (
+        SELECT k.key, k.latest, k.cur, k.prev, k.locked_until
+        FROM keyed AS k
+        WHERE k.locked_until IS NOT NULL
+           OR k.prev::numeric * (v_w - v_e) + k.cur::numeric * v_w >= p_max::numeric * v_w
+        ORDER BY k.latest DESC, k.cur DESC, k.key
+        LIMIT p_at_most
+    )
+    SELECT COALESCE(array_agg(r.key ORDER BY r.latest DESC, r.cur DESC, r.key), '{}'),
+           COALESCE(array_agg(r.cur ORDER BY r.latest DESC, r.cur DESC, r.key), '{}'),
+           COALESCE(array_agg(r.prev ORDER BY r.latest DESC, r.cur DESC, r.key), '{}'),
+           COALESCE(array_agg(r.locked_until ORDER BY r.latest DESC, r.cur DESC, r.key), '{}')
+    INTO o_keys, o_counts, o_previous, o_locked_until
+    FROM refused AS r;
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;

@@ -29,6 +29,27 @@ pub(crate) fn window_of(now_micros: i64, window_secs: u64) -> (i64, i64) {
 /// `failed` compare the estimate as it stands, `hit` the estimate before its
 /// own ask. Integer arithmetic only, so both stores decide the same.
 pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
+    let d = decision(op, limit, counted);
+    Verdict::counted(limit, d.allowed, d.estimate, d.reopens_at, counted.now)
+}
+
+/// What [`decide`] decided, before it is a [`Verdict`]: also the lockout
+/// running, for a key's [status](crate::KeyStatus).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Decision {
+    /// Whether the attempt may go ahead.
+    pub(crate) allowed: bool,
+    /// The count, or a sliding window's estimate, rounded up.
+    pub(crate) estimate: u64,
+    /// For an allowed attempt, the window's end; for a refusal, the first
+    /// moment the next attempt may go ahead.
+    pub(crate) reopens_at: SystemTime,
+    /// The end of the lockout running, if one is.
+    pub(crate) locked_until: Option<SystemTime>,
+}
+
+/// The decision of [`decide`].
+pub(crate) fn decision(op: Op, limit: &Limit, counted: &Counted) -> Decision {
     let max = i128::from(limit.max());
     let w = i128::from(limit.window_secs()) * 1_000_000;
     let start = i128::from(micros_since_epoch(counted.window_end)) - w;
@@ -72,7 +93,12 @@ pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
         };
         locked_until.map_or(by_count, |until| until.max(by_count))
     };
-    Verdict::counted(limit, allowed, estimate, reopens_at, counted.now)
+    Decision {
+        allowed,
+        estimate,
+        reopens_at,
+        locked_until,
+    }
 }
 
 /// For a sliding window whose estimate is at or above `max`, the first

@@ -530,3 +530,46 @@ pub(crate) fn stored(limit_name: &str, key: &Key) -> String {
     out.push_str(&key.encoded);
     out
 }
+
+/// A key as an operator writes it, `kind:value`: `email:<address>`
+/// ([`Key::email`]), `user:<name>` ([`Key::username`]), `ip:<address>`
+/// ([`Key::ip`]) or `id:<id>` ([`Key::opaque`]), normalized as the service
+/// normalizes it, so that the key typed is the key counted.
+///
+/// ```
+/// use platformkit_limit::Key;
+///
+/// let alice: Key = "email:Alice@Example.com".parse()?;
+/// assert_eq!(alice, Key::email("alice@example.com"));
+/// assert_eq!("user:bob".parse::<Key>()?, Key::username("bob"));
+/// assert_eq!("ip:203.0.113.7".parse::<Key>()?.as_str(), "ip|203.0.113.7");
+/// assert_eq!("id:abc123".parse::<Key>()?, Key::opaque("abc123"));
+/// assert!("ip:not-an-address".parse::<Key>().is_err());
+/// assert!("alice@example.com".parse::<Key>().is_err());
+/// # Ok::<(), platformkit_limit::Error>(())
+/// ```
+///
+/// # Errors
+///
+/// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) for another
+/// kind, no `:`, or an `ip:` that is no IP address.
+impl std::str::FromStr for Key {
+    type Err = Error;
+
+    fn from_str(typed: &str) -> Result<Key, Error> {
+        let invalid = |reason| Error::from(InvalidKeySnafu { reason }.build());
+        let kinds = "an operator's key is kind:value, the kind email, user, ip or id";
+        let (kind, value) = typed.split_once(':').ok_or_else(|| invalid(kinds))?;
+        match kind {
+            "email" => Ok(Key::email(value)),
+            "user" => Ok(Key::username(value)),
+            "id" => Ok(Key::opaque(value)),
+            "ip" => value
+                .trim()
+                .parse::<IpAddr>()
+                .map(Key::ip)
+                .map_err(|_| invalid("an ip: key needs an IPv4 or IPv6 address")),
+            _ => Err(invalid(kinds)),
+        }
+    }
+}

@@ -82,6 +82,7 @@ mod operation;
 mod permit;
 #[cfg(any(feature = "deadpool", feature = "bb8"))]
 mod pool;
+mod status;
 mod store;
 mod trace;
 mod verdict;
@@ -103,6 +104,7 @@ pub use crate::limiter::{Limiter, LimiterBuilder};
 pub use crate::permit::{Permit, Permits, Reservation, Reservations};
 #[cfg(feature = "deadpool")]
 pub use crate::pool::{DeadpoolConn, Prepared};
+pub use crate::status::KeyStatus;
 pub use crate::store::Store;
 pub use crate::store::memory::Memory;
 pub use crate::store::postgres::Postgres;

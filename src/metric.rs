@@ -14,8 +14,10 @@
 //! | `platformkit_limit_purge_failures_total` | counter | — |
 //!
 //! `operation` is one vocabulary in every metric, error and event: `check`,
-//! `failed`, `hit`, `reserve`, `reset`, `take_back` (a permit's success) or
-//! `purge` (in `statements_total` only). In `calls_total` and
+//! `failed`, `hit`, `reserve`, `reset`, `take_back` (a permit's success),
+//! `purge` or `refused_keys` (an operator's listing; these two in
+//! `statements_total` only; an operator's
+//! [`status`](crate::Limiter::status) is a `check`'s read). In `calls_total` and
 //! `call_duration_seconds` it is the call, and the several-limits calls count
 //! once per pair, as `check`, `failed` or `hit`; in `statements_total` it is
 //! the call the statement was sent for (for a statement that
@@ -64,7 +66,7 @@ pub const STATEMENTS_TOTAL: &str = "platformkit_limit_statements_total";
 /// Label: the limit's name.
 pub const LABEL_LIMIT: &str = "limit";
 /// Label: the operation: `check`, `failed`, `hit`, `reserve`, `reset`,
-/// `take_back` or `purge` (see the module docs).
+/// `take_back`, `purge` or `refused_keys` (see the module docs).
 pub const LABEL_OPERATION: &str = "operation";
 /// Label: `allowed`, `refused`, `unreachable`, `shed`, `error` or `cleared`.
 pub const LABEL_OUTCOME: &str = "outcome";

@@ -22,6 +22,8 @@ pub(crate) enum Operation {
     TakeBack,
     /// Deletes windows that closed long ago.
     Purge,
+    /// Lists the keys a limit refuses, for an operator.
+    RefusedKeys,
     /// Applies the schema: a start-up step, in errors only (no metric, no
     /// event).
     Migrate,
@@ -31,7 +33,7 @@ impl Operation {
     /// Every operation the metrics label, in the order the docs list them
     /// (all but [`Operation::Migrate`]).
     #[cfg(test)]
-    pub(crate) const ALL: [Operation; 7] = [
+    pub(crate) const ALL: [Operation; 8] = [
         Operation::Check,
         Operation::Failed,
         Operation::Hit,
@@ -39,6 +41,7 @@ impl Operation {
         Operation::Reset,
         Operation::TakeBack,
         Operation::Purge,
+        Operation::RefusedKeys,
     ];
 
     /// The label, as the metrics, errors and events carry it.
@@ -51,6 +54,7 @@ impl Operation {
             Operation::Reset => "reset",
             Operation::TakeBack => "take_back",
             Operation::Purge => "purge",
+            Operation::RefusedKeys => "refused_keys",
             Operation::Migrate => "migrate",
         }
     }

@@ -5,7 +5,8 @@
 //! sliding windows, written independently of the crate's arithmetic (the
 //! model, in `agreement/model.rs`, finds a sliding window's reopening by
 //! search, the crate by a closed form). The calls: check, failed, hit, reset,
-//! reserve (with or without success reported), and the several-limits calls.
+//! reserve (with or without success reported), and the several-limits calls;
+//! after each, the operator's reads (`status`, `refused_keys`) agree too.
 //! While the database is gone, a limit that counts locally gives `Memory`'s
 //! verdicts, marked unreachable.
 
@@ -189,6 +190,7 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                     prop_assert!(p.is_ok(), "op {i} {op:?}: Postgres reset: {p:?}");
                     prop_assert!(m.is_ok(), "op {i} {op:?}: Memory reset: {m:?}");
                     model.reset(op.limit, op.key);
+                    same_status(&pg, &mem, limit, key, i).await?;
                     continue;
                 }
             };
@@ -219,9 +221,51 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                     }
                 }
             }
+            same_status(&pg, &mem, limit, key, i).await?;
         }
         Ok(())
     })
+}
+
+/// The operator's reads agree too: the key's status, and the keys the limit
+/// refuses (in order), on both stores; a status is refused exactly when the
+/// key is listed.
+async fn same_status<P: Store>(
+    pg: &Limiter<P>,
+    mem: &Limiter<Memory>,
+    limit: &Limit,
+    key: &Key,
+    i: usize,
+) -> Result<(), TestCaseError> {
+    let fail = |who: &str, e: platformkit_limit::Error| {
+        TestCaseError::fail(format!("op {i}: {who}: {e:?}"))
+    };
+    let p = pg
+        .status(limit, key)
+        .await
+        .map_err(|e| fail("Postgres status", e))?;
+    let m = mem
+        .status(limit, key)
+        .await
+        .map_err(|e| fail("Memory status", e))?;
+    prop_assert_eq!(&p, &m, "op {}: status, Postgres then Memory", i);
+    let at_most = Limiter::MAX_REFUSED_KEYS;
+    let pl = pg
+        .refused_keys(limit, at_most)
+        .await
+        .map_err(|e| fail("Postgres refused_keys", e))?;
+    let ml = mem
+        .refused_keys(limit, at_most)
+        .await
+        .map_err(|e| fail("Memory refused_keys", e))?;
+    prop_assert_eq!(&pl, &ml, "op {}: refused_keys, Postgres then Memory", i);
+    prop_assert_eq!(
+        p.is_refused(),
+        pl.contains(&p),
+        "op {}: a refused status is listed, and only then",
+        i
+    );
+    Ok(())
 }
 
 proptest! {

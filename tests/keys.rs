@@ -910,3 +910,34 @@ fn the_bound_rests_on_factors_that_hold_for_every_character() {
         );
     }
 }
+
+/// A key as an operator types it, `kind:value`, is the key the service
+/// counts: each kind normalized by its constructor, the value read whole
+/// (a `:` in it included); another kind, no kind or a bad address is
+/// `InvalidKey`.
+#[test]
+fn an_operators_key_is_the_services_key() {
+    let parsed = |typed: &str| typed.parse::<Key>();
+    assert_eq!(
+        parsed("email: ALICE@example.com").unwrap(),
+        Key::email("alice@example.com")
+    );
+    assert_eq!(parsed("user:Straße").unwrap(), Key::username("STRASSE"));
+    assert_eq!(parsed("id:a:b|c").unwrap(), Key::opaque("a:b|c"));
+    let v4: IpAddr = "192.0.2.7".parse().unwrap();
+    assert_eq!(parsed("ip:::ffff:192.0.2.7").unwrap(), Key::ip(v4));
+    let v6: IpAddr = "2001:db8:1:2::9".parse().unwrap();
+    assert_eq!(parsed("ip: 2001:db8:1:2::9 ").unwrap(), Key::ip(v6));
+    for bad in [
+        "alice",
+        "mail:alice",
+        "Email:alice",
+        "ip:",
+        "ip:300.0.0.1",
+        ":x",
+        "",
+    ] {
+        let err = parsed(bad).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidKey, "{bad:?}");
+    }
+}

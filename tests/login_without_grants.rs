@@ -193,6 +193,9 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
         "SELECT * FROM platformkit.platformkit_limit_read_many(p_keys => ARRAY['login|k'], \
          p_window_secs => ARRAY[60::bigint], p_at => NULL, p_budget_ms => 2000, \
          p_previous => false, p_maxes => ARRAY[5::bigint], p_lockout_secs => ARRAY[0::bigint])",
+        "SELECT * FROM platformkit.platformkit_limit_list(p_prefix => 'login|', p_window_secs => 60, \
+         p_at => NULL, p_budget_ms => 2000, p_previous => false, p_max => 5, p_lockout_secs => 0, \
+         p_at_most => 10)",
         "CALL platformkit.platformkit_limit_take_back(p_key => 'login|k', \
          p_window_start => now(), p_n => 1, p_budget_ms => 2000, p_relaxed => false)",
         "CALL platformkit.platformkit_limit_reset(p_key => 'login|k', p_budget_ms => 2000, \
@@ -222,8 +225,8 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
         .collect();
     assert_eq!(
         executable.len(),
-        8,
-        "seven procedures and one function: {executable:?}"
+        9,
+        "five procedures, three readers and the policy's function: {executable:?}"
     );
     assert!(
         executable.iter().all(|(_, can)| !can),

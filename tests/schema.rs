@@ -579,7 +579,7 @@ fn every_procedure_begins_with_the_same_prologue() {
         .split("CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_")
         .skip(1)
         .collect();
-    assert_eq!(readers.len(), 2, "read and read_many");
+    assert_eq!(readers.len(), 3, "read, read_many and list");
     same_prologue(
         &readers,
         "-- reader's prologue\n",

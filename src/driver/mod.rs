@@ -117,7 +117,7 @@ impl Row {
 }
 
 /// A column type the procedures answer with: `int8`, `timestamptz` (or
-/// `NULL`), and their arrays.
+/// `NULL`), and their arrays, and `text[]`.
 pub(crate) trait Column: Sized {
     fn from_postgres(
         row: &tokio_postgres::Row,

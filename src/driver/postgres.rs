@@ -184,6 +184,7 @@ macro_rules! column {
 
 column!(
     i64,
+    Vec<String>,
     Vec<i64>,
     SystemTime,
     Option<SystemTime>,

@@ -251,6 +251,12 @@ impl SqlxColumn for Vec<i64> {
     }
 }
 
+impl SqlxColumn for Vec<String> {
+    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
+        row.try_get(index)
+    }
+}
+
 impl SqlxColumn for SystemTime {
     fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
         row.try_get::<Timestamptz, _>(index).map(|t| t.0)

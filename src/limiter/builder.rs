@@ -33,6 +33,10 @@ impl Limiter<Memory> {
     /// `failed_all`, `hit_all`, `reserve_all`) call takes.
     pub const MAX_PAIRS: usize = 64;
 
+    /// The most keys one [`Limiter::refused_keys`] call lists: a thousand,
+    /// a page an operator can read. The procedure holds the same bound.
+    pub const MAX_REFUSED_KEYS: usize = 1_000;
+
     /// How many keys the refusal cache holds by default.
     pub const DEFAULT_REFUSAL_CACHE_KEYS: usize = 100_000;
 

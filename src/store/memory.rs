@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use crate::clock::{Clock, from_micros, micros_since_epoch};
-use crate::decide::window_of;
+use crate::decide::{decision, window_of};
 use crate::store::{Asked, Counted, Op, Phase, Progress, Store, sealed};
 use crate::{Error, Limit, ManualClock, Strategy};
 
@@ -303,6 +303,45 @@ impl sealed::Sealed for Memory {
                 *count
             });
         Ok(count)
+    }
+
+    async fn refused(
+        &self,
+        limit: &Limit,
+        prefix: &str,
+        at_most: usize,
+        _deadline: Instant,
+    ) -> Result<Vec<(String, Counted)>, Error> {
+        let now = micros_since_epoch(self.clock.local_now());
+        let mut state = self.lock();
+        let keys: Vec<(String, i64)> = state
+            .keys
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .map(|(key, w)| {
+                let latest = w.counts.keys().next_back().copied().unwrap_or(i64::MIN);
+                (key.clone(), latest)
+            })
+            .collect();
+        let mut refused: Vec<(i64, String, Counted)> = keys
+            .into_iter()
+            .filter_map(|(key, latest)| {
+                let counted = self.count_in(&mut state, Op::Check, limit, &key, 0, now);
+                let refused = !decision(Op::Check, limit, &counted).allowed;
+                refused.then_some((latest, key, counted))
+            })
+            .collect();
+        // Newest first, as the SQL orders them.
+        refused.sort_by(|a, b| {
+            (b.0.cmp(&a.0))
+                .then(b.2.count.cmp(&a.2.count))
+                .then(a.1.cmp(&b.1))
+        });
+        refused.truncate(at_most);
+        Ok(refused
+            .into_iter()
+            .map(|(_, key, counted)| (key, counted))
+            .collect())
     }
 
     async fn reset(&self, key: &str, _deadline: Instant) -> Result<u64, Error> {

@@ -215,6 +215,19 @@ pub(crate) mod sealed {
             deadline: Instant,
         ) -> impl Future<Output = Result<u64, Error>> + Send;
 
+        /// The stored keys under `limit` that begin with `prefix` (the
+        /// limit's name and `|`) and that `limit` refuses now, at most
+        /// `at_most` of them, newest first (the latest window counted in,
+        /// then the highest current count, then the key), each with what a
+        /// `check` would read of it. Nothing is counted.
+        fn refused(
+            &self,
+            limit: &Limit,
+            prefix: &str,
+            at_most: usize,
+            deadline: Instant,
+        ) -> impl Future<Output = Result<Vec<(String, Counted)>, Error>> + Send;
+
         /// Clears the stored key `key`; returns how many windows went.
         fn reset(
             &self,

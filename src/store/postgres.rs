@@ -501,6 +501,69 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         deleted(&row, Operation::TakeBack)
     }
 
+    async fn refused(
+        &self,
+        limit: &Limit,
+        prefix: &str,
+        at_most: usize,
+        deadline: Instant,
+    ) -> Result<Vec<(String, Counted)>, Error> {
+        let operation = Operation::RefusedKeys;
+        let pinned = self.pinned()?;
+        let since = Instant::now();
+        let progress = &Progress::default();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                let list = sql::List {
+                    prefix,
+                    window_secs: i64::try_from(limit.window_secs()).expect("at most 366 days"),
+                    at: pinned,
+                    budget_ms: budget.server_ms,
+                    previous: limit.strategy() == Strategy::Sliding,
+                    max: i64::from(limit.max()),
+                    lockout_secs: i64::try_from(limit.lockout_secs()).expect("at most a day"),
+                    at_most: i64::try_from(at_most).unwrap_or(i64::MAX),
+                };
+                self.call(&mut conn, operation, list.statement(), budget, progress)
+                    .await
+            })
+            .await?;
+        let get = |e| Error::from_call(operation, e, false);
+        let keys: Vec<String> = row.get(0).map_err(get)?;
+        let counts: Vec<i64> = row.get(1).map_err(get)?;
+        let window_end: SystemTime = row.get(2).map_err(get)?;
+        let now: SystemTime = row.get(3).map_err(get)?;
+        let previous: Vec<i64> = row.get(4).map_err(get)?;
+        let locked_until: Vec<Option<SystemTime>> = row.get(5).map_err(get)?;
+        ensure!(
+            [counts.len(), previous.len(), locked_until.len()]
+                .iter()
+                .all(|&n| n == keys.len())
+                && keys.len() <= at_most,
+            UnexpectedSnafu {
+                operation,
+                what: "a listing whose columns disagree, or longer than asked",
+            }
+        );
+        Ok(keys
+            .into_iter()
+            .zip(counts)
+            .zip(previous)
+            .zip(locked_until)
+            .map(|(((key, count), previous), locked_until)| {
+                let counted = Counted {
+                    count: stored_count(count),
+                    previous: stored_count(previous),
+                    locked_until,
+                    window_end,
+                    now,
+                };
+                (key, counted)
+            })
+            .collect())
+    }
+
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
         let operation = Operation::Reset;
         let since = Instant::now();

@@ -43,6 +43,13 @@ pub(crate) const READ: &str = "SELECT * FROM platformkit.platformkit_limit_read(
     p_key => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_max => $6, p_lockout_secs => $7)";
 
+/// Lists the keys under the prefix `p_prefix` (a limit's name and `|`)
+/// that the limit refuses now, at most `p_at_most`, newest first; writes
+/// nothing.
+pub(crate) const LIST: &str = "SELECT * FROM platformkit.platformkit_limit_list(\
+    p_prefix => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
+    p_previous => $5, p_max => $6, p_lockout_secs => $7, p_at_most => $8)";
+
 /// Takes `p_n` back from the key's count in the window starting at
 /// `p_window_start`, never below zero. Returns the count.
 pub(crate) const TAKE_BACK: &str = "CALL platformkit.platformkit_limit_take_back(\
@@ -124,6 +131,37 @@ impl Read<'_> {
                 Param::Bool(self.previous),
                 Param::Int8(self.max),
                 Param::Int8(self.lockout_secs),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`LIST`].
+#[derive(Debug)]
+pub(crate) struct List<'a> {
+    pub(crate) prefix: &'a str,
+    pub(crate) window_secs: i64,
+    pub(crate) at: Option<SystemTime>,
+    pub(crate) budget_ms: i64,
+    pub(crate) previous: bool,
+    pub(crate) max: i64,
+    pub(crate) lockout_secs: i64,
+    pub(crate) at_most: i64,
+}
+
+impl List<'_> {
+    pub(crate) fn statement(&self) -> Statement<'_, 8> {
+        Statement {
+            sql: LIST,
+            params: [
+                Param::Text(self.prefix),
+                Param::Int8(self.window_secs),
+                Param::Timestamptz(self.at),
+                Param::Int8(self.budget_ms),
+                Param::Bool(self.previous),
+                Param::Int8(self.max),
+                Param::Int8(self.lockout_secs),
+                Param::Int8(self.at_most),
             ],
         }
     }

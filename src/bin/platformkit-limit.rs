@@ -1,0 +1,350 @@
+//! `platformkit-limit`: the operator's tool. Applies the schema and the
+//! grants, reads a key's state, unlocks a key, lists who a limit refuses,
+//! and purges closed windows, on the database `DATABASE_URL` names.
+//! Built with the feature `cli` only.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use platformkit_limit::{Key, KeyStatus, Limit, Limiter, Postgres, Strategy};
+
+const USAGE: &str = "\
+usage: platformkit-limit <command> [arguments]
+
+The database is DATABASE_URL (postgres://user:password@host:port/dbname or
+key=value pairs), as a role with the limiter's grants (migrate: the role that
+owns the schema).
+
+commands:
+  migrate [--grant ROLE]...     apply the schema, then the grants for each ROLE
+  status LIMIT KEY LIMIT-OPTIONS
+                                a key's count, window end, reopening, lockout
+  reset LIMIT KEY               unlock: clear the key's windows under LIMIT
+  locked LIMIT LIMIT-OPTIONS [--at-most N]
+                                the keys LIMIT refuses now, newest first
+                                (N: 1 to 1000, 100 unless given)
+  purge                         delete closed windows, in batches, until done
+  help                          this text
+
+LIMIT is the limit's name; LIMIT-OPTIONS say what the service's limit is:
+  --max N          attempts allowed per window
+  --window D       the window, e.g. 30s, 15m, 1h, 1d (or seconds)
+  --sliding        a sliding window (fixed unless given)
+  --lockout D      the lockout after a full window, if the limit has one
+
+KEY is written kind:value, normalized as the service normalizes it:
+  email:alice@example.com   user:bob   ip:203.0.113.7   id:abc123
+
+exit status: 0 done, 1 error, 2 usage";
+
+/// What went wrong: the usage (exit 2) or the work (exit 1).
+enum Failure {
+    Usage(String),
+    Failed(String),
+}
+
+impl From<platformkit_limit::Error> for Failure {
+    fn from(e: platformkit_limit::Error) -> Self {
+        Failure::Failed(error_chain(&e))
+    }
+}
+
+/// The error's message and its causes', one after another.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("platformkit-limit: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(&args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(message)) => {
+            eprintln!("platformkit-limit: {message}\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Failed(message)) => {
+            eprintln!("platformkit-limit: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(args: &[String]) -> Result<(), Failure> {
+    let Some((command, rest)) = args.split_first() else {
+        return Err(Failure::Usage("a command is needed".into()));
+    };
+    match command.as_str() {
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        "migrate" => migrate(rest).await,
+        "status" => status(rest).await,
+        "reset" => reset(rest).await,
+        "locked" => locked(rest).await,
+        "purge" => {
+            no_more(rest)?;
+            let deleted = platformkit_limit::purge(&config()?).await?;
+            println!("purged {deleted} rows");
+            Ok(())
+        }
+        other => Err(Failure::Usage(format!("unknown command {other:?}"))),
+    }
+}
+
+/// The connection settings `DATABASE_URL` gives.
+fn config() -> Result<tokio_postgres::Config, Failure> {
+    let url = std::env::var("DATABASE_URL").map_err(|_| {
+        Failure::Failed("DATABASE_URL is not set: it names the database to operate on".into())
+    })?;
+    url.parse()
+        .map_err(|e| Failure::Failed(format!("DATABASE_URL: {}", error_chain(&e))))
+}
+
+/// A limiter over `DATABASE_URL`, with no refusal cache: every answer is
+/// the database's.
+fn limiter() -> Result<Limiter<Postgres<tokio_postgres::Config>>, Failure> {
+    Ok(Limiter::builder(Postgres::new(config()?))
+        .no_refusal_cache()
+        .build()?)
+}
+
+async fn migrate(args: &[String]) -> Result<(), Failure> {
+    let mut roles = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--grant" => roles.push(value(&mut args, "--grant")?),
+            other => return Err(Failure::Usage(format!("migrate: unexpected {other:?}"))),
+        }
+    }
+    let config = config()?;
+    Postgres::new(config.clone()).migrate().await?;
+    println!("schema applied");
+    if roles.is_empty() {
+        return Ok(());
+    }
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| Failure::Failed(format!("connecting: {}", error_chain(&e))))?;
+    let driver = tokio::spawn(connection);
+    let sql_failed = |what: &str, e: tokio_postgres::Error| {
+        Failure::Failed(format!("{what}: {}", error_chain(&e)))
+    };
+    for role in &roles {
+        client
+            .batch_execute(&platformkit_limit::grants(role))
+            .await
+            .map_err(|e| sql_failed(&format!("granting {role:?}"), e))?;
+        println!("granted {role}");
+    }
+    drop(client);
+    let _ = driver.await;
+    Ok(())
+}
+
+async fn status(args: &[String]) -> Result<(), Failure> {
+    let (name, key, rest) = name_and_key(args, "status")?;
+    let limit = limit_options(&name, rest, false)?.0;
+    let status = limiter()?.status(&limit, &key).await?;
+    print_status(&status);
+    Ok(())
+}
+
+async fn reset(args: &[String]) -> Result<(), Failure> {
+    let (name, key, rest) = name_and_key(args, "reset")?;
+    no_more(rest)?;
+    // A reset needs only the limit's name: the stored key is name|key.
+    let limit = Limit::new(&name, 1, Limit::MIN_WINDOW)?;
+    limiter()?.reset(&limit, &key).await?;
+    println!("reset {name} {}", key.as_str());
+    Ok(())
+}
+
+async fn locked(args: &[String]) -> Result<(), Failure> {
+    let Some((name, rest)) = args.split_first() else {
+        return Err(Failure::Usage("locked: LIMIT is needed".into()));
+    };
+    let (limit, at_most) = limit_options(name, rest, true)?;
+    let refused = limiter()?.refused_keys(&limit, at_most).await?;
+    if refused.is_empty() {
+        println!("no key of {name} is refused");
+    }
+    for status in &refused {
+        let reopens = status.reopens_at().map_or_else(String::new, |at| {
+            format!(" reopens {}", when(at, status.read_at()))
+        });
+        let locked = status
+            .locked_until()
+            .map_or_else(String::new, |at| format!(" locked until {}", utc(at)));
+        println!(
+            "{} count {} of {}{reopens}{locked}",
+            status.key(),
+            status.count(),
+            status.max()
+        );
+    }
+    Ok(())
+}
+
+fn print_status(status: &KeyStatus) {
+    println!("key: {}", status.key());
+    println!("count: {} of {}", status.count(), status.max());
+    println!(
+        "refused: {}",
+        if status.is_refused() { "yes" } else { "no" }
+    );
+    println!(
+        "window ends: {}",
+        when(status.window_end(), status.read_at())
+    );
+    if let Some(at) = status.reopens_at() {
+        println!("reopens: {}", when(at, status.read_at()));
+    }
+    if let Some(at) = status.locked_until() {
+        println!("locked until: {}", when(at, status.read_at()));
+    }
+}
+
+/// LIMIT and KEY, the first two arguments.
+fn name_and_key<'a>(
+    args: &'a [String],
+    command: &str,
+) -> Result<(String, Key, &'a [String]), Failure> {
+    match args {
+        [name, key, rest @ ..] => {
+            let key: Key = key.parse()?;
+            Ok((name.clone(), key, rest))
+        }
+        _ => Err(Failure::Usage(format!(
+            "{command}: LIMIT and KEY are needed"
+        ))),
+    }
+}
+
+/// The limit the options describe, built through the library's builder
+/// (which refuses nonsense), and `--at-most` when `listing`.
+fn limit_options(name: &str, args: &[String], listing: bool) -> Result<(Limit, usize), Failure> {
+    let (mut max, mut window, mut lockout, mut sliding, mut at_most) =
+        (None, None, None, false, 100);
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--max" => max = Some(number(&value(&mut args, "--max")?, "--max")?),
+            "--window" => window = Some(duration(&value(&mut args, "--window")?)?),
+            "--lockout" => lockout = Some(duration(&value(&mut args, "--lockout")?)?),
+            "--sliding" => sliding = true,
+            "--at-most" if listing => {
+                at_most = number(&value(&mut args, "--at-most")?, "--at-most")?;
+            }
+            other => return Err(Failure::Usage(format!("unexpected {other:?}"))),
+        }
+    }
+    let max = max.ok_or_else(|| Failure::Usage("--max N is needed".into()))?;
+    let window = window.ok_or_else(|| Failure::Usage("--window D is needed".into()))?;
+    let max = u32::try_from(max).map_err(|_| Failure::Usage("--max is too large".into()))?;
+    let mut builder = Limit::builder(name, max, window);
+    if sliding {
+        builder = builder.strategy(Strategy::Sliding);
+    }
+    if let Some(lockout) = lockout {
+        builder = builder.lockout(lockout);
+    }
+    Ok((builder.build()?, at_most))
+}
+
+fn value<'a>(args: &mut impl Iterator<Item = &'a String>, option: &str) -> Result<String, Failure> {
+    args.next()
+        .cloned()
+        .ok_or_else(|| Failure::Usage(format!("{option} needs a value")))
+}
+
+fn number(text: &str, option: &str) -> Result<usize, Failure> {
+    text.parse()
+        .map_err(|_| Failure::Usage(format!("{option}: {text:?} is not a whole number")))
+}
+
+/// `30s`, `15m`, `1h`, `1d`, or a number of seconds.
+fn duration(text: &str) -> Result<Duration, Failure> {
+    let bad = || Failure::Usage(format!("{text:?} is not a duration (30s, 15m, 1h, 1d)"));
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(scale)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
+}
+
+fn no_more(args: &[String]) -> Result<(), Failure> {
+    match args.first() {
+        None => Ok(()),
+        Some(arg) => Err(Failure::Usage(format!("unexpected {arg:?}"))),
+    }
+}
+
+/// `at` in UTC, and how far from `now`.
+fn when(at: SystemTime, now: SystemTime) -> String {
+    let secs = at.duration_since(now).map_or(0, |d| d.as_secs());
+    format!("{} (in {})", utc(at), span(secs))
+}
+
+fn span(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` (the civil calendar from days since the epoch).
+fn utc(at: SystemTime) -> String {
+    let secs = match at.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
+    };
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}

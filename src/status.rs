@@ -1,0 +1,225 @@
+//! [`KeyStatus`]: a key's state under a limit, as an operator reads it
+//! ([`Limiter::status`], [`Limiter::refused_keys`]).
+
+use std::time::{Duration, SystemTime};
+
+use snafu::ensure;
+
+use crate::call::Call;
+use crate::decide::decision;
+use crate::error::InvalidOptionSnafu;
+use crate::key::stored;
+use crate::operation::Operation;
+use crate::store::{Counted, Op, Phase, Progress, Store};
+use crate::{Error, Key, Limit, Limiter};
+
+/// A key's state under a limit, read from the store without counting:
+/// what [`Limiter::status`] and [`Limiter::refused_keys`] answer.
+///
+/// Whether it is refused, and when it reopens, are decided by the same
+/// arithmetic as every verdict, so a status and the next
+/// [`check`](Limiter::check) agree.
+///
+/// ```
+/// use platformkit_limit::{Key, Limit, Limiter, Memory};
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let limiter = Limiter::new(Memory::new());
+/// let login = Limit::new("login", 2, Duration::from_secs(60))?;
+/// let alice = Key::email("Alice@example.com");
+/// limiter.failed(&login, &alice).await?;
+/// limiter.failed(&login, &alice).await?;
+///
+/// let status = limiter.status(&login, &alice).await?;
+/// assert_eq!(status.key(), "email|alice@example.com");
+/// assert_eq!((status.count(), status.max()), (2, 2));
+/// assert!(status.is_refused());
+/// assert!(status.retry_after().is_some());
+///
+/// limiter.reset(&login, &alice).await?;
+/// assert!(!limiter.status(&login, &alice).await?.is_refused());
+/// # Ok::<(), platformkit_limit::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyStatus {
+    key: Box<str>,
+    count: u64,
+    max: u32,
+    refused: bool,
+    window_end: SystemTime,
+    reopens_at: SystemTime,
+    locked_until: Option<SystemTime>,
+    now: SystemTime,
+}
+
+impl KeyStatus {
+    /// The status of stored key `stored` under `limit`, from what a store
+    /// read: decided as a `check` would decide it.
+    pub(crate) fn decided(limit: &Limit, stored: &str, counted: &Counted) -> KeyStatus {
+        let decided = decision(Op::Check, limit, counted);
+        let key = stored
+            .strip_prefix(limit.name())
+            .and_then(|rest| rest.strip_prefix('|'))
+            .unwrap_or(stored);
+        KeyStatus {
+            key: key.into(),
+            count: decided.estimate,
+            max: limit.max(),
+            refused: !decided.allowed,
+            window_end: counted.window_end,
+            reopens_at: decided.reopens_at,
+            locked_until: decided.locked_until,
+            now: counted.now,
+        }
+    }
+
+    /// The encoded key, as stored after the limit's name (the form
+    /// [`Key::as_str`] gives): a key too long for the table shows as its
+    /// digest form, a readable prefix, `~` and 64 hex digits. Keys are
+    /// personal data; `Debug` shows this field, so log with care.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The key's count in the current window, or for a sliding limit the
+    /// weighted estimate, rounded up: what
+    /// [`Verdict::count`](crate::Verdict::count) of a `check` says.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The limit's max.
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
+    /// Whether the limit refuses the key's next attempt now: the count (or
+    /// estimate) is at max, or a lockout is running.
+    pub fn is_refused(&self) -> bool {
+        self.refused
+    }
+
+    /// When the current window closes.
+    pub fn window_end(&self) -> SystemTime {
+        self.window_end
+    }
+
+    /// For a refused key, the first moment its next attempt may go ahead
+    /// (the window's end, the moment a sliding estimate falls below max, or
+    /// the end of a lockout); `None` when it is not refused.
+    pub fn reopens_at(&self) -> Option<SystemTime> {
+        self.refused.then_some(self.reopens_at)
+    }
+
+    /// For a refused key, how long until [`reopens_at`](KeyStatus::reopens_at),
+    /// on the store's clock; `None` when it is not refused.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.reopens_at()
+            .map(|at| at.duration_since(self.now).unwrap_or_default())
+    }
+
+    /// The end of the lockout running, if the limit has a lockout and one
+    /// is running for the key.
+    pub fn locked_until(&self) -> Option<SystemTime> {
+        self.locked_until
+    }
+
+    /// The store's time when the status was read.
+    pub fn read_at(&self) -> SystemTime {
+        self.now
+    }
+}
+
+/// The operator's calls: what a key's state is, and who is refused.
+impl<S: Store> Limiter<S> {
+    /// The state of `key` under `limit` now, read from the store: one read,
+    /// nothing counted, and never answered from the refusal cache, so it is
+    /// the database's state even right after a
+    /// [`reset`](Limiter::reset) through another replica. The statement is
+    /// a `check`'s read (the `check` label in the statement metric); no call
+    /// outcome is recorded. To unlock the key, [`reset`](Limiter::reset) it
+    /// under a limit of the same name.
+    ///
+    /// # Errors
+    ///
+    /// Any failure, unreachable included: a status is never guessed.
+    pub async fn status(&self, limit: &Limit, key: &Key) -> Result<KeyStatus, Error> {
+        let stored = stored(limit.name(), key);
+        let call = Call::start(Operation::Check, self.budget());
+        let progress = Progress::default();
+        let store = self.store();
+        let counted = call
+            .within_store(
+                store,
+                || progress.phase(),
+                store.count(Op::Check, limit, &stored, 0, call.deadline(), &progress),
+            )
+            .await?;
+        Ok(KeyStatus::decided(limit, &stored, &counted))
+    }
+
+    /// The keys `limit` refuses now (the count or the sliding estimate at
+    /// max, or a lockout running), at most `at_most` of them, newest first:
+    /// by the latest window the key was counted in, then the highest
+    /// count, then the key. Only `limit`'s own keys, by its name: the keys
+    /// of a limit named `login2` are not `login`'s. One statement, an index
+    /// range over the limit's keys, bounded on the server; nothing counted,
+    /// no refusal cache.
+    ///
+    /// `limit` must be the limit the service uses (its max, window,
+    /// strategy and lockout): that is what decides "refused".
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let login = Limit::new("login", 1, Duration::from_secs(60))?;
+    /// limiter.failed(&login, &Key::username("bob")).await?;
+    /// let refused = limiter.refused_keys(&login, 10).await?;
+    /// assert_eq!(refused.len(), 1);
+    /// assert_eq!(refused[0].key(), "user|bob");
+    /// assert!(limiter.refused_keys(&login, 0).await.is_err());
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) when
+    /// `at_most` is 0 or above [`Limiter::MAX_REFUSED_KEYS`]; any failure
+    /// of the store, unreachable included.
+    pub async fn refused_keys(
+        &self,
+        limit: &Limit,
+        at_most: usize,
+    ) -> Result<Vec<KeyStatus>, Error> {
+        ensure!(
+            (1..=Limiter::MAX_REFUSED_KEYS).contains(&at_most),
+            InvalidOptionSnafu {
+                option: "at_most",
+                reason: format!("refused_keys lists 1 to {} keys", Limiter::MAX_REFUSED_KEYS),
+            }
+        );
+        let prefix = format!("{}|", limit.name());
+        let call = Call::start(Operation::RefusedKeys, self.budget());
+        let store = self.store();
+        let listed = call
+            .within_store(
+                store,
+                || Phase::Queued,
+                store.refused(limit, &prefix, at_most, call.deadline()),
+            )
+            .await?;
+        Ok(listed
+            .iter()
+            .map(|(stored, counted)| KeyStatus::decided(limit, stored, counted))
+            // The store's filter is the same arithmetic; the decision is
+            // the crate's, so a listed key is always a refused one.
+            .filter(KeyStatus::is_refused)
+            .collect())
+    }
+}

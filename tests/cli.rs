@@ -1,0 +1,221 @@
+//! The operator's tool, `platformkit-limit` (feature `cli`), run as a
+//! binary against a real server: `migrate` applies the schema and the
+//! grants, `status` reads a key, `reset` unlocks it (the key normalized as
+//! the service normalizes it), `locked` lists who is refused, `purge`
+//! purges; a missing `DATABASE_URL`, a bad key and a bad option are clear
+//! errors with their exit codes.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::db::fresh_db;
+use common::{LONG_WINDOW, limit};
+use platformkit_limit::{Key, Limiter, Postgres};
+use platformkit_limit_testdb::{Server, TestDb};
+
+/// Runs the tool with `args` on `db` (as its owner), or with no
+/// `DATABASE_URL` at all.
+fn tool(db: Option<&TestDb>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_platformkit-limit"));
+    command.args(args).env_remove("DATABASE_URL");
+    if let Some(db) = db {
+        command.env("DATABASE_URL", db.url());
+    }
+    command.output().expect("running platformkit-limit")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[track_caller]
+fn assert_exit(output: &Output, code: i32, what: &str) {
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{what}: stdout {:?}, stderr {:?}",
+        stdout(output),
+        stderr(output)
+    );
+}
+
+/// `migrate` applies the schema to an empty database (twice, safely) and
+/// grants the roles given; the granted role can then be limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_applies_the_schema_and_the_grants() {
+    let db = Server::shared().empty_database().await;
+    let admin = db.connect_admin().await;
+    let role = format!("{}_app", db.name());
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN; GRANT CONNECT ON DATABASE \"{}\" TO \"{role}\"",
+            db.name()
+        ))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let out = tool(Some(&db), &["migrate", "--grant", &role]);
+        assert_exit(&out, 0, "migrate");
+        assert_eq!(stdout(&out), format!("schema applied\ngranted {role}\n"));
+    }
+    let mut as_role = db.config();
+    as_role.user(&role);
+    let limiter = Limiter::new(Postgres::new(as_role));
+    let verdict = limiter
+        .failed(&limit("login", 1), &Key::opaque("a"))
+        .await
+        .unwrap();
+    assert!(verdict.is_refused() && !verdict.is_unreachable());
+
+    let out = tool(Some(&db), &["migrate", "--grant"]);
+    assert_exit(&out, 2, "--grant without a role");
+}
+
+/// `status`, `locked` and `reset` on a key the service locked out, typed
+/// as the operator types it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_locked_and_reset_of_a_locked_out_key() {
+    let db = fresh_db().await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let login = limit("login", 2);
+    let window = format!("{}s", LONG_WINDOW.as_secs());
+    let alice = Key::email("alice@example.com");
+    for _ in 0..2 {
+        limiter.failed(&login, &alice).await.unwrap();
+    }
+    limiter.failed(&login, &Key::username("bob")).await.unwrap();
+    let options = ["--max", "2", "--window", &window];
+
+    let typed = "email: Alice@Example.COM ";
+    let out = tool(
+        Some(&db),
+        &[&["status", "login", typed][..], &options].concat(),
+    );
+    assert_exit(&out, 0, "status");
+    let text = stdout(&out);
+    assert!(text.contains("key: email|alice@example.com\n"), "{text}");
+    assert!(text.contains("count: 2 of 2\n"), "{text}");
+    assert!(text.contains("refused: yes\n"), "{text}");
+    assert!(text.contains("reopens: "), "{text}");
+
+    let out = tool(Some(&db), &[&["locked", "login"][..], &options].concat());
+    assert_exit(&out, 0, "locked");
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.starts_with("email|alice@example.com count 2 of 2 reopens "),
+        "{text}"
+    );
+
+    let out = tool(Some(&db), &["reset", "login", typed]);
+    assert_exit(&out, 0, "reset");
+    assert!(
+        !limiter.check(&login, &alice).await.unwrap().is_refused(),
+        "unlocked"
+    );
+    let out = tool(
+        Some(&db),
+        &[&["locked", "login"][..], &options, &["--at-most", "5"]].concat(),
+    );
+    assert_exit(&out, 0, "locked after the reset");
+    assert_eq!(stdout(&out), "no key of login is refused\n");
+    let out = tool(
+        Some(&db),
+        &[&["status", "login", "user:BOB"][..], &options].concat(),
+    );
+    assert!(
+        stdout(&out).contains("count: 1 of 2\nrefused: no\n"),
+        "{out:?}"
+    );
+}
+
+/// `purge` runs until done and says how many rows went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_says_how_many_rows_went() {
+    let db = fresh_db().await;
+    let mut system = db.connect().await;
+    common::db::as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT 'old|' || g, now() - interval '2 days 1 minute', now() - interval '2 days', 1
+         FROM generate_series(1, 7) AS g",
+        &[],
+    )
+    .await;
+    let out = tool(Some(&db), &["purge"]);
+    assert_exit(&out, 0, "purge");
+    assert_eq!(stdout(&out), "purged 7 rows\n");
+}
+
+/// A missing `DATABASE_URL`, a key of no known kind, a bad address, a bad
+/// limit and a bad bound: each a clear error on stderr, 1 for an error and
+/// 2 for a usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_clear_with_their_exit_codes() {
+    let db = fresh_db().await;
+    let out = tool(None, &["purge"]);
+    assert_exit(&out, 1, "no DATABASE_URL");
+    assert!(stderr(&out).contains("DATABASE_URL is not set"), "{out:?}");
+
+    let out = tool(Some(&db), &["reset", "login", "alice@example.com"]);
+    assert_exit(&out, 1, "a key with no kind");
+    assert!(stderr(&out).contains("invalid key: "), "{out:?}");
+
+    let out = tool(Some(&db), &["reset", "login", "ip:300.1.2.3"]);
+    assert_exit(&out, 1, "a bad address");
+    assert!(stderr(&out).contains("IPv4 or IPv6 address"), "{out:?}");
+
+    let out = tool(
+        Some(&db),
+        &["status", "login", "id:a", "--max", "0", "--window", "1m"],
+    );
+    assert_exit(&out, 1, "max 0");
+    assert!(
+        stderr(&out).contains("invalid limit \"login\": max must be at least 1"),
+        "{out:?}"
+    );
+
+    let out = tool(
+        Some(&db),
+        &[
+            "locked",
+            "login",
+            "--max",
+            "1",
+            "--window",
+            "1m",
+            "--at-most",
+            "0",
+        ],
+    );
+    assert_exit(&out, 1, "at most 0");
+    assert!(stderr(&out).contains("invalid option at_most"), "{out:?}");
+
+    for usage in [
+        &["status", "login", "id:a", "--window", "1m"][..],
+        &[
+            "status",
+            "login",
+            "id:a",
+            "--max",
+            "1",
+            "--window",
+            "fortnight",
+        ],
+        &["locked"],
+        &["frobnicate"],
+        &[],
+    ] {
+        let out = tool(Some(&db), usage);
+        assert_exit(&out, 2, &format!("{usage:?}"));
+        assert!(stderr(&out).contains("usage: platformkit-limit"), "{out:?}");
+    }
+    let out = tool(None, &["--help"]);
+    assert_exit(&out, 0, "--help");
+    assert!(stdout(&out).contains("email:alice@example.com"));
+}

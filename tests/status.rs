@@ -1,0 +1,371 @@
+//! An operator's reads, against a real server: `Limiter::status` (a key's
+//! state, read from the database, never from the refusal cache) and
+//! `Limiter::refused_keys` (who a limit refuses now: only that limit's
+//! keys, newest first, bounded, whatever the keys hold; one index range,
+//! never a scan of the table). The role without grants cannot list, and
+//! PUBLIC cannot execute the listing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::db::{assert_index_plans, explained, fresh_db, lend, refused};
+use common::hostile_keys::hostile_subjects;
+use common::{LONG_WINDOW, PATIENT, limit, pinned_clock};
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Postgres, grants};
+use tokio_postgres::error::SqlState;
+
+/// A limiter over the database as the table's owner (subject to FORCE ROW
+/// LEVEL SECURITY), with a patient budget.
+fn limiter_on(config: tokio_postgres::Config) -> Limiter<Postgres<tokio_postgres::Config>> {
+    Limiter::builder(Postgres::new(config))
+        .budget(PATIENT)
+        .build()
+        .unwrap()
+}
+
+/// An untouched key, a counting one, a refused one, and the same key after
+/// a reset through another limiter (another replica): each status is the
+/// database's, and agrees with a check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_an_untouched_a_counting_and_a_refused_key_and_after_a_reset_elsewhere() {
+    let db = fresh_db().await;
+    let (here, elsewhere) = (limiter_on(db.config()), limiter_on(db.config()));
+    let login = limit("login", 3);
+    let alice = Key::email("Alice@Example.com");
+
+    let untouched = here.status(&login, &alice).await.unwrap();
+    assert_eq!(untouched.key(), "email|alice@example.com");
+    assert_eq!((untouched.count(), untouched.max()), (0, 3));
+    assert!(!untouched.is_refused());
+    assert_eq!(untouched.retry_after(), None);
+    assert_eq!(untouched.reopens_at(), None);
+    assert_eq!(untouched.locked_until(), None);
+    assert!(untouched.window_end() > untouched.read_at());
+
+    for _ in 0..2 {
+        here.failed(&login, &alice).await.unwrap();
+    }
+    let counting = here.status(&login, &alice).await.unwrap();
+    assert_eq!(counting.count(), 2);
+    assert!(!counting.is_refused());
+    assert_eq!(counting.window_end(), untouched.window_end());
+
+    // Refused, and flooded with checks so that the refusal cache may hold it.
+    here.failed(&login, &alice).await.unwrap();
+    for _ in 0..20 {
+        assert!(here.check(&login, &alice).await.unwrap().is_refused());
+    }
+    let refused = here.status(&login, &alice).await.unwrap();
+    assert_eq!(refused.count(), 3);
+    assert!(refused.is_refused());
+    assert_eq!(refused.reopens_at(), Some(refused.window_end()));
+    let retry = refused.retry_after().expect("a refused key reopens");
+    assert!(retry > Duration::ZERO && retry <= LONG_WINDOW, "{retry:?}");
+    assert_eq!(refused.locked_until(), None);
+
+    elsewhere.reset(&login, &alice).await.unwrap();
+    let after = here.status(&login, &alice).await.unwrap();
+    assert_eq!(after.count(), 0, "the database's state, not the cache's");
+    assert!(!after.is_refused());
+}
+
+/// A lockout: a full window keeps the key refused after its window closed;
+/// the status says until when, and the listing shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_lockout_is_a_refusal_with_its_end() {
+    let db = fresh_db().await;
+    let clock = pinned_clock();
+    let limiter = Limiter::builder(Postgres::new(db.config()).with_clock(clock.clone()))
+        .budget(PATIENT)
+        .build()
+        .unwrap();
+    let login = Limit::builder("login", 2, Duration::from_secs(60))
+        .lockout(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let bob = Key::username("bob");
+    for _ in 0..2 {
+        limiter.failed(&login, &bob).await.unwrap();
+    }
+    let full = limiter.status(&login, &bob).await.unwrap();
+    clock.advance(Duration::from_secs(120));
+    let locked = limiter.status(&login, &bob).await.unwrap();
+    assert_eq!(locked.count(), 0, "a new window");
+    assert!(locked.is_refused());
+    let until = full.window_end() + Duration::from_secs(600);
+    assert_eq!(locked.locked_until(), Some(until));
+    assert_eq!(locked.reopens_at(), Some(until));
+    assert_eq!(
+        limiter.check(&login, &bob).await.unwrap().reopens_at(),
+        Some(until),
+        "status and check agree"
+    );
+    let listed = limiter.refused_keys(&login, 10).await.unwrap();
+    assert_eq!(listed, vec![locked]);
+}
+
+/// Only the limit's own refused keys, newest first (the latest window, then
+/// the highest count), bounded by `at_most`; `login2`'s keys and `login`'s
+/// counting keys are not listed; 0 and more than the bound are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_keys_lists_only_the_limits_refused_keys_newest_first_and_bounded() {
+    let db = fresh_db().await;
+    let clock = pinned_clock();
+    // Every failure counted: no refusal cache to answer a flooded key.
+    let limiter = Limiter::builder(Postgres::new(db.config()).with_clock(clock.clone()))
+        .budget(PATIENT)
+        .no_refusal_cache()
+        .build()
+        .unwrap();
+    let window = Duration::from_secs(60);
+    let login = Limit::builder("login", 2, window)
+        .lockout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    // Names that share a prefix with `login`, and their keys refused.
+    let others = [
+        Limit::new("login2", 1, window).unwrap(),
+        Limit::new("logi", 1, window).unwrap(),
+        Limit::new("login.x", 1, window).unwrap(),
+    ];
+    for other in &others {
+        limiter.hit(other, &Key::opaque("x")).await.unwrap();
+        limiter.hit(other, &Key::opaque("x")).await.unwrap();
+    }
+    let fail = |key: &'static str, n: usize| {
+        let (limiter, login) = (&limiter, &login);
+        async move {
+            for _ in 0..n {
+                limiter.failed(login, &Key::opaque(key)).await.unwrap();
+            }
+        }
+    };
+    // An earlier window: `old` locked out.
+    fail("old", 2).await;
+    clock.advance(window);
+    // The current window: `many` over max, `two` at max, `one` counting.
+    fail("two", 2).await;
+    fail("many", 5).await;
+    fail("one", 1).await;
+
+    let listed = limiter.refused_keys(&login, 10).await.unwrap();
+    let keys: Vec<(&str, u64)> = listed.iter().map(|s| (s.key(), s.count())).collect();
+    assert_eq!(keys, [("id|many", 5), ("id|two", 2), ("id|old", 0)]);
+    assert!(listed.iter().all(|s| s.is_refused()));
+    assert!(listed[2].locked_until().is_some());
+    for status in &listed {
+        let key = Key::opaque(status.key().strip_prefix("id|").unwrap());
+        assert_eq!(&limiter.status(&login, &key).await.unwrap(), status);
+    }
+
+    let first = limiter.refused_keys(&login, 1).await.unwrap();
+    assert_eq!(first, listed[..1]);
+    for at_most in [0, Limiter::MAX_REFUSED_KEYS + 1, usize::MAX] {
+        let err = limiter.refused_keys(&login, at_most).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidOption, "{at_most}: {err}");
+    }
+    assert!(
+        limiter
+            .refused_keys(&login, Limiter::MAX_REFUSED_KEYS)
+            .await
+            .is_ok()
+    );
+
+    // The procedure holds the same bounds as the library.
+    let client = db.connect().await;
+    for (prefix, at_most) in [("login|", 1001), ("login|", 0), ("login", 10), ("|", 10)] {
+        let sql = format!(
+            "SELECT * FROM platformkit.platformkit_limit_list(p_prefix => '{prefix}', \
+             p_window_secs => 60, p_at => NULL, p_budget_ms => 2000, p_previous => false, \
+             p_max => 2, p_lockout_secs => 0, p_at_most => {at_most})"
+        );
+        let (code, message) = refused(client.query(&sql, &[]).await, &sql);
+        assert_eq!(code, SqlState::INVALID_PARAMETER_VALUE, "{sql}: {message}");
+    }
+}
+
+/// A sliding limit: a key whose previous window still weighs it over max
+/// is listed, and reopens when the estimate falls below max, as a check
+/// says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_estimate_at_max_is_listed_with_its_reopening() {
+    let db = fresh_db().await;
+    let clock = pinned_clock();
+    let limiter = Limiter::builder(Postgres::new(db.config()).with_clock(clock.clone()))
+        .budget(PATIENT)
+        .no_refusal_cache()
+        .build()
+        .unwrap();
+    let window = Duration::from_secs(3600);
+    let sliding = Limit::builder("api", 4, window)
+        .strategy(platformkit_limit::Strategy::Sliding)
+        .build()
+        .unwrap();
+    let key = Key::opaque("k");
+    for _ in 0..8 {
+        limiter.failed(&sliding, &key).await.unwrap();
+    }
+    // 10:30 → 11:10: the previous window (8) weighs 50/60: 6.7 ≥ 4.
+    clock.advance(Duration::from_secs(40 * 60));
+    let status = limiter.status(&sliding, &key).await.unwrap();
+    assert!(status.is_refused());
+    let check = limiter.check(&sliding, &key).await.unwrap();
+    assert_eq!(status.reopens_at(), check.reopens_at());
+    assert_eq!(Some(status.count()), check.count());
+    assert_eq!(
+        limiter.refused_keys(&sliding, 5).await.unwrap(),
+        vec![status]
+    );
+}
+
+/// Any key the crate can encode (control characters, the separator, the
+/// digest marker, SQL, a mebibyte that shows as its digest) is listed as
+/// stored, and never breaks the listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_never_break_the_listing() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let hostile = limit("hostile", 1);
+    let mut expected: Vec<String> = Vec::new();
+    let subjects = hostile_subjects();
+    assert!(
+        subjects.iter().any(|s| s.spellings[0].is_digested()),
+        "a key long enough to be digested is among them"
+    );
+    for subject in subjects {
+        let key = &subject.spellings[0];
+        limiter.failed(&hostile, key).await.unwrap();
+        expected.push(key.as_str().to_owned());
+    }
+    expected.sort();
+    expected.dedup();
+    let mut listed: Vec<String> = limiter
+        .refused_keys(&hostile, Limiter::MAX_REFUSED_KEYS)
+        .await
+        .unwrap()
+        .iter()
+        .map(|s| s.key().to_owned())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed, expected,
+        "each key as stored, a long one as its digest form"
+    );
+}
+
+/// The listing reaches the table by one range of the primary key's index,
+/// as the limiter's role, never by a scan of the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listing_is_an_index_range_of_the_limits_keys() {
+    let db = fresh_db().await;
+    let (held, plans) = explained(&db).await;
+    let limiter = Limiter::builder(Postgres::new(lend(held)))
+        .budget(PATIENT)
+        .build()
+        .unwrap();
+    let login = limit("login", 1);
+    limiter.failed(&login, &Key::opaque("a")).await.unwrap();
+    limiter
+        .failed(&limit("login2", 1), &Key::opaque("b"))
+        .await
+        .unwrap();
+    plans.lock().unwrap().clear();
+    let listed = limiter.refused_keys(&login, 10).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_index_plans(&plans, "the listing");
+    let plans = plans.lock().unwrap();
+    let range = plans
+        .iter()
+        .flat_map(|plan| plan.lines())
+        .find(|line| line.contains("Index Cond") && line.contains(">="))
+        .unwrap_or_else(|| panic!("no index range in the listing's plans: {plans:?}"));
+    assert!(range.contains("key") && range.contains('<'), "{range}");
+}
+
+/// A login granted nothing cannot list; PUBLIC may not execute the listing;
+/// `grants` lets a role execute it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_role_without_grants_cannot_list() {
+    let db = fresh_db().await;
+    let stranger = limiter_on(db.stranger_config());
+    let err = stranger
+        .refused_keys(&limit("login", 1), 10)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Query, "{err}");
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{err}");
+    let err = stranger
+        .status(&limit("login", 1), &Key::opaque("a"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{err}");
+
+    let admin = db.connect_admin().await;
+    // A role of this test's own: roles are the server's, shared by every test.
+    let operator = format!("{}_operator", db.name());
+    admin
+        .batch_execute(&format!("CREATE ROLE \"{operator}\" NOLOGIN"))
+        .await
+        .unwrap();
+    let can = |role: String| {
+        let admin = &admin;
+        async move {
+            admin
+                .query_one(
+                    "SELECT pg_catalog.has_function_privilege($1, \
+                     'platformkit.platformkit_limit_list(text, bigint, timestamptz, bigint, \
+                      boolean, bigint, bigint, bigint)', 'EXECUTE')",
+                    &[&role],
+                )
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(
+        !can("public".into()).await,
+        "PUBLIC may execute the listing"
+    );
+    assert!(!can(operator.clone()).await);
+    db.connect()
+        .await
+        .batch_execute(&grants(&operator))
+        .await
+        .unwrap();
+    assert!(can(operator.clone()).await, "grants() covers the listing");
+    db.connect()
+        .await
+        .batch_execute(&format!(
+            "REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM \"{operator}\";
+             REVOKE ALL ON platformkit.platformkit_limits FROM \"{operator}\";
+             REVOKE ALL ON SCHEMA platformkit FROM \"{operator}\";"
+        ))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP ROLE \"{operator}\""))
+        .await
+        .unwrap();
+}
+
+/// The key column compares byte for byte whatever the database's locale,
+/// so one limit's keys are one range of the primary key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_column_is_compared_byte_for_byte() {
+    let db = fresh_db().await;
+    let collation: String = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT c.collname::text FROM pg_catalog.pg_attribute AS a
+             JOIN pg_catalog.pg_collation AS c ON c.oid = a.attcollation
+             WHERE a.attrelid = 'platformkit.platformkit_limits'::regclass
+               AND a.attname = 'key'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(collation, "C");
+}
