@@ -160,7 +160,8 @@ where
 /// 25 ms), a call with a budget of 200 ms on a row another session holds:
 /// the budget's split counts the round trip the store measured, so the
 /// server's lock waits end, and their `55P03` is back, before the client's
-/// deadline: a `LockTimeout` error on either driver, never an allow; and
+/// deadline: a `LockTimeout` error on either driver (or, on a machine too
+/// loaded to bring it back in time, a shed call), never an allow; and
 /// once the lock is gone, the same connection counts again (the failed
 /// attempts counted nothing).
 pub async fn a_held_row_over_a_long_round_trip_is_a_lock_timeout_on_either_driver<D: Driver>()
@@ -210,12 +211,17 @@ where
     let locker = lock_row(&db, &stored(&login, &alice)).await;
     for attempt in 0..3 {
         let (result, _) = timed(budget + SLACK, "far", limiter.failed(&login, &alice)).await;
-        let err = result.expect_err("a held lock gave a verdict over a long round trip");
-        assert_eq!(
-            err.kind(),
-            ErrorKind::LockTimeout,
-            "attempt {attempt}: {err:?}"
-        );
+        match result {
+            Err(err) => assert_eq!(
+                err.kind(),
+                ErrorKind::LockTimeout,
+                "attempt {attempt}: {err:?}"
+            ),
+            // On a machine too loaded to bring the server's 55P03 back
+            // within 200 ms, the server still answered this call's cancel
+            // request: up and slow, so shed, never allowed.
+            Ok(verdict) => assert_shed(&verdict, &format!("attempt {attempt}")),
+        }
     }
     locker.batch_execute("ROLLBACK").await.unwrap();
     let after = patient.failed(&login, &alice).await.unwrap();
