@@ -1,8 +1,10 @@
 //! [`LimitConn`]: the caller's connection source.
 //!
-//! The library keeps no pool and no connection between calls. For each call
-//! it asks the caller's source for one connection, uses it for one short
-//! transaction, and hands it back idle.
+//! The library keeps no pool and no connection between calls. For each
+//! statement it sends (one call's, or one shared by the calls merged into
+//! it) it asks the caller's source for one connection, sends that one
+//! statement (a `CALL` of a procedure that commits its own transaction, or a
+//! read that runs in none of its own), and hands the connection back idle.
 
 use std::future::Future;
 use std::ops::Deref;

@@ -19,8 +19,9 @@
 //! `statements_total` only; an operator's
 //! [`status`](crate::Limiter::status) is a `check`'s read). In `calls_total` and
 //! `call_duration_seconds` it is the call, and the several-limits calls count
-//! once per pair, as `check`, `failed` or `hit`; in `statements_total` it is
-//! the call the statement was sent for (for a statement that
+//! once per pair, as `check`, `failed`, `hit` or `reserve`; in
+//! `statements_total` it is the call the statement was sent for (for a
+//! statement that
 //! [merging](crate::guide#merging) shares between calls, the call that sent
 //! it).
 //!

@@ -1,8 +1,6 @@
-//! [`Verdict`], and the one pure function that turns a count into a verdict.
-//!
-//! Both stores only load and store counts; [`decide`] is shared by
-//! [`Postgres`](crate::Postgres) and [`Memory`](crate::Memory), so the two
-//! cannot drift apart.
+//! [`Verdict`]: the answer to one attempt, and the constructors the stores
+//! and the call path build it with. The arithmetic that turns counts into a
+//! verdict is [`decide`](crate::decide), shared by both stores.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

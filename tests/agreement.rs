@@ -375,7 +375,7 @@ fn play_local(case: &Case) -> Result<(), TestCaseError> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: cases() / 2,
+        cases: (cases() / 2).max(1),
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
             "proptest-regressions",
         ))),

@@ -1,10 +1,13 @@
 //! Attempts reserved up front, and what a limit does when the database is
 //! gone, against real PostgreSQL.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
+use common::verdicts::assert_refused;
 use platformkit_limit::{
     ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, OnSuccess, Postgres, Reservation,
     Reservations, SCHEMA, WhenUnreachable,
@@ -301,13 +304,7 @@ async fn a_lockout_outlasts_the_window_that_reached_max() {
         limiter.failed(&limit, &key).await.expect("a verdict");
     }
     clock.advance(Duration::from_secs(60));
-    assert!(
-        limiter
-            .check(&limit, &key)
-            .await
-            .expect("a verdict")
-            .is_refused()
-    );
+    assert_refused(&limiter, &limit, &key).await;
     limiter.reset(&limit, &key).await.expect("a reset");
     assert!(
         limiter

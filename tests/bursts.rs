@@ -94,7 +94,7 @@ fn schedules() -> Vec<(String, Vec<u64>)> {
 }
 
 #[test]
-fn fixed_and_sliding_windows_let_through_what_the_readme_says() {
+fn fixed_and_sliding_windows_let_through_what_the_guide_says() {
     let fixed = Limit::new("fixed", MAX, Duration::from_secs(W)).expect("a limit");
     let sliding = Limit::builder("fixed", MAX, Duration::from_secs(W))
         .strategy(Strategy::Sliding)

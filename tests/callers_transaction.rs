@@ -1,8 +1,10 @@
-//! The caller's transaction stays the caller's. A connection handed over
-//! inside a transaction (plain, serializable, read-only or failed) is an
-//! error, and nothing of that transaction is committed. Caller code that
-//! wrote before calling a procedure (a DO block, a procedure of its own, an
-//! extended-protocol pipeline) is refused, and its write is not committed.
+//! The caller's transaction stays the caller's. That a connection handed
+//! over inside a transaction (plain, serializable, read-only or failed) is an
+//! error, with nothing of that transaction committed, is tested on every
+//! driver in `tests/drivers/callers_transaction.rs`. Here, on tokio-postgres:
+//! caller code that wrote before calling a procedure (a DO block, a procedure
+//! of its own, an extended-protocol pipeline) is refused, and its write is
+//! not committed.
 //! And nothing of the limiter's transaction runs on into the caller's code
 //! after the call: no switch, no rows, no lock.
 //!
@@ -14,95 +16,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::db::{
-    assert_idle, fresh_db, hold, lend, refused, stored_rows, stored_windows, system_switch,
-};
+use common::db::{fresh_db, hold, lend, refused, stored_windows, system_switch};
 use common::wire::{Answer, Wire};
 use common::{limit, pinned_clock};
 use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Postgres};
 use platformkit_limit_testdb::TestDb;
 use tokio_postgres::error::SqlState;
-
-/// Hands the limiter a connection inside a transaction the caller opened with
-/// `begin` (which may write to `caller_work`), and checks that the limiter
-/// refuses it with an error, commits nothing and leaves the connection idle.
-async fn assert_refused_inside_callers_transaction(begin: &str) {
-    let db = fresh_db().await;
-    let held = hold(&db.config()).await;
-    held.lock()
-        .await
-        .batch_execute("CREATE TABLE caller_work (x int)")
-        .await
-        .unwrap();
-    let limiter = Limiter::new(Postgres::new(lend(Arc::clone(&held))));
-    let login = limit("login", 5);
-    let alice = Key::email("alice@example.com");
-
-    // The caller's script may end in an error on purpose (an aborted
-    // transaction); what matters is the state it leaves.
-    let _ = held.lock().await.batch_execute(begin).await;
-
-    let err = limiter
-        .failed(&login, &alice)
-        .await
-        .expect_err("a connection inside a transaction gave a verdict");
-    assert!(!err.is_unreachable(), "{err:?}");
-
-    {
-        let client = held.lock().await;
-        assert_idle(&client).await;
-        let seen: i64 = client
-            .query_one("SELECT count(*) FROM caller_work", &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(seen, 0, "the caller's work was committed");
-        let switch = system_switch(&client).await;
-        assert!(matches!(switch.as_deref(), None | Some("")), "{switch:?}");
-    }
-    let other: i64 = db
-        .connect()
-        .await
-        .query_one("SELECT count(*) FROM caller_work", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(other, 0, "the caller's work was committed");
-    assert_eq!(stored_rows(&db).await, [], "the failure was recorded");
-
-    let verdict = limiter.failed(&login, &alice).await.unwrap();
-    assert_eq!(verdict.count(), Some(1), "the connection is usable again");
-
-    // Said as what it is, so the caller can tell it from a misconfiguration.
-    assert_eq!(err.kind(), ErrorKind::InTransaction, "{err:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_inside_the_callers_transaction_is_an_error_and_nothing_is_committed() {
-    assert_refused_inside_callers_transaction("BEGIN; INSERT INTO caller_work VALUES (1)").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_inside_a_serializable_transaction_is_an_error_and_nothing_is_committed() {
-    assert_refused_inside_callers_transaction(
-        "BEGIN ISOLATION LEVEL SERIALIZABLE; INSERT INTO caller_work VALUES (1)",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_inside_a_read_only_transaction_is_an_error() {
-    assert_refused_inside_callers_transaction("BEGIN READ ONLY; SELECT count(*) FROM caller_work")
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_inside_a_failed_transaction_is_an_error_and_nothing_is_committed() {
-    assert_refused_inside_callers_transaction(
-        "BEGIN; INSERT INTO caller_work VALUES (1); SELECT 1 / 0",
-    )
-    .await;
-}
 
 // ---------------------------------------------------------------------------
 // Caller code around the procedures' CALL

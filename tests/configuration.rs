@@ -18,56 +18,99 @@ fn locked_out_for(lockout: Duration) -> Result<Limit, platformkit_limit::Error> 
         .build()
 }
 
+/// Each refusal names its problem: the message says what was refused
+/// ("invalid limit") and why (the last part of each row).
 #[test]
 fn every_nonsensical_limit_is_refused_when_it_is_made() {
     let secs = Duration::from_secs;
     let long_name = "x".repeat(Limit::MAX_NAME_BYTES + 1);
-    let refused: Vec<(&str, Result<Limit, platformkit_limit::Error>)> = vec![
-        ("an empty name", Limit::new("", 5, secs(60))),
-        ("a name too long", Limit::new(&long_name, 5, secs(60))),
-        ("a name with a space", Limit::new("log in", 5, secs(60))),
+    let mut refused: Vec<(&str, Result<Limit, platformkit_limit::Error>, &str)> = vec![
         (
-            "a name with the separator",
-            Limit::new("login|x", 5, secs(60)),
+            "an empty name",
+            Limit::new("", 5, secs(60)),
+            "the name is empty",
         ),
         (
-            "a name that is not ASCII",
-            Limit::new("connexión", 5, secs(60)),
+            "a name too long",
+            Limit::new(&long_name, 5, secs(60)),
+            "longer than 48 bytes",
         ),
-        ("max 0", Limit::new("login", 0, secs(60))),
+        ("max 0", Limit::new("login", 0, secs(60)), "at least 1"),
         (
             "max above the most",
             Limit::new("login", Limit::MAX_ATTEMPTS + 1, secs(60)),
+            "max must be at most",
         ),
-        ("a zero window", Limit::new("login", 5, Duration::ZERO)),
+        (
+            "max u32::MAX",
+            Limit::new("login", u32::MAX, secs(60)),
+            "max must be at most",
+        ),
+        (
+            "a zero window",
+            Limit::new("login", 5, Duration::ZERO),
+            "at least one second",
+        ),
         (
             "a window under a second",
             Limit::new("login", 5, Duration::from_millis(999)),
+            "at least one second",
         ),
         (
             "a fractional window",
             Limit::new("login", 5, Duration::from_millis(1500)),
+            "whole number of seconds",
+        ),
+        (
+            "a window a nanosecond past a whole second",
+            Limit::new("login", 5, Duration::new(60, 1)),
+            "whole number of seconds",
         ),
         (
             "a window over 366 days",
             Limit::new("login", 5, Limit::MAX_WINDOW + secs(1)),
+            "at most 366 days",
         ),
-        ("a zero lockout", locked_out_for(Duration::ZERO)),
+        (
+            "the longest duration as a window",
+            Limit::new("login", 5, Duration::MAX),
+            "at most 366 days",
+        ),
+        (
+            "a zero lockout",
+            locked_out_for(Duration::ZERO),
+            "lockout must be at least one second",
+        ),
         (
             "a lockout over a day",
             locked_out_for(Limit::MAX_LOCKOUT + secs(1)),
+            "lockout must be at most a day",
         ),
         (
             "a fractional lockout",
             locked_out_for(Duration::from_millis(2500)),
+            "lockout must be a whole number of seconds",
         ),
     ];
-    for (what, result) in refused {
+    for name in [
+        "log in",
+        "login|x",
+        "connexión",
+        "login\0",
+        "login/x",
+        "émoji😀",
+        "tab\t",
+    ] {
+        refused.push((name, Limit::new(name, 5, secs(60)), "ASCII letters, digits"));
+    }
+    for (what, result, says) in refused {
         let error = result.expect_err(what);
-        assert_eq!(error.kind(), ErrorKind::InvalidLimit, "{what}: {error}");
+        assert_eq!(error.kind(), ErrorKind::InvalidLimit, "{what:?}: {error}");
+        assert!(!error.is_unreachable(), "{what:?}");
+        let message = error.to_string();
         assert!(
-            error.to_string().starts_with("invalid limit"),
-            "{what}: the message says what: {error}"
+            message.starts_with("invalid limit") && message.contains(says),
+            "{what:?}: {message:?} should say {says:?}"
         );
     }
 }
@@ -111,6 +154,15 @@ fn every_nonsensical_option_is_refused_when_it_is_set() {
     for (what, error) in refused {
         assert_eq!(error.kind(), ErrorKind::InvalidOption, "{what}: {error}");
     }
+    for budget in [
+        Duration::from_micros(999),
+        Duration::from_secs(61),
+        Duration::MAX,
+    ] {
+        let error = limiter().budget(budget).build().expect_err("a budget");
+        assert_eq!(error.kind(), ErrorKind::InvalidOption, "{budget:?}");
+        assert!(error.to_string().contains("budget"), "{budget:?}: {error}");
+    }
     let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
     for prefix in [0, 129] {
         let error = Key::ip_grouped(v6, prefix).expect_err("refused");
@@ -139,25 +191,39 @@ async fn nonsensical_calls_and_schedules_are_refused_before_anything_runs() {
     assert_eq!(error.kind(), ErrorKind::InvalidOption);
 }
 
+/// Accepted as given: a limit keeps its name, max and window, a limiter
+/// its budget.
 #[test]
 fn the_boundaries_themselves_are_accepted() {
-    let name = "x".repeat(Limit::MAX_NAME_BYTES);
-    assert!(Limit::new(&name, 1, Duration::from_secs(1)).is_ok());
-    assert!(Limit::new("a", Limit::MAX_ATTEMPTS, Limit::MAX_WINDOW).is_ok());
+    let minute = Duration::from_secs(60);
+    let longest = "A-z_0.9".repeat(7)[..Limit::MAX_NAME_BYTES].to_owned();
+    for (name, max, window) in [
+        ("a", 5, minute),
+        (longest.as_str(), 5, minute),
+        ("Login-2.v_x", 5, minute),
+        ("login", 1, Duration::from_secs(1)),
+        ("login", Limit::MAX_ATTEMPTS, Limit::MAX_WINDOW),
+    ] {
+        let limit = Limit::new(name, max, window)
+            .unwrap_or_else(|e| panic!("{name:?}/{max}/{window:?} refused: {e}"));
+        assert_eq!(
+            (limit.name(), limit.max(), limit.window()),
+            (name, max, window)
+        );
+    }
     assert!(locked_out_for(Duration::from_secs(1)).is_ok());
     assert!(locked_out_for(Limit::MAX_LOCKOUT).is_ok());
-    assert!(
-        Limiter::builder(Memory::new())
-            .budget(Duration::from_millis(1))
+    for budget in [
+        Duration::from_millis(1),
+        Limiter::DEFAULT_BUDGET,
+        Limiter::MAX_BUDGET,
+    ] {
+        let limiter = Limiter::builder(Memory::new())
+            .budget(budget)
             .build()
-            .is_ok()
-    );
-    assert!(
-        Limiter::builder(Memory::new())
-            .budget(Limiter::MAX_BUDGET)
-            .build()
-            .is_ok()
-    );
+            .unwrap_or_else(|e| panic!("{budget:?} refused: {e}"));
+        assert_eq!(limiter.budget(), budget);
+    }
     assert!(
         Limiter::builder(Memory::new())
             .refusal_cache(1)

@@ -1,11 +1,11 @@
-//! Keys and limits, without a database: the key encoding (golden vectors and
-//! properties) and the configurations `Limit::new` and `with_budget` refuse.
+//! Keys, without a database: the key encoding (golden vectors and
+//! properties) and the bound on the work a key does. What `Limit::new` and
+//! the builders refuse is in `tests/configuration.rs`.
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use platformkit_limit::internal::decode;
-use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory};
+use platformkit_limit::{ErrorKind, Key};
 use proptest::prelude::*;
 
 /// Length of a digest suffix: `~` and 64 hex digits.
@@ -472,122 +472,6 @@ proptest! {
         prop_assert_ne!(ka.as_str(), kb.as_str());
         let cut = |k: &Key| k.as_str().len() - DIGEST_SUFFIX_BYTES;
         prop_assert_eq!(&ka.as_str()[..cut(&ka)], &kb.as_str()[..cut(&kb)]);
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Limits and options
-// ---------------------------------------------------------------------------
-
-fn refused_limit(name: &str, max: u32, window: Duration, names_the_problem: &str) {
-    let err = match Limit::new(name, max, window) {
-        Ok(limit) => panic!("{limit:?} was accepted, expected: {names_the_problem}"),
-        Err(err) => err,
-    };
-    assert_eq!(err.kind(), ErrorKind::InvalidLimit, "{err}");
-    assert!(!err.is_unreachable());
-    let message = err.to_string();
-    assert!(
-        message.contains(names_the_problem),
-        "{name:?}/{max}/{window:?}: {message:?} should say {names_the_problem:?}"
-    );
-}
-
-#[test]
-fn nonsensical_limits_are_refused() {
-    let minute = Duration::from_secs(60);
-    refused_limit("", 5, minute, "the name is empty");
-    refused_limit(&"a".repeat(49), 5, minute, "longer than 48 bytes");
-    for name in [
-        "log in",
-        "a|b",
-        "café",
-        "login\0",
-        "login/x",
-        "émoji😀",
-        "tab\t",
-    ] {
-        refused_limit(name, 5, minute, "ASCII letters, digits");
-    }
-    refused_limit("login", 0, minute, "max must be at least 1");
-    refused_limit(
-        "login",
-        Limit::MAX_ATTEMPTS + 1,
-        minute,
-        "max must be at most",
-    );
-    refused_limit("login", u32::MAX, minute, "max must be at most");
-    refused_limit("login", 5, Duration::ZERO, "at least one second");
-    refused_limit(
-        "login",
-        5,
-        Duration::from_millis(999),
-        "at least one second",
-    );
-    refused_limit(
-        "login",
-        5,
-        Duration::from_millis(1500),
-        "whole number of seconds",
-    );
-    refused_limit("login", 5, Duration::new(60, 1), "whole number of seconds");
-    refused_limit(
-        "login",
-        5,
-        Limit::MAX_WINDOW + Duration::from_secs(1),
-        "at most 366 days",
-    );
-    refused_limit("login", 5, Duration::MAX, "at most 366 days");
-}
-
-#[test]
-fn limits_at_the_boundaries_are_accepted() {
-    let minute = Duration::from_secs(60);
-    let longest = "A-z_0.9".repeat(7)[..48].to_owned();
-    for (name, max, window) in [
-        ("a", 5, minute),
-        (longest.as_str(), 5, minute),
-        ("login", 1, minute),
-        ("login", Limit::MAX_ATTEMPTS, minute),
-        ("login", 5, Duration::from_secs(1)),
-        ("login", 5, Limit::MAX_WINDOW),
-        ("Login-2.v_x", 5, minute),
-    ] {
-        let limit = Limit::new(name, max, window)
-            .unwrap_or_else(|e| panic!("{name:?}/{max}/{window:?} refused: {e}"));
-        assert_eq!(limit.name(), name);
-        assert_eq!(limit.max(), max);
-        assert_eq!(limit.window(), window);
-    }
-    assert_eq!(longest.len(), 48);
-}
-
-#[test]
-fn nonsensical_budgets_are_refused() {
-    for budget in [
-        Duration::ZERO,
-        Duration::from_micros(999),
-        Duration::from_secs(61),
-        Duration::from_millis(60_001),
-        Duration::MAX,
-    ] {
-        let err = match Limiter::builder(Memory::new()).budget(budget).build() {
-            Ok(_) => panic!("the budget {budget:?} was accepted"),
-            Err(err) => err,
-        };
-        assert_eq!(err.kind(), ErrorKind::InvalidOption, "{budget:?}");
-        assert!(err.to_string().contains("budget"), "{err}");
-    }
-    for budget in [
-        Duration::from_millis(1),
-        Duration::from_secs(2),
-        Duration::from_secs(60),
-    ] {
-        let limiter = Limiter::builder(Memory::new())
-            .budget(budget)
-            .build()
-            .unwrap_or_else(|e| panic!("{budget:?} refused: {e}"));
-        assert_eq!(limiter.budget(), budget);
     }
 }
 

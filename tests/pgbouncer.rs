@@ -19,11 +19,10 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use common::bouncer::{Watching, fresh_db_with_scratch, observe, start_bouncer};
 use common::db::{backend_pid, fresh_db, hold, lend};
-use common::{LONG_WINDOW, limit};
+use common::limit;
 use platformkit_limit::{ErrorKind, Key, Limiter, Postgres, purge};
 use platformkit_limit_testdb::{TestDb, connect};
 use tokio_postgres::error::SqlState;
@@ -37,116 +36,6 @@ async fn rows_in_table(db: &TestDb) -> i64 {
         .await
         .expect("counting the rows as the superuser")
         .get(0)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_works_through_pgbouncer_in_transaction_mode() {
-    let Some(bouncer) = start_bouncer(2) else {
-        return;
-    };
-    let db = fresh_db().await;
-    let config = bouncer.config_for(&db.config());
-    // Two limiters sharing one limit, like two replicas; without the refusal
-    // cache, a reset through one is seen by the other at once.
-    let per_call = Limiter::builder(Postgres::new(config.clone()))
-        .no_refusal_cache()
-        .build()
-        .expect("valid settings");
-    let held = hold(&config).await;
-    let on_held = Limiter::builder(Postgres::new(lend(Arc::clone(&held))))
-        .no_refusal_cache()
-        .build()
-        .expect("valid settings");
-
-    let login = limit("login", 3);
-    let alice = Key::opaque("alice");
-    let bob = Key::opaque("bob");
-
-    for limiter_check in [
-        per_call.check(&login, &alice).await.unwrap(),
-        on_held.check(&login, &alice).await.unwrap(),
-    ] {
-        assert!(limiter_check.is_allowed());
-        assert!(!limiter_check.is_unreachable());
-        assert_eq!(limiter_check.count(), Some(0));
-    }
-
-    // Three failures, shared by both sources: the third closes the window.
-    let first = per_call.failed(&login, &alice).await.unwrap();
-    assert!(first.is_allowed());
-    assert_eq!(first.count(), Some(1));
-    let second = on_held.failed(&login, &alice).await.unwrap();
-    assert!(second.is_allowed());
-    assert_eq!(second.count(), Some(2));
-    assert_eq!(second.remaining(), Some(1));
-    let third = per_call.failed(&login, &alice).await.unwrap();
-    assert!(third.is_refused());
-    assert_eq!(third.count(), Some(3));
-    for refused in [
-        on_held.check(&login, &alice).await.unwrap(),
-        per_call.check(&login, &alice).await.unwrap(),
-    ] {
-        assert!(refused.is_refused());
-        assert!(!refused.is_unreachable());
-        assert_eq!(refused.count(), Some(3));
-        let wait = refused.retry_after().expect("a refusal says when to retry");
-        assert!(wait > Duration::ZERO && wait <= LONG_WINDOW);
-    }
-    // Another key is untouched.
-    assert_eq!(on_held.check(&login, &bob).await.unwrap().count(), Some(0));
-
-    // hit counts every ask, this one too: allowed while count <= max.
-    let forgot = limit("forgot", 2);
-    let asks = [
-        on_held.hit(&forgot, &bob).await.unwrap(),
-        per_call.hit(&forgot, &bob).await.unwrap(),
-        on_held.hit(&forgot, &bob).await.unwrap(),
-    ];
-    let counts: Vec<_> = asks.iter().map(|v| v.count()).collect();
-    assert_eq!(counts, [Some(1), Some(2), Some(3)]);
-    let allowed: Vec<_> = asks.iter().map(|v| v.is_allowed()).collect();
-    assert_eq!(allowed, [true, true, false]);
-    assert_eq!(rows_in_table(&db).await, 2);
-
-    // reset, through either source.
-    on_held.reset(&login, &alice).await.unwrap();
-    let after = per_call.check(&login, &alice).await.unwrap();
-    assert!(after.is_allowed());
-    assert_eq!(after.count(), Some(0));
-    per_call.reset(&forgot, &bob).await.unwrap();
-    assert_eq!(on_held.hit(&forgot, &bob).await.unwrap().count(), Some(1));
-    assert_eq!(rows_in_table(&db).await, 1);
-
-    // purge: plant a window that closed two days ago (as the limiter's own
-    // transaction would write it), and one still open.
-    held.lock()
-        .await
-        .batch_execute(
-            "BEGIN;
-             SELECT pg_catalog.set_config('platformkit.system', 'on', true);
-             INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
-             VALUES ('login|old', now() - interval '3 days', now() - interval '2 days', 5);
-             COMMIT;",
-        )
-        .await
-        .expect("planting a closed window");
-    assert_eq!(rows_in_table(&db).await, 2);
-    assert_eq!(purge(&config).await.unwrap(), 1);
-    assert_eq!(purge(&lend(Arc::clone(&held))).await.unwrap(), 0);
-    assert_eq!(rows_in_table(&db).await, 1);
-    assert_eq!(
-        per_call.check(&forgot, &bob).await.unwrap().count(),
-        Some(1)
-    );
-
-    // The held connection is idle and usable after all of that.
-    let client = held.lock().await;
-    let one: i32 = client
-        .query_typed_one("SELECT 1", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(one, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

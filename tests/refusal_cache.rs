@@ -8,6 +8,8 @@
 //!
 //! Time is a `ManualClock`; statements are counted by the connections lent.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::verdicts::assert_refused;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use platformkit_limit::metric::{
     CALLS_TOTAL, LABEL_OPERATION, LABEL_OUTCOME, LABEL_SOURCE, STATEMENTS_TOTAL,
@@ -105,22 +108,10 @@ async fn a_flooded_key_costs_no_round_trip_within_the_ttl_and_never_past_the_reo
     let refused = limiter.failed(&limit, &key).await.expect("a verdict");
     assert!(refused.is_refused());
     let reopens = refused.reopens_at().expect("a reopening");
-    assert!(
-        limiter
-            .check(&limit, &key)
-            .await
-            .expect("a verdict")
-            .is_refused()
-    );
+    assert_refused(&limiter, &limit, &key).await;
     assert_eq!(lent.load(Ordering::SeqCst), 3, "two refusals: both asked");
     // The third refusal within the span engages the cache.
-    assert!(
-        limiter
-            .check(&limit, &key)
-            .await
-            .expect("a verdict")
-            .is_refused()
-    );
+    assert_refused(&limiter, &limit, &key).await;
     assert_eq!(lent.load(Ordering::SeqCst), 4);
 
     // Hammering the flooded key: every answer refused, no statement sent.
@@ -181,12 +172,7 @@ async fn a_reset_through_another_replica_is_seen_by_the_next_call_here() {
             .expect("a verdict")
             .is_refused()
     );
-    assert!(
-        here.check(&limit, &key)
-            .await
-            .expect("a verdict")
-            .is_refused()
-    );
+    assert_refused(&here, &limit, &key).await;
     assert_eq!(lent.load(Ordering::SeqCst), 2);
 
     // Support unlocks them through another replica, at the same instant.
@@ -212,13 +198,7 @@ async fn a_reset_here_clears_a_flooded_key_at_once() {
     let key = Key::opaque("account");
 
     flood(&limiter, &limit, &key).await;
-    assert!(
-        limiter
-            .check(&limit, &key)
-            .await
-            .expect("a verdict")
-            .is_refused()
-    );
+    assert_refused(&limiter, &limit, &key).await;
     let before = lent.load(Ordering::SeqCst);
     assert_eq!(
         before,
@@ -352,13 +332,7 @@ async fn a_dropped_refresh_does_not_pin_the_cache() {
     assert_eq!(lent.load(Ordering::SeqCst), Limiter::FLOOD_REFUSALS + 1);
     // Meanwhile the others are answered here.
     for _ in 0..10 {
-        assert!(
-            limiter
-                .check(&limit, &key)
-                .await
-                .expect("a verdict")
-                .is_refused()
-        );
+        assert_refused(&limiter, &limit, &key).await;
     }
     assert_eq!(lent.load(Ordering::SeqCst), Limiter::FLOOD_REFUSALS + 1);
 
@@ -366,13 +340,7 @@ async fn a_dropped_refresh_does_not_pin_the_cache() {
     // instant.
     drop(refreshing);
     drop(closed);
-    assert!(
-        limiter
-            .check(&limit, &key)
-            .await
-            .expect("a verdict")
-            .is_refused()
-    );
+    assert_refused(&limiter, &limit, &key).await;
     assert_eq!(
         lent.load(Ordering::SeqCst),
         Limiter::FLOOD_REFUSALS + 2,
@@ -400,23 +368,11 @@ async fn a_refresh_never_polled_again_frees_the_cache_after_the_budget() {
 
     // Held, never polled again: its claim stands for a budget...
     clock.advance(Limiter::DEFAULT_BUDGET - Duration::from_micros(1));
-    assert!(
-        limiter
-            .check(&limit, &key)
-            .await
-            .expect("a verdict")
-            .is_refused()
-    );
+    assert_refused(&limiter, &limit, &key).await;
     assert_eq!(lent.load(Ordering::SeqCst), Limiter::FLOOD_REFUSALS + 1);
     // ... and no longer.
     clock.advance(Duration::from_micros(1));
-    assert!(
-        limiter
-            .check(&limit, &key)
-            .await
-            .expect("a verdict")
-            .is_refused()
-    );
+    assert_refused(&limiter, &limit, &key).await;
     assert_eq!(
         lent.load(Ordering::SeqCst),
         Limiter::FLOOD_REFUSALS + 2,
@@ -490,13 +446,7 @@ async fn answers_from_the_cache_are_counted_with_source_cache() {
     let key = Key::opaque("victim");
     flood(&limiter, &limit, &key).await;
     for _ in 0..2 {
-        assert!(
-            limiter
-                .check(&limit, &key)
-                .await
-                .expect("a verdict")
-                .is_refused()
-        );
+        assert_refused(&limiter, &limit, &key).await;
     }
 
     let mut calls = BTreeMap::new();

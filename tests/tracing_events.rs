@@ -1,5 +1,7 @@
-//! With the `tracing` feature, every unreachable outcome and every purge is a
-//! warning event that names the limit and the cause, never the key.
+//! With the `tracing` feature, every unreachable outcome is a warning event
+//! and a purge that succeeded an info event; they name the limit and the
+//! cause, never the key. A per-address rule without a client address is an
+//! error event naming the limit and the fix.
 //!
 //! Its own test binary: `tracing` caches each call site's interest in a
 //! subscriber, and a test elsewhere in the same process touching the same

@@ -19,8 +19,9 @@ use crate::store::Store;
 use crate::{Error, Limiter, Memory, metric};
 
 /// The bounds and defaults of every limiter, whatever its store. They sit
-/// on `Limiter<Memory>` only so that `Limiter::MAX_BUDGET` needs no type
-/// annotation; a `Limiter<Postgres<_>>` has the same.
+/// on `Limiter<Memory>` only, so that `Limiter::MAX_BUDGET` needs no type
+/// annotation: they do not resolve on a `Limiter<Postgres<_>>`, and bound
+/// it all the same.
 impl Limiter<Memory> {
     /// The default budget of one call: 2 seconds.
     pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);

@@ -21,7 +21,9 @@ use crate::store::sealed::Sealed as _;
 use crate::store::{Op, Phase, Store};
 use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreachable};
 
-/// The front of the crate: `check`, `failed`, `hit` and `reset` over a store,
+/// The front of the crate: `check`, `failed`, `hit`, `reserve` and `reset`,
+/// and `check_all`, `failed_all`, `hit_all` and `reserve_all` over several
+/// limits at once, over a store,
 /// [`Postgres`](crate::Postgres) in production or [`Memory`](crate::Memory)
 /// in tests.
 ///

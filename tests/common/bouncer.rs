@@ -11,8 +11,6 @@ use tokio_postgres::Client;
 
 use super::db::backend_pid;
 
-/// A PgBouncer in front of the shared server, or `None` (after saying so)
-/// when none is installed. In CI, which installs it, that is a failure.
 /// A fresh database with a `scratch` table the application's transactions
 /// write to, as `limit_owner`.
 pub async fn fresh_db_with_scratch() -> platformkit_limit_testdb::TestDb {
@@ -25,6 +23,8 @@ pub async fn fresh_db_with_scratch() -> platformkit_limit_testdb::TestDb {
     db
 }
 
+/// A PgBouncer in front of the shared server, or `None` (after saying so)
+/// when none is installed. In CI, which installs it, that is a failure.
 pub fn start_bouncer(pool_size: u32) -> Option<PgBouncer> {
     let bouncer = PgBouncer::start(Server::shared(), pool_size);
     if bouncer.is_none() {

@@ -3,10 +3,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use metrics_util::debugging::DebuggingRecorder;
 use platformkit_limit::{ErrorKind, Key, LimitConn, Limiter, Postgres};
 
 use crate::common::db::{fresh_db, lock_row, nothing_listens, stored, terminate_backend};
 use crate::common::faults::kill_while_it_waits_on_a_lock;
+use crate::common::metrics::Recorded;
 use crate::common::{BUDGET, SLACK, limit, timed};
 use crate::driver::{Driver, Lend, backend_pid};
 use crate::{
@@ -14,8 +16,13 @@ use crate::{
 };
 
 /// Nothing listens where the source points: every call is allowed,
-/// unreachable, within the budget; a reset is an unreachable error.
+/// unreachable, within the budget; a reset is an unreachable error. Each is
+/// counted once, as `unreachable`.
 pub async fn nothing_listening_is_unreachable_within_the_budget<D: Driver>() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
     let limiter = Limiter::builder(Postgres::new(D::source(&nothing_listens())))
         .budget(BUDGET)
         .build()
@@ -40,6 +47,11 @@ pub async fn nothing_listening_is_unreachable_within_the_budget<D: Driver>() {
     let (reset, _) = timed(BUDGET + SLACK, "reset", limiter.reset(&login, &alice)).await;
     let err = reset.unwrap_err();
     assert!(err.is_unreachable(), "{err:?}");
+
+    let recorded = Recorded::take(&snapshotter);
+    for op in ["check", "failed", "hit", "reset"] {
+        assert_eq!(recorded.calls("login", op, "unreachable"), 1, "{op}");
+    }
 }
 
 /// A connection terminated between two calls: the next call is allowed,
@@ -71,13 +83,17 @@ where
 }
 
 /// A connection killed while its call waits on a row lock: the call ends at
-/// once, allowed, unreachable (`Connect`), long before its budget.
+/// once, allowed, unreachable (`Connect`), long before its budget, and is
+/// counted as `unreachable`, never as an error.
 pub async fn a_connection_killed_mid_call_ends_at_once<D: Driver>()
 where
     Lend<D::Conn>: LimitConn,
 {
     // Long, so that only the kill can end the call early.
     const KILL_BUDGET: Duration = Duration::from_secs(5);
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
     let CountedOnce {
         db,
         admin,
@@ -99,6 +115,10 @@ where
         BTreeMap::from([(stored(&login, &alice), 1)]),
         "the killed call counted nothing"
     );
+    let recorded = Recorded::take(&snapshotter);
+    assert_eq!(recorded.calls("login", "failed", "allowed"), 1);
+    assert_eq!(recorded.calls("login", "failed", "unreachable"), 1);
+    assert_eq!(recorded.calls("login", "failed", "error"), 0);
 }
 
 /// A pool of one whose connection is held elsewhere: the call is allowed,
