@@ -167,6 +167,9 @@ fn assert_secured(answer: &Answer, what: &str) {
     assert_eq!(field("cache-control"), Some("no-store"), "{what}");
     assert_eq!(field("x-content-type-options"), Some("nosniff"), "{what}");
     assert_eq!(field("x-frame-options"), Some("DENY"), "{what}");
+    // Not `no-referrer`, under which a browser posts the page's forms
+    // with `Origin: null`, which the guard refuses.
+    assert_eq!(field("referrer-policy"), Some("same-origin"), "{what}");
     let policy = field("content-security-policy").unwrap_or_default();
     for directive in [
         "default-src 'none'",

@@ -21,7 +21,7 @@
 //! host. Anything else is a 403 and resets nothing. Every value on a page
 //! is escaped (keys are whatever an attacker typed), and every answer
 //! carries `Cache-Control: no-store`, `X-Content-Type-Options: nosniff`,
-//! `X-Frame-Options: DENY`, `Referrer-Policy: no-referrer` and a
+//! `X-Frame-Options: DENY`, `Referrer-Policy: same-origin` and a
 //! `Content-Security-Policy` that allows no script, no frame and forms
 //! only to the page's own origin.
 //!

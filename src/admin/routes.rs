@@ -59,7 +59,12 @@ async fn secured(mut response: Response) -> Response {
     fields.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     fields.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     fields.insert(X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    fields.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: under it, a browser sends a form's POST with
+    // `Origin: null` (the Fetch standard's "append a request Origin
+    // header"), which the guard refuses, as it must (a sandboxed frame
+    // sends it too). `same-origin` keeps the page's address, a looked-up
+    // key in its query, from any other site, and the Origin as it is.
+    fields.insert(REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     fields.insert(CONTENT_SECURITY_POLICY, HeaderValue::from_static(POLICY));
     response
 }
