@@ -56,10 +56,16 @@
 //!   from the request head, in front of any `http` service (axum, tonic,
 //!   hyper); the [guide](guide#behind-a-tower-layer) says what it does;
 //! - `axum`: `tower`, and `client_ip` also reads axum's
-//!   `ConnectInfo<SocketAddr>`.
+//!   `ConnectInfo<SocketAddr>`;
+//! - `admin`: `axum`, and `admin::router`, an HTML page for support staff
+//!   (who a limit refuses, a key's status, Unlock) to mount behind the
+//!   service's own authentication.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 mod cache;
 mod call;
 #[cfg(feature = "internal-checks")]

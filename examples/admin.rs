@@ -1,0 +1,64 @@
+//! The admin page for support staff, over a throwaway PostgreSQL with a
+//! few keys refused already.
+//!
+//! ```text
+//! cargo run --example admin --features admin   # on 127.0.0.1:3000
+//! open http://127.0.0.1:3000/support/limits/login
+//! ```
+//!
+//! A real service mounts the router behind its own staff authentication:
+//! the admin router has none, and anyone who reaches it can unlock any key
+//! of its limits. This example listens on the loopback address only.
+//!
+//! It starts a throwaway PostgreSQL (or uses `DATABASE_URL`, a superuser
+//! URL) and applies `schema.sql`; a real service runs `SCHEMA` in its
+//! migrations.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::response::Redirect;
+use axum::routing::get;
+use platformkit_limit::{Key, Limit, Limiter, Postgres, admin};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let server = platformkit_limit_testdb::Server::shared();
+    let db = server.database(platformkit_limit::SCHEMA).await;
+    let limiter = Arc::new(Limiter::new(Postgres::new(db.config())));
+    let login = Limit::builder("login", 5, Duration::from_secs(15 * 60))
+        .lockout(Duration::from_secs(60 * 60))
+        .build()?;
+    let reset_password = Limit::new("reset-password", 3, Duration::from_secs(60 * 60))?;
+
+    // Who is refused: a few accounts, an address, a key that holds markup,
+    // one too long to store whole; and one that is counting, not refused.
+    let seeds = [
+        (&login, Key::email("alice@example.com"), 5),
+        (&login, Key::username("bob"), 7),
+        (&login, Key::ip("203.0.113.7".parse()?), 6),
+        (&login, Key::username("<script>alert(1)</script>"), 5),
+        (&login, Key::opaque(&"session-".repeat(40)), 5),
+        (&login, Key::email("carol@example.com"), 2),
+        (&reset_password, Key::email("dave@example.com"), 3),
+    ];
+    for (limit, key, failures) in &seeds {
+        for _ in 0..*failures {
+            limiter.failed(limit, key).await?;
+        }
+    }
+
+    let support = admin::router(limiter.clone(), [login, reset_password])?;
+    let app = Router::new()
+        .route("/", get(|| async { Redirect::to("/support/limits") }))
+        .nest("/support/limits", support);
+    let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
+    let listener = tokio::net::TcpListener::bind(&address).await?;
+    println!(
+        "listening on http://{}/support/limits",
+        listener.local_addr()?
+    );
+    axum::serve(listener, app).await?;
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! An admin page for support staff (feature `admin`): who each limit
+//! refuses now, one key's status, and an **Unlock** button that
+//! [`reset`](crate::Limiter::reset)s a key. Plain server-rendered HTML, no
+//! JavaScript, in an axum [`Router`](axum::Router) for the service to
+//! mount.
+//!
+//! **It has no authentication or authorization of its own.** Mount it
+//! behind the service's own (a staff login, a role check, an internal-only
+//! listener): anyone who can reach it can read the refused keys (personal
+//! data: email addresses, usernames, IP addresses) and unlock any key of
+//! the limits it was given. It knows only those limits: a page and an
+//! unlock are for a limit named by the router's configuration, never by
+//! the request.
+//!
+//! What it does guard against is a cross-site request: a page elsewhere
+//! that makes a signed-in staff member's browser post an unlock. Each
+//! unlock must carry a token the page embeds, an HMAC-SHA256 of the limit's
+//! name and the key under the router's secret (random unless given with
+//! [`Admin::secret`]); `Sec-Fetch-Site`, when the browser sends it, must
+//! be `same-origin`, and `Origin`, when sent, must name the request's own
+//! host. Anything else is a 403 and resets nothing. Every value on a page
+//! is escaped (keys are whatever an attacker typed), and every answer
+//! carries `Cache-Control: no-store`, `X-Content-Type-Options: nosniff`,
+//! `X-Frame-Options: DENY`, `Referrer-Policy: same-origin` and a
+//! `Content-Security-Policy` that allows no script, no frame and forms
+//! only to the page's own origin.
+//!
+//! The routes, under wherever the router is nested:
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /` | the limits: name, max, window, lockout |
+//! | `GET /{limit}` | who the limit refuses now, newest first (at most [`Admin::LISTED_KEYS`]), with counts, window end, reopening and lockout |
+//! | `GET /{limit}?key=email:alice@example.com` | the same, and one key's status; staff type keys as `email:…`, `user:…`, `ip:…` or `id:…` ([`Key::email`](crate::Key::email), [`username`](crate::Key::username), [`ip`](crate::Key::ip), [`opaque`](crate::Key::opaque)) |
+//! | `POST /{limit}/unlock` | resets the key of the form (`key`, `token`), then a 303 back to the limit's page |
+//!
+//! A store that cannot answer is a page that says so (503 when it is
+//! unreachable or overloaded, 500 otherwise); an unknown limit is a 404.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use axum::Router;
+//! use platformkit_limit::{Limit, Limiter, Postgres, admin};
+//!
+//! # async fn serve(config: tokio_postgres::Config) -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Arc::new(Limiter::new(Postgres::new(config)));
+//! let login = Limit::new("login", 5, Duration::from_secs(15 * 60))?;
+//! let reset_password = Limit::new("reset-password", 3, Duration::from_secs(60 * 60))?;
+//!
+//! let support = admin::router(limiter.clone(), [login.clone(), reset_password.clone()])?;
+//! let app: Router = Router::new()
+//!     // Behind the service's own staff authentication: the admin router
+//!     // has none.
+//!     .nest("/support/limits", support);
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! # axum::serve(listener, app).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With several replicas behind a load balancer, give every replica the
+//! same secret ([`Admin::secret`]): with a random one, a page rendered by
+//! one replica can unlock only through that replica (a 403 elsewhere,
+//! which says to reload the page).
+
+mod csrf;
+mod render;
+mod routes;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use snafu::ensure;
+
+use crate::error::InvalidOptionSnafu;
+use crate::store::Store;
+use crate::{Error, Limit, Limiter};
+
+use self::csrf::Guard;
+
+/// The admin router's configuration: the limiter, its limits, and the
+/// secret of its unlock tokens. [`router`] is `Admin::new(…).router()`.
+///
+/// ```
+/// use platformkit_limit::admin::Admin;
+/// use platformkit_limit::{ErrorKind, Limit, Limiter, Memory};
+/// use std::time::Duration;
+///
+/// let limiter = Limiter::new(Memory::new());
+/// let login = Limit::new("login", 5, Duration::from_secs(900))?;
+/// let router = Admin::new(limiter, [login.clone()])
+///     .secret(b"one secret for every replica, 32 bytes or more")
+///     .router()?;
+///
+/// // Two limits of one name would be one page.
+/// let twice = Admin::new(Limiter::new(Memory::new()), [login.clone(), login]).router();
+/// assert_eq!(twice.unwrap_err().kind(), ErrorKind::InvalidOption);
+/// # drop(router);
+/// # Ok::<(), platformkit_limit::Error>(())
+/// ```
+pub struct Admin<S> {
+    limiter: Arc<Limiter<S>>,
+    limits: Vec<Limit>,
+    secret: Option<Vec<u8>>,
+}
+
+impl<S> fmt::Debug for Admin<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admin")
+            .field("limits", &self.limits)
+            .field(
+                "secret",
+                &self.secret.as_ref().map(|_| "<given, not shown>"),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Admin<S> {
+    /// The most refused keys a limit's page lists: the newest first.
+    pub const LISTED_KEYS: usize = 100;
+
+    /// The shortest secret [`Admin::secret`] takes, in bytes.
+    pub const MIN_SECRET_BYTES: usize = 32;
+
+    /// The admin of `limits` over `limiter`. Each limit must be the one the
+    /// service uses (its max, window, strategy and lockout decide who is
+    /// refused), and the limits' names must differ.
+    pub fn new(
+        limiter: impl Into<Arc<Limiter<S>>>,
+        limits: impl IntoIterator<Item = Limit>,
+    ) -> Self {
+        Admin {
+            limiter: limiter.into(),
+            limits: limits.into_iter().collect(),
+            secret: None,
+        }
+    }
+
+    /// The secret the unlock tokens are signed with, at least
+    /// [`Admin::MIN_SECRET_BYTES`] long: the same on every replica, so that
+    /// a page rendered by one unlocks through any. Without it, each router
+    /// draws a random secret of its own when built.
+    pub fn secret(mut self, secret: &[u8]) -> Self {
+        self.secret = Some(secret.to_vec());
+        self
+    }
+
+    /// The router, to nest under a path of the service, behind its own
+    /// authentication (see the [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) when
+    /// two limits have one name, a limit is named `.` or `..` (no page can
+    /// have that name in its path), the secret is shorter than
+    /// [`Admin::MIN_SECRET_BYTES`], or none was given and the operating
+    /// system has no random bytes for one.
+    pub fn router(self) -> Result<axum::Router, Error> {
+        let mut names = HashSet::new();
+        for limit in &self.limits {
+            ensure!(
+                names.insert(limit.name()),
+                InvalidOptionSnafu {
+                    option: "limits",
+                    reason: format!("two limits are named {:?}", limit.name()),
+                }
+            );
+            ensure!(
+                !matches!(limit.name(), "." | ".."),
+                InvalidOptionSnafu {
+                    option: "limits",
+                    reason: format!("a limit named {:?} cannot have a page", limit.name()),
+                }
+            );
+        }
+        let guard = match self.secret {
+            Some(secret) => {
+                ensure!(
+                    secret.len() >= Self::MIN_SECRET_BYTES,
+                    InvalidOptionSnafu {
+                        option: "secret",
+                        reason: format!("at least {} bytes", Self::MIN_SECRET_BYTES),
+                    }
+                );
+                Guard::new(&secret)
+            }
+            None => Guard::random()?,
+        };
+        Ok(routes::router(routes::Admin {
+            limiter: self.limiter,
+            limits: self.limits,
+            guard,
+        }))
+    }
+}
+
+/// The admin router of `limits` over `limiter`, with a random secret:
+/// `Admin::new(limiter, limits).router()` (see [`Admin`] and the
+/// [module docs](self)).
+///
+/// # Errors
+///
+/// As [`Admin::router`].
+pub fn router<S: Store>(
+    limiter: impl Into<Arc<Limiter<S>>>,
+    limits: impl IntoIterator<Item = Limit>,
+) -> Result<axum::Router, Error> {
+    Admin::new(limiter, limits).router()
+}

@@ -1,0 +1,426 @@
+//! The HTML of the admin pages: one inline style, no script. Every value
+//! from outside the crate (a key, a typed text, the path the router is
+//! nested under) goes through [`escape`].
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::{Key, KeyStatus, Limit, Strategy};
+
+use super::csrf::Guard;
+
+const STYLE: &str = "\
+body{font:15px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}\
+header{background:#1d2330;color:#fff;padding:.7em 1.5em}\
+header a{color:#cfe0ff;text-decoration:none}\
+main{max-width:1040px;margin:0 auto;padding:1em 1.5em}\
+h1{font-size:1.5em;margin:.4em 0 .1em}h2{font-size:1.1em;margin:1.4em 0 .5em}\
+.meta,.hint{color:#5a6273;margin:.2em 0}\
+table{border-collapse:collapse;width:100%;background:#fff}\
+th,td{text-align:left;padding:.45em .7em;border-bottom:1px solid #e1e4ea;vertical-align:middle}\
+th{font-size:.85em;color:#5a6273;font-weight:600;background:#eef0f4;white-space:nowrap}\
+td.key{font-family:ui-monospace,monospace;word-break:break-all;min-width:14em}\
+td.key small{font-family:system-ui,sans-serif;word-break:normal;white-space:nowrap}\
+td.num{font-variant-numeric:tabular-nums;white-space:nowrap}\
+small{color:#5a6273}\
+form{margin:0}\
+input[type=text]{font:inherit;padding:.35em .5em;width:26em;border:1px solid #b8bfcc;border-radius:4px}\
+button{font:inherit;padding:.3em .9em;border:1px solid #1d4ed8;border-radius:4px;background:#2563eb;color:#fff;cursor:pointer}\
+.notice{padding:.6em 1em;border-radius:4px;margin:1em 0}\
+.ok{background:#e3f5e8;border:1px solid #9ed3ac}.bad{background:#fdecec;border:1px solid #f0a8a8}\
+.refused{color:#b42318;font-weight:600}";
+
+/// `text` with `&`, `<`, `>`, `"` and `'` as character references: safe
+/// in an element and in a quoted attribute.
+pub(super) fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A whole page: `title` (escaped here), the header's trail back to the
+/// index at `index` (none on the index itself), and `body`, HTML already
+/// escaped.
+fn page(index: &str, title: Option<&str>, body: &str) -> String {
+    let (head_title, trail) = match title {
+        Some(title) => (
+            format!("{} · rate limits", escape(title)),
+            format!(
+                "<a href=\"{}\">Rate limits</a> › {}",
+                escape(index),
+                escape(title)
+            ),
+        ),
+        None => ("Rate limits".to_owned(), "Rate limits".to_owned()),
+    };
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
+         <title>{head_title}</title><style>{STYLE}</style></head>\
+         <body><header>{trail}</header><main>{body}</main></body></html>\n"
+    )
+}
+
+/// The index's address under `base`, the path the router is nested under.
+fn index_href(base: &str) -> String {
+    if base.is_empty() {
+        "/".to_owned()
+    } else {
+        base.to_owned()
+    }
+}
+
+/// The page of limit `name` under `base`.
+pub(super) fn limit_href(base: &str, name: &str) -> String {
+    format!("{base}/{name}")
+}
+
+/// The index: every limit of the router.
+pub(super) fn index(base: &str, limits: &[Limit]) -> String {
+    let mut body = String::from(
+        "<h1>Rate limits</h1><p class=\"meta\">Open a limit to see who it refuses \
+         now, look up a key, or unlock one.</p><table><thead><tr><th>Limit</th>\
+         <th>Max</th><th>Window</th><th>Lockout</th></tr></thead><tbody>",
+    );
+    for limit in limits {
+        let _ = write!(
+            body,
+            "<tr><td><a href=\"{href}\">{name}</a></td><td class=\"num\">{max}</td>\
+             <td class=\"num\">{window} <small>{strategy}</small></td><td class=\"num\">{lockout}</td></tr>",
+            href = escape(&limit_href(base, limit.name())),
+            name = escape(limit.name()),
+            max = limit.max(),
+            window = span(limit.window()),
+            strategy = strategy(limit.strategy()),
+            lockout = limit.lockout().map_or("—".to_owned(), span),
+        );
+    }
+    if limits.is_empty() {
+        body.push_str("<tr><td colspan=\"4\">No limits were given to this page.</td></tr>");
+    }
+    body.push_str("</tbody></table>");
+    page(&index_href(base), None, &body)
+}
+
+/// What a looked-up key showed.
+pub(super) enum Lookup {
+    /// The key's status.
+    Found { typed: String, status: KeyStatus },
+    /// The text typed is no key.
+    Invalid { typed: String, reason: String },
+}
+
+/// A notice above a limit's page.
+pub(super) enum Notice {
+    Unlocked,
+}
+
+/// What a limit's page shows.
+pub(super) struct LimitPage<'a> {
+    pub(super) base: &'a str,
+    pub(super) limit: &'a Limit,
+    pub(super) guard: &'a Guard,
+    pub(super) refused: &'a [KeyStatus],
+    /// Whether the list may be cut: as long as asked for.
+    pub(super) more: bool,
+    pub(super) lookup: Option<Lookup>,
+    pub(super) notice: Option<Notice>,
+}
+
+/// A limit's page: a notice, the lookup form and its result, the refused
+/// keys with an Unlock button each.
+pub(super) fn limit_page(view: &LimitPage<'_>) -> String {
+    let limit = view.limit;
+    let href = limit_href(view.base, limit.name());
+    let unlock = format!("{href}/unlock");
+    let mut body = format!(
+        "<h1>{name}</h1><p class=\"meta\">At most {max} per key in each {window} \
+         window ({strategy}){lockout}.</p>",
+        name = escape(limit.name()),
+        max = limit.max(),
+        window = span(limit.window()),
+        strategy = strategy(limit.strategy()),
+        lockout = limit.lockout().map_or(String::new(), |l| format!(
+            "; a full window locks the key out for {}",
+            span(l)
+        )),
+    );
+    if let Some(Notice::Unlocked) = view.notice {
+        body.push_str("<p class=\"notice ok\">Unlocked: the key's count is cleared.</p>");
+    }
+
+    let typed = match &view.lookup {
+        Some(Lookup::Found { typed, .. } | Lookup::Invalid { typed, .. }) => typed.as_str(),
+        None => "",
+    };
+    let _ = write!(
+        body,
+        "<h2>Look up a key</h2><form method=\"get\" action=\"{action}\">\
+         <input type=\"text\" name=\"key\" value=\"{typed}\" \
+         placeholder=\"email:alice@example.com\" aria-label=\"key\" required> \
+         <button type=\"submit\">Look up</button></form>\
+         <p class=\"hint\">Type <code>email:…</code>, <code>user:…</code>, \
+         <code>ip:…</code> or <code>id:…</code>.</p>",
+        action = escape(&href),
+        typed = escape(typed),
+    );
+    match &view.lookup {
+        Some(Lookup::Found { status, .. }) => {
+            body.push_str(&table_head());
+            body.push_str(&row(status, &unlock, view.guard, limit.name()));
+            body.push_str("</tbody></table>");
+        }
+        Some(Lookup::Invalid { reason, .. }) => {
+            let _ = write!(
+                body,
+                "<p class=\"notice bad\">Not a key: {}</p>",
+                escape(reason)
+            );
+        }
+        None => {}
+    }
+
+    let _ = write!(body, "<h2>Refused now ({})</h2>", view.refused.len());
+    let read_at = match (&view.lookup, view.refused.first()) {
+        (_, Some(status)) | (Some(Lookup::Found { status, .. }), None) => Some(status.read_at()),
+        _ => None,
+    };
+    if let Some(at) = read_at {
+        let _ = write!(
+            body,
+            "<p class=\"meta\">Times are UTC; read from the database at {}.</p>",
+            utc(at)
+        );
+    }
+    if view.refused.is_empty() {
+        body.push_str("<p class=\"meta\">Nobody is refused now.</p>");
+    } else {
+        body.push_str(&table_head());
+        for status in view.refused {
+            body.push_str(&row(status, &unlock, view.guard, limit.name()));
+        }
+        body.push_str("</tbody></table>");
+        if view.more {
+            let _ = write!(
+                body,
+                "<p class=\"meta\">The newest {} are shown.</p>",
+                view.refused.len()
+            );
+        }
+    }
+    page(&index_href(view.base), Some(limit.name()), &body)
+}
+
+fn table_head() -> String {
+    "<table><thead><tr><th>Key</th><th>Count</th><th>Window ends</th>\
+     <th>Reopens</th><th>Lockout until</th><th></th></tr></thead><tbody>"
+        .to_owned()
+}
+
+/// One key's row, with its Unlock form when there is anything to clear.
+fn row(status: &KeyStatus, unlock: &str, guard: &Guard, limit: &str) -> String {
+    let now = status.read_at();
+    let count = if status.is_refused() {
+        format!(
+            "<span class=\"refused\">{} / {}</span>",
+            status.count(),
+            status.max()
+        )
+    } else {
+        format!("{} / {}", status.count(), status.max())
+    };
+    let reopens = status
+        .reopens_at()
+        .map_or("open now".to_owned(), |at| at_and_in(at, now));
+    let locked = status
+        .locked_until()
+        .map_or("—".to_owned(), |at| at_and_in(at, now));
+    let button = if status.count() > 0 || status.is_refused() {
+        format!(
+            "<form method=\"post\" action=\"{action}\">\
+             <input type=\"hidden\" name=\"key\" value=\"{key}\">\
+             <input type=\"hidden\" name=\"token\" value=\"{token}\">\
+             <button type=\"submit\">Unlock</button></form>",
+            action = escape(unlock),
+            key = escape(status.key()),
+            token = guard.token(limit, status.key()),
+        )
+    } else {
+        "<small>nothing to clear</small>".to_owned()
+    };
+    format!(
+        "<tr><td class=\"key\" title=\"{title}\">{key}</td><td class=\"num\">{count}</td>\
+         <td class=\"num\">{window_end}</td><td class=\"num\">{reopens}</td>\
+         <td class=\"num\">{locked}</td><td>{button}</td></tr>",
+        title = escape(status.key()),
+        key = shown_key(status.key()),
+        window_end = at_and_in(status.window_end(), now),
+    )
+}
+
+/// How much of a digested key's readable prefix a row shows.
+const SHOWN_PREFIX_CHARS: usize = 40;
+
+/// A stored key as a row shows it, escaped: a digested key with its
+/// readable prefix and the digest's first 12 digits (the whole key is the
+/// cell's title and the form's field).
+fn shown_key(stored: &str) -> String {
+    let digested = Key::from_encoded(stored).is_some_and(|key| key.is_digested());
+    match stored.len().checked_sub(65) {
+        Some(at) if digested => {
+            let readable = &stored[..at];
+            let cut = readable
+                .char_indices()
+                .nth(SHOWN_PREFIX_CHARS)
+                .map_or(readable.len(), |(i, _)| i);
+            let more = if cut < readable.len() { "…" } else { "" };
+            format!(
+                "{}{more}~{}…&nbsp;<small>(digest)</small>",
+                escape(&readable[..cut]),
+                &stored[at + 1..at + 13]
+            )
+        }
+        _ => escape(stored),
+    }
+}
+
+/// An error page's body: a heading and a message (escaped here).
+pub(super) fn error_page(base: &str, title: &str, message: &str) -> String {
+    let body = format!(
+        "<h1>{}</h1><p class=\"notice bad\">{}</p>",
+        escape(title),
+        escape(message)
+    );
+    page(&index_href(base), Some(title), &body)
+}
+
+fn strategy(strategy: Strategy) -> &'static str {
+    match strategy {
+        Strategy::Sliding => "sliding",
+        _ => "fixed",
+    }
+}
+
+/// `at` in UTC, its date only when it is not `now`'s, and how long from
+/// `now`: `10:30:00<br><small>in 29 min</small>`.
+fn at_and_in(at: SystemTime, now: SystemTime) -> String {
+    let when = match at.duration_since(now) {
+        Ok(d) if d >= Duration::from_secs(1) => format!("in {}", span(d)),
+        _ => "now".to_owned(),
+    };
+    let (day, time) = utc_parts(at);
+    let shown = if day == utc_parts(now).0 {
+        time
+    } else {
+        format!("{day} {time}")
+    };
+    format!("{shown}<br><small>{when}</small>")
+}
+
+/// A time in UTC, to the second: `2026-01-01 10:30:00 UTC`.
+pub(super) fn utc(at: SystemTime) -> String {
+    let (day, time) = utc_parts(at);
+    format!("{day} {time} UTC")
+}
+
+/// A time's date and time of day in UTC: `2026-01-01`, `10:30:00`.
+fn utc_parts(at: SystemTime) -> (String, String) {
+    let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil(days);
+    (
+        format!("{year:04}-{month:02}-{day:02}"),
+        format!("{:02}:{:02}:{:02}", rest / 3600, rest / 60 % 60, rest % 60),
+    )
+}
+
+/// The civil date of a day count since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, for days on or after the epoch).
+fn civil(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+/// A span in its largest unit and the next one, when not zero: `29 min`,
+/// `2 h 5 min`, `30 d`, `12 s`.
+pub(super) fn span(d: Duration) -> String {
+    const UNITS: [(u64, &str); 4] = [(86_400, "d"), (3600, "h"), (60, "min"), (1, "s")];
+    let s = d.as_secs();
+    let Some(i) = UNITS.iter().position(|(size, _)| s >= *size) else {
+        return format!("{} ms", d.as_millis());
+    };
+    let (size, name) = UNITS[i];
+    let mut out = format!("{} {name}", s / size);
+    if let Some((next, next_name)) = UNITS.get(i + 1) {
+        let n = s % size / next;
+        if n > 0 {
+            let _ = write!(out, " {n} {next_name}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_leaves_no_markup() {
+        assert_eq!(
+            escape(r#"<script>alert('x')</script>&"q""#),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&quot;q&quot;"
+        );
+        assert_eq!(escape("email|alice@example.com"), "email|alice@example.com");
+    }
+
+    #[test]
+    fn a_digested_key_shows_its_prefix_and_a_short_digest() {
+        let long = Key::opaque(&"<b>".repeat(100));
+        let shown = shown_key(long.as_str());
+        let digest = &long.as_str()[long.as_str().len() - 64..];
+        let prefix = escape(&format!("id|{}", "<b>".repeat(13))[..SHOWN_PREFIX_CHARS]);
+        let expected = format!("{prefix}…~{}…&nbsp;<small>(digest)</small>", &digest[..12]);
+        assert_eq!(shown, expected);
+        // An escaped `~` and 64 hex digits is no digest: shown whole.
+        let tilde = Key::opaque(&format!("~{digest}"));
+        assert_eq!(shown_key(tilde.as_str()), tilde.as_str());
+    }
+
+    #[test]
+    fn times_in_utc() {
+        let at = |s| UNIX_EPOCH + Duration::from_secs(s);
+        assert_eq!(utc(at(0)), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(at(1_767_263_400)), "2026-01-01 10:30:00 UTC");
+        assert_eq!(utc(at(951_782_400)), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(at(951_868_799)), "2000-02-29 23:59:59 UTC");
+        assert_eq!(utc(at(4_107_542_400)), "2100-03-01 00:00:00 UTC");
+    }
+
+    #[test]
+    fn spans_in_two_units() {
+        let s = Duration::from_secs;
+        assert_eq!(span(s(12)), "12 s");
+        assert_eq!(span(s(15 * 60)), "15 min");
+        assert_eq!(span(s(2 * 3600 + 5 * 60 + 7)), "2 h 5 min");
+        assert_eq!(span(s(30 * 86_400)), "30 d");
+        assert_eq!(span(s(86_400 + 7)), "1 d");
+        assert_eq!(span(Duration::from_millis(250)), "250 ms");
+    }
+}

@@ -1,0 +1,622 @@
+//! The admin page (feature `admin`), over HTTP against a real server: a
+//! limit's page lists exactly its refused keys; a lookup shows a key's
+//! count; Unlock with the page's token and same-origin header fields
+//! resets the key (a digested one too) and answers 303; a cross-site POST
+//! (`Sec-Fetch-Site`, a foreign `Origin`, a missing, wrong or foreign
+//! token) is a 403 that resets nothing; a hostile key renders as text;
+//! an unknown limit is a 404; a store that does not answer is a page that
+//! says so; every answer carries the security header fields.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::db::{fresh_db, nothing_listens};
+use common::{PATIENT, limit};
+use platformkit_limit::{Key, Limit, Limiter, Memory, Postgres, admin};
+use tower::ServiceExt;
+
+type PgLimiter = Limiter<Postgres<tokio_postgres::Config>>;
+
+/// Where the tests mount the page, as a service would.
+const MOUNT: &str = "/support/limits";
+/// The host the requests are sent to.
+const HOST: &str = "staff.example:8443";
+
+fn limiter_on(config: tokio_postgres::Config) -> Arc<PgLimiter> {
+    Arc::new(
+        Limiter::builder(Postgres::new(config))
+            .budget(PATIENT)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// The service: the admin router of `limits`, nested under [`MOUNT`].
+fn app(limiter: &Arc<PgLimiter>, limits: &[Limit]) -> Router {
+    Router::new().nest(
+        MOUNT,
+        admin::router(limiter.clone(), limits.to_vec()).expect("an admin router"),
+    )
+}
+
+/// An answer: its status, its header fields, its body.
+struct Answer {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+async fn send(app: &Router, request: Request<Body>) -> Answer {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8(bytes.to_vec()).unwrap(),
+    }
+}
+
+async fn get(app: &Router, path: &str) -> Answer {
+    let request = Request::get(path)
+        .header("host", HOST)
+        .body(Body::empty())
+        .unwrap();
+    send(app, request).await
+}
+
+/// A POST of the urlencoded `form` with `fields`.
+async fn post(app: &Router, path: &str, fields: &[(&str, &str)], form: &[(&str, &str)]) -> Answer {
+    let mut request = Request::post(path)
+        .header("host", HOST)
+        .header("content-type", "application/x-www-form-urlencoded");
+    for (name, value) in fields {
+        request = request.header(*name, *value);
+    }
+    let body = form
+        .iter()
+        .map(|(name, value)| format!("{}={}", urlencode(name), urlencode(value)))
+        .collect::<Vec<_>>()
+        .join("&");
+    send(app, request.body(Body::from(body)).unwrap()).await
+}
+
+/// Header fields or form fields, by name.
+type Fields<'a> = &'a [(&'a str, &'a str)];
+
+/// What a browser sends with a form posted from the page itself.
+const SAME_ORIGIN: &[(&str, &str)] = &[
+    ("sec-fetch-site", "same-origin"),
+    ("origin", "https://staff.example:8443"),
+];
+
+fn urlencode(text: &str) -> String {
+    let mut out = String::new();
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(char::from(byte));
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
+/// What a browser makes of an attribute's character references.
+fn unescape(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+/// Each Unlock form of a page: its action, key and token, as a browser
+/// would post them.
+fn unlock_forms(body: &str) -> Vec<(String, String, String)> {
+    let attribute = |from: &str, name: &str| -> String {
+        let start = from.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+        let end = start + from[start..].find('"').unwrap();
+        unescape(&from[start..end])
+    };
+    body.split("<form method=\"post\"")
+        .skip(1)
+        .map(|form| {
+            let form = &form[..form.find("</form>").unwrap()];
+            let key_at = form.find("name=\"key\"").unwrap();
+            let token_at = form.find("name=\"token\"").unwrap();
+            (
+                attribute(form, "action"),
+                attribute(&form[key_at..], "value"),
+                attribute(&form[token_at..], "value"),
+            )
+        })
+        .collect()
+}
+
+/// The Unlock form of `stored_key` on the page.
+fn unlock_form(body: &str, stored_key: &str) -> (String, String) {
+    let (action, _, token) = unlock_forms(body)
+        .into_iter()
+        .find(|(_, key, _)| key == stored_key)
+        .unwrap_or_else(|| panic!("no Unlock form for {stored_key:?} in {body}"));
+    (action, token)
+}
+
+/// The listed keys of a page, in order.
+fn listed(body: &str) -> Vec<String> {
+    let section = &body[body.find("Refused now").expect("the refused keys' section")..];
+    unlock_forms(section)
+        .into_iter()
+        .map(|(_, key, _)| key)
+        .collect()
+}
+
+#[track_caller]
+fn assert_secured(answer: &Answer, what: &str) {
+    let field = |name| answer.headers.get(name).and_then(|v| v.to_str().ok());
+    assert_eq!(field("cache-control"), Some("no-store"), "{what}");
+    assert_eq!(field("x-content-type-options"), Some("nosniff"), "{what}");
+    assert_eq!(field("x-frame-options"), Some("DENY"), "{what}");
+    // Not `no-referrer`, under which a browser posts the page's forms
+    // with `Origin: null`, which the guard refuses.
+    assert_eq!(field("referrer-policy"), Some("same-origin"), "{what}");
+    let policy = field("content-security-policy").unwrap_or_default();
+    for directive in [
+        "default-src 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(policy.contains(directive), "{what}: {policy}");
+    }
+    assert!(!policy.contains("script-src"), "{what}: {policy}");
+}
+
+async fn fail(limiter: &PgLimiter, limit: &Limit, key: &Key, times: u32) {
+    for _ in 0..times {
+        limiter.failed(limit, key).await.unwrap();
+    }
+}
+
+/// The index lists the limits given; a limit's page lists the keys it
+/// refuses now, and none that it does not refuse, nor another limit's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limits_page_lists_exactly_its_refused_keys() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 2);
+    let reset_password = limit("reset-password", 2);
+    // A limit the page was not given, whose name starts like `login`'s.
+    let login2 = limit("login2", 1);
+    let app = app(&limiter, &[login.clone(), reset_password.clone()]);
+
+    fail(&limiter, &login, &Key::email("Alice@Example.com"), 2).await;
+    fail(&limiter, &login, &Key::username("bob"), 3).await;
+    fail(&limiter, &login, &Key::email("carol@example.com"), 1).await;
+    fail(
+        &limiter,
+        &reset_password,
+        &Key::email("dave@example.com"),
+        2,
+    )
+    .await;
+    fail(&limiter, &login2, &Key::email("erin@example.com"), 1).await;
+
+    let index = get(&app, MOUNT).await;
+    assert_eq!(index.status, StatusCode::OK);
+    assert_secured(&index, "the index");
+    assert!(
+        index
+            .body
+            .contains(r#"<a href="/support/limits/login">login</a>"#),
+        "{}",
+        index.body
+    );
+    assert!(
+        index
+            .body
+            .contains(r#"<a href="/support/limits/reset-password">reset-password</a>"#)
+    );
+    assert!(index.body.contains("30 d"), "the window: {}", index.body);
+    assert!(!index.body.contains("login2"));
+
+    let page = get(&app, &format!("{MOUNT}/login")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert_secured(&page, "a limit's page");
+    assert_eq!(
+        page.headers.get("content-type").unwrap(),
+        "text/html; charset=utf-8"
+    );
+    // Newest first: one window, so the highest count first.
+    assert_eq!(listed(&page.body), ["user|bob", "email|alice@example.com"]);
+    assert!(page.body.contains("Refused now (2)"), "{}", page.body);
+    assert!(page.body.contains("3 / 2") && page.body.contains("2 / 2"));
+    for absent in ["carol", "dave", "erin"] {
+        assert!(
+            !page.body.contains(absent),
+            "{absent} is not refused by login"
+        );
+    }
+
+    let other = get(&app, &format!("{MOUNT}/reset-password")).await;
+    assert_eq!(listed(&other.body), ["email|dave@example.com"]);
+}
+
+/// A key typed as `kind:value` shows its status, counted or not; a text
+/// that is no key is said to be none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn looking_up_a_key_shows_its_count() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 3);
+    let app = app(&limiter, std::slice::from_ref(&login));
+    fail(&limiter, &login, &Key::email("carol@example.com"), 1).await;
+    fail(
+        &limiter,
+        &login,
+        &Key::ip("203.0.113.7".parse().unwrap()),
+        2,
+    )
+    .await;
+
+    let carol = get(
+        &app,
+        &format!("{MOUNT}/login?key=email%3A%20Carol%40Example.COM"),
+    )
+    .await;
+    assert_eq!(carol.status, StatusCode::OK);
+    let lookup = &carol.body[..carol.body.find("Refused now").unwrap()];
+    assert!(lookup.contains("email|carol@example.com"), "{}", carol.body);
+    assert!(lookup.contains("1 / 3"), "{}", carol.body);
+    assert_eq!(
+        unlock_forms(lookup).len(),
+        1,
+        "a counted key can be cleared"
+    );
+    assert!(listed(&carol.body).is_empty(), "carol is not refused");
+
+    let ip = get(&app, &format!("{MOUNT}/login?key=ip%3A203.0.113.7")).await;
+    let lookup = &ip.body[..ip.body.find("Refused now").unwrap()];
+    assert!(
+        lookup.contains("ip|203.0.113.7") && lookup.contains("2 / 3"),
+        "{}",
+        ip.body
+    );
+
+    let untouched = get(&app, &format!("{MOUNT}/login?key=user%3Anobody")).await;
+    let lookup = &untouched.body[..untouched.body.find("Refused now").unwrap()];
+    assert!(
+        lookup.contains("user|nobody") && lookup.contains("0 / 3"),
+        "{}",
+        untouched.body
+    );
+    assert!(unlock_forms(lookup).is_empty(), "nothing to clear");
+
+    for nonsense in ["carol", "phone%3A123", "ip%3Anot-an-address"] {
+        let answer = get(&app, &format!("{MOUNT}/login?key={nonsense}")).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{nonsense}");
+        assert!(
+            answer.body.contains("Not a key: invalid key"),
+            "{}",
+            answer.body
+        );
+    }
+}
+
+/// Unlock, posted from the page with its token, resets exactly the listed
+/// key (the next check allows it), a digested one too, and answers 303
+/// back to the page, which says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_from_the_page_resets_the_key_and_answers_303() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 2);
+    let app = app(&limiter, std::slice::from_ref(&login));
+    let alice = Key::email("alice@example.com");
+    let bob = Key::username("bob");
+    let long = Key::opaque(&"a|~\\".repeat(100));
+    assert!(long.is_digested());
+    for key in [&alice, &bob, &long] {
+        fail(&limiter, &login, key, 2).await;
+    }
+
+    let page = get(&app, &format!("{MOUNT}/login")).await;
+    for key in [&alice, &long] {
+        let (action, token) = unlock_form(&page.body, key.as_str());
+        assert_eq!(action, "/support/limits/login/unlock");
+        assert!(limiter.check(&login, key).await.unwrap().is_refused());
+        let answer = post(
+            &app,
+            &action,
+            SAME_ORIGIN,
+            &[("key", key.as_str()), ("token", &token)],
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+        assert_secured(&answer, "the redirect");
+        let back = answer.headers.get("location").unwrap().to_str().unwrap();
+        assert_eq!(back, "/support/limits/login?unlocked");
+        assert!(limiter.check(&login, key).await.unwrap().is_allowed());
+        assert_eq!(limiter.status(&login, key).await.unwrap().count(), 0);
+
+        let after = get(&app, back).await;
+        assert!(after.body.contains("Unlocked"), "{}", after.body);
+        assert!(!listed(&after.body).contains(&key.as_str().to_owned()));
+    }
+    assert!(
+        limiter.check(&login, &bob).await.unwrap().is_refused(),
+        "only those keys"
+    );
+
+    // A browser that sends neither field (an older one): the token decides.
+    let (action, token) = unlock_form(&page.body, bob.as_str());
+    let answer = post(
+        &app,
+        &action,
+        &[],
+        &[("key", bob.as_str()), ("token", &token)],
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert!(limiter.check(&login, &bob).await.unwrap().is_allowed());
+}
+
+/// A cross-site POST is a 403 that says why and resets nothing: a
+/// `Sec-Fetch-Site` other than same-origin, a foreign or null `Origin`, no
+/// token, another key's token, another limit's, another router's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_site_unlock_is_403_and_resets_nothing() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 2);
+    let reset_password = limit("reset-password", 2);
+    let limits = [login.clone(), reset_password.clone()];
+    let app = app(&limiter, &limits);
+    let another_router = self::app(&limiter, &limits);
+    let alice = Key::email("alice@example.com");
+    let bob = Key::email("bob@example.com");
+    fail(&limiter, &login, &alice, 2).await;
+    fail(&limiter, &login, &bob, 2).await;
+    fail(&limiter, &reset_password, &alice, 2).await;
+
+    let page = get(&app, &format!("{MOUNT}/login")).await;
+    let (action, token) = unlock_form(&page.body, alice.as_str());
+    let (_, bobs_token) = unlock_form(&page.body, bob.as_str());
+    let other_limit = get(&app, &format!("{MOUNT}/reset-password")).await;
+    let (_, other_limits_token) = unlock_form(&other_limit.body, alice.as_str());
+    let other_page = get(&another_router, &format!("{MOUNT}/login")).await;
+    let (_, other_routers_token) = unlock_form(&other_page.body, alice.as_str());
+    assert_ne!(
+        other_routers_token, token,
+        "each router has a secret of its own"
+    );
+
+    let key = alice.as_str();
+    // What, the header fields, the form, what the 403 page says.
+    let cases: &[(&str, Fields, Fields, &str)] = &[
+        (
+            "Sec-Fetch-Site: cross-site",
+            &[
+                ("sec-fetch-site", "cross-site"),
+                ("origin", "https://staff.example:8443"),
+            ],
+            &[("key", key), ("token", &token)],
+            "another site",
+        ),
+        (
+            "Sec-Fetch-Site: same-site",
+            &[("sec-fetch-site", "same-site")],
+            &[("key", key), ("token", &token)],
+            "another site",
+        ),
+        (
+            "a foreign Origin",
+            &[("origin", "https://evil.example")],
+            &[("key", key), ("token", &token)],
+            "Origin",
+        ),
+        (
+            "Origin: null",
+            &[("origin", "null")],
+            &[("key", key), ("token", &token)],
+            "Origin",
+        ),
+        ("no token", SAME_ORIGIN, &[("key", key)], "token"),
+        (
+            "an empty token",
+            SAME_ORIGIN,
+            &[("key", key), ("token", "")],
+            "token",
+        ),
+        (
+            "another key's token",
+            SAME_ORIGIN,
+            &[("key", key), ("token", &bobs_token)],
+            "token",
+        ),
+        (
+            "another limit's token",
+            SAME_ORIGIN,
+            &[("key", key), ("token", &other_limits_token)],
+            "token",
+        ),
+        (
+            "another router's token",
+            SAME_ORIGIN,
+            &[("key", key), ("token", &other_routers_token)],
+            "token",
+        ),
+    ];
+    for (what, fields, form, says) in cases {
+        let answer = post(&app, &action, fields, form).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{what}: {}",
+            answer.body
+        );
+        assert_secured(&answer, what);
+        assert!(
+            answer.body.contains("Nothing was unlocked"),
+            "{what}: {}",
+            answer.body
+        );
+        assert!(answer.body.contains(says), "{what}: {}", answer.body);
+    }
+    for (limit, key) in [(&login, &alice), (&login, &bob), (&reset_password, &alice)] {
+        let status = limiter.status(limit, key).await.unwrap();
+        assert_eq!(status.count(), 2, "nothing was reset");
+        assert!(status.is_refused());
+    }
+}
+
+/// A key that holds markup renders as text, in the list, in the hidden
+/// field and in the lookup's echo, and still unlocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_key_renders_as_text() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 1);
+    let app = app(&limiter, std::slice::from_ref(&login));
+    let script = Key::username("<script>alert(1)</script>");
+    let attribute = Key::opaque("\"><img src=x onerror=alert(1)>'&");
+    fail(&limiter, &login, &script, 1).await;
+    fail(&limiter, &login, &attribute, 1).await;
+
+    let typed = urlencode("user:<script>alert(2)</script>");
+    let page = get(&app, &format!("{MOUNT}/login?key={typed}")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    for raw in ["<script", "<img", "\"><img", "alert(2)</"] {
+        assert!(!page.body.contains(raw), "{raw:?} in {}", page.body);
+    }
+    assert!(
+        page.body
+            .contains("user|&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("id|&quot;&gt;&lt;img src=x onerror=alert(1)&gt;&#39;&amp;")
+    );
+    assert!(
+        page.body
+            .contains("value=\"user:&lt;script&gt;alert(2)&lt;/script&gt;\"")
+    );
+
+    let mut listed = listed(&page.body);
+    listed.sort();
+    assert_eq!(listed, [attribute.as_str(), script.as_str()]);
+    for key in [&script, &attribute] {
+        let (action, token) = unlock_form(&page.body, key.as_str());
+        let answer = post(
+            &app,
+            &action,
+            SAME_ORIGIN,
+            &[("key", key.as_str()), ("token", &token)],
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+        assert!(limiter.check(&login, key).await.unwrap().is_allowed());
+    }
+}
+
+/// A limit the router was not given has no page and no unlock, even when
+/// the store has its keys; nor has any other path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_limit_is_404() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 1);
+    let signup = limit("signup", 1);
+    let app = app(&limiter, std::slice::from_ref(&login));
+    let alice = Key::email("alice@example.com");
+    fail(&limiter, &signup, &alice, 1).await;
+
+    for path in [
+        "/support/limits/signup",
+        "/support/limits/nope",
+        "/support/limits/login/more",
+    ] {
+        let answer = get(&app, path).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{path}");
+        assert_secured(&answer, path);
+    }
+    let answer = get(&app, "/support/limits/%3Cb%3Ex").await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert!(answer.body.contains("&lt;b&gt;x") && !answer.body.contains("<b>x"));
+
+    let answer = post(
+        &app,
+        "/support/limits/signup/unlock",
+        SAME_ORIGIN,
+        &[("key", alice.as_str()), ("token", &"0".repeat(64))],
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert!(limiter.check(&signup, &alice).await.unwrap().is_refused());
+}
+
+/// A store that does not answer is a page that says so, 503, never a
+/// panic: the list, the lookup and the unlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_store_is_a_page_that_says_so() {
+    let limiter = Arc::new(
+        Limiter::builder(Postgres::new(nothing_listens()))
+            .budget(Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    );
+    let login = limit("login", 1);
+    let router = admin::Admin::new(limiter, [login])
+        .secret(&[7; 32])
+        .router()
+        .unwrap();
+    let app = Router::new().nest(MOUNT, router);
+    for path in ["/support/limits/login", "/support/limits/login?key=id%3Aa"] {
+        let answer = get(&app, path).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert!(answer.body.contains("did not answer"), "{}", answer.body);
+        assert_secured(&answer, path);
+    }
+    // A page of a replica that answers, with the same secret: its token
+    // is good here too, and the unlock says the store did not answer.
+    let replica = Arc::new(Limiter::new(Memory::new()));
+    let alice = Key::email("alice@example.com");
+    replica.failed(&limit("login", 1), &alice).await.unwrap();
+    let replica = Router::new().nest(
+        MOUNT,
+        admin::Admin::new(replica, [limit("login", 1)])
+            .secret(&[7; 32])
+            .router()
+            .unwrap(),
+    );
+    let page = get(&replica, &format!("{MOUNT}/login")).await;
+    let (action, token) = unlock_form(&page.body, alice.as_str());
+    let answer = post(
+        &app,
+        &action,
+        SAME_ORIGIN,
+        &[("key", alice.as_str()), ("token", &token)],
+    )
+    .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        answer.body
+    );
+    assert!(answer.body.contains("did not answer"), "{}", answer.body);
+
+    let index = get(&app, MOUNT).await;
+    assert_eq!(index.status, StatusCode::OK, "the index needs no store");
+}
