@@ -23,7 +23,7 @@ pub(crate) enum CountedIn {
 /// The answer to [`Limiter::reserve`].
 #[derive(Debug)]
 #[must_use = "a granted permit guards work; a refused verdict must stop it"]
-pub enum Reservation<'a, S: Store> {
+pub enum Reservation<'a, S> {
     /// The attempt is counted and may go ahead.
     Granted(Permit<'a, S>),
     /// The attempt is refused (and was counted, as every ask is).
@@ -44,7 +44,7 @@ impl<S: Store> Reservation<'_, S> {
 /// after a success; dropped without a report, it stays counted as a failure.
 #[derive(Debug)]
 #[must_use = "a permit dropped without a report stays counted as a failure"]
-pub struct Permit<'a, S: Store> {
+pub struct Permit<'a, S> {
     limiter: &'a Limiter<S>,
     limit: Limit,
     key: String,
@@ -105,7 +105,7 @@ impl<'a, S: Store> Permit<'a, S> {
 /// The answer to [`Limiter::reserve_all`].
 #[derive(Debug)]
 #[must_use = "granted permits guard work; refused verdicts must stop it"]
-pub enum Reservations<'a, S: Store> {
+pub enum Reservations<'a, S> {
     /// Every limit allows the attempt, and it is counted under each.
     Granted(Permits<'a, S>),
     /// A limit refuses the attempt. It was counted under every limit all the
@@ -129,7 +129,7 @@ impl<S: Store> Reservations<'_, S> {
 /// limit.
 #[derive(Debug)]
 #[must_use = "permits dropped without a report stay counted as a failure"]
-pub struct Permits<'a, S: Store> {
+pub struct Permits<'a, S> {
     permits: Vec<Permit<'a, S>>,
     verdicts: Verdicts,
 }

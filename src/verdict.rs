@@ -48,7 +48,10 @@ pub struct Verdict {
 struct Counts {
     count: u64,
     max: u32,
-    window_end: SystemTime,
+    /// When the next attempt may go ahead: the window's end for an allowed
+    /// verdict; for a refusal, the end, the moment a sliding estimate falls
+    /// below max, or a lockout's end.
+    reopens_at: SystemTime,
     now: SystemTime,
 }
 
@@ -117,7 +120,7 @@ impl Verdict {
     /// end, the moment a sliding estimate falls below max, or the end of a
     /// lockout). `None` when nothing counted.
     pub fn reopens_at(&self) -> Option<SystemTime> {
-        self.counts.as_ref().map(|c| c.window_end)
+        self.counts.as_ref().map(|c| c.reopens_at)
     }
 
     /// For a refusal, how long until the window reopens, measured on the
@@ -129,7 +132,7 @@ impl Verdict {
     /// reopening time).
     pub fn retry_after(&self) -> Option<Duration> {
         match (&self.counts, self.allowed) {
-            (Some(c), false) => Some(c.window_end.duration_since(c.now).unwrap_or_default()),
+            (Some(c), false) => Some(c.reopens_at.duration_since(c.now).unwrap_or_default()),
             (None, false) if self.is_shed() => Some(Verdict::SHED_RETRY_AFTER),
             _ => None,
         }
@@ -141,7 +144,7 @@ impl Verdict {
     pub(crate) fn reopens_in(&self) -> Option<Duration> {
         self.counts
             .as_ref()
-            .map(|c| c.window_end.duration_since(c.now).unwrap_or_default())
+            .map(|c| c.reopens_at.duration_since(c.now).unwrap_or_default())
     }
 
     /// A verdict the store's counts decided (see [`decide`](crate::decide::decide)):
@@ -160,7 +163,7 @@ impl Verdict {
             counts: Some(Counts {
                 count,
                 max: limit.max(),
-                window_end: reopens_at,
+                reopens_at,
                 now,
             }),
             unreachable: None,
@@ -210,7 +213,7 @@ impl Verdict {
         let mut seen = self.clone();
         if let Some(counts) = &mut seen.counts {
             counts.now = now;
-            counts.window_end = until;
+            counts.reopens_at = until;
         }
         seen
     }

@@ -57,7 +57,7 @@ async fn purge_drops_windows_that_closed_long_ago() {
 async fn purge_works_through_more_rows_than_one_batch() {
     let db = fresh_db().await;
     let mut system = db.connect().await;
-    let closed = 2 * PurgeTask::BATCH_ROWS + 2_000;
+    let closed = 2 * i64::from(PurgeTask::BATCH_ROWS) + 2_000;
     as_system(
         &mut system,
         "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
@@ -88,12 +88,12 @@ async fn purge_of_exactly_one_full_batch_stops() {
         "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
          SELECT 'old|' || g, now() - interval '3 days', now() - interval '2 days', 1
          FROM generate_series(1, $1::int8) AS g",
-        &[&PurgeTask::BATCH_ROWS],
+        &[&i64::from(PurgeTask::BATCH_ROWS)],
     )
     .await;
     assert_eq!(
         purge(&db.config()).await.unwrap(),
-        PurgeTask::BATCH_ROWS as u64
+        u64::from(PurgeTask::BATCH_ROWS)
     );
     assert_eq!(stored_rows(&db).await, []);
 }

@@ -48,7 +48,7 @@ pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
         };
         total += deleted;
         metric::purged(deleted);
-        if deleted < PurgeTask::BATCH_ROWS as u64 {
+        if deleted < u64::from(PurgeTask::BATCH_ROWS) {
             crate::trace::purged(total);
             return Ok(total);
         }
@@ -65,7 +65,7 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
                 .map_err(|e| Error::connect(Operation::Purge, e.into()))?;
             let budget = Budget::until(purge.deadline(), Duration::ZERO);
             let batch = sql::PurgeBatch {
-                batch: PurgeTask::BATCH_ROWS,
+                batch: i64::from(PurgeTask::BATCH_ROWS),
                 budget_ms: budget.server_ms,
             };
             let row = call(&mut conn, Operation::Purge, batch.statement(), budget).await?;
@@ -96,7 +96,7 @@ impl PurgeTask {
     /// Rows [`purge`] deletes per batch: small enough that no batch holds
     /// row locks for long, large enough that a purge of a million rows is a
     /// few hundred statements.
-    pub const BATCH_ROWS: i64 = 5_000;
+    pub const BATCH_ROWS: u32 = 5_000;
 
     /// The budget of one batch.
     pub const BATCH_BUDGET: Duration = Duration::from_secs(10);
