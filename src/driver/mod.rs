@@ -38,7 +38,8 @@ use std::time::SystemTime;
 use ::tokio_postgres::error::SqlState;
 use tokio::time::Instant;
 
-use crate::error::{BoxError, Reading};
+use crate::error::{BoxError, Error, Reading};
+use crate::operation::Operation;
 
 /// A connection the limiter can send its statement on: the type a
 /// [`LimitConn`](crate::LimitConn) lends.
@@ -189,14 +190,38 @@ impl Failure {
         }
     }
 
+    /// The crate's error for this failure, as the SQLSTATE table sorts it
+    /// ([`Error::read`]). A cancel is the budget running out only when this
+    /// call sent it (`cancel_sent`).
+    pub(crate) fn into_error(self, operation: Operation, cancel_sent: bool) -> Error {
+        let reading = self.reading();
+        Error::read(operation, reading, self.into_source(), cancel_sent)
+    }
+
     /// The driver's error itself, the cause of the crate's.
-    pub(crate) fn into_source(self) -> BoxError {
+    fn into_source(self) -> BoxError {
         match self {
             Failure::Postgres(e) => Box::new(e),
             #[cfg(feature = "sqlx")]
             Failure::Sqlx(e) => Box::new(e),
         }
     }
+}
+
+/// A connection source's failure, as the crate's error: unreachable, unless
+/// a driver's error in its chain shows a misconfiguration
+/// ([`misconfigured`], the first link that does).
+pub(crate) fn connect_error(operation: Operation, source: BoxError) -> Error {
+    let mut misconfigured_by = None;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
+    while let Some(error) = cause {
+        misconfigured_by = misconfigured(error);
+        if misconfigured_by.is_some() {
+            break;
+        }
+        cause = error.source();
+    }
+    Error::connect(operation, source, misconfigured_by)
 }
 
 /// Whether `error`, one link of a connection source's error chain, shows a

@@ -20,8 +20,6 @@ mod sqlstate;
 use sqlstate::Class;
 use tokio_postgres::error::SqlState;
 
-use crate::driver::Failure;
-
 /// A boxed error from a connection source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -350,42 +348,38 @@ impl Error {
     /// A connection source's failure: unreachable, unless a driver's error
     /// in its chain shows a misconfiguration (a refusal with a SQLSTATE that
     /// is not the server going away, an invalid configuration, a failed
-    /// authentication).
-    pub(crate) fn connect(operation: Operation, source: BoxError) -> Self {
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
-        while let Some(error) = cause {
-            if let Some(Some(code)) = crate::driver::misconfigured(error).as_ref()
-                && exhausted_code(code)
-            {
-                return Error(Inner::Exhausted {
-                    operation,
-                    code: Some(code.clone()),
-                    source,
-                });
-            }
-            if let Some(code) = crate::driver::misconfigured(error) {
-                return Error(Inner::Misconfigured {
-                    operation,
-                    code,
-                    source,
-                });
-            }
-            cause = error.source();
+    /// authentication): `misconfigured`, with its SQLSTATE if it has one.
+    pub(crate) fn connect(
+        operation: Operation,
+        source: BoxError,
+        misconfigured: Option<Option<SqlState>>,
+    ) -> Self {
+        match misconfigured {
+            Some(Some(code)) if exhausted_code(&code) => Error(Inner::Exhausted {
+                operation,
+                code: Some(code),
+                source,
+            }),
+            Some(code) => Error(Inner::Misconfigured {
+                operation,
+                code,
+                source,
+            }),
+            None => Error(Inner::Connect { operation, source }),
         }
-        Error(Inner::Connect { operation, source })
     }
 
-    /// Sorts a driver's error into "unreachable" (the connection is gone,
-    /// the server is going away or is a standby) and everything else, which
-    /// is a hard error; see the table in [`ErrorKind`]. A cancel is the
-    /// budget running out only when this call sent it (`cancel_sent`).
-    pub(crate) fn from_call(operation: Operation, failure: Failure, cancel_sent: bool) -> Self {
-        let reading = failure.reading();
-        Error::read(operation, reading, failure.into_source(), cancel_sent)
-    }
-
-    /// As [`Error::from_call`], for what the driver's error said.
-    fn read(operation: Operation, reading: Reading, source: BoxError, cancel_sent: bool) -> Self {
+    /// Sorts a driver's error, as it reads (`reading`), into "unreachable"
+    /// (the connection is gone, the server is going away or is a standby)
+    /// and everything else, which is a hard error; see the table in
+    /// [`ErrorKind`]. A cancel is the budget running out only when this
+    /// call sent it (`cancel_sent`).
+    pub(crate) fn read(
+        operation: Operation,
+        reading: Reading,
+        source: BoxError,
+        cancel_sent: bool,
+    ) -> Self {
         let code = match reading {
             Reading::Answered(code) => code,
             Reading::Lost => {

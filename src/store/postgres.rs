@@ -8,12 +8,13 @@ use tokio::time::{Instant, timeout_at};
 use snafu::ensure;
 
 use crate::clock::Clock;
-use crate::driver::{Row, Session};
+use crate::decide::{Counted, Op};
+use crate::driver::{Failure, Row, Session};
 use crate::error::{AnsweredAfterCancelSnafu, InvalidOptionSnafu, UnexpectedSnafu};
 use crate::operation::Operation;
 use crate::store::health::Health;
 use crate::store::sql::{self, Budget, Statement};
-use crate::store::{Asked, Counted, Op, Phase, Progress, Store, sealed};
+use crate::store::{Asked, Phase, Progress, Store, sealed};
 use crate::{Error, ErrorKind, Limit, LimitConn, ManualClock, Strategy};
 
 /// The real store: each key's count in each window is a row of
@@ -123,10 +124,10 @@ impl<C: LimitConn> Postgres<C> {
             .conns
             .conn()
             .await
-            .map_err(|e| Error::connect(operation, e.into()))?;
+            .map_err(|e| crate::driver::connect_error(operation, e.into()))?;
         crate::driver::sealed::Sealed::script(&mut conn, sql::SCHEMA)
             .await
-            .map_err(|failure| Error::from_call(operation, failure, false))
+            .map_err(|failure| failure.into_error(operation, false))
     }
 
     /// The pinned time, if the clock is pinned: within the years the
@@ -170,7 +171,7 @@ impl<C: LimitConn> Postgres<C> {
                     self.down(since, Phase::Connecting),
                 );
             }
-            let error = Error::connect(operation, source);
+            let error = crate::driver::connect_error(operation, source);
             if error.answered() {
                 self.health.answered();
             } else {
@@ -352,7 +353,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 }
             })
             .await?;
-        let get = |e| Error::from_call(operation, e, false);
+        let get = |e: Failure| e.into_error(operation, false);
         let count: i64 = row.get(0).map_err(get)?;
         let window_end: SystemTime = row.get(1).map_err(get)?;
         let now: SystemTime = row.get(2).map_err(get)?;
@@ -433,7 +434,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 }
             })
             .await?;
-        let get = |e| Error::from_call(operation, e, false);
+        let get = |e: Failure| e.into_error(operation, false);
         let counts: Vec<i64> = row.get(0).map_err(get)?;
         let window_ends: Vec<SystemTime> = row.get(1).map_err(get)?;
         let now: SystemTime = row.get(2).map_err(get)?;
@@ -529,7 +530,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     .await
             })
             .await?;
-        let get = |e| Error::from_call(operation, e, false);
+        let get = |e: Failure| e.into_error(operation, false);
         let keys: Vec<String> = row.get(0).map_err(get)?;
         let counts: Vec<i64> = row.get(1).map_err(get)?;
         let window_end: SystemTime = row.get(2).map_err(get)?;
@@ -655,7 +656,7 @@ async fn send<S: Session, const N: usize>(
             .map_err(Error::from),
         Ok(row) => Ok(row),
         Err(e) => {
-            let error = Error::from_call(operation, e, cancel_sent);
+            let error = e.into_error(operation, cancel_sent);
             if error.kind() == ErrorKind::InTransaction {
                 // Best effort: the error says what happened either way.
                 session.rollback().await;
@@ -678,8 +679,6 @@ fn cancelled_by_it(answer: &Result<Row, crate::driver::Failure>) -> bool {
 
 /// Reads the one count column of a reset, purge or take-back.
 pub(crate) fn deleted(row: &Row, operation: Operation) -> Result<u64, Error> {
-    let deleted: i64 = row
-        .get(0)
-        .map_err(|e| Error::from_call(operation, e, false))?;
+    let deleted: i64 = row.get(0).map_err(|e| e.into_error(operation, false))?;
     Ok(u64::try_from(deleted).unwrap_or(0))
 }

@@ -62,7 +62,7 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
             let mut conn = conns
                 .conn()
                 .await
-                .map_err(|e| Error::connect(Operation::Purge, e.into()))?;
+                .map_err(|e| crate::driver::connect_error(Operation::Purge, e.into()))?;
             let budget = Budget::until(purge.deadline(), Duration::ZERO);
             let batch = sql::PurgeBatch {
                 batch: PurgeTask::BATCH_ROWS,
