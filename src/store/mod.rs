@@ -9,6 +9,7 @@ pub(crate) mod memory;
 pub(crate) mod postgres;
 pub(crate) mod purge;
 pub(crate) mod sql;
+pub(crate) mod statement;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU8, Ordering};

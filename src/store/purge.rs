@@ -8,8 +8,8 @@ use snafu::ensure;
 use crate::call::Call;
 use crate::error::InvalidOptionSnafu;
 use crate::operation::Operation;
-use crate::store::postgres::{call, deleted};
 use crate::store::sql::{self, Budget};
+use crate::store::statement::{call, deleted};
 use crate::{Error, LimitConn, metric};
 
 /// Deletes the rows whose window closed more than 24 hours ago and more than
