@@ -7,12 +7,6 @@
 //! read that runs in none of its own), and hands the connection back idle.
 
 use std::future::Future;
-use std::ops::Deref;
-use std::time::Duration;
-
-use tokio::task::JoinHandle;
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{Client, Config, NoTls, Socket};
 
 use crate::driver::Session;
 use crate::error::BoxError;
@@ -41,7 +35,7 @@ use crate::error::BoxError;
 ///   [`tokio_postgres::Client`] (a pool's object, a mutex guard), or an
 ///   [`SqlxConn`](crate::SqlxConn);
 /// - [`tokio_postgres::Config`]: connect for each call, without TLS;
-/// - [`Connect`]: connect for each call, with the TLS connector you give;
+/// - [`Connect`](crate::Connect): connect for each call, with the TLS connector you give;
 /// - deadpool and bb8 pools of tokio-postgres connections, and
 ///   `sqlx::PgPool`, behind the features of the same names.
 ///
@@ -120,125 +114,5 @@ where
 
     fn conn(&self) -> impl Future<Output = Result<C, E>> + Send {
         self()
-    }
-}
-
-/// Connects for each call, without TLS. Fine for a demo or a local socket;
-/// in a service, pass your pool: a connection per call costs a handshake
-/// and a backend start each time.
-impl LimitConn for Config {
-    type Conn = Connected;
-    type Error = tokio_postgres::Error;
-
-    fn conn(&self) -> impl Future<Output = Result<Connected, tokio_postgres::Error>> + Send {
-        connect(self, NoTls)
-    }
-
-    /// Never: each call opens a connection of its own.
-    fn saturated(&self) -> Option<bool> {
-        Some(false)
-    }
-}
-
-/// Connects for each call with a TLS connector.
-///
-/// ```
-/// use platformkit_limit::{Connect, Postgres};
-///
-/// let config: tokio_postgres::Config = "host=db user=app dbname=app".parse().unwrap();
-/// let store = Postgres::new(Connect::new(config, tokio_postgres::NoTls));
-/// # let _ = store;
-/// ```
-#[derive(Clone, Debug)]
-pub struct Connect<T> {
-    config: Config,
-    tls: T,
-}
-
-impl<T> Connect<T> {
-    /// A source that connects with `config` and `tls` for each call.
-    pub fn new(config: Config, tls: T) -> Self {
-        Connect { config, tls }
-    }
-}
-
-impl<T> LimitConn for Connect<T>
-where
-    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-    T::Stream: Send + 'static,
-    T::TlsConnect: Send,
-    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-{
-    type Conn = Connected;
-    type Error = tokio_postgres::Error;
-
-    fn conn(&self) -> impl Future<Output = Result<Connected, tokio_postgres::Error>> + Send {
-        connect(&self.config, self.tls.clone())
-    }
-
-    /// Never: each call opens a connection of its own.
-    fn saturated(&self) -> Option<bool> {
-        Some(false)
-    }
-}
-
-async fn connect<T>(config: &Config, tls: T) -> Result<Connected, tokio_postgres::Error>
-where
-    T: MakeTlsConnect<Socket> + Send + 'static,
-    T::Stream: Send + 'static,
-    T::TlsConnect: Send,
-    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-{
-    let (client, connection) = config.connect(tls).await?;
-    let task = tokio::spawn(async move {
-        // A connection error here is seen by the call through the client.
-        let _ = connection.await;
-    });
-    Ok(Connected {
-        client: Some(client),
-        task: Some(task),
-    })
-}
-
-/// A connection made for one call: closed when dropped.
-#[derive(Debug)]
-pub struct Connected {
-    client: Option<Client>,
-    task: Option<JoinHandle<()>>,
-}
-
-/// How long a dropped [`Connected`] may take to close politely before its
-/// socket is simply closed.
-const CLOSE_GRACE: Duration = Duration::from_secs(1);
-
-impl Deref for Connected {
-    type Target = Client;
-
-    fn deref(&self) -> &Client {
-        self.client.as_ref().expect("the client lives until drop")
-    }
-}
-
-impl Drop for Connected {
-    fn drop(&mut self) {
-        // Dropping the client lets the connection send Terminate once its
-        // pending answers are in; a server that never answers must not keep
-        // the task alive, so the task is aborted after a grace period.
-        drop(self.client.take());
-        if let Some(task) = self.task.take() {
-            if task.is_finished() {
-                return;
-            }
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let abort = task.abort_handle();
-                runtime.spawn(async move {
-                    if tokio::time::timeout(CLOSE_GRACE, task).await.is_err() {
-                        abort.abort();
-                    }
-                });
-            } else {
-                task.abort();
-            }
-        }
     }
 }

@@ -7,8 +7,66 @@
 use std::time::SystemTime;
 
 use crate::clock::{from_micros, micros_since_epoch};
-use crate::store::{Counted, Op};
+use crate::operation::Operation;
 use crate::{Limit, Strategy, Verdict};
+
+/// The counting operations: what a store counts, and how the verdict reads
+/// the count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Read the count, write nothing.
+    Check,
+    /// Add a failure, then tell whether the next attempt may go ahead.
+    Failed,
+    /// Add this ask, and tell whether it may go ahead.
+    Hit,
+    /// As `Hit`, for a permit.
+    Reserve,
+}
+
+impl Op {
+    /// Whether the operation adds to the count.
+    pub(crate) fn adds(self) -> bool {
+        match self {
+            Op::Check => false,
+            Op::Failed | Op::Hit | Op::Reserve => true,
+        }
+    }
+}
+
+impl From<Op> for Operation {
+    fn from(op: Op) -> Operation {
+        match op {
+            Op::Check => Operation::Check,
+            Op::Failed => Operation::Failed,
+            Op::Hit => Operation::Hit,
+            Op::Reserve => Operation::Reserve,
+        }
+    }
+}
+
+/// What a store counted for one call.
+#[derive(Clone, Debug)]
+pub struct Counted {
+    /// The count in the current window, after this call's own addition.
+    pub count: u64,
+    /// The count of the window before, for sliding windows (0 for fixed).
+    pub previous: u64,
+    /// For a limit with a lockout: when the lockout of the latest earlier
+    /// window whose count reached max ends, if that is still to come.
+    pub locked_until: Option<SystemTime>,
+    /// When the current window closes.
+    pub window_end: SystemTime,
+    /// The store's time during the call.
+    pub now: SystemTime,
+}
+
+impl Counted {
+    /// When the current window opened: its end less `limit`'s window.
+    pub(crate) fn window_start(&self, limit: &Limit) -> SystemTime {
+        self.window_end - limit.window()
+    }
+}
 
 /// The window holding `now` for windows of `window_secs`: its start and end,
 /// in microseconds since the Unix epoch. The same arithmetic as the SQL's

@@ -114,8 +114,7 @@ mod tests {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use super::sf_string;
-    use crate::decide::decide;
-    use crate::store::{Counted, Op};
+    use crate::decide::{Counted, Op, decide};
     use crate::{Error, Limit, Strategy, Verdict};
 
     /// A window start: a multiple of 900 and of 60 seconds.

@@ -86,18 +86,19 @@ mod merge;
 pub mod metric;
 mod operation;
 mod permit;
-#[cfg(any(feature = "deadpool", feature = "bb8"))]
-mod pool;
 mod status;
 mod store;
 mod trace;
 mod verdict;
 
 pub use crate::clock::ManualClock;
-pub use crate::conn::{Connect, Connected, LimitConn};
+pub use crate::conn::LimitConn;
 pub use crate::driver::Session;
+#[cfg(feature = "deadpool")]
+pub use crate::driver::deadpool::{DeadpoolConn, Prepared};
 #[cfg(feature = "sqlx")]
 pub use crate::driver::sqlx::SqlxConn;
+pub use crate::driver::tokio_postgres::{Connect, Connected};
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::Key;
 #[cfg(feature = "tower")]
@@ -108,8 +109,6 @@ pub use crate::layer::{
 pub use crate::limit::{Limit, LimitBuilder, OnSuccess, Strategy, WhenUnreachable};
 pub use crate::limiter::{Limiter, LimiterBuilder};
 pub use crate::permit::{Permit, Permits, Reservation, Reservations};
-#[cfg(feature = "deadpool")]
-pub use crate::pool::{DeadpoolConn, Prepared};
 pub use crate::status::KeyStatus;
 pub use crate::store::Store;
 pub use crate::store::memory::Memory;

@@ -3,8 +3,9 @@
 
 use std::time::SystemTime;
 
+use crate::decide::Op;
 use crate::key::stored;
-use crate::store::{Op, Store};
+use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter, OnSuccess, Verdict, Verdicts};
 
 /// Where a reserved attempt was counted, and in which window: what a

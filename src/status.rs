@@ -6,11 +6,11 @@ use std::time::{Duration, SystemTime};
 use snafu::ensure;
 
 use crate::call::Call;
-use crate::decide::decision;
+use crate::decide::{Counted, Op, decision};
 use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
 use crate::operation::Operation;
-use crate::store::{Counted, Op, Phase, Progress, Store};
+use crate::store::{Phase, Progress, Store};
 use crate::{Error, Key, Limit, Limiter};
 
 /// A key's state under a limit, read from the store without counting:

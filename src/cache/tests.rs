@@ -2,8 +2,7 @@
 use std::time::UNIX_EPOCH;
 
 use super::*;
-use crate::decide::decide;
-use crate::store::{Counted, Op};
+use crate::decide::{Counted, Op, decide};
 use crate::{Error, Limit};
 
 const BUDGET: Duration = Duration::from_secs(2);

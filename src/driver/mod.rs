@@ -7,29 +7,45 @@
 //! reads (a code, or the connection being gone). Cancelling on the server
 //! near the deadline is done by the drivers that can.
 //!
-//! - `postgres.rs`: anything that derefs to a [`tokio_postgres::Client`],
-//!   and [`Prepared`](crate::Prepared) over a deadpool connection (feature
-//!   `deadpool`);
-//! - `sqlx.rs` (feature `sqlx`): [`SqlxConn`](crate::SqlxConn) over any sqlx
-//!   PostgreSQL connection.
+//! One file per driver, each holding its connection sources and its
+//! session:
+//!
+//! - `tokio_postgres.rs`: anything that derefs to a
+//!   [`tokio_postgres::Client`](::tokio_postgres::Client), and a connection
+//!   made for each call ([`Connect`](crate::Connect),
+//!   [`Connected`](crate::Connected));
+//! - `deadpool.rs` (feature `deadpool`): deadpool's pool, and
+//!   [`Prepared`](crate::Prepared) over a deadpool connection;
+//! - `bb8.rs` (feature `bb8`): bb8's pool;
+//! - `sqlx/` (feature `sqlx`): [`SqlxConn`](crate::SqlxConn) over any sqlx
+//!   PostgreSQL connection, and `sqlx::PgPool`.
+//!
+//! Each call borrows one pooled connection and returns it idle. The pool's
+//! own wait counts against the call's budget: an exhausted pool is an
+//! unreachable store once the budget is spent, never a hang.
 
-pub(crate) mod postgres;
+#[cfg(feature = "bb8")]
+pub(crate) mod bb8;
+#[cfg(feature = "deadpool")]
+pub(crate) mod deadpool;
 #[cfg(feature = "sqlx")]
 pub(crate) mod sqlx;
+pub(crate) mod tokio_postgres;
 
 use std::future::Future;
 use std::time::SystemTime;
 
+use ::tokio_postgres::error::SqlState;
 use tokio::time::Instant;
-use tokio_postgres::error::SqlState;
 
-use crate::error::{BoxError, Reading};
+use crate::error::{BoxError, Error, Reading};
+use crate::operation::Operation;
 
 /// A connection the limiter can send its statement on: the type a
 /// [`LimitConn`](crate::LimitConn) lends.
 ///
 /// Implemented for:
-/// - anything that derefs to a [`tokio_postgres::Client`] (a pool's object,
+/// - anything that derefs to a [`tokio_postgres::Client`](::tokio_postgres::Client) (a pool's object,
 ///   a mutex guard, [`Connected`](crate::Connected)): the statement is
 ///   cancelled on the server near the end of the budget;
 /// - `Prepared` over a deadpool connection, with the `deadpool` feature: the
@@ -100,7 +116,7 @@ pub enum Param<'a> {
 /// The one row a statement answered, as its driver read it.
 #[derive(Debug)]
 pub enum Row {
-    Postgres(tokio_postgres::Row),
+    Postgres(::tokio_postgres::Row),
     #[cfg(feature = "sqlx")]
     Sqlx(::sqlx::postgres::PgRow),
 }
@@ -120,18 +136,46 @@ impl Row {
 /// `NULL`), and their arrays, and `text[]`.
 pub(crate) trait Column: Sized {
     fn from_postgres(
-        row: &tokio_postgres::Row,
+        row: &::tokio_postgres::Row,
         index: usize,
-    ) -> Result<Self, tokio_postgres::Error>;
+    ) -> Result<Self, ::tokio_postgres::Error>;
 
     #[cfg(feature = "sqlx")]
     fn from_sqlx(row: &::sqlx::postgres::PgRow, index: usize) -> Result<Self, ::sqlx::Error>;
 }
 
+macro_rules! column {
+    ($($t:ty),*) => {$(
+        impl Column for $t {
+            fn from_postgres(
+                row: &::tokio_postgres::Row,
+                index: usize,
+            ) -> Result<Self, ::tokio_postgres::Error> {
+                row.try_get(index)
+            }
+
+            #[cfg(feature = "sqlx")]
+            fn from_sqlx(row: &::sqlx::postgres::PgRow, index: usize) -> Result<Self, ::sqlx::Error> {
+                sqlx::column(row, index)
+            }
+        }
+    )*};
+}
+
+column!(
+    i64,
+    Vec<String>,
+    Vec<i64>,
+    SystemTime,
+    Option<SystemTime>,
+    Vec<SystemTime>,
+    Vec<Option<SystemTime>>
+);
+
 /// A driver's error, before the SQLSTATE table reads it.
 #[derive(Debug)]
 pub enum Failure {
-    Postgres(tokio_postgres::Error),
+    Postgres(::tokio_postgres::Error),
     #[cfg(feature = "sqlx")]
     Sqlx(::sqlx::Error),
 }
@@ -140,14 +184,22 @@ impl Failure {
     /// What the error says: a SQLSTATE, or the connection gone, or neither.
     pub(crate) fn reading(&self) -> Reading {
         match self {
-            Failure::Postgres(e) => postgres::reading(e),
+            Failure::Postgres(e) => self::tokio_postgres::reading(e),
             #[cfg(feature = "sqlx")]
             Failure::Sqlx(e) => sqlx::reading(e),
         }
     }
 
+    /// The crate's error for this failure, as the SQLSTATE table sorts it
+    /// ([`Error::read`]). A cancel is the budget running out only when this
+    /// call sent it (`cancel_sent`).
+    pub(crate) fn into_error(self, operation: Operation, cancel_sent: bool) -> Error {
+        let reading = self.reading();
+        Error::read(operation, reading, self.into_source(), cancel_sent)
+    }
+
     /// The driver's error itself, the cause of the crate's.
-    pub(crate) fn into_source(self) -> BoxError {
+    fn into_source(self) -> BoxError {
         match self {
             Failure::Postgres(e) => Box::new(e),
             #[cfg(feature = "sqlx")]
@@ -156,12 +208,28 @@ impl Failure {
     }
 }
 
+/// A connection source's failure, as the crate's error: unreachable, unless
+/// a driver's error in its chain shows a misconfiguration
+/// ([`misconfigured`], the first link that does).
+pub(crate) fn connect_error(operation: Operation, source: BoxError) -> Error {
+    let mut misconfigured_by = None;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
+    while let Some(error) = cause {
+        misconfigured_by = misconfigured(error);
+        if misconfigured_by.is_some() {
+            break;
+        }
+        cause = error.source();
+    }
+    Error::connect(operation, source, misconfigured_by)
+}
+
 /// Whether `error`, one link of a connection source's error chain, shows a
 /// misconfiguration rather than an outage, and with which SQLSTATE: `None`
 /// when it does not (or is no driver's error).
 pub(crate) fn misconfigured(error: &(dyn std::error::Error + 'static)) -> Option<Option<SqlState>> {
-    if let Some(e) = error.downcast_ref::<tokio_postgres::Error>() {
-        return postgres::misconfigured(e);
+    if let Some(e) = error.downcast_ref::<::tokio_postgres::Error>() {
+        return self::tokio_postgres::misconfigured(e);
     }
     #[cfg(feature = "sqlx")]
     if let Some(e) = error.downcast_ref::<::sqlx::Error>() {
@@ -176,15 +244,15 @@ pub(crate) fn misconfigured(error: &(dyn std::error::Error + 'static)) -> Option
 /// pool that could not connect is not a wait.
 pub(crate) fn waited_for_pool(error: &(dyn std::error::Error + 'static)) -> bool {
     #[cfg(feature = "deadpool")]
-    if let Some(e) = error.downcast_ref::<deadpool_postgres::PoolError>() {
+    if let Some(e) = error.downcast_ref::<::deadpool_postgres::PoolError>() {
         return matches!(
             e,
             deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)
         );
     }
     #[cfg(feature = "bb8")]
-    if let Some(e) = error.downcast_ref::<bb8::RunError<tokio_postgres::Error>>() {
-        return matches!(e, bb8::RunError::TimedOut);
+    if let Some(e) = error.downcast_ref::<::bb8::RunError<::tokio_postgres::Error>>() {
+        return matches!(e, ::bb8::RunError::TimedOut);
     }
     #[cfg(feature = "sqlx")]
     if let Some(e) = error.downcast_ref::<::sqlx::Error>() {

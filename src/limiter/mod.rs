@@ -12,13 +12,13 @@ use std::time::Duration;
 use crate::cache::RefusalCache;
 
 use crate::call::Call;
-use crate::decide::decide;
+use crate::decide::{Op, decide};
 use crate::key::stored;
 use crate::merge::Merging;
 use crate::operation::Operation;
 use crate::permit::CountedIn;
 use crate::store::sealed::Sealed as _;
-use crate::store::{Op, Phase, Store};
+use crate::store::{Phase, Store};
 use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreachable};
 
 /// The front of the crate: `check`, `failed`, `hit`, `reserve` and `reset`,

@@ -8,12 +8,12 @@ use snafu::ensure;
 
 use crate::cache::{Lookup, Refresh};
 use crate::call::Call;
-use crate::decide::decide;
+use crate::decide::{Counted, Op, decide};
 use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
 use crate::metric::{Outcome, Source};
 use crate::permit::CountedIn;
-use crate::store::{Asked, Counted, Op, Phase, Progress, Store, Watch};
+use crate::store::{Asked, Phase, Progress, Store, Watch};
 use crate::{Error, Key, Limit, Limiter, Verdict, Verdicts};
 
 impl<S: Store> Limiter<S> {

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Answer, Caller, Queue, Shared, abandoned};
-use crate::store::{Asked, Counted, Op, Progress, sealed::Sealed};
+use crate::decide::{Counted, Op};
+use crate::store::{Asked, Progress, sealed::Sealed};
 use crate::{Error, Limit, Limiter};
 
 /// One key of a statement: its callers, in order of arrival.

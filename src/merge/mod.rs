@@ -27,9 +27,10 @@ use snafu::ResultExt;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::decide::{Counted, Op};
 use crate::error::{AbandonedSnafu, MergedSnafu};
 use crate::operation::Operation;
-use crate::store::{Counted, Op, Watch, sealed::Sealed};
+use crate::store::{Watch, sealed::Sealed};
 use crate::{Error, Limit};
 
 /// Merging, for one limiter.

@@ -7,8 +7,8 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use crate::clock::{Clock, from_micros, micros_since_epoch};
-use crate::decide::{decision, window_of};
-use crate::store::{Asked, Counted, Op, Phase, Progress, Store, sealed};
+use crate::decide::{Counted, Op, decision, window_of};
+use crate::store::{Asked, Phase, Progress, Store, sealed};
 use crate::{Error, Limit, ManualClock, Strategy};
 
 /// The in-process fake: the same behaviour as [`Postgres`](crate::Postgres),

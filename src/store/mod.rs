@@ -9,6 +9,7 @@ pub(crate) mod memory;
 pub(crate) mod postgres;
 pub(crate) mod purge;
 pub(crate) mod sql;
+pub(crate) mod statement;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -17,7 +18,7 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use crate::operation::Operation;
+use crate::decide::{Counted, Op};
 use crate::{Error, Limit};
 
 /// A store of counts: [`Postgres`](crate::Postgres) or
@@ -28,41 +29,6 @@ use crate::{Error, Limit};
 /// ships. To bring your own connections, implement
 /// [`LimitConn`](crate::LimitConn) instead.
 pub trait Store: sealed::Sealed {}
-
-/// The counting operations: what a store counts, and how the verdict reads
-/// the count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// Read the count, write nothing.
-    Check,
-    /// Add a failure, then tell whether the next attempt may go ahead.
-    Failed,
-    /// Add this ask, and tell whether it may go ahead.
-    Hit,
-    /// As `Hit`, for a permit.
-    Reserve,
-}
-
-impl Op {
-    /// Whether the operation adds to the count.
-    pub(crate) fn adds(self) -> bool {
-        match self {
-            Op::Check => false,
-            Op::Failed | Op::Hit | Op::Reserve => true,
-        }
-    }
-}
-
-impl From<Op> for Operation {
-    fn from(op: Op) -> Operation {
-        match op {
-            Op::Check => Operation::Check,
-            Op::Failed => Operation::Failed,
-            Op::Hit => Operation::Hit,
-            Op::Reserve => Operation::Reserve,
-        }
-    }
-}
 
 /// One (limit, stored key) pair of a statement over several, and what a
 /// write adds to it.
@@ -140,29 +106,6 @@ impl Watch {
                 phase => phase,
             },
         }
-    }
-}
-
-/// What a store counted for one call.
-#[derive(Clone, Debug)]
-pub struct Counted {
-    /// The count in the current window, after this call's own addition.
-    pub count: u64,
-    /// The count of the window before, for sliding windows (0 for fixed).
-    pub previous: u64,
-    /// For a limit with a lockout: when the lockout of the latest earlier
-    /// window whose count reached max ends, if that is still to come.
-    pub locked_until: Option<SystemTime>,
-    /// When the current window closes.
-    pub window_end: SystemTime,
-    /// The store's time during the call.
-    pub now: SystemTime,
-}
-
-impl Counted {
-    /// When the current window opened: its end less `limit`'s window.
-    pub(crate) fn window_start(&self, limit: &Limit) -> SystemTime {
-        self.window_end - limit.window()
     }
 }
 

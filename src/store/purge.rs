@@ -8,8 +8,8 @@ use snafu::ensure;
 use crate::call::Call;
 use crate::error::InvalidOptionSnafu;
 use crate::operation::Operation;
-use crate::store::postgres::{call, deleted};
 use crate::store::sql::{self, Budget};
+use crate::store::statement::{call, deleted};
 use crate::{Error, LimitConn, metric};
 
 /// Deletes the rows whose window closed more than 24 hours ago and more than
@@ -62,7 +62,7 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
             let mut conn = conns
                 .conn()
                 .await
-                .map_err(|e| Error::connect(Operation::Purge, e.into()))?;
+                .map_err(|e| crate::driver::connect_error(Operation::Purge, e.into()))?;
             let budget = Budget::until(purge.deadline(), Duration::ZERO);
             let batch = sql::PurgeBatch {
                 batch: i64::from(PurgeTask::BATCH_ROWS),

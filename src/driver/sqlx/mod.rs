@@ -7,26 +7,18 @@
 //! one round trip. sqlx keeps the backend's cancel key private, so no cancel
 //! request is ever sent: the server's `lock_timeout` bounds the lock waits
 //! and the client gives up at the deadline.
-//!
-//! `timestamptz` is read and written here (microseconds since 2000-01-01,
-//! as PostgreSQL's binary format has it, converted exactly as tokio-postgres
-//! converts a [`SystemTime`]), so the feature needs neither sqlx's `chrono`
-//! nor its `time` feature.
+
+mod timestamptz;
 
 use std::ops::DerefMut;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use sqlx::encode::IsNull;
-use sqlx::error::BoxDynError;
-use sqlx::postgres::types::Oid;
-use sqlx::postgres::{
-    PgArgumentBuffer, PgConnection, PgHasArrayType, PgPool, PgRow, PgTypeInfo, PgValueFormat,
-    PgValueRef, Postgres,
-};
-use sqlx::{Decode, Encode, Executor, Row as _, Type};
+use sqlx::postgres::{PgConnection, PgPool, PgRow, Postgres};
+use sqlx::{Executor, Row as _};
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
+use self::timestamptz::Timestamptz;
 use super::{Failure, Param, Row, sealed};
 use crate::LimitConn;
 use crate::error::{Reading, misconfigured_code};
@@ -281,135 +273,5 @@ impl SqlxColumn for Vec<Option<SystemTime>> {
     fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
         row.try_get::<Vec<Option<Timestamptz>>, _>(index)
             .map(|ts| ts.into_iter().map(|t| t.map(|t| t.0)).collect())
-    }
-}
-
-/// A `timestamptz`, in PostgreSQL's binary format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Timestamptz(pub(crate) SystemTime);
-
-/// `timestamptz`'s OID, and its array's: fixed for every server.
-const TIMESTAMPTZ_OID: Oid = Oid(1184);
-const TIMESTAMPTZ_ARRAY_OID: Oid = Oid(1185);
-
-/// 2000-01-01 00:00:00 UTC, PostgreSQL's epoch, in seconds since the Unix
-/// epoch.
-const POSTGRES_EPOCH_SECS: u64 = 946_684_800;
-const USEC_PER_SEC: u64 = 1_000_000;
-const NSEC_PER_USEC: u64 = 1_000;
-
-impl Timestamptz {
-    /// Microseconds since PostgreSQL's epoch, truncated toward it, as
-    /// tokio-postgres writes a `SystemTime`.
-    fn micros(self) -> i64 {
-        let epoch = UNIX_EPOCH + Duration::from_secs(POSTGRES_EPOCH_SECS);
-        let to_usec =
-            |d: Duration| d.as_secs() * USEC_PER_SEC + u64::from(d.subsec_nanos()) / NSEC_PER_USEC;
-        #[allow(
-            clippy::cast_possible_wrap,
-            reason = "the same conversion as tokio-postgres; the procedures bound every time"
-        )]
-        match self.0.duration_since(epoch) {
-            Ok(after) => to_usec(after) as i64,
-            Err(before) => -(to_usec(before.duration()) as i64),
-        }
-    }
-
-    /// The time `micros` after PostgreSQL's epoch, as tokio-postgres reads
-    /// it.
-    fn from_micros(micros: i64) -> Timestamptz {
-        let epoch = UNIX_EPOCH + Duration::from_secs(POSTGRES_EPOCH_SECS);
-        let magnitude = micros.unsigned_abs();
-        let offset = Duration::new(
-            magnitude / USEC_PER_SEC,
-            u32::try_from((magnitude % USEC_PER_SEC) * NSEC_PER_USEC).expect("under a second"),
-        );
-        Timestamptz(if micros < 0 {
-            epoch - offset
-        } else {
-            epoch + offset
-        })
-    }
-}
-
-impl Type<Postgres> for Timestamptz {
-    fn type_info() -> PgTypeInfo {
-        PgTypeInfo::with_oid(TIMESTAMPTZ_OID)
-    }
-}
-
-impl PgHasArrayType for Timestamptz {
-    fn array_type_info() -> PgTypeInfo {
-        PgTypeInfo::with_oid(TIMESTAMPTZ_ARRAY_OID)
-    }
-}
-
-impl Encode<'_, Postgres> for Timestamptz {
-    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
-        buf.extend_from_slice(&self.micros().to_be_bytes());
-        Ok(IsNull::No)
-    }
-
-    fn size_hint(&self) -> usize {
-        8
-    }
-}
-
-impl<'r> Decode<'r, Postgres> for Timestamptz {
-    fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
-        match value.format() {
-            PgValueFormat::Binary => {
-                let bytes: [u8; 8] = value
-                    .as_bytes()?
-                    .try_into()
-                    .map_err(|_| "a timestamptz is 8 bytes")?;
-                Ok(Timestamptz::from_micros(i64::from_be_bytes(bytes)))
-            }
-            // Bound statements answer in binary; text would depend on the
-            // session's DateStyle.
-            PgValueFormat::Text => Err("a timestamptz answered as text".into()),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use bytes::BytesMut;
-    use postgres_types::{FromSql, ToSql, Type as PgType};
-
-    /// The times the tests compare: each side of PostgreSQL's epoch and of
-    /// the Unix epoch, with and without a fraction of a microsecond, and the
-    /// ends of what a clock may be pinned to.
-    fn times() -> Vec<SystemTime> {
-        let y2k = UNIX_EPOCH + Duration::from_secs(POSTGRES_EPOCH_SECS);
-        vec![
-            y2k,
-            y2k + Duration::from_nanos(1),
-            y2k + Duration::from_nanos(1_999),
-            y2k - Duration::from_nanos(1),
-            y2k - Duration::from_nanos(1_001),
-            y2k + Duration::from_secs(800_000_000) + Duration::from_micros(123_456),
-            UNIX_EPOCH,
-            UNIX_EPOCH - Duration::from_nanos(1_500),
-            UNIX_EPOCH - Duration::from_secs(2_208_988_800),
-            UNIX_EPOCH + Duration::from_secs(7_258_118_399) + Duration::from_nanos(999_999_999),
-        ]
-    }
-
-    /// sqlx's `timestamptz` is byte for byte tokio-postgres's: both drivers
-    /// send the same pinned time and read back the same `SystemTime`.
-    #[test]
-    fn timestamptz_is_written_and_read_as_tokio_postgres_does() {
-        for time in times() {
-            let mut theirs = BytesMut::new();
-            time.to_sql(&PgType::TIMESTAMPTZ, &mut theirs).unwrap();
-            let ours = Timestamptz(time).micros().to_be_bytes();
-            assert_eq!(&theirs[..], &ours[..], "{time:?} written");
-
-            let read = Timestamptz::from_micros(i64::from_be_bytes(ours)).0;
-            let expected = SystemTime::from_sql(&PgType::TIMESTAMPTZ, &ours).unwrap();
-            assert_eq!(read, expected, "{time:?} read");
-        }
     }
 }

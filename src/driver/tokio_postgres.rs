@@ -1,0 +1,239 @@
+//! [`Session`](super::Session) for tokio-postgres: anything that derefs to a
+//! [`Client`]; and [`LimitConn`] for [`Config`] and [`Connect`], a
+//! connection made for each call ([`Connected`]).
+//!
+//! The statement goes as one unnamed Parse, Bind, Execute and
+//! Sync, with the parameter types given (`query_typed`): one message, one
+//! round trip, and nothing prepared that outlives the call, so it is safe
+//! through PgBouncer in transaction mode. A statement still
+//! unanswered at the cancel mark is sent a cancel request.
+
+use std::future::Future;
+use std::ops::Deref;
+use std::time::Duration;
+
+use postgres_types::{ToSql, Type};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Client, Config, NoTls, Socket};
+
+use super::{Failure, Param, Row, answer_or_cancel, sealed};
+use crate::LimitConn;
+use crate::error::{Reading, misconfigured_code};
+
+impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
+    async fn send<'a, const N: usize>(
+        &'a mut self,
+        sql: &'static str,
+        params: &'a [Param<'a>; N],
+        cancel_at: Instant,
+    ) -> (Result<Row, Failure>, Option<Instant>) {
+        let client: &Client = self;
+        let typed: [(&(dyn ToSql + Sync), Type); N] = std::array::from_fn(|i| typed(&params[i]));
+        cancelling(client, client.query_typed_one(sql, &typed), cancel_at).await
+    }
+
+    async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
+        let client: &Client = self;
+        client
+            .batch_execute(script)
+            .await
+            .map_err(Failure::Postgres)
+    }
+
+    async fn rollback(&mut self) {
+        let client: &Client = self;
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+}
+
+/// Awaits `answer`, the statement's one row on `client`, and sends a
+/// cancel request if it is unanswered at `cancel_at`.
+pub(super) async fn cancelling(
+    client: &Client,
+    answer: impl Future<Output = Result<tokio_postgres::Row, tokio_postgres::Error>>,
+    cancel_at: Instant,
+) -> (Result<Row, Failure>, Option<Instant>) {
+    let (answer, cancelled) = answer_or_cancel(answer, cancel_at, || {
+        // What psql's Ctrl-C sends, over a new connection without TLS; sent
+        // while this call still holds the connection, so it can only reach
+        // this statement (or, on a connection's first call through
+        // `Prepared`, its Parse), and finished before the connection is
+        // handed back.
+        let token = client.cancel_token();
+        async move { token.cancel_query(tokio_postgres::NoTls).await.is_ok() }
+    })
+    .await;
+    (
+        answer.map(Row::Postgres).map_err(Failure::Postgres),
+        cancelled,
+    )
+}
+
+/// The parameter as tokio-postgres sends it: a value and its type.
+pub(super) fn typed<'a>(param: &'a Param<'a>) -> (&'a (dyn ToSql + Sync), Type) {
+    match param {
+        Param::Text(text) => (text, Type::TEXT),
+        Param::Int8(n) => (n, Type::INT8),
+        Param::Bool(b) => (b, Type::BOOL),
+        Param::Timestamptz(at) => (at, Type::TIMESTAMPTZ),
+        Param::TextArray(texts) => (texts, Type::TEXT_ARRAY),
+        Param::Int8Array(ns) => (ns, Type::INT8_ARRAY),
+    }
+}
+
+/// How the SQLSTATE table reads a tokio-postgres error: by its code; without
+/// one, the connection is gone when it is closed or an I/O error caused it.
+pub(super) fn reading(error: &tokio_postgres::Error) -> Reading {
+    match error.code() {
+        Some(code) => Reading::Answered(code.clone()),
+        None if error.is_closed() || io_caused(error) => Reading::Lost,
+        None => Reading::Refused,
+    }
+}
+
+fn io_caused(error: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
+}
+
+/// Whether a connection attempt failed for a reason an outage does not
+/// explain, and its SQLSTATE. tokio-postgres does not expose its error
+/// kinds; its messages for them are stable and are matched here.
+pub(super) fn misconfigured(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
+    match error.code() {
+        Some(code) => misconfigured_code(code).then(|| Some(code.clone())),
+        None => {
+            let message = error.to_string();
+            [
+                "invalid configuration",
+                "invalid connection string",
+                "authentication error",
+            ]
+            .iter()
+            .any(|kind| message.starts_with(kind))
+            .then_some(None)
+        }
+    }
+}
+
+/// Connects for each call, without TLS. Fine for a demo or a local socket;
+/// in a service, pass your pool: a connection per call costs a handshake
+/// and a backend start each time.
+impl LimitConn for Config {
+    type Conn = Connected;
+    type Error = tokio_postgres::Error;
+
+    fn conn(&self) -> impl Future<Output = Result<Connected, tokio_postgres::Error>> + Send {
+        connect(self, NoTls)
+    }
+
+    /// Never: each call opens a connection of its own.
+    fn saturated(&self) -> Option<bool> {
+        Some(false)
+    }
+}
+
+/// Connects for each call with a TLS connector.
+///
+/// ```
+/// use platformkit_limit::{Connect, Postgres};
+///
+/// let config: tokio_postgres::Config = "host=db user=app dbname=app".parse().unwrap();
+/// let store = Postgres::new(Connect::new(config, tokio_postgres::NoTls));
+/// # let _ = store;
+/// ```
+#[derive(Clone, Debug)]
+pub struct Connect<T> {
+    config: Config,
+    tls: T,
+}
+
+impl<T> Connect<T> {
+    /// A source that connects with `config` and `tls` for each call.
+    pub fn new(config: Config, tls: T) -> Self {
+        Connect { config, tls }
+    }
+}
+
+impl<T> LimitConn for Connect<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    type Conn = Connected;
+    type Error = tokio_postgres::Error;
+
+    fn conn(&self) -> impl Future<Output = Result<Connected, tokio_postgres::Error>> + Send {
+        connect(&self.config, self.tls.clone())
+    }
+
+    /// Never: each call opens a connection of its own.
+    fn saturated(&self) -> Option<bool> {
+        Some(false)
+    }
+}
+
+async fn connect<T>(config: &Config, tls: T) -> Result<Connected, tokio_postgres::Error>
+where
+    T: MakeTlsConnect<Socket> + Send + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    let (client, connection) = config.connect(tls).await?;
+    let task = tokio::spawn(async move {
+        // A connection error here is seen by the call through the client.
+        let _ = connection.await;
+    });
+    Ok(Connected {
+        client: Some(client),
+        task: Some(task),
+    })
+}
+
+/// A connection made for one call: closed when dropped.
+#[derive(Debug)]
+pub struct Connected {
+    client: Option<Client>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// How long a dropped [`Connected`] may take to close politely before its
+/// socket is simply closed.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+impl Deref for Connected {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        self.client.as_ref().expect("the client lives until drop")
+    }
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        // Dropping the client lets the connection send Terminate once its
+        // pending answers are in; a server that never answers must not keep
+        // the task alive, so the task is aborted after a grace period.
+        drop(self.client.take());
+        if let Some(task) = self.task.take() {
+            if task.is_finished() {
+                return;
+            }
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let abort = task.abort_handle();
+                runtime.spawn(async move {
+                    if tokio::time::timeout(CLOSE_GRACE, task).await.is_err() {
+                        abort.abort();
+                    }
+                });
+            } else {
+                task.abort();
+            }
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! The store's calls on [`Postgres`]: each a statement of
+//! [`sql`](crate::store::sql), sent through the call's envelope, and its row
+//! read into counts.
+
+use std::time::SystemTime;
+
+use snafu::ensure;
+use tokio::time::Instant;
+
+use super::Postgres;
+use crate::decide::{Counted, Op};
+use crate::driver::Failure;
+use crate::error::UnexpectedSnafu;
+use crate::operation::Operation;
+use crate::store::sql;
+use crate::store::statement::deleted;
+use crate::store::{Asked, Phase, Progress, sealed};
+use crate::{Error, Limit, LimitConn, Strategy};
+
+impl<C: LimitConn> sealed::Sealed for Postgres<C> {
+    fn local_now(&self) -> SystemTime {
+        self.clock.local_now()
+    }
+
+    fn down_since(&self, since: Instant, phase: Phase) -> bool {
+        self.down(since, phase)
+    }
+
+    async fn count(
+        &self,
+        op: Op,
+        limit: &Limit,
+        key: &str,
+        n: u64,
+        deadline: Instant,
+        progress: &Progress,
+    ) -> Result<Counted, Error> {
+        let operation = Operation::from(op);
+        // A pinned clock out of bounds is refused before a connection is taken.
+        let pinned = self.pinned()?;
+        let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
+        let previous = limit.strategy() == Strategy::Sliding;
+        let max = i64::from(limit.max());
+        let lockout = i64::try_from(limit.lockout_secs()).expect("at most a day");
+        let since = Instant::now();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                match op {
+                    Op::Check => {
+                        let read = sql::Read {
+                            key,
+                            window_secs: window,
+                            at: pinned,
+                            budget_ms: budget.server_ms,
+                            previous,
+                            max,
+                            lockout_secs: lockout,
+                        };
+                        self.call(&mut conn, operation, read.statement(), budget, progress)
+                            .await
+                    }
+                    Op::Failed | Op::Hit | Op::Reserve => {
+                        let add = sql::Add {
+                            key,
+                            add: i64::try_from(n).unwrap_or(i64::MAX),
+                            window_secs: window,
+                            at: pinned,
+                            budget_ms: budget.server_ms,
+                            relaxed: self.relaxed,
+                            previous,
+                            max,
+                            lockout_secs: lockout,
+                        };
+                        self.call(&mut conn, operation, add.statement(), budget, progress)
+                            .await
+                    }
+                }
+            })
+            .await?;
+        let get = |e: Failure| e.into_error(operation, false);
+        let count: i64 = row.get(0).map_err(get)?;
+        let window_end: SystemTime = row.get(1).map_err(get)?;
+        let now: SystemTime = row.get(2).map_err(get)?;
+        let previous: i64 = row.get(3).map_err(get)?;
+        let locked_until: Option<SystemTime> = row.get(4).map_err(get)?;
+        Ok(Counted {
+            count: stored_count(count),
+            previous: stored_count(previous),
+            locked_until,
+            window_end,
+            now,
+        })
+    }
+
+    async fn count_many(
+        &self,
+        op: Op,
+        asked: &[Asked<'_>],
+        deadline: Instant,
+        progress: &Progress,
+    ) -> Result<Vec<Counted>, Error> {
+        let operation = Operation::from(op);
+        let pinned = self.pinned()?;
+        let keys: Vec<&str> = asked.iter().map(|pair| pair.key).collect();
+        let windows: Vec<i64> = asked
+            .iter()
+            .map(|pair| i64::try_from(pair.limit.window_secs()).expect("at most 366 days"))
+            .collect();
+        let previous = asked
+            .iter()
+            .any(|pair| pair.limit.strategy() == Strategy::Sliding);
+        let maxes: Vec<i64> = asked.iter().map(|p| i64::from(p.limit.max())).collect();
+        let lockouts: Vec<i64> = asked
+            .iter()
+            .map(|p| i64::try_from(p.limit.lockout_secs()).expect("at most a day"))
+            .collect();
+        let adds: Vec<i64> = if op.adds() {
+            asked
+                .iter()
+                .map(|pair| i64::try_from(pair.n).unwrap_or(i64::MAX))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let since = Instant::now();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                match op {
+                    Op::Check => {
+                        let read = sql::ReadMany {
+                            keys: &keys,
+                            window_secs: &windows,
+                            at: pinned,
+                            budget_ms: budget.server_ms,
+                            previous,
+                            maxes: &maxes,
+                            lockout_secs: &lockouts,
+                        };
+                        self.call(&mut conn, operation, read.statement(), budget, progress)
+                            .await
+                    }
+                    Op::Failed | Op::Hit | Op::Reserve => {
+                        let add = sql::AddMany {
+                            keys: &keys,
+                            window_secs: &windows,
+                            adds: &adds,
+                            at: pinned,
+                            budget_ms: budget.server_ms,
+                            relaxed: self.relaxed,
+                            previous,
+                            maxes: &maxes,
+                            lockout_secs: &lockouts,
+                        };
+                        self.call(&mut conn, operation, add.statement(), budget, progress)
+                            .await
+                    }
+                }
+            })
+            .await?;
+        let get = |e: Failure| e.into_error(operation, false);
+        let counts: Vec<i64> = row.get(0).map_err(get)?;
+        let window_ends: Vec<SystemTime> = row.get(1).map_err(get)?;
+        let now: SystemTime = row.get(2).map_err(get)?;
+        let previous: Vec<i64> = row.get(3).map_err(get)?;
+        let locked_until: Vec<Option<SystemTime>> = row.get(4).map_err(get)?;
+        ensure!(
+            [
+                window_ends.len(),
+                previous.len(),
+                locked_until.len(),
+                asked.len()
+            ]
+            .iter()
+            .all(|&n| n == counts.len()),
+            UnexpectedSnafu {
+                operation,
+                what: "a different number of counts than pairs asked",
+            }
+        );
+        Ok(counts
+            .into_iter()
+            .zip(window_ends)
+            .zip(previous)
+            .zip(locked_until)
+            .map(|(((count, window_end), previous), locked_until)| Counted {
+                count: stored_count(count),
+                previous: stored_count(previous),
+                locked_until,
+                window_end,
+                now,
+            })
+            .collect())
+    }
+
+    async fn take_back(
+        &self,
+        key: &str,
+        window_start: SystemTime,
+        n: u64,
+        deadline: Instant,
+    ) -> Result<u64, Error> {
+        let operation = Operation::TakeBack;
+        let since = Instant::now();
+        let progress = &Progress::default();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                let take_back = sql::TakeBack {
+                    key,
+                    window_start,
+                    n: i64::try_from(n).unwrap_or(i64::MAX),
+                    budget_ms: budget.server_ms,
+                    relaxed: self.relaxed,
+                };
+                self.call(
+                    &mut conn,
+                    operation,
+                    take_back.statement(),
+                    budget,
+                    progress,
+                )
+                .await
+            })
+            .await?;
+        deleted(&row, Operation::TakeBack)
+    }
+
+    async fn refused(
+        &self,
+        limit: &Limit,
+        prefix: &str,
+        at_most: usize,
+        deadline: Instant,
+    ) -> Result<Vec<(String, Counted)>, Error> {
+        let operation = Operation::RefusedKeys;
+        let pinned = self.pinned()?;
+        let since = Instant::now();
+        let progress = &Progress::default();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                let list = sql::List {
+                    prefix,
+                    window_secs: i64::try_from(limit.window_secs()).expect("at most 366 days"),
+                    at: pinned,
+                    budget_ms: budget.server_ms,
+                    previous: limit.strategy() == Strategy::Sliding,
+                    max: i64::from(limit.max()),
+                    lockout_secs: i64::try_from(limit.lockout_secs()).expect("at most a day"),
+                    at_most: i64::try_from(at_most).unwrap_or(i64::MAX),
+                };
+                self.call(&mut conn, operation, list.statement(), budget, progress)
+                    .await
+            })
+            .await?;
+        let get = |e: Failure| e.into_error(operation, false);
+        let keys: Vec<String> = row.get(0).map_err(get)?;
+        let counts: Vec<i64> = row.get(1).map_err(get)?;
+        let window_end: SystemTime = row.get(2).map_err(get)?;
+        let now: SystemTime = row.get(3).map_err(get)?;
+        let previous: Vec<i64> = row.get(4).map_err(get)?;
+        let locked_until: Vec<Option<SystemTime>> = row.get(5).map_err(get)?;
+        ensure!(
+            [counts.len(), previous.len(), locked_until.len()]
+                .iter()
+                .all(|&n| n == keys.len())
+                && keys.len() <= at_most,
+            UnexpectedSnafu {
+                operation,
+                what: "a listing whose columns disagree, or longer than asked",
+            }
+        );
+        Ok(keys
+            .into_iter()
+            .zip(counts)
+            .zip(previous)
+            .zip(locked_until)
+            .map(|(((key, count), previous), locked_until)| {
+                let counted = Counted {
+                    count: stored_count(count),
+                    previous: stored_count(previous),
+                    locked_until,
+                    window_end,
+                    now,
+                };
+                (key, counted)
+            })
+            .collect())
+    }
+
+    async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
+        let operation = Operation::Reset;
+        let since = Instant::now();
+        let progress = &Progress::default();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                let reset = sql::Reset {
+                    key,
+                    budget_ms: budget.server_ms,
+                    relaxed: self.relaxed,
+                };
+                self.call(&mut conn, operation, reset.statement(), budget, progress)
+                    .await
+            })
+            .await?;
+        deleted(&row, Operation::Reset)
+    }
+}
+
+/// A count as stored. The table's CHECK keeps counts non-negative; were one
+/// ever negative, refusing is the safe reading.
+fn stored_count(count: i64) -> u64 {
+    u64::try_from(count).unwrap_or(u64::MAX)
+}

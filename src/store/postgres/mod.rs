@@ -1,0 +1,300 @@
+//! [`Postgres`]: the real store. A limit is a row.
+//!
+//! - `mod.rs`: the type, `migrate`, and the envelope of each call: the
+//!   connection, the budget left on it, what the server was heard to do;
+//! - `counts.rs`: the store's calls, each a statement of
+//!   [`sql`](crate::store::sql) and its row read into counts.
+
+mod counts;
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::{Instant, timeout_at};
+
+use snafu::ensure;
+
+use crate::clock::Clock;
+use crate::driver::{Row, Session};
+use crate::error::InvalidOptionSnafu;
+use crate::operation::Operation;
+use crate::store::health::Health;
+use crate::store::sql::{self, Budget, Statement};
+use crate::store::statement::send;
+use crate::store::{Phase, Progress, Store};
+use crate::{Error, LimitConn, ManualClock};
+
+/// The real store: each key's count in each window is a row of
+/// `platformkit_limits`, shared by every replica and kept across deploys.
+///
+/// Each call borrows one connection from the caller's [`LimitConn`] and sends
+/// one statement: a write is a `CALL` of the limiter's procedure, which runs
+/// inside the limiter's own short system transaction; a read is a `SELECT`
+/// of its function, which needs no transaction of its own. One message, one
+/// network round trip. Keys travel only as bind parameters. The window
+/// comes from the database's clock. The [guide](crate::guide#one-calls-path)
+/// follows one call through it.
+///
+/// ```no_run
+/// use platformkit_limit::{Key, Limit, Limiter, Postgres};
+/// use std::time::Duration;
+///
+/// # async fn demo() -> Result<(), platformkit_limit::Error> {
+/// let config: tokio_postgres::Config = "host=localhost user=app dbname=app".parse().unwrap();
+/// let limiter = Limiter::new(Postgres::new(config));
+/// let login = Limit::new("login", 10, Duration::from_secs(15 * 60))?;
+/// let verdict = limiter.check(&login, &Key::opaque("account-42")).await?;
+/// assert!(verdict.is_allowed());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Postgres<C> {
+    conns: C,
+    clock: Clock,
+    relaxed: bool,
+    /// What this store last heard from the server: down, or overloaded.
+    health: Health,
+}
+
+impl<C: LimitConn> Postgres<C> {
+    /// A store that borrows its connections from `conns` for each call.
+    pub fn new(conns: C) -> Self {
+        Postgres {
+            conns,
+            clock: Clock::Store,
+            relaxed: false,
+            health: Health::default(),
+        }
+    }
+
+    /// Reads the time from `clock` instead of the database: for tests that
+    /// pin the time. Every replica must then share the clock.
+    pub fn with_clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Clock::Manual(clock);
+        self
+    }
+
+    /// Commits the limiter's transactions without waiting for their WAL
+    /// flush: `synchronous_commit = off` for those transactions only, never
+    /// for the caller's. The default is durable.
+    ///
+    /// What it can lose, exactly: when the **server crashes** (not when a
+    /// client or a connection fails), the calls it acknowledged in the last
+    /// moments before the crash, at most three times `wal_writer_delay` (600
+    /// ms with the default of 200 ms), come back uncounted: those failures
+    /// and asks are forgotten and the rows hold their earlier counts. Nothing
+    /// is corrupted, no other transaction is affected, and a crash of the
+    /// limiter's process loses nothing.
+    pub fn with_relaxed_durability(mut self) -> Self {
+        self.relaxed = true;
+        self
+    }
+
+    /// The connection source.
+    pub fn conns(&self) -> &C {
+        &self.conns
+    }
+
+    /// Applies [`SCHEMA`](crate::SCHEMA) through one connection of the
+    /// source: the service's start-up step, safe to run again (on every
+    /// start, by every replica at once). The role that runs it owns the
+    /// schema and needs no [`grants`](crate::grants); a service that runs as
+    /// another role runs `grants(role)` as the owner after it.
+    ///
+    /// The script waits for its locks as a migration does (it takes the
+    /// table's strongest lock only when it changes the table), so it has
+    /// no budget: run it before serving.
+    ///
+    /// ```no_run
+    /// use platformkit_limit::{Limiter, Postgres};
+    ///
+    /// # async fn demo() -> Result<(), platformkit_limit::Error> {
+    /// let config: tokio_postgres::Config = "host=localhost user=app dbname=app".parse().unwrap();
+    /// // Or the service's pool: sqlx's `PgPool`, deadpool's, bb8's.
+    /// let store = Postgres::new(config);
+    /// store.migrate().await?;
+    /// let limiter = Limiter::new(store);
+    /// # let _ = limiter;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Connect`](crate::ErrorKind::Connect) when no connection could be had;
+    /// [`ErrorKind::Query`](crate::ErrorKind::Query) when PostgreSQL refused the script (a role that
+    /// may not create the schema, or that does not own the one there).
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let operation = Operation::Migrate;
+        let mut conn = self
+            .conns
+            .conn()
+            .await
+            .map_err(|e| crate::driver::connect_error(operation, e.into()))?;
+        crate::driver::sealed::Sealed::script(&mut conn, sql::SCHEMA)
+            .await
+            .map_err(|failure| failure.into_error(operation, false))
+    }
+
+    /// The pinned time, if the clock is pinned: within the years the
+    /// procedures accept (1900 to 2199).
+    fn pinned(&self) -> Result<Option<SystemTime>, Error> {
+        let Some(pinned) = self.clock.pinned() else {
+            return Ok(None);
+        };
+        let secs = match pinned.duration_since(std::time::UNIX_EPOCH) {
+            Ok(after) => i64::try_from(after.as_secs()).unwrap_or(i64::MAX),
+            Err(before) => -i64::try_from(before.duration().as_secs()).unwrap_or(i64::MAX),
+        };
+        ensure!(
+            (sql::MIN_PINNED_UNIX_SECS..sql::END_PINNED_UNIX_SECS).contains(&secs),
+            InvalidOptionSnafu {
+                option: "clock",
+                reason: "a pinned clock must be within the years 1900 to 2199",
+            }
+        );
+        Ok(Some(pinned))
+    }
+
+    /// A connection for one call. A source that fails is a failure heard
+    /// from the server unless the server answered its refusal; a pool that
+    /// gave up waiting for one of its connections is a wait, read as any
+    /// call's budget running out (see [`Health`]).
+    async fn connection(
+        &self,
+        operation: Operation,
+        since: Instant,
+        progress: &Progress,
+    ) -> Result<C::Conn, Error> {
+        progress.reached(Phase::Connecting);
+        self.conns.conn().await.map_err(|e| {
+            let source = e.into();
+            if crate::driver::waited_for_pool(&*source) {
+                let waited = Instant::now().saturating_duration_since(since);
+                return Error::out_of_budget(
+                    operation,
+                    waited,
+                    self.down(since, Phase::Connecting),
+                );
+            }
+            let error = crate::driver::connect_error(operation, source);
+            if error.answered() {
+                self.health.answered();
+            } else {
+                self.health.failed();
+            }
+            error
+        })
+    }
+
+    /// A connection for one call and the budget left on it, unless the
+    /// connection came too late to send a statement and hear back within
+    /// the budget: then nothing is sent, and the
+    /// call ran out of budget waiting for the connection.
+    async fn session(
+        &self,
+        operation: Operation,
+        since: Instant,
+        deadline: Instant,
+        progress: &Progress,
+    ) -> Result<(C::Conn, Budget), Error> {
+        let conn = self.connection(operation, since, progress).await?;
+        let rtt = self.health.round_trip();
+        let left = deadline.saturating_duration_since(Instant::now());
+        // The split counts at most a quarter of what is left: a measure too
+        // long for the link cannot starve a call of the time to send. But a
+        // statement that cannot come back in what is left is not sent.
+        let budget = Budget::until(deadline, rtt.min(left / 4));
+        if left < rtt + sql::LEAST_SERVER || Instant::now() >= budget.send_by {
+            let waited = Instant::now().saturating_duration_since(since);
+            return Err(Error::out_of_budget(
+                operation,
+                waited,
+                self.down(since, Phase::Connecting),
+            ));
+        }
+        Ok((conn, budget))
+    }
+
+    /// Whether the server is down, for a call that began at `since` and ran
+    /// out of budget at `phase`: its statement sent and unanswered, or
+    /// waiting for a connection from a source that was opening one, is
+    /// evidence of its own (see [`Health`]).
+    fn down(&self, since: Instant, phase: Phase) -> bool {
+        let own = match phase {
+            Phase::Queued => false,
+            Phase::Connecting => self.conns.saturated() == Some(false),
+            Phase::Sent => true,
+        };
+        self.health.down_since(since, own)
+    }
+
+    /// Runs `work` (a connection, then one statement through [`call`](crate::store::statement::call)) until
+    /// `deadline`. A budget that runs out with this call's statement sent
+    /// and unanswered is a statement with no answer at all; either way, the
+    /// store's health says whether the server was down or busy.
+    async fn within<T>(
+        &self,
+        operation: Operation,
+        deadline: Instant,
+        since: Instant,
+        progress: &Progress,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match timeout_at(deadline, work).await {
+            Ok(result) => result,
+            Err(_) => {
+                let phase = progress.phase();
+                if phase == Phase::Sent {
+                    self.health.failed();
+                }
+                let budget = deadline.saturating_duration_since(since);
+                let budget =
+                    Duration::from_millis(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX));
+                Err(Error::out_of_budget(
+                    operation,
+                    budget,
+                    self.down(since, phase),
+                ))
+            }
+        }
+    }
+}
+
+impl<C: LimitConn> Postgres<C> {
+    /// Sends one statement through [`call`](crate::store::statement::call), and notes what the server did:
+    /// an answer (a row, or an error with a SQLSTATE), or a failure.
+    async fn call<S: Session, const N: usize>(
+        &self,
+        session: &mut S,
+        operation: Operation,
+        statement: Statement<'_, N>,
+        budget: Budget,
+        progress: &Progress,
+    ) -> Result<Row, Error> {
+        let sent = Instant::now();
+        let answer = send(session, operation, statement, budget, progress).await;
+        match &answer {
+            Ok(_) => {
+                self.health.answered();
+                self.health.took(sent.elapsed());
+            }
+            // An error the server answered says it is up; its time says
+            // nothing of the link (a lock wait, a cancel), except for a
+            // statement that did its work and was answered after this
+            // call's cancel, whose time keeps the measure from staying
+            // above what the link gives.
+            Err(e) if e.answered() => {
+                self.health.answered();
+                if e.answered_after_cancel() {
+                    self.health.took(sent.elapsed());
+                }
+            }
+            Err(_) => self.health.failed(),
+        }
+        answer
+    }
+}
+
+impl<C: LimitConn> Store for Postgres<C> {}
