@@ -68,6 +68,7 @@
 mod csrf;
 mod render;
 mod routes;
+mod time;
 
 use std::collections::HashSet;
 use std::fmt;

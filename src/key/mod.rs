@@ -4,16 +4,19 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 
-use sha2::{Digest, Sha256};
 use unicode_normalization::UnicodeNormalization;
 
 use snafu::ensure;
 
+mod encode;
+mod operator;
+
+#[cfg(any(feature = "internal-checks", feature = "admin"))]
+pub use self::encode::decode;
+use self::encode::{Encoder, take_chars, unescaped_tilde};
+
 use crate::Error;
 use crate::error::InvalidKeySnafu;
-
-/// Length of the digest suffix: `~` and 64 hex digits.
-const DIGEST_SUFFIX_BYTES: usize = 1 + 64;
 
 /// Who or what a limit counts: an account, an address, a code.
 ///
@@ -290,45 +293,6 @@ impl Key {
     }
 }
 
-#[cfg(feature = "admin")]
-impl Key {
-    /// The key whose encoding is `encoded` (a stored key without its
-    /// limit's name, as [`KeyStatus::key`](crate::KeyStatus::key) shows
-    /// it), so that an operator's tool resets exactly the key it listed.
-    /// `None` unless `encoded` is an encoding as [`Key`] writes one: an
-    /// undigested one is its parts escaped and joined again, byte for
-    /// byte; a digested one is such a prefix, `~` and 64 lowercase hex
-    /// digits, at most [`Key::MAX_BYTES`] long. (A digest cannot be
-    /// checked against an input it hides; its shape can.) So no text gives
-    /// a key the encoding cannot give, and the encoding stays injective.
-    pub(crate) fn from_encoded(encoded: &str) -> Option<Key> {
-        if encoded.len() > Key::MAX_BYTES {
-            return None;
-        }
-        let (prefix, digest) = match unescaped_tilde(encoded) {
-            Some(at) => (&encoded[..at], Some(&encoded[at + 1..])),
-            None => (encoded, None),
-        };
-        if let Some(digest) = digest {
-            let hex = |c: u8| c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
-            if digest.len() != 64 || !digest.bytes().all(hex) {
-                return None;
-            }
-        }
-        let parts = decode(prefix)?;
-        let mut again = String::with_capacity(prefix.len());
-        for (i, part) in parts.iter().enumerate() {
-            if i > 0 {
-                again.push('|');
-            }
-            escape_into(part, &mut again);
-        }
-        (again == prefix).then(|| Key {
-            encoded: encoded.into(),
-        })
-    }
-}
-
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key(<{} bytes, not shown>)", self.encoded.len())
@@ -359,209 +323,6 @@ pub fn normalize_identity(input: &str) -> String {
     current
 }
 
-/// A key being written: the encoding so far and what is left of the budget
-/// of input characters.
-struct Encoder {
-    encoded: String,
-    parts: usize,
-    /// Input characters that may still be read.
-    left: usize,
-    /// Whether input was left unread.
-    cut: bool,
-}
-
-impl Default for Encoder {
-    fn default() -> Self {
-        Encoder {
-            encoded: String::new(),
-            parts: 0,
-            left: Key::MAX_INPUT_CHARS,
-            cut: false,
-        }
-    }
-}
-
-impl Encoder {
-    /// Adds `part`, reading no more of it than the budget leaves (its `|`
-    /// counts as one character); `false` once input is left unread, when
-    /// nothing more is read.
-    fn read(&mut self, part: &str) -> bool {
-        if self.cut {
-            return false;
-        }
-        if self.parts > 0 {
-            if self.left == 0 {
-                self.cut = true;
-                return false;
-            }
-            self.left -= 1;
-            self.encoded.push('|');
-        }
-        self.parts += 1;
-        let (head, rest, read) = take_chars(part, self.left);
-        self.left -= read;
-        escape_into(head, &mut self.encoded);
-        self.cut = !rest.is_empty();
-        !self.cut
-    }
-
-    /// Adds `part` whole: one already bounded (a kind, a normalized prefix,
-    /// an address).
-    fn whole(&mut self, part: &str) {
-        if self.parts > 0 {
-            self.encoded.push('|');
-        }
-        self.parts += 1;
-        escape_into(part, &mut self.encoded);
-    }
-
-    /// The key, digested when it is too long or its input was cut (here, or
-    /// as `cut` says, before normalizing).
-    fn finish(self, cut: bool) -> Key {
-        Key {
-            encoded: bound(self.encoded, self.cut || cut).into_boxed_str(),
-        }
-    }
-}
-
-/// At most the first `n` characters of `s`, the rest, and how many
-/// characters the first part has; reads no further than character `n + 1`.
-fn take_chars(s: &str, n: usize) -> (&str, &str, usize) {
-    let mut read = 0;
-    for (i, _) in s.char_indices() {
-        if read == n {
-            return (&s[..i], &s[i..], read);
-        }
-        read += 1;
-    }
-    (s, "", read)
-}
-
-/// Escapes one part onto `out` (see the module docs).
-fn escape_into(part: &str, out: &mut String) {
-    for c in part.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '|' => out.push_str("\\|"),
-            '~' => out.push_str("\\~"),
-            c if c.is_control() => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                let b = c as u32;
-                out.push_str("\\x");
-                out.push(char::from(HEX[(b >> 4) as usize & 0xf]));
-                out.push(char::from(HEX[b as usize & 0xf]));
-            }
-            c => out.push(c),
-        }
-    }
-}
-
-/// Cuts an encoding longer than [`Key::MAX_BYTES`] to a prefix and a digest;
-/// the encoding of a cut input always, its digest over the encoding and a
-/// NUL byte.
-fn bound(encoded: String, cut: bool) -> String {
-    if encoded.len() <= Key::MAX_BYTES && !cut {
-        return encoded;
-    }
-    let mut hasher = Sha256::new();
-    hasher.update(encoded.as_bytes());
-    if cut {
-        hasher.update([0]);
-    }
-    let digest = hasher.finalize();
-    let cut = prefix_end(&encoded, Key::MAX_BYTES - DIGEST_SUFFIX_BYTES);
-    let mut out = String::with_capacity(Key::MAX_BYTES);
-    out.push_str(&encoded[..cut]);
-    out.push('~');
-    for byte in digest {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 0xf)]));
-    }
-    out
-}
-
-/// The largest index `<= max` that ends a whole escaped unit: on a char
-/// boundary and not inside a `\…` escape.
-fn prefix_end(encoded: &str, max: usize) -> usize {
-    let mut end = 0;
-    let mut chars = encoded.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        let unit_len = if c == '\\' {
-            match chars.next() {
-                Some((_, 'x')) => {
-                    chars.next();
-                    chars.next();
-                    4
-                }
-                Some(_) => 2,
-                None => 1,
-            }
-        } else {
-            c.len_utf8()
-        };
-        if i + unit_len > max {
-            break;
-        }
-        end = i + unit_len;
-    }
-    end
-}
-
-/// The byte index of the first `~` that is not escaped, if any.
-fn unescaped_tilde(encoded: &str) -> Option<usize> {
-    let mut chars = encoded.char_indices();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '\\' => {
-                chars.next();
-            }
-            '~' => return Some(i),
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Splits an undigested encoding back into its parts; `None` for a digested
-/// or malformed one. The inverse of the encoding, for tests, fuzzing and
-/// [`Key::from_encoded`].
-#[cfg(any(feature = "internal-checks", feature = "admin"))]
-#[doc(hidden)]
-pub fn decode(encoded: &str) -> Option<Vec<String>> {
-    let mut parts = vec![String::new()];
-    let mut chars = encoded.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '|' => parts.push(String::new()),
-            '~' => return None,
-            '\\' => {
-                let part = parts.last_mut()?;
-                match chars.next()? {
-                    'x' => {
-                        let hi = lower_hex(chars.next()?)?;
-                        let lo = lower_hex(chars.next()?)?;
-                        part.push(char::from_u32(hi * 16 + lo)?);
-                    }
-                    e @ ('\\' | '|' | '~') => part.push(e),
-                    _ => return None,
-                }
-            }
-            c => parts.last_mut()?.push(c),
-        }
-    }
-    Some(parts)
-}
-
-/// The value of a lowercase hex digit: the encoding writes no other.
-#[cfg(any(feature = "internal-checks", feature = "admin"))]
-fn lower_hex(c: char) -> Option<u32> {
-    match c {
-        '0'..='9' | 'a'..='f' => c.to_digit(16),
-        _ => None,
-    }
-}
-
 /// The stored form of `key` under `limit_name`.
 pub(crate) fn stored(limit_name: &str, key: &Key) -> String {
     let mut out = String::with_capacity(limit_name.len() + 1 + key.encoded.len());
@@ -569,103 +330,4 @@ pub(crate) fn stored(limit_name: &str, key: &Key) -> String {
     out.push('|');
     out.push_str(&key.encoded);
     out
-}
-
-/// A key as an operator writes it, `kind:value`: `email:<address>`
-/// ([`Key::email`]), `user:<name>` ([`Key::username`]), `ip:<address>`
-/// ([`Key::ip`]) or `id:<id>` ([`Key::opaque`]), normalized as the service
-/// normalizes it, so that the key typed is the key counted. The kind may
-/// be in any case, and white space before it is ignored.
-///
-/// ```
-/// use platformkit_limit::Key;
-///
-/// let alice: Key = "email:Alice@Example.com".parse()?;
-/// assert_eq!(alice, Key::email("alice@example.com"));
-/// assert_eq!("user:bob".parse::<Key>()?, Key::username("bob"));
-/// assert_eq!("ip:203.0.113.7".parse::<Key>()?.as_str(), "ip|203.0.113.7");
-/// assert_eq!("id:abc123".parse::<Key>()?, Key::opaque("abc123"));
-/// assert_eq!(" Email:bob@example.com".parse::<Key>()?, Key::email("bob@example.com"));
-/// assert!("ip:not-an-address".parse::<Key>().is_err());
-/// assert!("alice@example.com".parse::<Key>().is_err());
-/// # Ok::<(), platformkit_limit::Error>(())
-/// ```
-///
-/// # Errors
-///
-/// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) for another
-/// kind, no `:`, or an `ip:` that is no IP address.
-impl std::str::FromStr for Key {
-    type Err = Error;
-
-    fn from_str(typed: &str) -> Result<Key, Error> {
-        let invalid = |reason| Error::from(InvalidKeySnafu { reason }.build());
-        let kinds = "an operator's key is kind:value, the kind email, user, ip or id";
-        let (kind, value) = typed
-            .trim_start()
-            .split_once(':')
-            .ok_or_else(|| invalid(kinds))?;
-        match kind.to_ascii_lowercase().as_str() {
-            "email" => Ok(Key::email(value)),
-            "user" => Ok(Key::username(value)),
-            "id" => Ok(Key::opaque(value)),
-            "ip" => value
-                .trim()
-                .parse::<IpAddr>()
-                .map(Key::ip)
-                .map_err(|_| invalid("an ip: key needs an IPv4 or IPv6 address")),
-            _ => Err(invalid(kinds)),
-        }
-    }
-}
-
-#[cfg(all(test, feature = "admin"))]
-mod tests {
-    use super::*;
-
-    /// Every key's encoding gives the key back, digested ones included.
-    #[test]
-    fn from_encoded_gives_back_every_key() {
-        let long = "a|~\\".repeat(300);
-        let keys = [
-            Key::email("Alice@Example.com"),
-            Key::username("<script>alert(1)</script>"),
-            Key::opaque("a|b~c\\d\u{0}e\u{7f}"),
-            Key::ip("203.0.113.7".parse().unwrap()),
-            Key::new(["", "", ""]).unwrap(),
-            Key::opaque(&long),
-            Key::email(&long),
-        ];
-        assert!(keys[5].is_digested() && keys[6].is_digested());
-        for key in keys {
-            assert_eq!(Key::from_encoded(key.as_str()), Some(key));
-        }
-    }
-
-    /// Text no key encodes to is no key: an escape the encoding never
-    /// writes, a bare `\`, a digest of the wrong shape, too many bytes.
-    #[test]
-    fn from_encoded_refuses_what_no_key_encodes_to() {
-        let digest = "0".repeat(64);
-        for text in [
-            "id|\\x41".to_owned(), // `A`, which is written as itself
-            "id|\\a".to_owned(),   // no such escape
-            "id|a\\".to_owned(),   // a bare backslash at the end
-            "id|\\x0G".to_owned(), // not hex
-            "id|\\x0A".to_owned(), // uppercase hex is never written
-            "id|a~".to_owned(),    // a digest marker and no digest
-            format!("id|a~{}", &digest[1..]),
-            format!("id|a~{}", digest.to_uppercase().replace('0', "A")),
-            format!("id|a~{digest}x"),
-            format!("id|a~{digest}~{digest}"),
-            format!("id|{}", "a".repeat(Key::MAX_BYTES)),
-        ] {
-            assert_eq!(Key::from_encoded(&text), None, "{text:?}");
-        }
-        let digested = format!("id|a~{digest}");
-        assert_eq!(
-            Key::from_encoded(&digested).map(|k| k.is_digested()),
-            Some(true)
-        );
-    }
 }
