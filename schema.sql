@@ -292,10 +292,10 @@ BEGIN
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')
@@ -400,10 +400,10 @@ BEGIN
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')
@@ -922,10 +922,10 @@ BEGIN
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')
@@ -996,10 +996,10 @@ BEGIN
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')
@@ -1075,10 +1075,10 @@ BEGIN
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')

@@ -643,6 +643,55 @@ fn every_procedure_begins_with_the_same_prologue() {
     }
 }
 
+/// The checks both prologues make (the standby, the budget's range, a
+/// session timeout no longer than the budget) are spelled alike in both:
+/// every line of the writers' prologue that recognises a standby, reads the
+/// budget or a session timeout (but for the `set_config` calls, which
+/// differ for the reasons the guide gives) is a line of the readers'
+/// prologue too. Once the writers and the readers compared the budget in
+/// two spellings.
+#[test]
+fn the_readers_and_the_writers_spell_each_shared_check_alike() {
+    let prologue = |routine: &str, start: &str, end: &str| -> String {
+        let from = SCHEMA.find(routine).expect("the routine");
+        let body = &SCHEMA[from..];
+        body[body.find(start).expect("a prologue")..body.find(end).expect("its end")].to_owned()
+    };
+    let writer = prologue(
+        "PROCEDURE platformkit.platformkit_limit_add(",
+        "-- prologue\n",
+        "-- end of prologue\n",
+    );
+    let reader = prologue(
+        "FUNCTION platformkit.platformkit_limit_read(",
+        "-- reader's prologue\n",
+        "-- end of reader's prologue\n",
+    );
+    let reader_lines: Vec<&str> = reader.lines().map(str::trim).collect();
+    let shared: Vec<&str> = writer
+        .lines()
+        .map(str::trim)
+        .filter(|line| {
+            [
+                "p_budget_ms",
+                "current_setting('statement_timeout')",
+                "current_setting('transaction_timeout'",
+                "standby",
+            ]
+            .iter()
+            .any(|word| line.contains(word))
+                && !line.contains("set_config(")
+        })
+        .collect();
+    assert!(shared.len() >= 8, "the shared checks: {shared:#?}");
+    for line in shared {
+        assert!(
+            reader_lines.contains(&line),
+            "the readers spell this check otherwise: {line}"
+        );
+    }
+}
+
 /// Every routine's text between `start` and `end` is the same, and nothing
 /// before it runs an expression (a DECLARE initialiser would, before the
 /// search_path is pinned).
