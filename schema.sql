@@ -21,6 +21,14 @@
 --   GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO app;
 --
 -- (run that again after applying a newer version of this file).
+--
+-- Versions. platformkit.platformkit_schema_version() returns the version of
+-- the schema this file creates, the crate's SCHEMA_VERSION (a test holds the
+-- two together). A release that changes anything this file creates raises
+-- both by one, in the same commit; a change an existing install needs
+-- carried forward also gets its block in the upgrades below, marked with the
+-- date and the version it came in. Version 1 is the first recorded: the
+-- layouts before it record none.
 
 -- Replicas that apply this at the same moment (each on its start-up) take
 -- turns: two concurrent CREATE SCHEMA IF NOT EXISTS (or CREATE OR REPLACE of
@@ -31,6 +39,16 @@ SELECT pg_catalog.pg_advisory_xact_lock(31643310761011572); -- the bytes of 'pkl
 
 CREATE SCHEMA IF NOT EXISTS platformkit;
 REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
+
+-- The version of this file's schema, the crate's SCHEMA_VERSION: a newcomer,
+-- a migration tool or the crate can ask a database which schema it has
+-- (`SELECT platformkit.platformkit_schema_version()`). See the top of this
+-- file for when it changes.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS integer
+    LANGUAGE sql
+    IMMUTABLE
+    PARALLEL SAFE
+RETURN 1;
 
 -- The earlier layout kept everything in `public`. Move the table (its rows,
 -- index, policy and grants go with it) and the policy's function; drop the

@@ -10,7 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use common::db::texts;
 use platformkit_limit::{
-    ErrorKind, Key, Limit, Limiter, ManualClock, Postgres, PurgeTask, SCHEMA, purge,
+    ErrorKind, Key, Limit, Limiter, ManualClock, Postgres, PurgeTask, SCHEMA, SCHEMA_VERSION, purge,
 };
 use platformkit_limit_testdb::{Server, TestDb};
 use tokio_postgres::Client;
@@ -428,6 +428,34 @@ async fn applying_the_schema_over_the_public_layout_keeps_every_row() {
     assert_eq!(verdict.count(), Some(1));
     let moved = keys(&mut owner).await;
     assert!(moved.contains(&("login|open".to_owned(), 4)), "{moved:?}");
+}
+
+/// The database records the schema's version, the crate's
+/// `SCHEMA_VERSION`: on a fresh install, where the limiter's role may ask
+/// for it, and over the earlier layout, which had no version at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_records_its_version_fresh_and_over_the_earlier_layout() {
+    let version = |client: Client| async move {
+        let version: i32 = client
+            .query_one("SELECT platformkit.platformkit_schema_version()", &[])
+            .await
+            .expect("the version")
+            .get(0);
+        u32::try_from(version).expect("a positive version")
+    };
+    let fresh = Server::shared().database(SCHEMA).await;
+    assert_eq!(version(fresh.connect_tenant().await).await, SCHEMA_VERSION);
+
+    let earlier = install_in_public_with_rows().await;
+    let owner = earlier.connect().await;
+    let before = texts(
+        &owner,
+        "SELECT COALESCE(pg_catalog.to_regproc('platformkit.platformkit_schema_version')::text, 'none')",
+    )
+    .await;
+    assert_eq!(before, ["none"], "the earlier layout had no version");
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    assert_eq!(version(owner).await, SCHEMA_VERSION);
 }
 
 /// Applying the schema over an install whose `add_many` took one amount for
