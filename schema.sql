@@ -22,6 +22,19 @@
 --
 -- (run that again after applying a newer version of this file).
 --
+-- Bounds. Each bound the Rust side enforces (the budget, the key's length,
+-- the window, the max, the lockout, the pinned clock's years) is one
+-- IMMUTABLE SQL function of no arguments, below, and every routine checks
+-- against that function: a bound changes in one line here and in its Rust
+-- constant, and a test holds the two together. Not literals held together
+-- by a test (there were 35 copies of 60000 to edit), and not text generated
+-- from the Rust constants (SCHEMA is applied with psql too, so this file
+-- must be the plain SQL it ships as). It costs nothing at run time: the
+-- planner folds each call into its constant when it plans the check (an
+-- EXPLAIN of the generic plan shows the constant), and on PostgreSQL 15 a
+-- PL/pgSQL IF over the function and one over the literal took the same
+-- time, 70 to 105 ns an evaluation over 2,000,000 in either case.
+--
 -- Versions. platformkit.platformkit_schema_version() returns the version of
 -- the schema this file creates, the crate's SCHEMA_VERSION (a test holds the
 -- two together). A release that changes anything this file creates raises
@@ -49,6 +62,43 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS inte
     IMMUTABLE
     PARALLEL SAFE
 RETURN 1;
+
+-- The bounds the Rust side enforces, each written once: the routines below
+-- check their parameters against these functions, never against the
+-- numbers. Each is an IMMUTABLE SQL function of no arguments, so the
+-- planner folds a call into its constant when it plans the check: the
+-- check costs what a literal would (see the top of this file). The lower
+-- bounds (1, or 0 for the lockout) are written where they are checked.
+-- Limiter::MAX_BUDGET, in milliseconds.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_budget_ms() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 60000;
+-- The longest stored key, in bytes: Limit::MAX_NAME_BYTES, '|' and
+-- Key::MAX_BYTES.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_key_bytes() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 249;
+-- Limit::MAX_WINDOW, in seconds (366 days). The table's window check and
+-- the column purge_after spell it too: a constraint is the table's, and an
+-- install keeps the one it was created with (a test holds them to this).
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_window_secs() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 31622400;
+-- Limit::MAX_ATTEMPTS.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_attempts() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 1000000000;
+-- Limit::MAX_LOCKOUT, in seconds.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_lockout_secs() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 86400;
+-- A pinned time (p_at) is from this moment on, and before the next.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_min_at() RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN timestamptz '1900-01-01 00:00:00+00';
+CREATE OR REPLACE FUNCTION platformkit.platformkit_end_at() RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN timestamptz '2200-01-01 00:00:00+00';
 
 -- The earlier layout kept everything in `public`. Move the table (its rows,
 -- index, policy and grants go with it) and the policy's function; drop the
@@ -307,7 +357,7 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= p_budget_ms * interval '1 millisecond')
@@ -319,23 +369,23 @@ BEGIN
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_add IS NULL OR p_add < 1
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND 86400
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
        OR p_previous IS NULL OR p_relaxed IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00' THEN
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_window := make_interval(secs => p_window_secs);
@@ -415,7 +465,7 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= p_budget_ms * interval '1 millisecond')
@@ -427,10 +477,10 @@ BEGIN
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
@@ -440,16 +490,16 @@ BEGIN
     -- The parameters against the Rust bounds: each array as a whole here,
     -- each key's length where the statement below reads the keys.
     IF p_previous IS NULL OR p_relaxed IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
        OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_adds) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
        OR NOT COALESCE(1 <= ALL (p_adds)
-                       AND 1 <= ALL (p_window_secs) AND 31622400 >= ALL (p_window_secs)
-                       AND 1 <= ALL (p_maxes) AND 1000000000 >= ALL (p_maxes)
-                       AND 0 <= ALL (p_lockout_secs) AND 86400 >= ALL (p_lockout_secs),
+                       AND 1 <= ALL (p_window_secs) AND platformkit.platformkit_max_window_secs() >= ALL (p_window_secs)
+                       AND 1 <= ALL (p_maxes) AND platformkit.platformkit_max_attempts() >= ALL (p_maxes)
+                       AND 0 <= ALL (p_lockout_secs) AND platformkit.platformkit_max_lockout_secs() >= ALL (p_lockout_secs),
                        false) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
@@ -461,7 +511,7 @@ BEGIN
         FROM unnest(p_keys, p_window_secs, p_adds)
              WITH ORDINALITY AS t(key, secs, add, ord)
         -- A key out of bounds is left out here, and refused below.
-        WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND 249, false)
+        WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
     ), counted AS (
         -- A pair given twice adds both amounts; the sum is numeric, so it
         -- saturates at the largest bigint instead of overflowing.
@@ -563,11 +613,11 @@ BEGIN
                     END;
         END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
        OR current_setting('statement_timeout') <> '0'
        OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
        OR current_setting('transaction_deferrable') <> 'off' THEN
-        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
@@ -578,10 +628,10 @@ BEGIN
                AND current_setting('transaction_read_only') = 'on'
                AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
-                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                     THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
-                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                     END;
         END IF;
     END IF;
@@ -592,17 +642,17 @@ BEGIN
     v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
     -- end of reader's prologue
     IF p_previous IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
        OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
        OR EXISTS (
            SELECT FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs) AS t(key, secs, max, lockout)
-           WHERE NOT COALESCE(octet_length(t.key) BETWEEN 1 AND 249
-                              AND t.secs BETWEEN 1 AND 31622400
-                              AND t.max BETWEEN 1 AND 1000000000
-                              AND t.lockout BETWEEN 0 AND 86400, false)) THEN
+           WHERE NOT COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
+                              AND t.secs BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+                              AND t.max BETWEEN 1 AND platformkit.platformkit_max_attempts()
+                              AND t.lockout BETWEEN 0 AND platformkit.platformkit_max_lockout_secs(), false)) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     o_now := COALESCE(p_at, statement_timestamp());
@@ -690,11 +740,11 @@ BEGIN
                     END;
         END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
        OR current_setting('statement_timeout') <> '0'
        OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
        OR current_setting('transaction_deferrable') <> 'off' THEN
-        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
@@ -705,10 +755,10 @@ BEGIN
                AND current_setting('transaction_read_only') = 'on'
                AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
-                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                     THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
-                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                     END;
         END IF;
     END IF;
@@ -718,12 +768,12 @@ BEGIN
     v_set := set_config('platformkit.system', 'on', true);
     v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
     -- end of reader's prologue
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND 86400
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
        OR p_previous IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00' THEN
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_window := make_interval(secs => p_window_secs);
@@ -816,11 +866,11 @@ BEGIN
                     END;
         END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
        OR current_setting('statement_timeout') <> '0'
        OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
        OR current_setting('transaction_deferrable') <> 'off' THEN
-        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
@@ -831,10 +881,10 @@ BEGIN
                AND current_setting('transaction_read_only') = 'on'
                AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
-                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                     THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
-                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                     END;
         END IF;
     END IF;
@@ -846,12 +896,12 @@ BEGIN
     -- end of reader's prologue
     IF p_prefix IS NULL OR octet_length(p_prefix) NOT BETWEEN 2 AND 49
        OR right(p_prefix, 1) <> '|'
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND 86400
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
        OR p_at_most IS NULL OR p_at_most NOT BETWEEN 1 AND 1000
        OR p_previous IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00' THEN
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_window := make_interval(secs => p_window_secs);
@@ -937,7 +987,7 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= p_budget_ms * interval '1 millisecond')
@@ -949,17 +999,17 @@ BEGIN
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_n IS NULL OR p_n < 1 OR p_relaxed IS NULL
        OR p_window_start IS NULL OR NOT isfinite(p_window_start) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
@@ -1011,7 +1061,7 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= p_budget_ms * interval '1 millisecond')
@@ -1023,17 +1073,17 @@ BEGIN
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249 OR p_relaxed IS NULL THEN
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes() OR p_relaxed IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     DELETE FROM platformkit.platformkit_limits WHERE key = p_key;
@@ -1090,7 +1140,7 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
                <= p_budget_ms * interval '1 millisecond')
@@ -1102,10 +1152,10 @@ BEGIN
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
@@ -1123,7 +1173,8 @@ BEGIN
         -- pinned far ahead or a direct insert stores (an infinite end
         -- included): a range of platformkit_limits_window_end.
         SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
-        WHERE d.window_end > statement_timestamp() + interval '31708800 seconds'
+        WHERE d.window_end > statement_timestamp()
+                            + make_interval(secs => platformkit.platformkit_max_window_secs() + 86400)
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
     )
@@ -1138,3 +1189,31 @@ $$;
 -- Only the roles granted EXECUTE (see the top of this file) may call the
 -- limiter's routines; PUBLIC may not.
 REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM PUBLIC;
+
+-- 2026-12, schema version 1: the routines check against the bound functions
+-- above, which an install from before them lacks. A routine runs them with
+-- its caller's rights, so every role that may already run a limiter routine
+-- may run them too: such an install keeps working before grants() is run
+-- again.
+DO $$
+DECLARE
+    grantee pg_catalog.text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
+        FROM pg_catalog.pg_proc AS p,
+             pg_catalog.aclexplode(p.proacl) AS a,
+             pg_catalog.pg_roles AS r
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) 'platformkit'::pg_catalog.regnamespace
+          AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%'
+          AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+          AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+          AND r.oid OPERATOR(pg_catalog.=) a.grantee
+    LOOP
+        EXECUTE 'GRANT EXECUTE ON FUNCTION platformkit.platformkit_max_budget_ms(),'
+            ' platformkit.platformkit_max_key_bytes(), platformkit.platformkit_max_window_secs(),'
+            ' platformkit.platformkit_max_attempts(), platformkit.platformkit_max_lockout_secs(),'
+            ' platformkit.platformkit_min_at(), platformkit.platformkit_end_at() TO ' OPERATOR(pg_catalog.||) grantee;
+    END LOOP;
+END
+$$;

@@ -274,6 +274,150 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
     }
 }
 
+/// Each bound has one home in the schema, a function the routines check
+/// against, and it returns the Rust constant that owns the bound; no
+/// routine spells the number itself. The table's window check, which keeps
+/// its own copy, accepts the longest window and refuses one a second longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_bound_is_written_once_in_the_schema_and_is_the_rust_constant() {
+    let db = Server::shared().database(SCHEMA).await;
+    let app = db.connect_tenant().await;
+    let number = |sql: &'static str| {
+        let app = &app;
+        async move { app.query_one(sql, &[]).await.expect(sql).get::<_, i64>(0) }
+    };
+    let as_i64 = |n: u128| i64::try_from(n).unwrap();
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_budget_ms()").await,
+        as_i64(Limiter::MAX_BUDGET.as_millis())
+    );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_key_bytes()").await,
+        as_i64(MAX_STORED_KEY_BYTES as u128)
+    );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_window_secs()").await,
+        as_i64(Limit::MAX_WINDOW.as_secs().into())
+    );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_attempts()").await,
+        i64::from(Limit::MAX_ATTEMPTS)
+    );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_lockout_secs()").await,
+        as_i64(Limit::MAX_LOCKOUT.as_secs().into())
+    );
+    // The pinned clock's years, as the Rust side refuses them
+    // (a_clock_pinned_outside_1900_to_2199_is_an_invalid_option).
+    assert_eq!(
+        number("SELECT extract(epoch FROM platformkit.platformkit_min_at())::int8").await,
+        -2_208_988_800
+    );
+    assert_eq!(
+        number("SELECT extract(epoch FROM platformkit.platformkit_end_at())::int8").await,
+        7_258_118_400
+    );
+
+    let routines = &SCHEMA[SCHEMA
+        .find("-- The limiter's operations.")
+        .expect("the routines")..];
+    for literal in [
+        "60000",
+        "249",
+        "31622400",
+        "1000000000",
+        "'1900-01-01",
+        "'2200-01-01",
+        "AND 86400",
+        "86400 >=",
+    ] {
+        assert!(
+            !routines.contains(literal),
+            "a routine spells the bound {literal} instead of its function"
+        );
+    }
+
+    let mut owner = db.connect().await;
+    for (secs, accepted) in [
+        (Limit::MAX_WINDOW.as_secs(), true),
+        (Limit::MAX_WINDOW.as_secs() + 1, false),
+    ] {
+        let tx = owner.transaction().await.unwrap();
+        tx.batch_execute("SET LOCAL platformkit.system = 'on'")
+            .await
+            .unwrap();
+        let outcome = tx
+            .batch_execute(&format!(
+                "INSERT INTO platformkit.platformkit_limits VALUES \
+                 ('w', now(), now() + interval '{secs} seconds', 1)"
+            ))
+            .await;
+        assert_eq!(
+            outcome.map_err(|e| e.code().cloned()).err(),
+            (!accepted).then_some(Some(SqlState::CHECK_VIOLATION)),
+            "a window of {secs} s"
+        );
+    }
+}
+
+/// An install from before the bound functions, whose limiter's role was
+/// granted the routines then, keeps working when the schema is applied over
+/// it without `grants()` run again: the role may run the new functions the
+/// routines call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_over_an_install_without_the_bound_functions_grants_them_on() {
+    let db = Server::shared().database(SCHEMA).await;
+    let owner = db.connect().await;
+    let role = format!("{}_limiter", db.name());
+    let admin = db.connect_admin().await;
+    admin
+        .batch_execute(&format!("CREATE ROLE \"{role}\" NOLOGIN"))
+        .await
+        .unwrap();
+    owner
+        .batch_execute(&platformkit_limit::grants(&role))
+        .await
+        .unwrap();
+    let helpers = "platformkit.platformkit_max_budget_ms(), platformkit.platformkit_max_key_bytes(), \
+         platformkit.platformkit_max_window_secs(), platformkit.platformkit_max_attempts(), \
+         platformkit.platformkit_max_lockout_secs(), platformkit.platformkit_min_at(), \
+         platformkit.platformkit_end_at()";
+    owner
+        .batch_execute(&format!("DROP FUNCTION {helpers}"))
+        .await
+        .unwrap();
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let may = texts(
+        &admin,
+        &format!(
+            "SELECT pg_catalog.has_function_privilege('{role}', f, 'EXECUTE')::text \
+             FROM unnest(ARRAY['{}']::regprocedure[]) AS f",
+            helpers.replace(", ", "', '").replace("\n", "")
+        ),
+    )
+    .await;
+    assert_eq!(may, ["true"; 7], "{may:?}");
+    let may_not = texts(
+        &admin,
+        "SELECT pg_catalog.has_function_privilege('public', \
+         'platformkit.platformkit_max_budget_ms()', 'EXECUTE')::text",
+    )
+    .await;
+    assert_eq!(may_not, ["false"]);
+    owner
+        .batch_execute(&format!(
+            "REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM \"{role}\";
+             REVOKE ALL ON platformkit.platformkit_limits FROM \"{role}\";
+             REVOKE ALL ON SCHEMA platformkit FROM \"{role}\";"
+        ))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
+
 /// A direct call of `add_many` (a procedure) or `read_many` (a function)
 /// over `pairs` copies of one pair with a window of `window` seconds.
 fn many(procedure: &str, pairs: usize, window: &str) -> String {
