@@ -53,6 +53,123 @@ SELECT pg_catalog.pg_advisory_xact_lock(31643310761011572); -- the bytes of 'pkl
 CREATE SCHEMA IF NOT EXISTS platformkit;
 REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
 
+-- Upgrades. Each block below moves an install of an earlier layout forward
+-- and changes nothing on one that is already current, so the rest of this
+-- file reads as the schema as it is. They come first: the table must be
+-- where the schema below expects it, with its current columns, and a routine
+-- whose kind or arguments changed must be gone before it is created again.
+-- A new one goes at the end of them, dated, with the version it came in and
+-- the layout it upgrades from (the top of this file says when the version
+-- changes). The one that must follow the routines is at the end of the file.
+
+-- 2026-11-30, before any recorded version: from the layout in `public`.
+-- Move the table (its rows, index, policy and grants go with it) and the
+-- policy's function; drop the old procedures.
+DO $$
+DECLARE
+    old pg_catalog.regprocedure;
+BEGIN
+    IF pg_catalog.to_regclass('public.platformkit_limits') IS NOT NULL
+       AND pg_catalog.to_regclass('platformkit.platformkit_limits') IS NULL THEN
+        ALTER TABLE public.platformkit_limits SET SCHEMA platformkit;
+    END IF;
+    IF pg_catalog.to_regprocedure('public.platformkit_is_system()') IS NOT NULL
+       AND pg_catalog.to_regprocedure('platformkit.platformkit_is_system()') IS NULL THEN
+        ALTER FUNCTION public.platformkit_is_system() SET SCHEMA platformkit;
+    END IF;
+    FOR old IN
+        SELECT p.oid FROM pg_catalog.pg_proc AS p
+        WHERE p.prokind OPERATOR(pg_catalog.=) 'p'
+          AND p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace
+          AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%'
+    LOOP
+        EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
+    END LOOP;
+END
+$$;
+
+-- 2026-11-30, before any recorded version: from the readers that were
+-- procedures (read, read_many; now functions), and from the add_many that
+-- took one amount for every pair (p_add; now one per pair, p_adds).
+DO $$
+DECLARE
+    old pg_catalog.regprocedure;
+BEGIN
+    FOR old IN
+        SELECT p.oid FROM pg_catalog.pg_proc AS p
+        WHERE p.prokind OPERATOR(pg_catalog.=) 'p'
+          AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('platformkit')
+          AND (p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['platformkit_limit_read',
+                                                          'platformkit_limit_read_many'])
+               OR (p.proname OPERATOR(pg_catalog.=) 'platformkit_limit_add_many'
+                   AND 'p_add' OPERATOR(pg_catalog.=) ANY (p.proargnames)))
+    LOOP
+        EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
+    END LOOP;
+END
+$$;
+
+-- What an upgrade of the table does needs the table's strongest lock, so it
+-- runs only when it changes something: re-applying this file behind a long
+-- reader must not queue every limiter call behind it.
+DO $$
+DECLARE
+    t pg_catalog.regclass := pg_catalog.to_regclass('platformkit.platformkit_limits');
+BEGIN
+    IF t IS NULL THEN
+        RETURN; -- a new install: the table below is created as it is
+    END IF;
+    -- 2026-11-30, before any recorded version: from a table without the
+    -- window check (the layout in `public`). Rows from before it are not
+    -- validated (purge deletes any that break it).
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_constraint AS c
+        WHERE c.conrelid OPERATOR(pg_catalog.=) t
+          AND c.conname OPERATOR(pg_catalog.=) 'platformkit_limits_window_sane'
+    ) THEN
+        ALTER TABLE platformkit.platformkit_limits
+            ADD CONSTRAINT platformkit_limits_window_sane CHECK (
+                isfinite(window_start) AND isfinite(window_end)
+                AND window_end > window_start
+                AND window_end - window_start <= interval '31622400 seconds')
+            NOT VALID;
+    END IF;
+    -- 2026-12-01, before any recorded version: from a key compared in the
+    -- database's collation. Its primary key is rebuilt once, its rows are
+    -- not rewritten.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid OPERATOR(pg_catalog.=) t
+          AND a.attname OPERATOR(pg_catalog.=) 'key'
+          AND a.attcollation OPERATOR(pg_catalog.=) 'pg_catalog."C"'::pg_catalog.regcollation
+    ) THEN
+        ALTER TABLE platformkit.platformkit_limits
+            ALTER COLUMN key TYPE pg_catalog.text COLLATE pg_catalog."C";
+    END IF;
+    -- 2026-12-01, before any recorded version: from a table without the
+    -- column purge_after, added by rewriting the table, once (its index is
+    -- the schema's, below).
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid OPERATOR(pg_catalog.=) t
+          AND a.attname OPERATOR(pg_catalog.=) 'purge_after'
+          AND NOT a.attisdropped
+    ) THEN
+        ALTER TABLE platformkit.platformkit_limits
+            ADD COLUMN purge_after double precision GENERATED ALWAYS AS (
+                CASE WHEN pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) > 0
+                      AND pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) <= 31622400
+                THEN GREATEST(pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400,
+                              2 * pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                              - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)))
+                ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
+                END) STORED;
+    END IF;
+END
+$$;
+
 -- The version of this file's schema, the crate's SCHEMA_VERSION: a newcomer,
 -- a migration tool or the crate can ask a database which schema it has
 -- (`SELECT platformkit.platformkit_schema_version()`). See the top of this
@@ -100,41 +217,6 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_end_at() RETURNS timestamptz
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN timestamptz '2200-01-01 00:00:00+00';
 
--- The earlier layout kept everything in `public`. Move the table (its rows,
--- index, policy and grants go with it) and the policy's function; drop the
--- old procedures.
-DO $$
-DECLARE
-    old pg_catalog.regprocedure;
-BEGIN
-    IF pg_catalog.to_regclass('public.platformkit_limits') IS NOT NULL
-       AND pg_catalog.to_regclass('platformkit.platformkit_limits') IS NULL THEN
-        ALTER TABLE public.platformkit_limits SET SCHEMA platformkit;
-    END IF;
-    IF pg_catalog.to_regprocedure('public.platformkit_is_system()') IS NOT NULL
-       AND pg_catalog.to_regprocedure('platformkit.platformkit_is_system()') IS NULL THEN
-        ALTER FUNCTION public.platformkit_is_system() SET SCHEMA platformkit;
-    END IF;
-    -- The earlier layout's procedures, and the readers that were
-    -- procedures before they became functions.
-    FOR old IN
-        SELECT p.oid FROM pg_catalog.pg_proc AS p
-        WHERE p.prokind OPERATOR(pg_catalog.=) 'p'
-          AND ((p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace
-                AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%')
-            OR (p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('platformkit')
-                AND (p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['platformkit_limit_read',
-                                                               'platformkit_limit_read_many'])
-                     -- add_many took one amount for every pair before it
-                     -- took one amount per pair.
-                     OR (p.proname OPERATOR(pg_catalog.=) 'platformkit_limit_add_many'
-                         AND 'p_add' OPERATOR(pg_catalog.=) ANY (p.proargnames)))))
-    LOOP
-        EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
-    END LOOP;
-END
-$$;
-
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
     -- The limit's name and the encoded key: 'login|email|alice@example.com'.
     -- Compared byte for byte (collation "C"), whatever the database's
@@ -145,13 +227,34 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
     window_start timestamptz NOT NULL,
     -- When the window closes. Limits have windows of different lengths, so
     -- the close cannot be derived from window_start alone; purge needs it to
-    -- know when a window may go (the column purge_after, added below, and
-    -- its index) and to find windows that end far ahead (the index on
-    -- window_end).
+    -- know when a window may go (the column purge_after and its index) and
+    -- to find windows that end far ahead (the index on window_end).
     window_end   timestamptz NOT NULL,
     -- Failures (or asks) counted in the window. Never negative; the
     -- limiter saturates instead of overflowing.
     count        bigint      NOT NULL CHECK (count >= 0),
+    -- The moment each window may go, in Unix seconds, for the purge: a day
+    -- after it closes, or a window's length after, whichever is later (a
+    -- sliding window still reads the window before the current one). A
+    -- window that breaks the window check may go a day after it closes.
+    -- Generated, so that every row has it however it was written; every
+    -- function in it is immutable (the time zone is named), and no stored
+    -- row can make it fail: the arithmetic is float8, where an infinite end
+    -- gives an infinite moment. A column of its own, not an index
+    -- expression: under row-level security only a leakproof comparison of a
+    -- column can bound an index scan, and purge's scan must be a range of
+    -- its index, so that a batch costs what it deletes, not what the table
+    -- holds.
+    purge_after double precision GENERATED ALWAYS AS (
+        CASE WHEN pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                  - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) > 0
+              AND pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                  - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) <= 31622400
+        THEN GREATEST(pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400,
+                      2 * pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                      - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)))
+        ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
+        END) STORED,
     PRIMARY KEY (key, window_start),
     -- A window purge can always delete: finite, forwards, at most 366 days.
     CONSTRAINT platformkit_limits_window_sane CHECK (
@@ -163,74 +266,18 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
 -- and is heap-only (count is in no index): a hot key churns no index.
 WITH (fillfactor = 80);
 
--- What needs the table's strongest lock runs only when it changes something:
--- re-applying this file behind a long reader must not queue every limiter
--- call behind it.
+-- What needs the table's strongest lock runs only when it changes something
+-- (see the upgrades above).
 DO $$
 DECLARE
     t pg_catalog.regclass := 'platformkit.platformkit_limits'::pg_catalog.regclass;
 BEGIN
-    -- A table moved from the earlier layout lacks the window check. Rows
-    -- from before it are not validated (purge deletes any that break it).
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_constraint AS c
-        WHERE c.conrelid OPERATOR(pg_catalog.=) t
-          AND c.conname OPERATOR(pg_catalog.=) 'platformkit_limits_window_sane'
-    ) THEN
-        ALTER TABLE platformkit.platformkit_limits
-            ADD CONSTRAINT platformkit_limits_window_sane CHECK (
-                isfinite(window_start) AND isfinite(window_end)
-                AND window_end > window_start
-                AND window_end - window_start <= interval '31622400 seconds')
-            NOT VALID;
-    END IF;
-    -- A table from before the key compared byte for byte: its primary key
-    -- is rebuilt once, its rows are not rewritten.
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_attribute AS a
-        WHERE a.attrelid OPERATOR(pg_catalog.=) t
-          AND a.attname OPERATOR(pg_catalog.=) 'key'
-          AND a.attcollation OPERATOR(pg_catalog.=) 'pg_catalog."C"'::pg_catalog.regcollation
-    ) THEN
-        ALTER TABLE platformkit.platformkit_limits
-            ALTER COLUMN key TYPE pg_catalog.text COLLATE pg_catalog."C";
-    END IF;
     -- The purge finds windows that end far ahead by window_end.
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
         CREATE INDEX platformkit_limits_window_end
             ON platformkit.platformkit_limits (window_end);
     END IF;
-    -- The moment each window may go, in Unix seconds, for the purge: a day
-    -- after it closes, or a window's length after, whichever is later (a
-    -- sliding window still reads the window before the current one). A
-    -- window that breaks the window check may go a day after it closes.
-    -- Generated, so that every row has it however it was written; every
-    -- function in it is immutable (the time zone is named), and no stored
-    -- row can make it fail: the arithmetic is float8, where an infinite end
-    -- gives an infinite moment. A column of its own, not an index
-    -- expression: under row-level security only a leakproof comparison of a
-    -- column can bound an index scan, and purge's scan must be a range of
-    -- the index below, so that a batch costs what it deletes, not what the
-    -- table holds. Added to a table from before it by rewriting the table,
-    -- once.
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_attribute AS a
-        WHERE a.attrelid OPERATOR(pg_catalog.=) t
-          AND a.attname OPERATOR(pg_catalog.=) 'purge_after'
-          AND NOT a.attisdropped
-    ) THEN
-        ALTER TABLE platformkit.platformkit_limits
-            ADD COLUMN purge_after double precision GENERATED ALWAYS AS (
-                CASE WHEN pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
-                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) > 0
-                      AND pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
-                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) <= 31622400
-                THEN GREATEST(pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400,
-                              2 * pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
-                              - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)))
-                ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
-                END) STORED;
-    END IF;
+    -- The purge's batches are ranges of purge_after.
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_after') IS NULL THEN
         CREATE INDEX platformkit_limits_purge_after
             ON platformkit.platformkit_limits (purge_after);

@@ -574,6 +574,45 @@ async fn applying_the_schema_over_the_public_layout_keeps_every_row() {
     assert!(moved.contains(&("login|open".to_owned(), 4)), "{moved:?}");
 }
 
+/// The upgrades spell the window check and the column `purge_after` again,
+/// for a table from before them: the table they make is the table a fresh
+/// install creates, its check, its generated column and its key's collation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upgraded_table_is_the_table_a_fresh_install_creates() {
+    const DEFINITION: &str =
+        "SELECT c.conname::text || ': ' || pg_catalog.pg_get_constraintdef(c.oid)
+         FROM pg_catalog.pg_constraint AS c
+         WHERE c.conrelid = 'platformkit.platformkit_limits'::regclass
+         UNION ALL
+         SELECT a.attname::text || ': ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
+                || COALESCE(' COLLATE ' || (SELECT collname FROM pg_catalog.pg_collation
+                                            WHERE oid = a.attcollation AND a.attcollation <> 0), '')
+                || COALESCE(' AS ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
+         FROM pg_catalog.pg_attribute AS a
+         LEFT JOIN pg_catalog.pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE a.attrelid = 'platformkit.platformkit_limits'::regclass
+           AND a.attnum > 0 AND NOT a.attisdropped
+         ORDER BY 1";
+    let fresh = Server::shared().database(SCHEMA).await;
+    let expected = texts(&fresh.connect().await, DEFINITION).await;
+    assert!(
+        expected
+            .iter()
+            .any(|d| d.starts_with("purge_after: double precision AS ")),
+        "{expected:#?}"
+    );
+    let earlier = install_in_public_with_rows().await;
+    let owner = earlier.connect().await;
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let upgraded = texts(&owner, DEFINITION).await;
+    // The check is NOT VALID on the upgraded table (its old rows are kept).
+    let upgraded: Vec<String> = upgraded
+        .into_iter()
+        .map(|d| d.trim_end_matches(" NOT VALID").to_owned())
+        .collect();
+    assert_eq!(upgraded, expected);
+}
+
 /// The database records the schema's version, the crate's
 /// `SCHEMA_VERSION`: on a fresh install, where the limiter's role may ask
 /// for it, and over the earlier layout, which had no version at all.
