@@ -21,6 +21,27 @@
 --   GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO app;
 --
 -- (run that again after applying a newer version of this file).
+--
+-- Bounds. Each bound the Rust side enforces (the budget, the key's length,
+-- the window, the max, the lockout, the pinned clock's years) is one
+-- IMMUTABLE SQL function of no arguments, below, and every routine checks
+-- against that function: a bound changes in one line here and in its Rust
+-- constant, and a test holds the two together. Not literals held together
+-- by a test (there were 35 copies of 60000 to edit), and not text generated
+-- from the Rust constants (SCHEMA is applied with psql too, so this file
+-- must be the plain SQL it ships as). It costs nothing at run time: the
+-- planner folds each call into its constant when it plans the check (an
+-- EXPLAIN of the generic plan shows the constant), and on PostgreSQL 15 a
+-- PL/pgSQL IF over the function and one over the literal took the same
+-- time, 70 to 105 ns an evaluation over 2,000,000 in either case.
+--
+-- Versions. platformkit.platformkit_schema_version() returns the version of
+-- the schema this file creates, the crate's SCHEMA_VERSION (a test holds the
+-- two together). A release that changes anything this file creates raises
+-- both by one, in the same commit; a change an existing install needs
+-- carried forward also gets its block in the upgrades below, marked with the
+-- date and the version it came in. Version 1 is the first recorded: the
+-- layouts before it record none.
 
 -- Replicas that apply this at the same moment (each on its start-up) take
 -- turns: two concurrent CREATE SCHEMA IF NOT EXISTS (or CREATE OR REPLACE of
@@ -32,9 +53,18 @@ SELECT pg_catalog.pg_advisory_xact_lock(31643310761011572); -- the bytes of 'pkl
 CREATE SCHEMA IF NOT EXISTS platformkit;
 REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
 
--- The earlier layout kept everything in `public`. Move the table (its rows,
--- index, policy and grants go with it) and the policy's function; drop the
--- old procedures.
+-- Upgrades. Each block below moves an install of an earlier layout forward
+-- and changes nothing on one that is already current, so the rest of this
+-- file reads as the schema as it is. They come first: the table must be
+-- where the schema below expects it, with its current columns, and a routine
+-- whose kind or arguments changed must be gone before it is created again.
+-- A new one goes at the end of them, dated, with the version it came in and
+-- the layout it upgrades from (the top of this file says when the version
+-- changes). The one that must follow the routines is at the end of the file.
+
+-- 2026-11-30, before any recorded version: from the layout in `public`.
+-- Move the table (its rows, index, policy and grants go with it) and the
+-- policy's function; drop the old procedures.
 DO $$
 DECLARE
     old pg_catalog.regprocedure;
@@ -47,63 +77,51 @@ BEGIN
        AND pg_catalog.to_regprocedure('platformkit.platformkit_is_system()') IS NULL THEN
         ALTER FUNCTION public.platformkit_is_system() SET SCHEMA platformkit;
     END IF;
-    -- The earlier layout's procedures, and the readers that were
-    -- procedures before they became functions.
     FOR old IN
         SELECT p.oid FROM pg_catalog.pg_proc AS p
         WHERE p.prokind OPERATOR(pg_catalog.=) 'p'
-          AND ((p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace
-                AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%')
-            OR (p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('platformkit')
-                AND (p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['platformkit_limit_read',
-                                                               'platformkit_limit_read_many'])
-                     -- add_many took one amount for every pair before it
-                     -- took one amount per pair.
-                     OR (p.proname OPERATOR(pg_catalog.=) 'platformkit_limit_add_many'
-                         AND 'p_add' OPERATOR(pg_catalog.=) ANY (p.proargnames)))))
+          AND p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace
+          AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%'
     LOOP
         EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
     END LOOP;
 END
 $$;
 
-CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
-    -- The limit's name and the encoded key: 'login|email|alice@example.com'.
-    -- Compared byte for byte (collation "C"), whatever the database's
-    -- locale: the keys of one limit are then one range of the primary key,
-    -- which an operator's listing scans (platformkit_limit_list).
-    key          text        COLLATE "C" NOT NULL,
-    -- When the window opened, on the database's clock.
-    window_start timestamptz NOT NULL,
-    -- When the window closes. Limits have windows of different lengths, so
-    -- the close cannot be derived from window_start alone; purge needs it to
-    -- know when a window may go (the column purge_after, added below, and
-    -- its index) and to find windows that end far ahead (the index on
-    -- window_end).
-    window_end   timestamptz NOT NULL,
-    -- Failures (or asks) counted in the window. Never negative; the
-    -- limiter saturates instead of overflowing.
-    count        bigint      NOT NULL CHECK (count >= 0),
-    PRIMARY KEY (key, window_start),
-    -- A window purge can always delete: finite, forwards, at most 366 days.
-    CONSTRAINT platformkit_limits_window_sane CHECK (
-        isfinite(window_start) AND isfinite(window_end)
-        AND window_end > window_start
-        AND window_end - window_start <= interval '31622400 seconds')
-)
--- Leave room on each page so that an update of count stays on the same page
--- and is heap-only (count is in no index): a hot key churns no index.
-WITH (fillfactor = 80);
-
--- What needs the table's strongest lock runs only when it changes something:
--- re-applying this file behind a long reader must not queue every limiter
--- call behind it.
+-- 2026-11-30, before any recorded version: from the readers that were
+-- procedures (read, read_many; now functions), and from the add_many that
+-- took one amount for every pair (p_add; now one per pair, p_adds).
 DO $$
 DECLARE
-    t pg_catalog.regclass := 'platformkit.platformkit_limits'::pg_catalog.regclass;
+    old pg_catalog.regprocedure;
 BEGIN
-    -- A table moved from the earlier layout lacks the window check. Rows
-    -- from before it are not validated (purge deletes any that break it).
+    FOR old IN
+        SELECT p.oid FROM pg_catalog.pg_proc AS p
+        WHERE p.prokind OPERATOR(pg_catalog.=) 'p'
+          AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('platformkit')
+          AND (p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['platformkit_limit_read',
+                                                          'platformkit_limit_read_many'])
+               OR (p.proname OPERATOR(pg_catalog.=) 'platformkit_limit_add_many'
+                   AND 'p_add' OPERATOR(pg_catalog.=) ANY (p.proargnames)))
+    LOOP
+        EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
+    END LOOP;
+END
+$$;
+
+-- What an upgrade of the table does needs the table's strongest lock, so it
+-- runs only when it changes something: re-applying this file behind a long
+-- reader must not queue every limiter call behind it.
+DO $$
+DECLARE
+    t pg_catalog.regclass := pg_catalog.to_regclass('platformkit.platformkit_limits');
+BEGIN
+    IF t IS NULL THEN
+        RETURN; -- a new install: the table below is created as it is
+    END IF;
+    -- 2026-11-30, before any recorded version: from a table without the
+    -- window check (the layout in `public`). Rows from before it are not
+    -- validated (purge deletes any that break it).
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_constraint AS c
         WHERE c.conrelid OPERATOR(pg_catalog.=) t
@@ -116,8 +134,9 @@ BEGIN
                 AND window_end - window_start <= interval '31622400 seconds')
             NOT VALID;
     END IF;
-    -- A table from before the key compared byte for byte: its primary key
-    -- is rebuilt once, its rows are not rewritten.
+    -- 2026-12-01, before any recorded version: from a key compared in the
+    -- database's collation. Its primary key is rebuilt once, its rows are
+    -- not rewritten.
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_attribute AS a
         WHERE a.attrelid OPERATOR(pg_catalog.=) t
@@ -127,24 +146,9 @@ BEGIN
         ALTER TABLE platformkit.platformkit_limits
             ALTER COLUMN key TYPE pg_catalog.text COLLATE pg_catalog."C";
     END IF;
-    -- The purge finds windows that end far ahead by window_end.
-    IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
-        CREATE INDEX platformkit_limits_window_end
-            ON platformkit.platformkit_limits (window_end);
-    END IF;
-    -- The moment each window may go, in Unix seconds, for the purge: a day
-    -- after it closes, or a window's length after, whichever is later (a
-    -- sliding window still reads the window before the current one). A
-    -- window that breaks the window check may go a day after it closes.
-    -- Generated, so that every row has it however it was written; every
-    -- function in it is immutable (the time zone is named), and no stored
-    -- row can make it fail: the arithmetic is float8, where an infinite end
-    -- gives an infinite moment. A column of its own, not an index
-    -- expression: under row-level security only a leakproof comparison of a
-    -- column can bound an index scan, and purge's scan must be a range of
-    -- the index below, so that a batch costs what it deletes, not what the
-    -- table holds. Added to a table from before it by rewriting the table,
-    -- once.
+    -- 2026-12-01, before any recorded version: from a table without the
+    -- column purge_after, added by rewriting the table, once (its index is
+    -- the schema's, below).
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_attribute AS a
         WHERE a.attrelid OPERATOR(pg_catalog.=) t
@@ -163,6 +167,117 @@ BEGIN
                 ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
                 END) STORED;
     END IF;
+END
+$$;
+
+-- The version of this file's schema, the crate's SCHEMA_VERSION: a newcomer,
+-- a migration tool or the crate can ask a database which schema it has
+-- (`SELECT platformkit.platformkit_schema_version()`). See the top of this
+-- file for when it changes.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS integer
+    LANGUAGE sql
+    IMMUTABLE
+    PARALLEL SAFE
+RETURN 1;
+
+-- The bounds the Rust side enforces, each written once: the routines below
+-- check their parameters against these functions, never against the
+-- numbers. Each is an IMMUTABLE SQL function of no arguments, so the
+-- planner folds a call into its constant when it plans the check: the
+-- check costs what a literal would (see the top of this file). The lower
+-- bounds (1, or 0 for the lockout) are written where they are checked.
+-- Limiter::MAX_BUDGET, in milliseconds.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_budget_ms() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 60000;
+-- The longest stored key, in bytes: Limit::MAX_NAME_BYTES, '|' and
+-- Key::MAX_BYTES.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_key_bytes() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 249;
+-- Limit::MAX_WINDOW, in seconds (366 days). The table's window check and
+-- the column purge_after spell it too: a constraint is the table's, and an
+-- install keeps the one it was created with (a test holds them to this).
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_window_secs() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 31622400;
+-- Limit::MAX_ATTEMPTS.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_attempts() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 1000000000;
+-- Limit::MAX_LOCKOUT, in seconds.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_lockout_secs() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 86400;
+-- A pinned time (p_at) is from this moment on, and before the next.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_min_at() RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN timestamptz '1900-01-01 00:00:00+00';
+CREATE OR REPLACE FUNCTION platformkit.platformkit_end_at() RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN timestamptz '2200-01-01 00:00:00+00';
+
+CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
+    -- The limit's name and the encoded key: 'login|email|alice@example.com'.
+    -- Compared byte for byte (collation "C"), whatever the database's
+    -- locale: the keys of one limit are then one range of the primary key,
+    -- which an operator's listing scans (platformkit_limit_list).
+    key          text        COLLATE "C" NOT NULL,
+    -- When the window opened, on the database's clock.
+    window_start timestamptz NOT NULL,
+    -- When the window closes. Limits have windows of different lengths, so
+    -- the close cannot be derived from window_start alone; purge needs it to
+    -- know when a window may go (the column purge_after and its index) and
+    -- to find windows that end far ahead (the index on window_end).
+    window_end   timestamptz NOT NULL,
+    -- Failures (or asks) counted in the window. Never negative; the
+    -- limiter saturates instead of overflowing.
+    count        bigint      NOT NULL CHECK (count >= 0),
+    -- The moment each window may go, in Unix seconds, for the purge: a day
+    -- after it closes, or a window's length after, whichever is later (a
+    -- sliding window still reads the window before the current one). A
+    -- window that breaks the window check may go a day after it closes.
+    -- Generated, so that every row has it however it was written; every
+    -- function in it is immutable (the time zone is named), and no stored
+    -- row can make it fail: the arithmetic is float8, where an infinite end
+    -- gives an infinite moment. A column of its own, not an index
+    -- expression: under row-level security only a leakproof comparison of a
+    -- column can bound an index scan, and purge's scan must be a range of
+    -- its index, so that a batch costs what it deletes, not what the table
+    -- holds.
+    purge_after double precision GENERATED ALWAYS AS (
+        CASE WHEN pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                  - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) > 0
+              AND pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                  - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) <= 31622400
+        THEN GREATEST(pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400,
+                      2 * pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
+                      - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)))
+        ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
+        END) STORED,
+    PRIMARY KEY (key, window_start),
+    -- A window purge can always delete: finite, forwards, at most 366 days.
+    CONSTRAINT platformkit_limits_window_sane CHECK (
+        isfinite(window_start) AND isfinite(window_end)
+        AND window_end > window_start
+        AND window_end - window_start <= interval '31622400 seconds')
+)
+-- Leave room on each page so that an update of count stays on the same page
+-- and is heap-only (count is in no index): a hot key churns no index.
+WITH (fillfactor = 80);
+
+-- What needs the table's strongest lock runs only when it changes something
+-- (see the upgrades above).
+DO $$
+DECLARE
+    t pg_catalog.regclass := 'platformkit.platformkit_limits'::pg_catalog.regclass;
+BEGIN
+    -- The purge finds windows that end far ahead by window_end.
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
+        CREATE INDEX platformkit_limits_window_end
+            ON platformkit.platformkit_limits (window_end);
+    END IF;
+    -- The purge's batches are ranges of purge_after.
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_after') IS NULL THEN
         CREATE INDEX platformkit_limits_purge_after
             ON platformkit.platformkit_limits (purge_after);
@@ -289,35 +404,35 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_add IS NULL OR p_add < 1
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND 86400
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
        OR p_previous IS NULL OR p_relaxed IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00' THEN
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_window := make_interval(secs => p_window_secs);
@@ -397,22 +512,22 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
@@ -422,16 +537,16 @@ BEGIN
     -- The parameters against the Rust bounds: each array as a whole here,
     -- each key's length where the statement below reads the keys.
     IF p_previous IS NULL OR p_relaxed IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
        OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_adds) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
        OR NOT COALESCE(1 <= ALL (p_adds)
-                       AND 1 <= ALL (p_window_secs) AND 31622400 >= ALL (p_window_secs)
-                       AND 1 <= ALL (p_maxes) AND 1000000000 >= ALL (p_maxes)
-                       AND 0 <= ALL (p_lockout_secs) AND 86400 >= ALL (p_lockout_secs),
+                       AND 1 <= ALL (p_window_secs) AND platformkit.platformkit_max_window_secs() >= ALL (p_window_secs)
+                       AND 1 <= ALL (p_maxes) AND platformkit.platformkit_max_attempts() >= ALL (p_maxes)
+                       AND 0 <= ALL (p_lockout_secs) AND platformkit.platformkit_max_lockout_secs() >= ALL (p_lockout_secs),
                        false) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
@@ -443,7 +558,7 @@ BEGIN
         FROM unnest(p_keys, p_window_secs, p_adds)
              WITH ORDINALITY AS t(key, secs, add, ord)
         -- A key out of bounds is left out here, and refused below.
-        WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND 249, false)
+        WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
     ), counted AS (
         -- A pair given twice adds both amounts; the sum is numeric, so it
         -- saturates at the largest bigint instead of overflowing.
@@ -545,11 +660,11 @@ BEGIN
                     END;
         END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
        OR current_setting('statement_timeout') <> '0'
        OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
        OR current_setting('transaction_deferrable') <> 'off' THEN
-        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
@@ -560,10 +675,10 @@ BEGIN
                AND current_setting('transaction_read_only') = 'on'
                AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
-                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                     THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
-                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                     END;
         END IF;
     END IF;
@@ -574,17 +689,17 @@ BEGIN
     v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
     -- end of reader's prologue
     IF p_previous IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00'
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
        OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
        OR EXISTS (
            SELECT FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs) AS t(key, secs, max, lockout)
-           WHERE NOT COALESCE(octet_length(t.key) BETWEEN 1 AND 249
-                              AND t.secs BETWEEN 1 AND 31622400
-                              AND t.max BETWEEN 1 AND 1000000000
-                              AND t.lockout BETWEEN 0 AND 86400, false)) THEN
+           WHERE NOT COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
+                              AND t.secs BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+                              AND t.max BETWEEN 1 AND platformkit.platformkit_max_attempts()
+                              AND t.lockout BETWEEN 0 AND platformkit.platformkit_max_lockout_secs(), false)) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     o_now := COALESCE(p_at, statement_timestamp());
@@ -672,11 +787,11 @@ BEGIN
                     END;
         END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
        OR current_setting('statement_timeout') <> '0'
        OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
        OR current_setting('transaction_deferrable') <> 'off' THEN
-        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
@@ -687,10 +802,10 @@ BEGIN
                AND current_setting('transaction_read_only') = 'on'
                AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
-                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                     THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
-                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                     END;
         END IF;
     END IF;
@@ -700,12 +815,12 @@ BEGIN
     v_set := set_config('platformkit.system', 'on', true);
     v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
     -- end of reader's prologue
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND 86400
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
        OR p_previous IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00' THEN
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_window := make_interval(secs => p_window_secs);
@@ -798,11 +913,11 @@ BEGIN
                     END;
         END IF;
     END IF;
-    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND 60000
+    IF p_budget_ms IS NULL OR p_budget_ms NOT BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
        OR current_setting('statement_timeout') <> '0'
        OR COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
        OR current_setting('transaction_deferrable') <> 'off' THEN
-        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+        IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
            OR (current_setting('statement_timeout') <> '0'
                AND current_setting('statement_timeout')::interval
                    <= p_budget_ms * interval '1 millisecond')
@@ -813,10 +928,10 @@ BEGIN
                AND current_setting('transaction_read_only') = 'on'
                AND current_setting('transaction_deferrable') = 'on') THEN
             RAISE EXCEPTION USING
-                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+                ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+                MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                     THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, or a SERIALIZABLE READ ONLY DEFERRABLE transaction'
-                    ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                    ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                     END;
         END IF;
     END IF;
@@ -828,12 +943,12 @@ BEGIN
     -- end of reader's prologue
     IF p_prefix IS NULL OR octet_length(p_prefix) NOT BETWEEN 2 AND 49
        OR right(p_prefix, 1) <> '|'
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND 31622400
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND 1000000000
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND 86400
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
        OR p_at_most IS NULL OR p_at_most NOT BETWEEN 1 AND 1000
        OR p_previous IS NULL
-       OR p_at < '1900-01-01 00:00:00+00' OR p_at >= '2200-01-01 00:00:00+00' THEN
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_window := make_interval(secs => p_window_secs);
@@ -919,29 +1034,29 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_n IS NULL OR p_n < 1 OR p_relaxed IS NULL
        OR p_window_start IS NULL OR NOT isfinite(p_window_start) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
@@ -993,29 +1108,29 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 249 OR p_relaxed IS NULL THEN
+    IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes() OR p_relaxed IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     DELETE FROM platformkit.platformkit_limits WHERE key = p_key;
@@ -1072,22 +1187,22 @@ BEGIN
     -- Every lock wait of the call together within the budget: a quarter
     -- each, for the at most four waits of one row's upsert.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > 60000
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'
            AND current_setting('statement_timeout')::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
            AND current_setting('transaction_timeout', true)::interval
-               <= make_interval(secs => p_budget_ms / 1000.0))
+               <= p_budget_ms * interval '1 millisecond')
        OR (current_setting('default_transaction_isolation') = 'serializable'
            AND current_setting('default_transaction_read_only') = 'on'
            AND current_setting('default_transaction_deferrable') = 'on')
        OR current_setting('transaction_read_only') <> 'off' THEN
         RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000 THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND 60000
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
                 THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to 60000'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
                 END;
     END IF;
     -- end of prologue
@@ -1105,7 +1220,8 @@ BEGIN
         -- pinned far ahead or a direct insert stores (an infinite end
         -- included): a range of platformkit_limits_window_end.
         SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
-        WHERE d.window_end > statement_timestamp() + interval '31708800 seconds'
+        WHERE d.window_end > statement_timestamp()
+                            + make_interval(secs => platformkit.platformkit_max_window_secs() + 86400)
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
     )
@@ -1120,3 +1236,31 @@ $$;
 -- Only the roles granted EXECUTE (see the top of this file) may call the
 -- limiter's routines; PUBLIC may not.
 REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM PUBLIC;
+
+-- 2026-12, schema version 1: the routines check against the bound functions
+-- above, which an install from before them lacks. A routine runs them with
+-- its caller's rights, so every role that may already run a limiter routine
+-- may run them too: such an install keeps working before grants() is run
+-- again.
+DO $$
+DECLARE
+    grantee pg_catalog.text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
+        FROM pg_catalog.pg_proc AS p,
+             pg_catalog.aclexplode(p.proacl) AS a,
+             pg_catalog.pg_roles AS r
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) 'platformkit'::pg_catalog.regnamespace
+          AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%'
+          AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+          AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+          AND r.oid OPERATOR(pg_catalog.=) a.grantee
+    LOOP
+        EXECUTE 'GRANT EXECUTE ON FUNCTION platformkit.platformkit_max_budget_ms(),'
+            ' platformkit.platformkit_max_key_bytes(), platformkit.platformkit_max_window_secs(),'
+            ' platformkit.platformkit_max_attempts(), platformkit.platformkit_max_lockout_secs(),'
+            ' platformkit.platformkit_min_at(), platformkit.platformkit_end_at() TO ' OPERATOR(pg_catalog.||) grantee;
+    END LOOP;
+END
+$$;

@@ -126,6 +126,13 @@ pub use crate::verdict::{Verdict, Verdicts};
 /// [guide](crate::guide#the-schema) says what each part is for.
 pub const SCHEMA: &str = store::sql::SCHEMA;
 
+/// The version of [`SCHEMA`]: `SELECT platformkit.platformkit_schema_version()`
+/// returns it in a database [`SCHEMA`] was applied to (the limiter's role may
+/// run it once [`grants`] are given). It is raised by one whenever a release
+/// changes the schema, so a database that returns less, or lacks the
+/// function, needs [`SCHEMA`] applied again.
+pub const SCHEMA_VERSION: u32 = store::sql::SCHEMA_VERSION;
+
 /// Internals exposed for the fuzz targets and property tests (feature
 /// `internal-checks`, which release builds leave off); not part of the
 /// public API and not covered by semver.

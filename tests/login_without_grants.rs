@@ -225,8 +225,9 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
         .collect();
     assert_eq!(
         executable.len(),
-        9,
-        "five procedures, three readers and the policy's function: {executable:?}"
+        17,
+        "five procedures, three readers, the policy's function, the schema's version and \
+         the seven bounds: {executable:?}"
     );
     assert!(
         executable.iter().all(|(_, can)| !can),

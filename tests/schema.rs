@@ -10,7 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use common::db::texts;
 use platformkit_limit::{
-    ErrorKind, Key, Limit, Limiter, ManualClock, Postgres, PurgeTask, SCHEMA, purge,
+    ErrorKind, Key, Limit, Limiter, ManualClock, Postgres, PurgeTask, SCHEMA, SCHEMA_VERSION, purge,
 };
 use platformkit_limit_testdb::{Server, TestDb};
 use tokio_postgres::Client;
@@ -274,6 +274,150 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
     }
 }
 
+/// Each bound has one home in the schema, a function the routines check
+/// against, and it returns the Rust constant that owns the bound; no
+/// routine spells the number itself. The table's window check, which keeps
+/// its own copy, accepts the longest window and refuses one a second longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_bound_is_written_once_in_the_schema_and_is_the_rust_constant() {
+    let db = Server::shared().database(SCHEMA).await;
+    let app = db.connect_tenant().await;
+    let number = |sql: &'static str| {
+        let app = &app;
+        async move { app.query_one(sql, &[]).await.expect(sql).get::<_, i64>(0) }
+    };
+    let as_i64 = |n: u128| i64::try_from(n).unwrap();
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_budget_ms()").await,
+        as_i64(Limiter::MAX_BUDGET.as_millis())
+    );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_key_bytes()").await,
+        as_i64(MAX_STORED_KEY_BYTES as u128)
+    );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_window_secs()").await,
+        as_i64(Limit::MAX_WINDOW.as_secs().into())
+    );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_attempts()").await,
+        i64::from(Limit::MAX_ATTEMPTS)
+    );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_lockout_secs()").await,
+        as_i64(Limit::MAX_LOCKOUT.as_secs().into())
+    );
+    // The pinned clock's years, as the Rust side refuses them
+    // (a_clock_pinned_outside_1900_to_2199_is_an_invalid_option).
+    assert_eq!(
+        number("SELECT extract(epoch FROM platformkit.platformkit_min_at())::int8").await,
+        -2_208_988_800
+    );
+    assert_eq!(
+        number("SELECT extract(epoch FROM platformkit.platformkit_end_at())::int8").await,
+        7_258_118_400
+    );
+
+    let routines = &SCHEMA[SCHEMA
+        .find("-- The limiter's operations.")
+        .expect("the routines")..];
+    for literal in [
+        "60000",
+        "249",
+        "31622400",
+        "1000000000",
+        "'1900-01-01",
+        "'2200-01-01",
+        "AND 86400",
+        "86400 >=",
+    ] {
+        assert!(
+            !routines.contains(literal),
+            "a routine spells the bound {literal} instead of its function"
+        );
+    }
+
+    let mut owner = db.connect().await;
+    for (secs, accepted) in [
+        (Limit::MAX_WINDOW.as_secs(), true),
+        (Limit::MAX_WINDOW.as_secs() + 1, false),
+    ] {
+        let tx = owner.transaction().await.unwrap();
+        tx.batch_execute("SET LOCAL platformkit.system = 'on'")
+            .await
+            .unwrap();
+        let outcome = tx
+            .batch_execute(&format!(
+                "INSERT INTO platformkit.platformkit_limits VALUES \
+                 ('w', now(), now() + interval '{secs} seconds', 1)"
+            ))
+            .await;
+        assert_eq!(
+            outcome.map_err(|e| e.code().cloned()).err(),
+            (!accepted).then_some(Some(SqlState::CHECK_VIOLATION)),
+            "a window of {secs} s"
+        );
+    }
+}
+
+/// An install from before the bound functions, whose limiter's role was
+/// granted the routines then, keeps working when the schema is applied over
+/// it without `grants()` run again: the role may run the new functions the
+/// routines call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_over_an_install_without_the_bound_functions_grants_them_on() {
+    let db = Server::shared().database(SCHEMA).await;
+    let owner = db.connect().await;
+    let role = format!("{}_limiter", db.name());
+    let admin = db.connect_admin().await;
+    admin
+        .batch_execute(&format!("CREATE ROLE \"{role}\" NOLOGIN"))
+        .await
+        .unwrap();
+    owner
+        .batch_execute(&platformkit_limit::grants(&role))
+        .await
+        .unwrap();
+    let helpers = "platformkit.platformkit_max_budget_ms(), platformkit.platformkit_max_key_bytes(), \
+         platformkit.platformkit_max_window_secs(), platformkit.platformkit_max_attempts(), \
+         platformkit.platformkit_max_lockout_secs(), platformkit.platformkit_min_at(), \
+         platformkit.platformkit_end_at()";
+    owner
+        .batch_execute(&format!("DROP FUNCTION {helpers}"))
+        .await
+        .unwrap();
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let may = texts(
+        &admin,
+        &format!(
+            "SELECT pg_catalog.has_function_privilege('{role}', f, 'EXECUTE')::text \
+             FROM unnest(ARRAY['{}']::regprocedure[]) AS f",
+            helpers.replace(", ", "', '").replace("\n", "")
+        ),
+    )
+    .await;
+    assert_eq!(may, ["true"; 7], "{may:?}");
+    let may_not = texts(
+        &admin,
+        "SELECT pg_catalog.has_function_privilege('public', \
+         'platformkit.platformkit_max_budget_ms()', 'EXECUTE')::text",
+    )
+    .await;
+    assert_eq!(may_not, ["false"]);
+    owner
+        .batch_execute(&format!(
+            "REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM \"{role}\";
+             REVOKE ALL ON platformkit.platformkit_limits FROM \"{role}\";
+             REVOKE ALL ON SCHEMA platformkit FROM \"{role}\";"
+        ))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
+
 /// A direct call of `add_many` (a procedure) or `read_many` (a function)
 /// over `pairs` copies of one pair with a window of `window` seconds.
 fn many(procedure: &str, pairs: usize, window: &str) -> String {
@@ -428,6 +572,73 @@ async fn applying_the_schema_over_the_public_layout_keeps_every_row() {
     assert_eq!(verdict.count(), Some(1));
     let moved = keys(&mut owner).await;
     assert!(moved.contains(&("login|open".to_owned(), 4)), "{moved:?}");
+}
+
+/// The upgrades spell the window check and the column `purge_after` again,
+/// for a table from before them: the table they make is the table a fresh
+/// install creates, its check, its generated column and its key's collation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upgraded_table_is_the_table_a_fresh_install_creates() {
+    const DEFINITION: &str =
+        "SELECT c.conname::text || ': ' || pg_catalog.pg_get_constraintdef(c.oid)
+         FROM pg_catalog.pg_constraint AS c
+         WHERE c.conrelid = 'platformkit.platformkit_limits'::regclass
+         UNION ALL
+         SELECT a.attname::text || ': ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
+                || COALESCE(' COLLATE ' || (SELECT collname FROM pg_catalog.pg_collation
+                                            WHERE oid = a.attcollation AND a.attcollation <> 0), '')
+                || COALESCE(' AS ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
+         FROM pg_catalog.pg_attribute AS a
+         LEFT JOIN pg_catalog.pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE a.attrelid = 'platformkit.platformkit_limits'::regclass
+           AND a.attnum > 0 AND NOT a.attisdropped
+         ORDER BY 1";
+    let fresh = Server::shared().database(SCHEMA).await;
+    let expected = texts(&fresh.connect().await, DEFINITION).await;
+    assert!(
+        expected
+            .iter()
+            .any(|d| d.starts_with("purge_after: double precision AS ")),
+        "{expected:#?}"
+    );
+    let earlier = install_in_public_with_rows().await;
+    let owner = earlier.connect().await;
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let upgraded = texts(&owner, DEFINITION).await;
+    // The check is NOT VALID on the upgraded table (its old rows are kept).
+    let upgraded: Vec<String> = upgraded
+        .into_iter()
+        .map(|d| d.trim_end_matches(" NOT VALID").to_owned())
+        .collect();
+    assert_eq!(upgraded, expected);
+}
+
+/// The database records the schema's version, the crate's
+/// `SCHEMA_VERSION`: on a fresh install, where the limiter's role may ask
+/// for it, and over the earlier layout, which had no version at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_records_its_version_fresh_and_over_the_earlier_layout() {
+    let version = |client: Client| async move {
+        let version: i32 = client
+            .query_one("SELECT platformkit.platformkit_schema_version()", &[])
+            .await
+            .expect("the version")
+            .get(0);
+        u32::try_from(version).expect("a positive version")
+    };
+    let fresh = Server::shared().database(SCHEMA).await;
+    assert_eq!(version(fresh.connect_tenant().await).await, SCHEMA_VERSION);
+
+    let earlier = install_in_public_with_rows().await;
+    let owner = earlier.connect().await;
+    let before = texts(
+        &owner,
+        "SELECT COALESCE(pg_catalog.to_regproc('platformkit.platformkit_schema_version')::text, 'none')",
+    )
+    .await;
+    assert_eq!(before, ["none"], "the earlier layout had no version");
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    assert_eq!(version(owner).await, SCHEMA_VERSION);
 }
 
 /// Applying the schema over an install whose `add_many` took one amount for
@@ -639,6 +850,55 @@ fn every_procedure_begins_with_the_same_prologue() {
                 "v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);"
             ),
             "{name} does not turn the switch back"
+        );
+    }
+}
+
+/// The checks both prologues make (the standby, the budget's range, a
+/// session timeout no longer than the budget) are spelled alike in both:
+/// every line of the writers' prologue that recognises a standby, reads the
+/// budget or a session timeout (but for the `set_config` calls, which
+/// differ for the reasons the guide gives) is a line of the readers'
+/// prologue too. Once the writers and the readers compared the budget in
+/// two spellings.
+#[test]
+fn the_readers_and_the_writers_spell_each_shared_check_alike() {
+    let prologue = |routine: &str, start: &str, end: &str| -> String {
+        let from = SCHEMA.find(routine).expect("the routine");
+        let body = &SCHEMA[from..];
+        body[body.find(start).expect("a prologue")..body.find(end).expect("its end")].to_owned()
+    };
+    let writer = prologue(
+        "PROCEDURE platformkit.platformkit_limit_add(",
+        "-- prologue\n",
+        "-- end of prologue\n",
+    );
+    let reader = prologue(
+        "FUNCTION platformkit.platformkit_limit_read(",
+        "-- reader's prologue\n",
+        "-- end of reader's prologue\n",
+    );
+    let reader_lines: Vec<&str> = reader.lines().map(str::trim).collect();
+    let shared: Vec<&str> = writer
+        .lines()
+        .map(str::trim)
+        .filter(|line| {
+            [
+                "p_budget_ms",
+                "current_setting('statement_timeout')",
+                "current_setting('transaction_timeout'",
+                "standby",
+            ]
+            .iter()
+            .any(|word| line.contains(word))
+                && !line.contains("set_config(")
+        })
+        .collect();
+    assert!(shared.len() >= 8, "the shared checks: {shared:#?}");
+    for line in shared {
+        assert!(
+            reader_lines.contains(&line),
+            "the readers spell this check otherwise: {line}"
         );
     }
 }
