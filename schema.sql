@@ -50,6 +50,30 @@
 -- Postgres::migrate sends it) or inside a migration tool's transaction.
 SELECT pg_catalog.pg_advisory_xact_lock(31643310761011572); -- the bytes of 'pklimit'
 
+-- A database whose schema is newer than this file's is left as it is: a
+-- replica of the release before, starting during a rolling deploy, must not
+-- put its routines back over the newer ones. The number is this file's
+-- version (the function below; a test holds the two together).
+DO $$
+DECLARE
+    found integer;
+BEGIN
+    IF pg_catalog.to_regprocedure('platformkit.platformkit_schema_version()') IS NULL THEN
+        RETURN; -- a new install, or one from before versions were recorded
+    END IF;
+    -- EXECUTE: a plain call would be planned, and fail, where the function
+    -- does not exist.
+    EXECUTE 'SELECT platformkit.platformkit_schema_version()' INTO found;
+    IF found > 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PK002',
+            MESSAGE = pg_catalog.format(
+                'platformkit: the database has schema version %s, newer than this file''s, 1: '
+                'nothing applied; apply the schema of the newer release', found);
+    END IF;
+END
+$$;
+
 CREATE SCHEMA IF NOT EXISTS platformkit;
 REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
 

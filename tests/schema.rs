@@ -1124,3 +1124,44 @@ async fn a_role_that_may_not_create_the_schema_gets_a_query_error_from_migrate()
     .await;
     assert!(schemas.is_empty(), "{schemas:?}");
 }
+
+/// A database whose schema is newer than the crate's is left as it is: a
+/// replica of the release before, starting during a rolling deploy, gets an
+/// error from `migrate` naming both versions, and the newer routines stay.
+/// The guard's number is the crate's version too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_over_a_newer_schema_changes_nothing_and_says_so() {
+    let guarded = format!("IF found > {SCHEMA_VERSION} THEN");
+    assert!(
+        SCHEMA.contains(&guarded),
+        "the guard compares with {SCHEMA_VERSION}"
+    );
+    let db = Server::shared().database(SCHEMA).await;
+    let owner = db.connect().await;
+    let newer = SCHEMA_VERSION + 1;
+    owner
+        .batch_execute(&format!(
+            "CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS integer \
+             LANGUAGE sql IMMUTABLE RETURN {newer};
+             COMMENT ON PROCEDURE platformkit.platformkit_limit_reset(text, bigint, boolean, bigint) \
+             IS 'the newer release''s';"
+        ))
+        .await
+        .expect("a newer release's schema");
+    let err = Postgres::new(db.config())
+        .migrate()
+        .await
+        .expect_err("an older schema over a newer one");
+    assert_eq!(err.kind(), ErrorKind::Query, "{err:?}");
+    let chain = format!("{:?}", err);
+    assert!(
+        chain.contains(&format!("schema version {newer}")),
+        "{chain}"
+    );
+    let kept = texts(
+        &owner,
+        "SELECT COALESCE(obj_description('platformkit.platformkit_limit_reset(text, bigint, boolean, bigint)'::regprocedure), 'replaced')",
+    )
+    .await;
+    assert_eq!(kept, ["the newer release's"], "the newer routines stay");
+}
