@@ -123,8 +123,12 @@ impl<C: LimitConn> Postgres<C> {
     /// # Errors
     ///
     /// [`ErrorKind::Connect`](crate::ErrorKind::Connect) when no connection could be had;
-    /// [`ErrorKind::Query`](crate::ErrorKind::Query) when PostgreSQL refused the script (a role that
-    /// may not create the schema, or that does not own the one there).
+    /// [`ErrorKind::Query`](crate::ErrorKind::Query) when PostgreSQL refused the script: a role that
+    /// may not create the schema, or that does not own the one there; or a
+    /// database whose schema is newer than this crate's
+    /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION) (SQLSTATE `PK002`), left as
+    /// it is, so that a replica of the release before, starting during a
+    /// rolling deploy, cannot put its routines back over the newer ones.
     pub async fn migrate(&self) -> Result<(), Error> {
         let operation = Operation::Migrate;
         let mut conn = self
