@@ -164,3 +164,41 @@ async fn a_cancel_the_limiter_did_not_send_is_an_error_never_an_allow() {
     assert_eq!(failed("error"), 1, "{calls:?}");
     assert_eq!(failed("allowed"), 2, "{calls:?}");
 }
+
+/// A backend that stops answering (here: stopped with `SIGSTOP`, as a stuck
+/// or starved process is) while the server still takes the limiter's cancel
+/// request is a server that is up and too slow: the call is shed, never let
+/// through as unreachable, although nothing else was answered meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_backend_whose_server_takes_the_cancel_is_shed_never_allowed() {
+    let server = tokio::task::spawn_blocking(|| {
+        platformkit_limit_testdb::Server::start(platformkit_limit_testdb::Options::default())
+    })
+    .await
+    .expect("a server of its own");
+    let db = server.database(platformkit_limit::SCHEMA).await;
+    let login = limit("login", 5);
+    let alice = Key::email("alice@example.com");
+    let held = hold(&db.config()).await;
+    let limiter = on_held(&held, BUDGET);
+    // Answered once: the store knows the server and its round trip.
+    let first = limiter.failed(&login, &alice).await.expect("a verdict");
+    assert_eq!(first.count(), Some(1));
+
+    let pid = common::db::backend_pid(&*held.lock().await).await;
+    let signal = |which: &str| {
+        let status = std::process::Command::new("kill")
+            .args([which, &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {which} {pid}");
+    };
+    signal("-STOP");
+    let (verdict, _) = timed(BUDGET + SLACK, "stopped", limiter.failed(&login, &alice)).await;
+    signal("-CONT");
+    let verdict = verdict.expect("a verdict, not an error");
+    common::assert_shed(
+        &verdict,
+        "a stopped backend behind a server that took the cancel",
+    );
+}

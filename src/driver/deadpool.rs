@@ -137,11 +137,12 @@ where
         sql: &'static str,
         params: &'a [Param<'a>; N],
         cancel_at: Instant,
+        delivered: &'a (dyn Fn() + Sync),
     ) -> (Result<Row, Failure>, Option<Instant>) {
         let wrapper: &deadpool_postgres::ClientWrapper = &self.0;
         let typed: [(&(dyn ToSql + Sync), Type); N] = std::array::from_fn(|i| typed(&params[i]));
         let answer = prepared_row(wrapper, &wrapper.statement_cache, sql, &typed);
-        cancelling(wrapper, answer, cancel_at).await
+        cancelling(wrapper, answer, cancel_at, delivered).await
     }
 
     async fn script(&mut self, script: &'static str) -> Result<(), Failure> {

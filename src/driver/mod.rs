@@ -79,6 +79,7 @@ pub(crate) mod sealed {
             sql: &'static str,
             params: &'a [Param<'a>; N],
             cancel_at: Instant,
+            delivered: &'a (dyn Fn() + Sync),
         ) -> impl Future<Output = (Result<Row, Failure>, Option<Instant>)> + Send + 'a;
 
         /// Runs `script`, several statements with no parameters, as one
@@ -265,18 +266,27 @@ pub(crate) fn waited_for_pool(error: &(dyn std::error::Error + 'static)) -> bool
 /// Awaits `answer`; if it is still pending at `cancel_at`, starts `cancel`
 /// once and awaits both: the cancel request is finished before the answer
 /// is returned. Returns the answer and, when a cancel request was delivered
-/// (`cancel` answers whether it was), when it was.
+/// (`cancel` answers whether it was), when it was; `delivered` is told at
+/// once, before the answer (which may never come): the server accepted a
+/// connection and read the request, so it is up.
 pub(crate) async fn answer_or_cancel<F: Future, C: Future<Output = bool>>(
     answer: F,
     cancel_at: Instant,
     cancel: impl FnOnce() -> C,
+    delivered: &(dyn Fn() + Sync),
 ) -> (F::Output, Option<Instant>) {
     tokio::pin!(answer);
     tokio::select! {
         biased;
         answer = &mut answer => (answer, None),
         () = tokio::time::sleep_until(cancel_at) => {
-            let delivered = async { cancel().await.then(Instant::now) };
+            let delivered = async {
+                let landed = cancel().await;
+                if landed {
+                    delivered();
+                }
+                landed.then(Instant::now)
+            };
             let (answer, delivered) = tokio::join!(answer, delivered);
             (answer, delivered)
         }

@@ -29,10 +29,17 @@ impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
         sql: &'static str,
         params: &'a [Param<'a>; N],
         cancel_at: Instant,
+        delivered: &'a (dyn Fn() + Sync),
     ) -> (Result<Row, Failure>, Option<Instant>) {
         let client: &Client = self;
         let typed: [(&(dyn ToSql + Sync), Type); N] = std::array::from_fn(|i| typed(&params[i]));
-        cancelling(client, client.query_typed_one(sql, &typed), cancel_at).await
+        cancelling(
+            client,
+            client.query_typed_one(sql, &typed),
+            cancel_at,
+            delivered,
+        )
+        .await
     }
 
     async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
@@ -50,21 +57,28 @@ impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
 }
 
 /// Awaits `answer`, the statement's one row on `client`, and sends a
-/// cancel request if it is unanswered at `cancel_at`.
+/// cancel request if it is unanswered at `cancel_at` (telling `delivered`
+/// when the server took it).
 pub(super) async fn cancelling(
     client: &Client,
     answer: impl Future<Output = Result<tokio_postgres::Row, tokio_postgres::Error>>,
     cancel_at: Instant,
+    delivered: &(dyn Fn() + Sync),
 ) -> (Result<Row, Failure>, Option<Instant>) {
-    let (answer, cancelled) = answer_or_cancel(answer, cancel_at, || {
-        // What psql's Ctrl-C sends, over a new connection without TLS; sent
-        // while this call still holds the connection, so it can only reach
-        // this statement (or, on a connection's first call through
-        // `Prepared`, its Parse), and finished before the connection is
-        // handed back.
-        let token = client.cancel_token();
-        async move { token.cancel_query(tokio_postgres::NoTls).await.is_ok() }
-    })
+    let (answer, cancelled) = answer_or_cancel(
+        answer,
+        cancel_at,
+        || {
+            // What psql's Ctrl-C sends, over a new connection without TLS; sent
+            // while this call still holds the connection, so it can only reach
+            // this statement (or, on a connection's first call through
+            // `Prepared`, its Parse), and finished before the connection is
+            // handed back.
+            let token = client.cancel_token();
+            async move { token.cancel_query(tokio_postgres::NoTls).await.is_ok() }
+        },
+        delivered,
+    )
     .await;
     (
         answer.map(Row::Postgres).map_err(Failure::Postgres),

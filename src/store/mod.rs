@@ -59,6 +59,10 @@ pub enum Phase {
     Connecting,
     /// The statement was sent, and is not answered yet.
     Sent,
+    /// The statement was sent and is not answered yet, and the server took
+    /// this call's cancel request: it accepted a connection and read the
+    /// request, so it is up, whatever becomes of the statement.
+    CancelDelivered,
 }
 
 impl Progress {
@@ -67,7 +71,8 @@ impl Progress {
         match self.0.load(Ordering::Relaxed) {
             0 => Phase::Queued,
             1 => Phase::Connecting,
-            _ => Phase::Sent,
+            2 => Phase::Sent,
+            _ => Phase::CancelDelivered,
         }
     }
 
@@ -77,6 +82,7 @@ impl Progress {
             Phase::Queued => 0,
             Phase::Connecting => 1,
             Phase::Sent => 2,
+            Phase::CancelDelivered => 3,
         };
         self.0.store(step, Ordering::Relaxed);
     }
@@ -102,7 +108,7 @@ impl Watch {
         match self.0.get() {
             None => Phase::Queued,
             Some((progress, until)) => match progress.phase() {
-                Phase::Sent if *until > deadline => Phase::Queued,
+                Phase::Sent | Phase::CancelDelivered if *until > deadline => Phase::Queued,
                 phase => phase,
             },
         }

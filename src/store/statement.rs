@@ -54,8 +54,14 @@ pub(crate) async fn send<S: Session, const N: usize>(
 ) -> Result<Row, Error> {
     crate::metric::statement_sent(operation);
     progress.reached(Phase::Sent);
+    let delivered = || progress.reached(Phase::CancelDelivered);
     let (answer, cancelled) = session
-        .send(statement.sql, &statement.params, budget.cancel_at)
+        .send(
+            statement.sql,
+            &statement.params,
+            budget.cancel_at,
+            &delivered,
+        )
         .await;
     let cancel_sent = cancelled.is_some();
     if let Some(delivered) = cancelled

@@ -107,6 +107,7 @@ where
         params: &'a [Param<'a>; N],
         // sqlx keeps the cancel key private: nothing to cancel with.
         _cancel_at: Instant,
+        _delivered: &'a (dyn Fn() + Sync),
     ) -> (Result<Row, Failure>, Option<Instant>) {
         let conn: &mut PgConnection = (*self.0).as_mut();
         if let Err(e) = settle(conn).await {

@@ -230,6 +230,8 @@ impl<C: LimitConn> Postgres<C> {
             Phase::Queued => false,
             Phase::Connecting => self.conns.saturated() == Some(false),
             Phase::Sent => true,
+            // The server took this call's cancel: up, and too slow.
+            Phase::CancelDelivered => return false,
         };
         self.health.down_since(since, own)
     }
@@ -250,8 +252,10 @@ impl<C: LimitConn> Postgres<C> {
             Ok(result) => result,
             Err(_) => {
                 let phase = progress.phase();
-                if phase == Phase::Sent {
-                    self.health.failed();
+                match phase {
+                    Phase::Sent => self.health.failed(),
+                    Phase::CancelDelivered => self.health.answered(),
+                    Phase::Queued | Phase::Connecting => {}
                 }
                 let budget = deadline.saturating_duration_since(since);
                 let budget =
