@@ -72,25 +72,19 @@ async fn ordinary(
 }
 
 /// One round of the flood, into `results`. The limits' windows are the
-/// longest, so that no round crosses into a new window midway (which would
-/// open the address again, as a fixed window does).
+/// longest there is ([`Limit::MAX_WINDOW`]), so that no round crosses into
+/// a new window midway (which would open the address again, as a fixed
+/// window does: a 15-minute window let 50 through in a round that crossed
+/// its edge).
 pub(crate) async fn round(conns: &Arc<Vec<Held>>, round: usize, results: &mut FloodResults) {
     let pool = Pool::new(Arc::new(conns.iter().take(CONNS).cloned().collect()));
     // Every default, the budget's included: the flood's answers and the
     // user's must come within it.
     let limiter = Arc::new(Limiter::new(Postgres::new(pool)));
-    let per_account = Limit::new(
-        &format!("flood{round}-account"),
-        3,
-        Duration::from_secs(900),
-    )
-    .expect("a limit");
-    let per_address = Limit::new(
-        &format!("flood{round}-address"),
-        50,
-        Duration::from_secs(900),
-    )
-    .expect("a limit");
+    let per_account =
+        Limit::new(&format!("flood{round}-account"), 3, Limit::MAX_WINDOW).expect("a limit");
+    let per_address =
+        Limit::new(&format!("flood{round}-address"), 50, Limit::MAX_WINDOW).expect("a limit");
     let flooder = address(192, 0, 2, 7);
     for _ in 0..per_address.max() {
         limiter
