@@ -18,10 +18,15 @@ use crate::merge::Merging;
 use crate::store::Store;
 use crate::{Error, Limiter, Memory, metric};
 
-/// The bounds and defaults of every limiter, whatever its store. They sit
-/// on `Limiter<Memory>` only, so that `Limiter::MAX_BUDGET` needs no type
-/// annotation: they do not resolve on a `Limiter<Postgres<_>>`, and bound
-/// it all the same.
+/// The bounds and defaults of every limiter, whatever its store: write
+/// `Limiter::MAX_BUDGET`, in generic code too.
+///
+/// They sit on `Limiter<Memory>` only, so that the bare `Limiter` resolves
+/// to it. On `impl<S> Limiter<S>` every use would need the store written
+/// out (`Limiter::<Memory>::MAX_BUDGET`): Rust infers no type parameter,
+/// nor a default one, from a path to a constant. So `Self::MAX_BUDGET` and
+/// `Limiter::<Postgres<_>>::MAX_BUDGET` do not resolve, though they bound a
+/// `Limiter<Postgres<_>>` all the same.
 impl Limiter<Memory> {
     /// The default budget of one call: 2 seconds.
     pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
