@@ -197,7 +197,10 @@ impl<S: Store> LimiterBuilder<S> {
             self.budget <= Limiter::MAX_BUDGET,
             InvalidOptionSnafu {
                 option: "budget",
-                reason: "the budget must be at most 60 seconds",
+                reason: format!(
+                    "the budget must be at most {} s",
+                    Limiter::MAX_BUDGET.as_secs()
+                ),
             }
         );
         if let Some(keys) = self.refusal_cache {
@@ -212,7 +215,7 @@ impl<S: Store> LimiterBuilder<S> {
                 keys <= Limiter::MAX_REFUSAL_CACHE_KEYS,
                 InvalidOptionSnafu {
                     option: "refusal cache",
-                    reason: "at most ten million keys",
+                    reason: format!("at most {} keys", Limiter::MAX_REFUSAL_CACHE_KEYS),
                 }
             );
         }
@@ -220,7 +223,7 @@ impl<S: Store> LimiterBuilder<S> {
             (1..=Limiter::MAX_LOCAL_KEYS).contains(&self.local_keys),
             InvalidOptionSnafu {
                 option: "local keys",
-                reason: "between one key and ten million",
+                reason: format!("between 1 and {} keys", Limiter::MAX_LOCAL_KEYS),
             }
         );
         ensure!(
@@ -242,7 +245,10 @@ impl<S: Store> LimiterBuilder<S> {
             self.refusal_ttl <= Limiter::MAX_REFUSAL_TTL,
             InvalidOptionSnafu {
                 option: "refusal TTL",
-                reason: "the TTL must be at most 60 seconds",
+                reason: format!(
+                    "the TTL must be at most {} s",
+                    Limiter::MAX_REFUSAL_TTL.as_secs()
+                ),
             }
         );
         Ok(self.assemble())
