@@ -34,7 +34,8 @@ use axum::http::{StatusCode, response};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::post;
-use platformkit_limit::{ClientIp, Key, Limit, LimitLayer, Limiter, Rejection, Reservation, Store};
+use platformkit_limit::layer::{ClientIp, LimitLayer, Rejection};
+use platformkit_limit::{Key, Limit, Limiter, Reservation, Store};
 use serde::Deserialize;
 
 /// The limits, made once.

@@ -51,8 +51,9 @@ use axum::extract::Form;
 use axum::http::{HeaderMap, StatusCode, header, request, response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use platformkit_limit::layer::LimitLayer;
 use platformkit_limit::{
-    Key, Limit, LimitLayer, Limiter, Postgres, PurgeTask, SCHEMA, WhenUnreachable, grants,
+    Key, Limit, Limiter, Postgres, PurgeTask, SCHEMA, WhenUnreachable, grants,
 };
 use serde::Deserialize;
 use sqlx::PgPool;

@@ -15,7 +15,7 @@ use crate::error::BoxError;
 /// framework's "connection for this request".
 ///
 /// The connection (a [`Session`]: a tokio-postgres client, or an sqlx
-/// connection in a [`SqlxConn`](crate::SqlxConn)) must be for exclusive use
+/// connection in a [`SqlxConn`](crate::driver::SqlxConn)) must be for exclusive use
 /// during the call and idle (not inside a transaction) when handed over. The
 /// limiter hands it back outside any transaction. On tokio-postgres, a call
 /// near the end of its budget is cancelled on the server before the
@@ -33,9 +33,9 @@ use crate::error::BoxError;
 /// Implemented for:
 /// - an async closure returning a [`Session`]: anything that derefs to a
 ///   [`tokio_postgres::Client`] (a pool's object, a mutex guard), or an
-///   [`SqlxConn`](crate::SqlxConn);
+///   [`SqlxConn`](crate::driver::SqlxConn);
 /// - [`tokio_postgres::Config`]: connect for each call, without TLS;
-/// - [`Connect`](crate::Connect): connect for each call, with the TLS connector you give;
+/// - [`Connect`](crate::driver::Connect): connect for each call, with the TLS connector you give;
 /// - deadpool and bb8 pools of tokio-postgres connections, and
 ///   `sqlx::PgPool`, behind the features of the same names.
 ///
@@ -86,7 +86,7 @@ pub trait LimitConn: Send + Sync + 'static {
 }
 
 /// An async closure is a connection source: of tokio-postgres clients, as
-/// here, or of sqlx connections in a [`SqlxConn`](crate::SqlxConn).
+/// here, or of sqlx connections in a [`SqlxConn`](crate::driver::SqlxConn).
 ///
 /// ```
 /// use std::sync::Arc;

@@ -43,19 +43,19 @@
 //! # Features
 //!
 //! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`, and
-//!   `Prepared` to prepare each statement once per connection;
+//!   `driver::Prepared` to prepare each statement once per connection;
 //! - `bb8`: [`LimitConn`] for `bb8::Pool` of
 //!   `bb8_postgres::PostgresConnectionManager`;
-//! - `sqlx`: [`LimitConn`] for `sqlx::PgPool`, and `SqlxConn` to lend any
-//!   sqlx PostgreSQL connection; sqlx cannot cancel a statement on the
+//! - `sqlx`: [`LimitConn`] for `sqlx::PgPool`, and `driver::SqlxConn` to
+//!   lend any sqlx PostgreSQL connection; sqlx cannot cancel a statement on the
 //!   server (the [guide](guide#drivers) says what that means);
 //! - `tracing` (on by default): a warning on every fail-open, shed call
 //!   and failed purge, an error when the layer answers 500, info on a purge
 //!   (never the key);
-//! - `tower`: `LimitLayer`, a tower layer that limits requests by keys read
-//!   from the request head, in front of any `http` service (axum, tonic,
-//!   hyper); the [guide](guide#behind-a-tower-layer) says what it does;
-//! - `axum`: `tower`, and `client_ip` also reads axum's
+//! - `tower`: `layer::LimitLayer`, a tower layer that limits requests by
+//!   keys read from the request head, in front of any `http` service (axum,
+//!   tonic, hyper); the [guide](guide#behind-a-tower-layer) says what it does;
+//! - `axum`: `tower`, and `layer::client_ip` also reads axum's
 //!   `ConnectInfo<SocketAddr>`;
 //! - `admin`: `axum`, and `admin::router`, an HTML page for support staff
 //!   (who a limit refuses, a key's status, Unlock) to mount behind the
@@ -73,13 +73,14 @@ mod checks;
 mod clock;
 mod conn;
 mod decide;
-mod driver;
+pub mod driver;
 mod error;
 pub mod guide;
 mod headers;
 mod key;
 #[cfg(feature = "tower")]
-mod layer;
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod layer;
 mod limit;
 mod limiter;
 mod merge;
@@ -93,19 +94,8 @@ mod verdict;
 
 pub use crate::clock::ManualClock;
 pub use crate::conn::LimitConn;
-pub use crate::driver::Session;
-#[cfg(feature = "deadpool")]
-pub use crate::driver::deadpool::{DeadpoolConn, Prepared};
-#[cfg(feature = "sqlx")]
-pub use crate::driver::sqlx::SqlxConn;
-pub use crate::driver::tokio_postgres::{Connect, Connected};
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::Key;
-#[cfg(feature = "tower")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
-pub use crate::layer::{
-    ClientIp, DefaultOnRejection, LimitLayer, LimitService, OnRejection, Rejection, client_ip,
-};
 pub use crate::limit::{Limit, LimitBuilder, OnSuccess, Strategy, WhenUnreachable};
 pub use crate::limiter::{Limiter, LimiterBuilder};
 pub use crate::permit::{Permit, Permits, Reservation, Reservations};

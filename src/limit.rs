@@ -303,11 +303,17 @@ impl LimitBuilder {
         );
         ensure!(
             window >= Limit::MIN_WINDOW,
-            invalid("the window must be at least one second".into())
+            invalid(format!(
+                "the window must be at least {} s",
+                Limit::MIN_WINDOW.as_secs()
+            ))
         );
         ensure!(
             window <= Limit::MAX_WINDOW,
-            invalid("the window must be at most 366 days".into())
+            invalid(format!(
+                "the window must be at most {} days",
+                Limit::MAX_WINDOW.as_secs() / 86_400
+            ))
         );
         ensure!(
             window.subsec_nanos() == 0,
@@ -320,10 +326,11 @@ impl LimitBuilder {
             );
             ensure!(
                 lockout <= Limit::MAX_LOCKOUT,
-                invalid(
-                    "the lockout must be at most a day: purge keeps a closed window's row for a day"
-                        .into()
-                )
+                invalid(format!(
+                    "the lockout must be at most {} hours: purge keeps a closed window's row \
+                     that long",
+                    Limit::MAX_LOCKOUT.as_secs() / 3_600
+                ))
             );
             ensure!(
                 lockout.subsec_nanos() == 0,

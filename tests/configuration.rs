@@ -49,12 +49,12 @@ fn every_nonsensical_limit_is_refused_when_it_is_made() {
         (
             "a zero window",
             Limit::new("login", 5, Duration::ZERO),
-            "at least one second",
+            "the window must be at least 1 s",
         ),
         (
             "a window under a second",
             Limit::new("login", 5, Duration::from_millis(999)),
-            "at least one second",
+            "the window must be at least 1 s",
         ),
         (
             "a fractional window",
@@ -84,7 +84,7 @@ fn every_nonsensical_limit_is_refused_when_it_is_made() {
         (
             "a lockout over a day",
             locked_out_for(Limit::MAX_LOCKOUT + secs(1)),
-            "lockout must be at most a day",
+            "lockout must be at most 24 hours",
         ),
         (
             "a fractional lockout",
@@ -189,6 +189,44 @@ async fn nonsensical_calls_and_schedules_are_refused_before_anything_runs() {
     let config: tokio_postgres::Config = "host=127.0.0.1 port=1".parse().expect("a config");
     let error = PurgeTask::every(config, Duration::from_secs(59)).expect_err("too often");
     assert_eq!(error.kind(), ErrorKind::InvalidOption);
+}
+
+/// A refusal at an upper bound says the bound, as its constant holds it.
+#[test]
+fn a_refused_bound_is_named_as_its_constant_holds_it() {
+    let limiter = || Limiter::builder(Memory::new());
+    let ms = Duration::from_millis(1);
+    let over = [
+        (
+            limiter().budget(Limiter::MAX_BUDGET + ms).build(),
+            format!("at most {} s", Limiter::MAX_BUDGET.as_secs()),
+        ),
+        (
+            limiter().refusal_ttl(Limiter::MAX_REFUSAL_TTL + ms).build(),
+            format!("at most {} s", Limiter::MAX_REFUSAL_TTL.as_secs()),
+        ),
+        (
+            limiter()
+                .refusal_cache(Limiter::MAX_REFUSAL_CACHE_KEYS + 1)
+                .build(),
+            format!("at most {} keys", Limiter::MAX_REFUSAL_CACHE_KEYS),
+        ),
+        (
+            limiter().local_keys(Limiter::MAX_LOCAL_KEYS + 1).build(),
+            format!("and {} keys", Limiter::MAX_LOCAL_KEYS),
+        ),
+    ];
+    for (result, says) in over {
+        let message = result.expect_err(&says).to_string();
+        assert!(message.contains(&says), "{message:?} should say {says:?}");
+    }
+    let config: tokio_postgres::Config = "host=127.0.0.1 port=1".parse().expect("a config");
+    let often = PurgeTask::MIN_INTERVAL - Duration::from_secs(1);
+    let message = PurgeTask::every(config, often)
+        .expect_err("too often")
+        .to_string();
+    let says = format!("once every {} s", PurgeTask::MIN_INTERVAL.as_secs());
+    assert!(message.contains(&says), "{message:?} should say {says:?}");
 }
 
 /// Accepted as given: a limit keeps its name, max and window, a limiter

@@ -402,7 +402,8 @@ const FLOOD_BUDGET: Duration = Duration::from_secs(2);
 async fn login(db: &TestDb) -> Login {
     use axum::extract::Extension;
     use axum::http::StatusCode;
-    use platformkit_limit::{LimitLayer, Verdicts};
+    use platformkit_limit::Verdicts;
+    use platformkit_limit::layer::LimitLayer;
 
     let manager = deadpool_postgres::Manager::new(db.config(), tokio_postgres::NoTls);
     let pool = deadpool_postgres::Pool::builder(manager)

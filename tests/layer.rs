@@ -17,9 +17,10 @@ use axum::http::{HeaderMap, Request, Response, StatusCode, header, request, resp
 use axum::routing::{get, post};
 use common::http;
 use common::verdicts::counts_of;
+use platformkit_limit::layer::{ClientIp, LimitLayer, Rejection};
 use platformkit_limit::{
-    ClientIp, Key, Limit, LimitConn, LimitLayer, Limiter, ManualClock, Memory, Postgres, Rejection,
-    SCHEMA, Store, Verdicts, WhenUnreachable,
+    Key, Limit, LimitConn, Limiter, ManualClock, Memory, Postgres, SCHEMA, Store, Verdicts,
+    WhenUnreachable,
 };
 use platformkit_limit_testdb::Server;
 use tower::ServiceExt as _;

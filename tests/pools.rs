@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use common::db::backend_pid;
 use common::{BUDGET, SLACK, timed};
-use platformkit_limit::{ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, Prepared, SCHEMA};
+use platformkit_limit::driver::Prepared;
+use platformkit_limit::{ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA};
 use platformkit_limit_testdb::{Server, TestDb};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;

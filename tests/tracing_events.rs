@@ -102,7 +102,7 @@ fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
 fn a_per_address_rule_without_a_client_address_is_an_error_event_naming_the_limit_and_the_fix() {
     use axum::body::Body;
     use axum::http::{Request, StatusCode};
-    use platformkit_limit::LimitLayer;
+    use platformkit_limit::layer::LimitLayer;
     use tower::ServiceExt as _;
 
     let seen = Seen::default();

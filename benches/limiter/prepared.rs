@@ -1,4 +1,4 @@
-//! `check` and `failed` through [`Prepared`](platformkit_limit::Prepared)
+//! `check` and `failed` through [`Prepared`](platformkit_limit::driver::Prepared)
 //! (feature `deadpool`): each worker's limiter lends a held deadpool
 //! `ClientWrapper` of its own, as the tokio-postgres limiters lend a held
 //! `Client`, random keys, merging and the refusal cache off. Each is
@@ -23,7 +23,8 @@ pub(crate) async fn ops(
     use std::sync::Arc;
 
     use deadpool_postgres::ClientWrapper;
-    use platformkit_limit::{Key, Postgres, Prepared};
+    use platformkit_limit::driver::Prepared;
+    use platformkit_limit::{Key, Postgres};
     use tokio::sync::Mutex;
 
     use crate::operations::{limiter, limiter_op};

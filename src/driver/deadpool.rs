@@ -82,7 +82,8 @@ impl LimitConn for deadpool_postgres::Pool {
 ///
 /// ```no_run
 /// # async fn demo(pool: deadpool_postgres::Pool) {
-/// use platformkit_limit::{Limiter, Postgres, Prepared};
+/// use platformkit_limit::driver::Prepared;
+/// use platformkit_limit::{Limiter, Postgres};
 ///
 /// let limiter = Limiter::new(Postgres::new(Prepared(pool)));
 /// # let _ = limiter;
@@ -95,7 +96,8 @@ impl LimitConn for deadpool_postgres::Pool {
 ///
 /// ```no_run
 /// # async fn demo(pool: deadpool_postgres::Pool) {
-/// use platformkit_limit::{Postgres, Prepared};
+/// use platformkit_limit::driver::Prepared;
+/// use platformkit_limit::Postgres;
 ///
 /// let store = Postgres::new(move || {
 ///     let pool = pool.clone();

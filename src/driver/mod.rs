@@ -1,28 +1,27 @@
-//! [`Session`]: what a lent connection must do for the limiter, whatever its
-//! driver.
+//! The drivers: the connections a [`Postgres`](crate::Postgres) store
+//! borrows, and the [`Session`] it sends its one statement on. One file per
+//! driver, each holding its connection sources and its session; the store
+//! takes any [`LimitConn`](crate::LimitConn), which the crate's root holds.
 //!
-//! The stores need one thing of a connection: send one statement (a text
-//! from [`sql`](crate::store::sql)) with typed parameters and read its one
-//! row; and, on failure, say what went wrong in terms the one SQLSTATE table
-//! reads (a code, or the connection being gone). Cancelling on the server
-//! near the deadline is done by the drivers that can.
-//!
-//! One file per driver, each holding its connection sources and its
-//! session:
-//!
-//! - `tokio_postgres.rs`: anything that derefs to a
-//!   [`tokio_postgres::Client`](::tokio_postgres::Client), and a connection
-//!   made for each call ([`Connect`](crate::Connect),
-//!   [`Connected`](crate::Connected));
-//! - `deadpool.rs` (feature `deadpool`): deadpool's pool, and
-//!   [`Prepared`](crate::Prepared) over a deadpool connection;
-//! - `bb8.rs` (feature `bb8`): bb8's pool;
-//! - `sqlx/` (feature `sqlx`): [`SqlxConn`](crate::SqlxConn) over any sqlx
-//!   PostgreSQL connection, and `sqlx::PgPool`.
+//! - tokio-postgres: anything that derefs to a
+//!   [`tokio_postgres::Client`](::tokio_postgres::Client) is a session, and
+//!   [`Connect`] makes a connection for each call ([`Connected`]);
+//! - deadpool (feature `deadpool`): deadpool's pool, lending
+//!   [`DeadpoolConn`]; [`Prepared`] prepares each statement once per
+//!   connection;
+//! - bb8 (feature `bb8`): bb8's pool of tokio-postgres connections;
+//! - sqlx (feature `sqlx`): `sqlx::PgPool`, and [`SqlxConn`] over any sqlx
+//!   PostgreSQL connection.
 //!
 //! Each call borrows one pooled connection and returns it idle. The pool's
 //! own wait counts against the call's budget: an exhausted pool is an
 //! unreachable store once the budget is spent, never a hang.
+
+// What a session does for the stores: send one statement (a text from
+// `store::sql`) with typed parameters and read its one row; and, on
+// failure, say what went wrong in terms the one SQLSTATE table reads (a
+// code, or the connection being gone). Cancelling on the server near the
+// deadline is done by the drivers that can.
 
 #[cfg(feature = "bb8")]
 pub(crate) mod bb8;
@@ -31,6 +30,16 @@ pub(crate) mod deadpool;
 #[cfg(feature = "sqlx")]
 pub(crate) mod sqlx;
 pub(crate) mod tokio_postgres;
+
+#[cfg(feature = "deadpool")]
+pub use self::deadpool::{DeadpoolConn, Prepared};
+#[cfg(feature = "sqlx")]
+pub use self::sqlx::SqlxConn;
+pub use self::tokio_postgres::{Connect, Connected};
+
+// In the sealed module, so that they stay out of the public API: the
+// sealed trait's signature names them.
+pub(crate) use self::sealed::{Failure, Param, Row};
 
 use std::future::Future;
 use std::time::SystemTime;
@@ -46,11 +55,11 @@ use crate::operation::Operation;
 ///
 /// Implemented for:
 /// - anything that derefs to a [`tokio_postgres::Client`](::tokio_postgres::Client) (a pool's object,
-///   a mutex guard, [`Connected`](crate::Connected)): the statement is
+///   a mutex guard, [`Connected`]): the statement is
 ///   cancelled on the server near the end of the budget;
 /// - `Prepared` over a deadpool connection, with the `deadpool` feature: the
 ///   same, each statement prepared once per connection;
-/// - [`SqlxConn`](crate::SqlxConn) over an sqlx PostgreSQL connection (a
+/// - [`SqlxConn`] over an sqlx PostgreSQL connection (a
 ///   `PoolConnection<Postgres>`, a held `PgConnection`), with the `sqlx`
 ///   feature: sqlx does not expose what a cancel request needs, so the
 ///   server's `lock_timeout` bounds the call's lock waits and the client
@@ -67,6 +76,39 @@ impl<T: sealed::Sealed> Session for T {}
 
 pub(crate) mod sealed {
     use super::*;
+
+    /// One bind parameter, typed as the procedure's argument is.
+    #[derive(Clone, Copy, Debug)]
+    pub enum Param<'a> {
+        /// `text`
+        Text(&'a str),
+        /// `int8`
+        Int8(i64),
+        /// `bool`
+        Bool(bool),
+        /// `timestamptz`, `NULL` for `None`
+        Timestamptz(Option<SystemTime>),
+        /// `text[]`
+        TextArray(&'a [&'a str]),
+        /// `int8[]`
+        Int8Array(&'a [i64]),
+    }
+
+    /// The one row a statement answered, as its driver read it.
+    #[derive(Debug)]
+    pub enum Row {
+        Postgres(::tokio_postgres::Row),
+        #[cfg(feature = "sqlx")]
+        Sqlx(::sqlx::postgres::PgRow),
+    }
+
+    /// A driver's error, before the SQLSTATE table reads it.
+    #[derive(Debug)]
+    pub enum Failure {
+        Postgres(::tokio_postgres::Error),
+        #[cfg(feature = "sqlx")]
+        Sqlx(::sqlx::Error),
+    }
 
     /// The methods of [`Session`](super::Session), out of callers' reach.
     pub trait Sealed: Send {
@@ -95,31 +137,6 @@ pub(crate) mod sealed {
         /// happened.
         fn rollback(&mut self) -> impl Future<Output = ()> + Send + '_;
     }
-}
-
-/// One bind parameter, typed as the procedure's argument is.
-#[derive(Clone, Copy, Debug)]
-pub enum Param<'a> {
-    /// `text`
-    Text(&'a str),
-    /// `int8`
-    Int8(i64),
-    /// `bool`
-    Bool(bool),
-    /// `timestamptz`, `NULL` for `None`
-    Timestamptz(Option<SystemTime>),
-    /// `text[]`
-    TextArray(&'a [&'a str]),
-    /// `int8[]`
-    Int8Array(&'a [i64]),
-}
-
-/// The one row a statement answered, as its driver read it.
-#[derive(Debug)]
-pub enum Row {
-    Postgres(::tokio_postgres::Row),
-    #[cfg(feature = "sqlx")]
-    Sqlx(::sqlx::postgres::PgRow),
 }
 
 impl Row {
@@ -172,14 +189,6 @@ column!(
     Vec<SystemTime>,
     Vec<Option<SystemTime>>
 );
-
-/// A driver's error, before the SQLSTATE table reads it.
-#[derive(Debug)]
-pub enum Failure {
-    Postgres(::tokio_postgres::Error),
-    #[cfg(feature = "sqlx")]
-    Sqlx(::sqlx::Error),
-}
 
 impl Failure {
     /// What the error says: a SQLSTATE, or the connection gone, or neither.

@@ -152,7 +152,8 @@ impl LimitConn for Config {
 /// Connects for each call with a TLS connector.
 ///
 /// ```
-/// use platformkit_limit::{Connect, Postgres};
+/// use platformkit_limit::driver::Connect;
+/// use platformkit_limit::Postgres;
 ///
 /// let config: tokio_postgres::Config = "host=db user=app dbname=app".parse().unwrap();
 /// let store = Postgres::new(Connect::new(config, tokio_postgres::NoTls));

@@ -47,7 +47,8 @@ impl<S, R> LimitLayer<S, R> {
     /// use axum::body::Body;
     /// use axum::http::{Request, StatusCode, request::Parts, response};
     /// use axum::routing::post;
-    /// use platformkit_limit::{Key, Limit, LimitLayer, Limiter, Memory};
+    /// use platformkit_limit::layer::LimitLayer;
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
     /// use std::time::Duration;
     /// use tower::ServiceExt as _;
     ///
@@ -77,9 +78,9 @@ impl<S, R> LimitLayer<S, R> {
     }
 
     /// Adds a rule: `limit`, counted per client address ([`Key::ip`]: an
-    /// IPv6 address counts as its /64), the address being [`client_ip`](crate::client_ip)'s.
+    /// IPv6 address counts as its /64), the address being [`client_ip`](super::client_ip)'s.
     /// Why the address never comes from `X-Forwarded-For`, and a
-    /// middleware for a service behind a proxy, are on [`ClientIp`](crate::ClientIp).
+    /// middleware for a service behind a proxy, are on [`ClientIp`](super::ClientIp).
     ///
     /// # Serve with the address
     ///
@@ -88,7 +89,7 @@ impl<S, R> LimitLayer<S, R> {
     ///
     /// - clients connect directly: with the `axum` feature, serve with
     ///   `axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())`;
-    /// - behind a proxy: insert a [`ClientIp`](crate::ClientIp) before this layer, from
+    /// - behind a proxy: insert a [`ClientIp`](super::ClientIp) before this layer, from
     ///   the header your proxy sets, only when the peer is that proxy.
     ///
     /// A request that carries no address is never let through: it is
@@ -158,7 +159,8 @@ impl<S, R> LimitLayer<S, R> {
     /// ```
     /// use axum::body::Body;
     /// use axum::http::{Response, header};
-    /// use platformkit_limit::{LimitLayer, Limiter, Memory, Rejection};
+    /// use platformkit_limit::layer::{LimitLayer, Rejection};
+    /// use platformkit_limit::{Limiter, Memory};
     ///
     /// let layer = LimitLayer::hit(Limiter::new(Memory::new())).on_rejection(
     ///     |rejection: Rejection| {

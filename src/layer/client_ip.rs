@@ -8,7 +8,7 @@ use http::request::Parts;
 /// The client's address, resolved before the layer by something that knows
 /// how this service is deployed, and put in the request's extensions: the
 /// address [`client_ip`] and
-/// [`LimitLayer::limit_per_client_ip`](crate::LimitLayer::limit_per_client_ip)
+/// [`LimitLayer::limit_per_client_ip`](super::LimitLayer::limit_per_client_ip)
 /// read first.
 ///
 /// # Why the library never reads `X-Forwarded-For`
@@ -51,7 +51,7 @@ use http::request::Parts;
 /// use axum::middleware::{self, Next};
 /// use axum::response::Response;
 /// use axum::{Extension, Router, body::Body, routing::get};
-/// use platformkit_limit::ClientIp;
+/// use platformkit_limit::layer::ClientIp;
 /// use tower::ServiceExt as _;
 ///
 /// /// The proxies this service stands behind: only their header counts.
@@ -100,7 +100,7 @@ use http::request::Parts;
 ///
 /// ```
 /// use axum::http::Request;
-/// use platformkit_limit::{ClientIp, client_ip};
+/// use platformkit_limit::layer::{ClientIp, client_ip};
 /// use std::net::{IpAddr, Ipv4Addr};
 ///
 /// let address = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
@@ -120,7 +120,7 @@ pub struct ClientIp(pub IpAddr);
 /// For a key function of your own, such as the address and the route
 /// together. A rule that must never let an address-less request through
 /// unlimited is
-/// [`LimitLayer::limit_per_client_ip`](crate::LimitLayer::limit_per_client_ip).
+/// [`LimitLayer::limit_per_client_ip`](super::LimitLayer::limit_per_client_ip).
 pub fn client_ip(head: &Parts) -> Option<IpAddr> {
     if let Some(ClientIp(address)) = head.extensions.get::<ClientIp>() {
         return Some(*address);

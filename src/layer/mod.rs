@@ -1,5 +1,9 @@
-//! [`LimitLayer`]: the limiter in front of a tower service, keyed by the
-//! request head (feature `tower`).
+//! The limiter in front of a tower service (feature `tower`):
+//! [`LimitLayer`] limits each request by keys read from its head, before it
+//! reaches an `http` service (axum, tonic, hyper); [`Rejection`] is what it
+//! answers instead, and [`ClientIp`] the client's address it keys by. What
+//! the layer does and why is in the guide's
+//! [Behind a tower layer](crate::guide#behind-a-tower-layer).
 
 mod builder;
 mod client_ip;
@@ -79,7 +83,8 @@ pub use self::service::LimitService;
 /// use axum::body::Body;
 /// use axum::http::{Request, StatusCode, request::Parts};
 /// use axum::routing::get;
-/// use platformkit_limit::{Key, Limit, LimitLayer, Limiter, ManualClock, Memory};
+/// use platformkit_limit::layer::LimitLayer;
+/// use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
 /// use std::time::UNIX_EPOCH;
 /// use tower::ServiceExt as _;
 ///
@@ -144,7 +149,8 @@ impl<S: Store> LimitLayer<S> {
     /// use axum::body::Body;
     /// use axum::http::{Request, StatusCode, response};
     /// use axum::routing::post;
-    /// use platformkit_limit::{ClientIp, Limit, LimitLayer, Limiter, Memory};
+    /// use platformkit_limit::layer::{ClientIp, LimitLayer};
+    /// use platformkit_limit::{Limit, Limiter, Memory};
     /// use tower::ServiceExt as _;
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {

@@ -7,7 +7,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use crate::{Error, Verdict, Verdicts};
 
 /// Why the layer answered instead of the service; what
-/// [`LimitLayer::on_rejection`](crate::LimitLayer::on_rejection) is given.
+/// [`LimitLayer::on_rejection`](super::LimitLayer::on_rejection) is given.
 ///
 /// With the `axum` feature a `Rejection` is also an axum `IntoResponse`,
 /// the layer's own answer ([`DefaultOnRejection`], with `Retry-After`), so
@@ -26,7 +26,8 @@ use crate::{Error, Verdict, Verdicts};
 /// use axum::http::StatusCode;
 /// use axum::routing::post;
 /// use axum::{Router, body::Body, http::Request};
-/// use platformkit_limit::{Key, Limit, Limiter, Memory, Rejection, Reservation};
+/// use platformkit_limit::layer::Rejection;
+/// use platformkit_limit::{Key, Limit, Limiter, Memory, Reservation};
 /// use serde::Deserialize;
 /// use tower::ServiceExt as _;
 ///
@@ -97,7 +98,7 @@ pub enum Rejection {
     /// then [`Verdict::SHED_RETRY_AFTER`](crate::Verdict::SHED_RETRY_AFTER)):
     /// 503 Service Unavailable.
     Unavailable(Verdicts),
-    /// A rule added with [`LimitLayer::require`](crate::LimitLayer::require)
+    /// A rule added with [`LimitLayer::require`](super::LimitLayer::require)
     /// found no key in the request (a login without its account): 400 Bad
     /// Request, and nothing counted. The client's mistake, so no event.
     MissingKey {
@@ -105,9 +106,9 @@ pub enum Rejection {
         limit: String,
     },
     /// A rule added with
-    /// [`LimitLayer::limit_per_client_ip`](crate::LimitLayer::limit_per_client_ip)
+    /// [`LimitLayer::limit_per_client_ip`](super::LimitLayer::limit_per_client_ip)
     /// found no client address: the service is served without axum's
-    /// `ConnectInfo` and sets no [`ClientIp`](crate::ClientIp). 500
+    /// `ConnectInfo` and sets no [`ClientIp`](super::ClientIp). 500
     /// Internal Server Error, never a silent allow, and an error event
     /// (feature `tracing`) naming the limit; the default body says how to
     /// fix it.
@@ -232,7 +233,7 @@ impl axum::response::IntoResponse for Rejection {
 
 /// Makes the response to a [`Rejection`]: implemented for
 /// `Fn(Rejection) -> http::Response<B>` closures (see
-/// [`LimitLayer::on_rejection`](crate::LimitLayer::on_rejection)) and for
+/// [`LimitLayer::on_rejection`](super::LimitLayer::on_rejection)) and for
 /// [`DefaultOnRejection`].
 pub trait OnRejection<B>: Send + Sync + 'static {
     /// The response to `rejection`.

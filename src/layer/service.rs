@@ -13,7 +13,7 @@ use super::{Config, Mode};
 use crate::store::Store;
 use crate::{Key, Limit, Reservations, Verdicts};
 
-/// The service [`LimitLayer`](crate::LimitLayer) wraps around yours.
+/// The service [`LimitLayer`](super::LimitLayer) wraps around yours.
 pub struct LimitService<T, S, R = DefaultOnRejection> {
     inner: T,
     config: Arc<Config<S, R>>,

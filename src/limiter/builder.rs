@@ -18,10 +18,15 @@ use crate::merge::Merging;
 use crate::store::Store;
 use crate::{Error, Limiter, Memory, metric};
 
-/// The bounds and defaults of every limiter, whatever its store. They sit
-/// on `Limiter<Memory>` only, so that `Limiter::MAX_BUDGET` needs no type
-/// annotation: they do not resolve on a `Limiter<Postgres<_>>`, and bound
-/// it all the same.
+/// The bounds and defaults of every limiter, whatever its store: write
+/// `Limiter::MAX_BUDGET`, in generic code too.
+///
+/// They sit on `Limiter<Memory>` only, so that the bare `Limiter` resolves
+/// to it. On `impl<S> Limiter<S>` every use would need the store written
+/// out (`Limiter::<Memory>::MAX_BUDGET`): Rust infers no type parameter,
+/// nor a default one, from a path to a constant. So `Self::MAX_BUDGET` and
+/// `Limiter::<Postgres<_>>::MAX_BUDGET` do not resolve, though they bound a
+/// `Limiter<Postgres<_>>` all the same.
 impl Limiter<Memory> {
     /// The default budget of one call: 2 seconds.
     pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
@@ -192,7 +197,10 @@ impl<S: Store> LimiterBuilder<S> {
             self.budget <= Limiter::MAX_BUDGET,
             InvalidOptionSnafu {
                 option: "budget",
-                reason: "the budget must be at most 60 seconds",
+                reason: format!(
+                    "the budget must be at most {} s",
+                    Limiter::MAX_BUDGET.as_secs()
+                ),
             }
         );
         if let Some(keys) = self.refusal_cache {
@@ -207,7 +215,7 @@ impl<S: Store> LimiterBuilder<S> {
                 keys <= Limiter::MAX_REFUSAL_CACHE_KEYS,
                 InvalidOptionSnafu {
                     option: "refusal cache",
-                    reason: "at most ten million keys",
+                    reason: format!("at most {} keys", Limiter::MAX_REFUSAL_CACHE_KEYS),
                 }
             );
         }
@@ -215,7 +223,7 @@ impl<S: Store> LimiterBuilder<S> {
             (1..=Limiter::MAX_LOCAL_KEYS).contains(&self.local_keys),
             InvalidOptionSnafu {
                 option: "local keys",
-                reason: "between one key and ten million",
+                reason: format!("between 1 and {} keys", Limiter::MAX_LOCAL_KEYS),
             }
         );
         ensure!(
@@ -237,7 +245,10 @@ impl<S: Store> LimiterBuilder<S> {
             self.refusal_ttl <= Limiter::MAX_REFUSAL_TTL,
             InvalidOptionSnafu {
                 option: "refusal TTL",
-                reason: "the TTL must be at most 60 seconds",
+                reason: format!(
+                    "the TTL must be at most {} s",
+                    Limiter::MAX_REFUSAL_TTL.as_secs()
+                ),
             }
         );
         Ok(self.assemble())

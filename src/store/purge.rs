@@ -120,7 +120,10 @@ impl PurgeTask {
             interval >= PurgeTask::MIN_INTERVAL,
             InvalidOptionSnafu {
                 option: "purge interval",
-                reason: "purge at most once a minute: windows close a day before they go",
+                reason: format!(
+                    "purge at most once every {} s: windows close a day before they go",
+                    PurgeTask::MIN_INTERVAL.as_secs()
+                ),
             }
         );
         Ok(Self::spawn(conns, interval))

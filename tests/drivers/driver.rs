@@ -8,7 +8,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use deadpool_postgres::ClientWrapper;
-use platformkit_limit::{LimitConn, Prepared, SqlxConn};
+use platformkit_limit::LimitConn;
+use platformkit_limit::driver::{Prepared, SqlxConn};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgConnection, PgPool, Row as _};
 use tokio::sync::{Mutex, OwnedMutexGuard};

@@ -39,7 +39,8 @@ use crate::error::{Reading, misconfigured_code};
 /// Lend a connection the service holds, one call at a time:
 ///
 /// ```no_run
-/// use platformkit_limit::{Limiter, Postgres, SqlxConn};
+/// use platformkit_limit::driver::SqlxConn;
+/// use platformkit_limit::{Limiter, Postgres};
 /// use sqlx::{Connection, PgConnection};
 /// use std::sync::Arc;
 /// use tokio::sync::Mutex;
@@ -66,7 +67,8 @@ use crate::error::{Reading, misconfigured_code};
 /// share one limiter over a pool where you can.
 ///
 /// ```no_run
-/// use platformkit_limit::{Key, Limit, Limiter, Postgres, SqlxConn};
+/// use platformkit_limit::driver::SqlxConn;
+/// use platformkit_limit::{Key, Limit, Limiter, Postgres};
 /// use sqlx::{pool::PoolConnection, Postgres as Pg};
 /// use std::sync::Arc;
 /// use tokio::sync::Mutex;
