@@ -6,7 +6,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Answer, Caller, Queue, Shared, abandoned};
-use crate::decide::{Counted, Op};
+use crate::decide::Counted;
+use crate::operation::Counting;
 use crate::store::{Asked, Progress, sealed::Sealed};
 use crate::{Error, Limit, Limiter};
 
@@ -75,7 +76,7 @@ impl<S: Sealed> Flight<S> {
     /// waiting, for the next statement: its operation and its deadline, the
     /// latest of its callers' (the statement goes on while any of them
     /// waits). `None`, giving the place back, when nothing waits.
-    fn take(&mut self, only: Option<&[String]>) -> Option<(Op, Instant)> {
+    fn take(&mut self, only: Option<&[String]>) -> Option<(Counting, Instant)> {
         let mut queue = self.shared.lock();
         let mut op = None;
         let mut deadline: Option<Instant> = None;
@@ -136,7 +137,7 @@ impl<S: Sealed> Flight<S> {
 
     /// Sends one statement for the members: alone for one key, one
     /// `add_many` for several. Each key's count after every caller's one.
-    async fn send(&self, op: Op, deadline: Instant) -> Vec<Answer> {
+    async fn send(&self, op: Counting, deadline: Instant) -> Vec<Answer> {
         let Some(store) = self.store.as_deref() else {
             let abandoned = abandoned();
             return vec![Err(abandoned); self.members.len()];
@@ -190,7 +191,7 @@ impl<S: Sealed> Flight<S> {
     /// heard since then, and how far its statement got (sent and
     /// unanswered, or still waiting for a connection), as the caller itself
     /// reads it when its own budget runs out first.
-    fn answer(&mut self, op: Op, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
+    fn answer(&mut self, op: Counting, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
         let mut told = Vec::new();
         let mut queue = self.shared.lock();
         for (member, answer) in self.members.drain(..).zip(answers) {
@@ -198,7 +199,7 @@ impl<S: Sealed> Flight<S> {
             for (position, caller) in (0..).zip(member.callers) {
                 let answer = match &answer {
                     Err(e) if e.is_out_of_budget() => Err(Arc::new(Error::out_of_budget(
-                        op.into(),
+                        op.operation(),
                         caller.deadline.saturating_duration_since(caller.since),
                         self.store.as_deref().is_some_and(|store| {
                             store.down_since(caller.since, caller.watch.phase_for(caller.deadline))
@@ -227,7 +228,9 @@ impl<S: Sealed> Drop for Flight<S> {
     fn drop(&mut self) {
         if !self.members.is_empty() {
             let abandoned = abandoned();
-            let told = self.answer(Op::Failed, vec![Err(abandoned); self.members.len()]);
+            // The operation names only an out-of-budget answer, and these
+            // are not: any counting operation does.
+            let told = self.answer(Counting::FAILED, vec![Err(abandoned); self.members.len()]);
             tell(told);
         }
         if !self.holding {
