@@ -128,6 +128,12 @@ impl<S: Store> Limiter<S> {
         op: Counting,
         stored: &[(&Limit, String)],
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
+        // Its callers give one pair (`run`) or have checked the number
+        // (`counted_all_in`): one statement takes them all.
+        debug_assert!(
+            (1..=Limiter::MAX_PAIRS).contains(&stored.len()),
+            "between one and Limiter::MAX_PAIRS pairs"
+        );
         let call = Call::start(op.operation(), self.budget);
         let asked_at = self.store.local_now();
         let mut refreshes: Vec<Option<Refresh>> = Vec::with_capacity(stored.len());
@@ -207,6 +213,9 @@ impl<S: Store> Limiter<S> {
         stored: &[(&Limit, String)],
         refreshes: Vec<Option<Refresh>>,
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
+        // A subset of `run_all`'s pairs, never none: `watches[0]` is there.
+        debug_assert!(!stored.is_empty(), "a statement for no pairs");
+        debug_assert_eq!(stored.len(), refreshes.len(), "one claim per pair");
         let started = call.started();
         let deadline = call.deadline();
         // Where each pair's statement got, read if the budget runs out.
@@ -247,18 +256,23 @@ impl<S: Store> Limiter<S> {
                 .unwrap_or(Phase::Queued)
         };
         match call.within_store(&*self.store, phase, counting).await {
-            Ok(counted) => Ok(stored
-                .iter()
-                .zip(counted)
-                .zip(refreshes)
-                .map(|(((limit, key), counted), refresh)| {
-                    let verdict = decide(op, limit, &counted);
-                    self.refusals.answered(key, &verdict, asked_at, refresh);
-                    call.record(limit, Outcome::of(&verdict));
-                    let window_start = counted.window_start(limit);
-                    (verdict, CountedIn::Store { window_start })
-                })
-                .collect()),
+            Ok(counted) => {
+                // Every store, and merging, answers one count per pair, in
+                // order (`Postgres` errs otherwise): no pair goes undecided.
+                debug_assert_eq!(counted.len(), stored.len(), "one count per pair");
+                Ok(stored
+                    .iter()
+                    .zip(counted)
+                    .zip(refreshes)
+                    .map(|(((limit, key), counted), refresh)| {
+                        let verdict = decide(op, limit, &counted);
+                        self.refusals.answered(key, &verdict, asked_at, refresh);
+                        call.record(limit, Outcome::of(&verdict));
+                        let window_start = counted.window_start(limit);
+                        (verdict, CountedIn::Store { window_start })
+                    })
+                    .collect())
+            }
             Err(e) if e.is_unreachable() => {
                 let cause = Arc::new(e);
                 Ok(stored

@@ -100,7 +100,11 @@ impl<S: Sealed> Flight<S> {
                 break;
             };
             let Queue { keys, .. } = &mut *queue;
-            let Some(waiting) = keys.get_mut(&key) else {
+            // A key is ready only while its entry holds its callers: its
+            // entry leaves the map only once the key is off `ready`.
+            let waiting = keys.get_mut(&key);
+            debug_assert!(waiting.is_some(), "a ready key has its entry");
+            let Some(waiting) = waiting else {
                 continue;
             };
             waiting.callers.retain(|caller| !caller.tx.is_closed());
@@ -128,6 +132,12 @@ impl<S: Sealed> Flight<S> {
                 self.take(None)
             }
             _ => {
+                // The place is given back once: here, or by `drop` if the
+                // flight never got here.
+                debug_assert!(
+                    self.holding && queue.in_flight > 0,
+                    "a place given back twice"
+                );
                 queue.in_flight -= 1;
                 self.holding = false;
                 None
@@ -146,6 +156,18 @@ impl<S: Sealed> Flight<S> {
         for caller in self.members.iter().flat_map(|member| &member.callers) {
             caller.watch.follow(&progress, deadline);
         }
+        // `take` keeps a statement to `Limiter::MAX_PAIRS` keys, each its
+        // own: a key is ready at most once and never while in flight, so
+        // one flight at a time sends it. `add_many` relies on it: a key
+        // given twice would add both amounts and answer both the total.
+        debug_assert!(self.members.len() <= Limiter::MAX_PAIRS);
+        debug_assert!(
+            {
+                let mut keys = std::collections::HashSet::new();
+                self.members.iter().all(|member| keys.insert(&member.key))
+            },
+            "a key in two places of one statement"
+        );
         let n = |member: &Member| member.callers.len() as u64;
         if let [member] = &self.members[..] {
             let counted = store
@@ -192,6 +214,9 @@ impl<S: Sealed> Flight<S> {
     /// unanswered, or still waiting for a connection), as the caller itself
     /// reads it when its own budget runs out first.
     fn answer(&mut self, op: Counting, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
+        // One answer per member (`send` answers so), or a member's callers
+        // would be dropped untold.
+        debug_assert_eq!(answers.len(), self.members.len(), "one answer per key");
         let mut told = Vec::new();
         let mut queue = self.shared.lock();
         for (member, answer) in self.members.drain(..).zip(answers) {
@@ -212,7 +237,12 @@ impl<S: Sealed> Flight<S> {
                 told.push((caller, answer));
             }
             let Queue { keys, ready, .. } = &mut *queue;
-            if let Some(waiting) = keys.get_mut(&member.key) {
+            // In flight, its entry stays (`take` and `drop` remove only the
+            // ready keys' entries); it is not ready, so it is queued again
+            // at most once.
+            let waiting = keys.get_mut(&member.key);
+            debug_assert!(waiting.is_some(), "a key in flight has its entry");
+            if let Some(waiting) = waiting {
                 if waiting.callers.is_empty() {
                     keys.remove(&member.key);
                 } else {
@@ -268,6 +298,7 @@ fn tell(told: Vec<(Caller, Answer)>) {
 /// The count seen by the caller at `position` (0-based) of the `n` callers
 /// whose one a statement added, leaving the count at `counted.count`.
 fn at_position(mut counted: Counted, n: u64, position: u64) -> Counted {
+    debug_assert!(position < n, "a position among the key's callers");
     counted.count = counted.count.saturating_sub(n - 1 - position);
     counted
 }

@@ -120,6 +120,11 @@ impl Merging {
         (since, deadline): (Instant, Instant),
         watches: &[Watch],
     ) -> Result<Vec<Counted>, Error> {
+        // Only writes merge (the limiter sends a `check` alone): a flight
+        // adds each caller's one. One watch per pair, or a pair would go
+        // unqueued.
+        debug_assert!(op.adds(), "only writes merge");
+        debug_assert_eq!(pairs.len(), watches.len(), "one watch per pair");
         let operation = op.operation();
         let waits = self.queue(store, op, pairs, (since, deadline), watches);
         let mut counted = Vec::with_capacity(waits.len());
