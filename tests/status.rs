@@ -339,19 +339,7 @@ async fn the_role_without_grants_cannot_list() {
         .await
         .unwrap();
     assert!(can(operator.clone()).await, "grants() covers the listing");
-    db.connect()
-        .await
-        .batch_execute(&format!(
-            "REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM \"{operator}\";
-             REVOKE ALL ON platformkit.platformkit_limits FROM \"{operator}\";
-             REVOKE ALL ON SCHEMA platformkit FROM \"{operator}\";"
-        ))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("DROP ROLE \"{operator}\""))
-        .await
-        .unwrap();
+    common::db::drop_role(&db.connect().await, &admin, &operator).await;
 }
 
 /// The key column compares byte for byte whatever the database's locale,

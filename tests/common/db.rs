@@ -271,6 +271,23 @@ pub async fn lock_row_from(locker: Client, stored_key: &str) -> Client {
     locker
 }
 
+/// Revokes what [`grants`](platformkit_limit::grants) gave `role`, as
+/// `owner` (the schema's owner), then drops the role, as `admin`.
+pub async fn drop_role(owner: &Client, admin: &Client, role: &str) {
+    owner
+        .batch_execute(&format!(
+            "REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM \"{role}\";
+             REVOKE ALL ON platformkit.platformkit_limits FROM \"{role}\";
+             REVOKE ALL ON SCHEMA platformkit FROM \"{role}\";"
+        ))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
+
 /// Waits, for at most `within`, until a call of the limiter in the test's
 /// database waits on a lock, and returns the pid of its backend.
 pub async fn until_a_call_waits_on_a_lock(admin: &Client, within: Duration) -> i32 {
