@@ -271,6 +271,20 @@ pub async fn lock_row_from(locker: Client, stored_key: &str) -> Client {
     locker
 }
 
+/// Writes `n` rows (`old|1` … `old|n`, a count of 1 each) whose windows
+/// closed two days ago, rows any purge deletes; written through
+/// [`as_system`].
+pub async fn old_rows(system: &mut Client, n: i32) {
+    as_system(
+        system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT 'old|' || g, now() - interval '2 days 1 minute', now() - interval '2 days', 1
+         FROM generate_series(1, $1) AS g",
+        &[&n],
+    )
+    .await;
+}
+
 /// Revokes what [`grants`](platformkit_limit::grants) gave `role`, as
 /// `owner` (the schema's owner), then drops the role, as `admin`.
 pub async fn drop_role(owner: &Client, admin: &Client, role: &str) {
