@@ -7,43 +7,8 @@
 use std::time::SystemTime;
 
 use crate::clock::{from_micros, micros_since_epoch};
-use crate::operation::Operation;
+use crate::operation::Counting;
 use crate::{Limit, Strategy, Verdict};
-
-/// The counting operations: what a store counts, and how the verdict reads
-/// the count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// Read the count, write nothing.
-    Check,
-    /// Add a failure, then tell whether the next attempt may go ahead.
-    Failed,
-    /// Add this ask, and tell whether it may go ahead.
-    Hit,
-    /// As `Hit`, for a permit.
-    Reserve,
-}
-
-impl Op {
-    /// Whether the operation adds to the count.
-    pub(crate) fn adds(self) -> bool {
-        match self {
-            Op::Check => false,
-            Op::Failed | Op::Hit | Op::Reserve => true,
-        }
-    }
-}
-
-impl From<Op> for Operation {
-    fn from(op: Op) -> Operation {
-        match op {
-            Op::Check => Operation::Check,
-            Op::Failed => Operation::Failed,
-            Op::Hit => Operation::Hit,
-            Op::Reserve => Operation::Reserve,
-        }
-    }
-}
 
 /// What a store counted for one call.
 #[derive(Clone, Debug)]
@@ -86,7 +51,7 @@ pub(crate) fn window_of(now_micros: i64, window_secs: u64) -> (i64, i64) {
 /// attempt may go ahead while the estimate is below `max`: `check` and
 /// `failed` compare the estimate as it stands, `hit` the estimate before its
 /// own ask. Integer arithmetic only, so both stores decide the same.
-pub(crate) fn decide(op: Op, limit: &Limit, counted: &Counted) -> Verdict {
+pub(crate) fn decide(op: Counting, limit: &Limit, counted: &Counted) -> Verdict {
     let d = decision(op, limit, counted);
     Verdict::counted(limit, d.allowed, d.estimate, d.reopens_at, counted.now)
 }
@@ -107,7 +72,7 @@ pub(crate) struct Decision {
 }
 
 /// The decision of [`decide`].
-pub(crate) fn decision(op: Op, limit: &Limit, counted: &Counted) -> Decision {
+pub(crate) fn decision(op: Counting, limit: &Limit, counted: &Counted) -> Decision {
     let max = i128::from(limit.max());
     let w = i128::from(limit.window_secs()) * 1_000_000;
     let start = i128::from(micros_since_epoch(counted.window_end)) - w;
@@ -119,10 +84,7 @@ pub(crate) fn decision(op: Op, limit: &Limit, counted: &Counted) -> Decision {
     };
     let cur = i128::from(counted.count);
     let weighted = prev * (w - elapsed) + cur * w;
-    let own = match op {
-        Op::Hit | Op::Reserve => w,
-        Op::Check | Op::Failed => 0,
-    };
+    let own = if op.asks() { w } else { 0 };
     // A lockout: an earlier window that reached max (the store says), or
     // the current one before this call's own ask.
     let locked_until = match limit.lockout() {

@@ -114,7 +114,8 @@ mod tests {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use super::sf_string;
-    use crate::decide::{Counted, Op, decide};
+    use crate::decide::{Counted, decide};
+    use crate::operation::Counting;
     use crate::{Error, Limit, Strategy, Verdict};
 
     /// A window start: a multiple of 900 and of 60 seconds.
@@ -124,7 +125,7 @@ mod tests {
         UNIX_EPOCH + Duration::from_secs(START + secs) + Duration::from_micros(micros)
     }
 
-    fn verdict(op: Op, limit: &Limit, count: u64, previous: u64, now: SystemTime) -> Verdict {
+    fn verdict(op: Counting, limit: &Limit, count: u64, previous: u64, now: SystemTime) -> Verdict {
         let counted = Counted {
             count,
             previous,
@@ -149,7 +150,7 @@ mod tests {
     #[test]
     fn a_refusal_renders_nothing_left_and_the_wait_rounded_up() {
         // 411.2 seconds before the window's end.
-        let refused = verdict(Op::Failed, &login(), 10, 0, at(488, 800_000));
+        let refused = verdict(Counting::FAILED, &login(), 10, 0, at(488, 800_000));
         assert!(refused.is_refused());
         assert_eq!(
             refused.rate_limit_field().as_deref(),
@@ -160,7 +161,7 @@ mod tests {
 
     #[test]
     fn an_allowed_verdict_renders_what_is_left_and_the_window_reset() {
-        let allowed = verdict(Op::Hit, &login(), 3, 0, at(488, 800_000));
+        let allowed = verdict(Counting::HIT, &login(), 3, 0, at(488, 800_000));
         assert!(allowed.is_allowed());
         assert_eq!(
             allowed.rate_limit_field().as_deref(),
@@ -179,7 +180,7 @@ mod tests {
         // this one: the estimate 10 × 30/60 + 8 = 13 falls below 10 just
         // after 48 s, 18 s (and a microsecond) from now, where the window
         // ends in 30 s.
-        let refused = verdict(Op::Check, &api, 8, 10, at(30, 0));
+        let refused = verdict(Counting::CHECK, &api, 8, 10, at(30, 0));
         assert!(refused.is_refused());
         assert_eq!(
             refused.rate_limit_field().as_deref(),
@@ -202,7 +203,7 @@ mod tests {
             window_end: at(900, 0),
             now,
         };
-        let refused = decide(Op::Check, &login, &counted);
+        let refused = decide(Counting::CHECK, &login, &counted);
         assert!(refused.is_refused());
         assert_eq!(
             refused.rate_limit_field().as_deref(),
@@ -212,11 +213,11 @@ mod tests {
 
     #[test]
     fn retry_after_is_whole_seconds_and_at_least_one() {
-        let exact = verdict(Op::Failed, &login(), 10, 0, at(488, 0));
+        let exact = verdict(Counting::FAILED, &login(), 10, 0, at(488, 0));
         assert_eq!(exact.retry_after_secs(), Some(412));
         // Refused at the very end of its window: "retry now" would be
         // refused again, so 1.
-        let at_the_end = verdict(Op::Check, &login(), 10, 0, at(900, 0));
+        let at_the_end = verdict(Counting::CHECK, &login(), 10, 0, at(900, 0));
         assert_eq!(at_the_end.retry_after(), Some(Duration::ZERO));
         assert_eq!(at_the_end.retry_after_secs(), Some(1));
         let verdicts = crate::Verdicts::from_vec(vec![exact, at_the_end]);

@@ -1,5 +1,6 @@
-//! [`Operation`]: what a call does, in one vocabulary for the metrics, the
-//! errors and the events.
+//! [`Operation`]: what a call does, in one vocabulary for the stores, the
+//! metrics, the errors and the events; [`Counting`], the operations a store
+//! counts for.
 
 use std::fmt;
 
@@ -44,6 +45,36 @@ impl Operation {
         Operation::RefusedKeys,
     ];
 
+    /// Whether the operation adds to a count: `failed`, `hit` and
+    /// `reserve` (a take-back subtracts, a reset and a purge delete).
+    pub(crate) const fn adds(self) -> bool {
+        match self {
+            Operation::Failed | Operation::Hit | Operation::Reserve => true,
+            Operation::Check
+            | Operation::Reset
+            | Operation::TakeBack
+            | Operation::Purge
+            | Operation::RefusedKeys
+            | Operation::Migrate => false,
+        }
+    }
+
+    /// Whether the operation is an ask that its own verdict decides: `hit`
+    /// and `reserve`, whose verdict reads the count before their own ask
+    /// (a `failed` tells of the next attempt, a `check` adds nothing).
+    pub(crate) const fn asks(self) -> bool {
+        match self {
+            Operation::Hit | Operation::Reserve => true,
+            Operation::Check
+            | Operation::Failed
+            | Operation::Reset
+            | Operation::TakeBack
+            | Operation::Purge
+            | Operation::RefusedKeys
+            | Operation::Migrate => false,
+        }
+    }
+
     /// The label, as the metrics, errors and events carry it.
     pub(crate) const fn label(self) -> &'static str {
         match self {
@@ -57,6 +88,41 @@ impl Operation {
             Operation::RefusedKeys => "refused_keys",
             Operation::Migrate => "migrate",
         }
+    }
+}
+
+/// A counting operation: [`Operation::Check`], [`Operation::Failed`],
+/// [`Operation::Hit`] or [`Operation::Reserve`], what a store counts for and
+/// [`decide`](crate::decide::decide) turns into a verdict. It cannot hold
+/// another operation, so a store is never asked to count a reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counting(Operation);
+
+impl Counting {
+    /// Reads the count, writes nothing.
+    pub(crate) const CHECK: Counting = Counting(Operation::Check);
+    /// Adds a failure, then tells whether the next attempt may go ahead.
+    pub(crate) const FAILED: Counting = Counting(Operation::Failed);
+    /// Adds this ask, and tells whether it may go ahead.
+    pub(crate) const HIT: Counting = Counting(Operation::Hit);
+    /// As `HIT`, for a permit.
+    pub(crate) const RESERVE: Counting = Counting(Operation::Reserve);
+
+    /// The operation, for the metrics, the errors and the events.
+    pub(crate) const fn operation(self) -> Operation {
+        self.0
+    }
+
+    /// Whether it adds to the count (all but `CHECK`):
+    /// [`Operation::adds`].
+    pub(crate) const fn adds(self) -> bool {
+        self.0.adds()
+    }
+
+    /// Whether its verdict reads the count before its own ask (`HIT`,
+    /// `RESERVE`): [`Operation::asks`].
+    pub(crate) const fn asks(self) -> bool {
+        self.0.asks()
     }
 }
 
@@ -84,5 +150,39 @@ mod tests {
             let label = format!("`{}`", operation.label());
             assert!(label_doc.contains(&label), "{label} is missing");
         }
+    }
+
+    /// Only counting operations add or ask, and an ask also adds: a store
+    /// counts for exactly the operations a [`Counting`] can hold.
+    #[test]
+    fn only_counting_operations_add_or_ask() {
+        let counting = [
+            Counting::CHECK,
+            Counting::FAILED,
+            Counting::HIT,
+            Counting::RESERVE,
+        ];
+        for operation in Operation::ALL {
+            let held = counting.iter().any(|c| c.operation() == operation);
+            assert!(
+                held || !(operation.adds() || operation.asks()),
+                "{operation}"
+            );
+        }
+        let adds: Vec<_> = counting
+            .iter()
+            .filter(|c| c.adds())
+            .map(|c| c.operation())
+            .collect();
+        assert_eq!(
+            adds,
+            [Operation::Failed, Operation::Hit, Operation::Reserve]
+        );
+        let asks: Vec<_> = counting
+            .iter()
+            .filter(|c| c.asks())
+            .map(|c| c.operation())
+            .collect();
+        assert_eq!(asks, [Operation::Hit, Operation::Reserve]);
     }
 }

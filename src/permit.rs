@@ -3,8 +3,8 @@
 
 use std::time::SystemTime;
 
-use crate::decide::Op;
 use crate::key::stored;
+use crate::operation::Counting;
 use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter, OnSuccess, Verdict, Verdicts};
 
@@ -211,7 +211,7 @@ impl<S: Store> Limiter<S> {
         &self,
         pairs: &[(&Limit, &Key)],
     ) -> Result<Reservations<'_, S>, Error> {
-        let counted = self.counted_all_in(Op::Reserve, pairs).await?;
+        let counted = self.counted_all_in(Counting::RESERVE, pairs).await?;
         let verdicts = Verdicts::from_vec(counted.iter().map(|(v, _)| v.clone()).collect());
         if verdicts.is_refused() {
             return Ok(Reservations::Refused(verdicts));

@@ -6,10 +6,10 @@ use std::time::{Duration, SystemTime};
 use snafu::ensure;
 
 use crate::call::Call;
-use crate::decide::{Counted, Op, decision};
+use crate::decide::{Counted, decision};
 use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
-use crate::operation::Operation;
+use crate::operation::{Counting, Operation};
 use crate::store::{Phase, Progress, Store};
 use crate::{Error, Key, Limit, Limiter};
 
@@ -58,7 +58,7 @@ impl KeyStatus {
     /// The status of stored key `stored` under `limit`, from what a store
     /// read: decided as a `check` would decide it.
     pub(crate) fn decided(limit: &Limit, stored: &str, counted: &Counted) -> KeyStatus {
-        let decided = decision(Op::Check, limit, counted);
+        let decided = decision(Counting::CHECK, limit, counted);
         let key = stored
             .strip_prefix(limit.name())
             .and_then(|rest| rest.strip_prefix('|'))
@@ -154,7 +154,14 @@ impl<S: Store> Limiter<S> {
             .within_store(
                 store,
                 || progress.phase(),
-                store.count(Op::Check, limit, &stored, 0, call.deadline(), &progress),
+                store.count(
+                    Counting::CHECK,
+                    limit,
+                    &stored,
+                    0,
+                    call.deadline(),
+                    &progress,
+                ),
             )
             .await?;
         Ok(KeyStatus::decided(limit, &stored, &counted))

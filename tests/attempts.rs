@@ -334,9 +334,8 @@ async fn reserve_all_takes_back_where_each_pair_was_counted() {
         panic!("granted");
     };
     permits.succeeded().await.expect("taken back");
-    let counts = limiter.check_all(&pairs).await.expect("verdicts");
     assert_eq!(
-        counts.iter().map(|v| v.count()).collect::<Vec<_>>(),
+        common::verdicts::counts_of(&limiter, &pairs).await,
         [Some(0), Some(0)]
     );
 
@@ -349,11 +348,7 @@ async fn reserve_all_takes_back_where_each_pair_was_counted() {
     };
     assert!(permits.verdicts().is_unreachable());
     assert_eq!(
-        permits
-            .verdicts()
-            .iter()
-            .map(|v| v.count())
-            .collect::<Vec<_>>(),
+        common::verdicts::counts(permits.verdicts()),
         [None, Some(1)]
     );
     permits.succeeded().await.expect("taken back locally");

@@ -31,18 +31,7 @@ async fn start(db: &TestDb, proxies: &[IpAddr]) -> SocketAddr {
         Limits::new().expect("limits"),
         Proxies(proxies.into()),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a loopback port");
-    let address = listener.local_addr().expect("an address");
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-    });
-    address
+    crate::common::http::serve(app, true).await
 }
 
 /// The count of `key` under `limit`, read from the database by a limiter

@@ -11,7 +11,6 @@
 mod axum_sqlx;
 mod common;
 
-use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use platformkit_limit::{Key, Limit, Limiter, Postgres};
@@ -64,17 +63,7 @@ async fn the_sqlx_service_limits_logins_and_the_api_over_http_then_keeps_its_pol
         .await
         .expect("the migration again, as at every start-up");
     let app = axum_sqlx::router(pool.clone(), axum_sqlx::install_metrics()).expect("the limits");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a loopback port");
-    let address = listener.local_addr().expect("an address");
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-    });
+    let address = crate::common::http::serve(app, true).await;
     let limits = Limits::new().expect("the limits");
     let alice = Key::email("alice@example.com");
 

@@ -139,14 +139,7 @@ async fn status_locked_and_reset_of_a_locked_out_key() {
 async fn purge_says_how_many_rows_went() {
     let db = fresh_db().await;
     let mut system = db.connect().await;
-    common::db::as_system(
-        &mut system,
-        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
-         SELECT 'old|' || g, now() - interval '2 days 1 minute', now() - interval '2 days', 1
-         FROM generate_series(1, 7) AS g",
-        &[],
-    )
-    .await;
+    common::db::old_rows(&mut system, 7).await;
     let out = tool(Some(&db), &["purge"]);
     assert_exit(&out, 0, "purge");
     assert_eq!(stdout(&out), "purged 7 rows\n");

@@ -509,27 +509,6 @@ async fn a_request_without_a_client_address_is_answered_500_not_let_through() {
     assert_eq!(text(replaced).await, "no address for api-address");
 }
 
-/// `app` on a loopback port, served by hyper through `axum::serve`, with or
-/// without the peer's address in `ConnectInfo`.
-async fn serve(app: Router, connect_info: bool) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a loopback port");
-    let address = listener.local_addr().expect("an address");
-    tokio::spawn(async move {
-        if connect_info {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-        } else {
-            axum::serve(listener, app).await
-        }
-    });
-    address
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http_a_service_served_without_connect_info_answers_500_saying_how_to_fix_it() {
     let db = Server::shared().database(SCHEMA).await;
@@ -541,7 +520,7 @@ async fn over_http_a_service_served_without_connect_info_answers_500_saying_how_
 
     // Served as `axum::serve(listener, app)`: no address, from the first
     // request on, and never let through.
-    let forgot = serve(app.clone(), false).await;
+    let forgot = http::serve(app.clone(), false).await;
     for _ in 0..2 {
         let answer = http::send(forgot, "POST", "/", &[], "password=wrong").await;
         assert_eq!(answer.status, 500, "{}", answer.body);
@@ -550,7 +529,7 @@ async fn over_http_a_service_served_without_connect_info_answers_500_saying_how_
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the service never ran");
 
     // Served as the message says: limited per address, in the database.
-    let fixed = serve(app, true).await;
+    let fixed = http::serve(app, true).await;
     let answer = http::send(fixed, "POST", "/", &[], "password=wrong").await;
     assert_eq!(answer.status, 401, "{}", answer.body);
     let loopback = Key::ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
@@ -600,7 +579,7 @@ async fn over_http_a_login_without_its_required_account_is_400_never_an_unlimite
     let (app, runs) = counted_route(
         LimitLayer::attempt(limiter.clone(), is_success).require(&per_account, account),
     );
-    let service = serve(app, true).await;
+    let service = http::serve(app, true).await;
 
     // The newcomer's eight logins without `x-account`: each a 400 before
     // the service, never a password tried unlimited.

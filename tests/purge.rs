@@ -266,14 +266,7 @@ async fn purge_reads_only_the_rows_it_deletes_however_many_closed_windows_it_kee
         &[],
     )
     .await;
-    as_system(
-        &mut system,
-        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
-         SELECT 'old|' || g, now() - interval '2 days 1 minute', now() - interval '2 days', 1
-         FROM generate_series(1, 30) AS g",
-        &[],
-    )
-    .await;
+    common::db::old_rows(&mut system, 30).await;
     system
         .batch_execute("ANALYZE platformkit.platformkit_limits")
         .await

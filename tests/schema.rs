@@ -404,18 +404,7 @@ async fn applying_the_schema_over_an_install_without_the_bound_functions_grants_
     )
     .await;
     assert_eq!(may_not, ["false"]);
-    owner
-        .batch_execute(&format!(
-            "REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM \"{role}\";
-             REVOKE ALL ON platformkit.platformkit_limits FROM \"{role}\";
-             REVOKE ALL ON SCHEMA platformkit FROM \"{role}\";"
-        ))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("DROP ROLE \"{role}\""))
-        .await
-        .unwrap();
+    common::db::drop_role(&owner, &admin, &role).await;
 }
 
 /// A direct call of `add_many` (a procedure) or `read_many` (a function)

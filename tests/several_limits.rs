@@ -156,11 +156,7 @@ async fn reserve_all_counts_under_every_limit_and_a_success_takes_each_back() {
         panic!("the first attempt is granted");
     };
     assert_eq!(
-        permits
-            .verdicts()
-            .iter()
-            .map(|v| v.count())
-            .collect::<Vec<_>>(),
+        common::verdicts::counts(permits.verdicts()),
         [Some(1), Some(1)]
     );
     permits.succeeded().await.expect("taken back");

@@ -24,6 +24,19 @@ fn limiter_on(config: tokio_postgres::Config) -> Limiter<Postgres<tokio_postgres
         .unwrap()
 }
 
+/// A limiter on `clock` that counts every call: no refusal cache answers a
+/// refused key, so each failure reaches the table.
+fn counting_every_call(
+    config: tokio_postgres::Config,
+    clock: &platformkit_limit::ManualClock,
+) -> Limiter<Postgres<tokio_postgres::Config>> {
+    Limiter::builder(Postgres::new(config).with_clock(clock.clone()))
+        .budget(PATIENT)
+        .no_refusal_cache()
+        .build()
+        .unwrap()
+}
+
 /// An untouched key, a counting one, a refused one, and the same key after
 /// a reset through another limiter (another replica): each status is the
 /// database's, and agrees with a check.
@@ -113,11 +126,7 @@ async fn refused_keys_lists_only_the_limits_refused_keys_newest_first_and_bounde
     let db = fresh_db().await;
     let clock = pinned_clock();
     // Every failure counted: no refusal cache to answer a flooded key.
-    let limiter = Limiter::builder(Postgres::new(db.config()).with_clock(clock.clone()))
-        .budget(PATIENT)
-        .no_refusal_cache()
-        .build()
-        .unwrap();
+    let limiter = counting_every_call(db.config(), &clock);
     let window = Duration::from_secs(60);
     let login = Limit::builder("login", 2, window)
         .lockout(Duration::from_secs(3600))
@@ -192,11 +201,7 @@ async fn refused_keys_lists_only_the_limits_refused_keys_newest_first_and_bounde
 async fn a_sliding_estimate_at_max_is_listed_with_its_reopening() {
     let db = fresh_db().await;
     let clock = pinned_clock();
-    let limiter = Limiter::builder(Postgres::new(db.config()).with_clock(clock.clone()))
-        .budget(PATIENT)
-        .no_refusal_cache()
-        .build()
-        .unwrap();
+    let limiter = counting_every_call(db.config(), &clock);
     let window = Duration::from_secs(3600);
     let sliding = Limit::builder("api", 4, window)
         .strategy(platformkit_limit::Strategy::Sliding)
@@ -334,19 +339,7 @@ async fn the_role_without_grants_cannot_list() {
         .await
         .unwrap();
     assert!(can(operator.clone()).await, "grants() covers the listing");
-    db.connect()
-        .await
-        .batch_execute(&format!(
-            "REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM \"{operator}\";
-             REVOKE ALL ON platformkit.platformkit_limits FROM \"{operator}\";
-             REVOKE ALL ON SCHEMA platformkit FROM \"{operator}\";"
-        ))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("DROP ROLE \"{operator}\""))
-        .await
-        .unwrap();
+    common::db::drop_role(&db.connect().await, &admin, &operator).await;
 }
 
 /// The key column compares byte for byte whatever the database's locale,

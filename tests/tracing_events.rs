@@ -16,44 +16,37 @@ use platformkit_limit_testdb::events::Seen;
 
 #[test]
 fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
-    let seen = Seen::default();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    tracing::subscriber::with_default(seen.clone(), || {
-        runtime.block_on(async {
-            let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free port")
-                .port();
-            let db = Server::shared().database(SCHEMA).await;
-            // A fresh config: adding a port to one that has one would be
-            // a configuration error, not an unreachable server.
-            let mut closed = tokio_postgres::Config::new();
-            closed.host("127.0.0.1").port(nowhere).user("limit_owner");
-            let limiter = Limiter::builder(Postgres::new(closed))
-                .budget(Duration::from_millis(500))
-                .build()
-                .expect("a budget");
-            let limit = Limit::new("login", 3, Duration::from_secs(60)).expect("a limit");
-            let key = Key::email("secret-alice@example.com");
-            let verdict = limiter.failed(&limit, &key).await.expect("a verdict");
-            assert!(verdict.is_unreachable());
-            // A limit that refuses when the store is unreachable is said to
-            // refuse, never to allow.
-            let strict = Limit::builder("strict", 3, Duration::from_secs(60))
-                .when_unreachable(platformkit_limit::WhenUnreachable::Refuse)
-                .build()
-                .expect("a limit");
-            let verdict = limiter.failed(&strict, &key).await.expect("a verdict");
-            assert!(verdict.is_unreachable() && verdict.is_refused());
-            platformkit_limit::purge(&db.config())
-                .await
-                .expect("a purge");
-        });
-    });
-    let seen = seen.events();
+    let seen = Seen::during(|_| async {
+        let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let db = Server::shared().database(SCHEMA).await;
+        // A fresh config: adding a port to one that has one would be
+        // a configuration error, not an unreachable server.
+        let mut closed = tokio_postgres::Config::new();
+        closed.host("127.0.0.1").port(nowhere).user("limit_owner");
+        let limiter = Limiter::builder(Postgres::new(closed))
+            .budget(Duration::from_millis(500))
+            .build()
+            .expect("a budget");
+        let limit = Limit::new("login", 3, Duration::from_secs(60)).expect("a limit");
+        let key = Key::email("secret-alice@example.com");
+        let verdict = limiter.failed(&limit, &key).await.expect("a verdict");
+        assert!(verdict.is_unreachable());
+        // A limit that refuses when the store is unreachable is said to
+        // refuse, never to allow.
+        let strict = Limit::builder("strict", 3, Duration::from_secs(60))
+            .when_unreachable(platformkit_limit::WhenUnreachable::Refuse)
+            .build()
+            .expect("a limit");
+        let verdict = limiter.failed(&strict, &key).await.expect("a verdict");
+        assert!(verdict.is_unreachable() && verdict.is_refused());
+        platformkit_limit::purge(&db.config())
+            .await
+            .expect("a purge");
+    })
+    .events();
     let warnings: Vec<&String> = seen
         .iter()
         .filter(|(level, _)| *level == tracing::Level::WARN)
@@ -105,28 +98,21 @@ fn a_per_address_rule_without_a_client_address_is_an_error_event_naming_the_limi
     use platformkit_limit::layer::LimitLayer;
     use tower::ServiceExt as _;
 
-    let seen = Seen::default();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    tracing::subscriber::with_default(seen.clone(), || {
-        runtime.block_on(async {
-            let db = Server::shared().database(SCHEMA).await;
-            let limiter = Limiter::new(Postgres::new(db.config()));
-            let per_address =
-                Limit::new("login-address", 3, Duration::from_secs(900)).expect("a limit");
-            let app = axum::Router::new()
-                .route("/login", axum::routing::post(|| async { "welcome" }))
-                .layer(LimitLayer::hit(limiter).limit_per_client_ip(&per_address));
-            let request = Request::post("/login")
-                .body(Body::empty())
-                .expect("a request");
-            let answer = app.oneshot(request).await.expect("infallible");
-            assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
-        });
-    });
-    let seen = seen.events();
+    let seen = Seen::during(|_| async {
+        let db = Server::shared().database(SCHEMA).await;
+        let limiter = Limiter::new(Postgres::new(db.config()));
+        let per_address =
+            Limit::new("login-address", 3, Duration::from_secs(900)).expect("a limit");
+        let app = axum::Router::new()
+            .route("/login", axum::routing::post(|| async { "welcome" }))
+            .layer(LimitLayer::hit(limiter).limit_per_client_ip(&per_address));
+        let request = Request::post("/login")
+            .body(Body::empty())
+            .expect("a request");
+        let answer = app.oneshot(request).await.expect("infallible");
+        assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    })
+    .events();
     let errors: Vec<&String> = seen
         .iter()
         .filter(|(level, _)| *level == tracing::Level::ERROR)

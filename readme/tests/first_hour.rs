@@ -16,15 +16,8 @@ include!(concat!(env!("OUT_DIR"), "/readme_example.rs"));
 
 #[test]
 fn a_newcomers_first_hour_start_refuse_outage_and_unlock() {
-    let seen = Seen::default();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
     // The subscriber the service already has; nothing else is set up.
-    tracing::subscriber::with_default(seen.clone(), || {
-        runtime.block_on(first_hour(&seen));
-    });
+    Seen::during(|seen| async move { first_hour(&seen).await });
 }
 
 async fn first_hour(seen: &Seen) {

@@ -33,6 +33,15 @@ impl<S> Admin<S> {
     fn limit(&self, name: &str) -> Option<&Limit> {
         self.limits.iter().find(|limit| limit.name() == name)
     }
+
+    /// The limit a page's path names, or the name asked for (empty when
+    /// the path cannot be read) when there is none.
+    fn named(&self, name: Result<Path<String>, PathRejection>) -> Result<&Limit, String> {
+        let Ok(Path(name)) = name else {
+            return Err(String::new());
+        };
+        self.limit(&name).ok_or(name)
+    }
 }
 
 /// The `Content-Security-Policy` of every answer: no script, no frame, no
@@ -111,6 +120,11 @@ fn store_failed(base: &str, what: &str, e: &Error) -> Response {
     )
 }
 
+/// A 400 page: the request cannot be read.
+fn bad_request(base: &str, message: &str) -> Response {
+    error(StatusCode::BAD_REQUEST, base, "Bad request", message)
+}
+
 fn no_such_limit(base: &str, name: &str) -> Response {
     error(
         StatusCode::NOT_FOUND,
@@ -155,19 +169,12 @@ async fn limit_page<S: Store>(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
     let base = base(&original, &uri);
-    let Ok(Path(name)) = name else {
-        return no_such_limit(&base, "");
-    };
-    let Some(limit) = admin.limit(&name) else {
-        return no_such_limit(&base, &name);
+    let limit = match admin.named(name) {
+        Ok(limit) => limit,
+        Err(name) => return no_such_limit(&base, &name),
     };
     let Ok(Query(query)) = query else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            &base,
-            "Bad request",
-            "The address's query cannot be read.",
-        );
+        return bad_request(&base, "The address's query cannot be read.");
     };
     let mut status = StatusCode::OK;
     let lookup = match field(&query, "key").filter(|typed| !typed.trim().is_empty()) {
@@ -216,17 +223,13 @@ async fn unlock<S: Store>(
     form: Result<Form<Vec<(String, String)>>, FormRejection>,
 ) -> Response {
     let base = base(&original, &uri);
-    let Ok(Path(name)) = name else {
-        return no_such_limit(&base, "");
-    };
-    let Some(limit) = admin.limit(&name) else {
-        return no_such_limit(&base, &name);
+    let limit = match admin.named(name) {
+        Ok(limit) => limit,
+        Err(name) => return no_such_limit(&base, &name),
     };
     let Ok(Form(fields)) = form else {
-        return error(
-            StatusCode::BAD_REQUEST,
+        return bad_request(
             &base,
-            "Bad request",
             "An unlock is a form with a key and a token. Nothing was unlocked.",
         );
     };
@@ -249,10 +252,8 @@ async fn unlock<S: Store>(
     // The token was this router's for this key: a key it listed or looked
     // up. Rebuilt from its encoding, so a digested key resets as stored.
     let Some(key) = Key::from_encoded(stored) else {
-        return error(
-            StatusCode::BAD_REQUEST,
+        return bad_request(
             &base,
-            "Bad request",
             "The form's key is not a stored key. Nothing was unlocked.",
         );
     };

@@ -2,7 +2,8 @@
 use std::time::UNIX_EPOCH;
 
 use super::*;
-use crate::decide::{Counted, Op, decide};
+use crate::decide::{Counted, decide};
+use crate::operation::Counting;
 use crate::{Error, Limit};
 
 const BUDGET: Duration = Duration::from_secs(2);
@@ -15,7 +16,7 @@ fn t(millis: u64) -> SystemTime {
 fn refused(now: SystemTime) -> Verdict {
     let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
     let verdict = decide(
-        Op::Check,
+        Counting::CHECK,
         &limit,
         &Counted {
             count: 1,
@@ -32,7 +33,7 @@ fn refused(now: SystemTime) -> Verdict {
 fn allowed(now: SystemTime) -> Verdict {
     let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
     decide(
-        Op::Check,
+        Counting::CHECK,
         &limit,
         &Counted {
             count: 0,

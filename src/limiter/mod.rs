@@ -12,10 +12,10 @@ use std::time::Duration;
 use crate::cache::RefusalCache;
 
 use crate::call::Call;
-use crate::decide::{Op, decide};
+use crate::decide::decide;
 use crate::key::stored;
 use crate::merge::Merging;
-use crate::operation::Operation;
+use crate::operation::{Counting, Operation};
 use crate::permit::CountedIn;
 use crate::store::sealed::Sealed as _;
 use crate::store::{Phase, Store};
@@ -161,7 +161,7 @@ impl<S: Store> Limiter<S> {
     ///
     /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
     pub async fn check(&self, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
-        self.counted(Op::Check, limit, key).await
+        self.counted(Counting::CHECK, limit, key).await
     }
 
     /// Records a failed attempt (a wrong password, a wrong code). The verdict
@@ -176,7 +176,7 @@ impl<S: Store> Limiter<S> {
     ///
     /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
     pub async fn failed(&self, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
-        self.counted(Op::Failed, limit, key).await
+        self.counted(Counting::FAILED, limit, key).await
     }
 
     /// Counts this attempt and says whether it may go ahead, in one
@@ -187,7 +187,7 @@ impl<S: Store> Limiter<S> {
     ///
     /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
     pub async fn hit(&self, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
-        self.counted(Op::Hit, limit, key).await
+        self.counted(Counting::HIT, limit, key).await
     }
 
     /// Counts this attempt **before** the work it guards and, when the limit
@@ -232,7 +232,7 @@ impl<S: Store> Limiter<S> {
     /// the limit's [`WhenUnreachable`].
     pub async fn reserve(&self, limit: &Limit, key: &Key) -> Result<Reservation<'_, S>, Error> {
         let stored = stored(limit.name(), key);
-        let (verdict, counted_in) = self.run(Op::Reserve, limit, &stored).await?;
+        let (verdict, counted_in) = self.run(Counting::RESERVE, limit, &stored).await?;
         Ok(Permit::reservation(
             self, limit, stored, verdict, counted_in,
         ))
@@ -270,7 +270,7 @@ impl<S: Store> Limiter<S> {
         result
     }
 
-    async fn counted(&self, op: Op, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
+    async fn counted(&self, op: Counting, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
         let stored = stored(limit.name(), key);
         self.run(op, limit, &stored)
             .await
@@ -281,7 +281,7 @@ impl<S: Store> Limiter<S> {
     /// with one pair.
     pub(crate) async fn run(
         &self,
-        op: Op,
+        op: Counting,
         limit: &Limit,
         key: &str,
     ) -> Result<(Verdict, CountedIn), Error> {
@@ -292,7 +292,7 @@ impl<S: Store> Limiter<S> {
     /// The verdict when the store could not be reached: the limit decides.
     fn when_unreachable(
         &self,
-        op: Op,
+        op: Counting,
         limit: &Limit,
         key: &str,
         cause: Arc<Error>,

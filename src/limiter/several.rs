@@ -8,10 +8,11 @@ use snafu::ensure;
 
 use crate::cache::{Lookup, Refresh};
 use crate::call::Call;
-use crate::decide::{Counted, Op, decide};
+use crate::decide::{Counted, decide};
 use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
 use crate::metric::{Outcome, Source};
+use crate::operation::Counting;
 use crate::permit::CountedIn;
 use crate::store::{Asked, Phase, Progress, Store, Watch};
 use crate::{Error, Key, Limit, Limiter, Verdict, Verdicts};
@@ -48,7 +49,7 @@ impl<S: Store> Limiter<S> {
     /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for no
     /// pairs or more than [`Limiter::MAX_PAIRS`]; otherwise as [`Limiter::check`].
     pub async fn check_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
-        self.counted_all(Op::Check, pairs).await
+        self.counted_all(Counting::CHECK, pairs).await
     }
 
     /// [`failed`](Limiter::failed) over several (limit, key) pairs in one
@@ -59,7 +60,7 @@ impl<S: Store> Limiter<S> {
     ///
     /// As [`Limiter::check_all`].
     pub async fn failed_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
-        self.counted_all(Op::Failed, pairs).await
+        self.counted_all(Counting::FAILED, pairs).await
     }
 
     /// [`hit`](Limiter::hit) over several (limit, key) pairs in one
@@ -70,10 +71,10 @@ impl<S: Store> Limiter<S> {
     ///
     /// As [`Limiter::check_all`].
     pub async fn hit_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
-        self.counted_all(Op::Hit, pairs).await
+        self.counted_all(Counting::HIT, pairs).await
     }
 
-    async fn counted_all(&self, op: Op, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
+    async fn counted_all(&self, op: Counting, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
         let counted = self.counted_all_in(op, pairs).await?;
         Ok(Verdicts::from_vec(
             counted.into_iter().map(|(verdict, _)| verdict).collect(),
@@ -84,7 +85,7 @@ impl<S: Store> Limiter<S> {
     /// each pair's verdict and where (and in which window) it was counted.
     pub(crate) async fn counted_all_in(
         &self,
-        op: Op,
+        op: Counting,
         pairs: &[(&Limit, &Key)],
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
         ensure!(
@@ -124,10 +125,16 @@ impl<S: Store> Limiter<S> {
     /// or shed when it is overloaded.
     pub(crate) async fn run_all(
         &self,
-        op: Op,
+        op: Counting,
         stored: &[(&Limit, String)],
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
-        let call = Call::start(op.into(), self.budget);
+        // Its callers give one pair (`run`) or have checked the number
+        // (`counted_all_in`): one statement takes them all.
+        debug_assert!(
+            (1..=Limiter::MAX_PAIRS).contains(&stored.len()),
+            "between one and Limiter::MAX_PAIRS pairs"
+        );
+        let call = Call::start(op.operation(), self.budget);
         let asked_at = self.store.local_now();
         let mut refreshes: Vec<Option<Refresh>> = Vec::with_capacity(stored.len());
         let mut cached: Vec<Option<Verdict>> = Vec::with_capacity(stored.len());
@@ -163,7 +170,7 @@ impl<S: Store> Limiter<S> {
             .filter(|(_, cached)| cached.is_none())
             .map(|((limit, key), _)| (*limit, key.clone()))
             .collect();
-        let mut asked = if op == Op::Failed && !rest.is_empty() {
+        let mut asked = if op == Counting::FAILED && !rest.is_empty() {
             let refreshes = refreshes
                 .into_iter()
                 .zip(&cached)
@@ -200,12 +207,15 @@ impl<S: Store> Limiter<S> {
     /// cached refusal, if it holds one.
     async fn ask(
         &self,
-        op: Op,
+        op: Counting,
         call: &Call,
         asked_at: std::time::SystemTime,
         stored: &[(&Limit, String)],
         refreshes: Vec<Option<Refresh>>,
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
+        // A subset of `run_all`'s pairs, never none: `watches[0]` is there.
+        debug_assert!(!stored.is_empty(), "a statement for no pairs");
+        debug_assert_eq!(stored.len(), refreshes.len(), "one claim per pair");
         let started = call.started();
         let deadline = call.deadline();
         // Where each pair's statement got, read if the budget runs out.
@@ -246,18 +256,23 @@ impl<S: Store> Limiter<S> {
                 .unwrap_or(Phase::Queued)
         };
         match call.within_store(&*self.store, phase, counting).await {
-            Ok(counted) => Ok(stored
-                .iter()
-                .zip(counted)
-                .zip(refreshes)
-                .map(|(((limit, key), counted), refresh)| {
-                    let verdict = decide(op, limit, &counted);
-                    self.refusals.answered(key, &verdict, asked_at, refresh);
-                    call.record(limit, Outcome::of(&verdict));
-                    let window_start = counted.window_start(limit);
-                    (verdict, CountedIn::Store { window_start })
-                })
-                .collect()),
+            Ok(counted) => {
+                // Every store, and merging, answers one count per pair, in
+                // order (`Postgres` errs otherwise): no pair goes undecided.
+                debug_assert_eq!(counted.len(), stored.len(), "one count per pair");
+                Ok(stored
+                    .iter()
+                    .zip(counted)
+                    .zip(refreshes)
+                    .map(|(((limit, key), counted), refresh)| {
+                        let verdict = decide(op, limit, &counted);
+                        self.refusals.answered(key, &verdict, asked_at, refresh);
+                        call.record(limit, Outcome::of(&verdict));
+                        let window_start = counted.window_start(limit);
+                        (verdict, CountedIn::Store { window_start })
+                    })
+                    .collect())
+            }
             Err(e) if e.is_unreachable() => {
                 let cause = Arc::new(e);
                 Ok(stored

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Answer, Caller, Queue, Shared, abandoned};
-use crate::decide::{Counted, Op};
+use crate::decide::Counted;
+use crate::operation::Counting;
 use crate::store::{Asked, Progress, sealed::Sealed};
 use crate::{Error, Limit, Limiter};
 
@@ -75,7 +76,7 @@ impl<S: Sealed> Flight<S> {
     /// waiting, for the next statement: its operation and its deadline, the
     /// latest of its callers' (the statement goes on while any of them
     /// waits). `None`, giving the place back, when nothing waits.
-    fn take(&mut self, only: Option<&[String]>) -> Option<(Op, Instant)> {
+    fn take(&mut self, only: Option<&[String]>) -> Option<(Counting, Instant)> {
         let mut queue = self.shared.lock();
         let mut op = None;
         let mut deadline: Option<Instant> = None;
@@ -99,7 +100,11 @@ impl<S: Sealed> Flight<S> {
                 break;
             };
             let Queue { keys, .. } = &mut *queue;
-            let Some(waiting) = keys.get_mut(&key) else {
+            // A key is ready only while its entry holds its callers: its
+            // entry leaves the map only once the key is off `ready`.
+            let waiting = keys.get_mut(&key);
+            debug_assert!(waiting.is_some(), "a ready key has its entry");
+            let Some(waiting) = waiting else {
                 continue;
             };
             waiting.callers.retain(|caller| !caller.tx.is_closed());
@@ -127,6 +132,12 @@ impl<S: Sealed> Flight<S> {
                 self.take(None)
             }
             _ => {
+                // The place is given back once: here, or by `drop` if the
+                // flight never got here.
+                debug_assert!(
+                    self.holding && queue.in_flight > 0,
+                    "a place given back twice"
+                );
                 queue.in_flight -= 1;
                 self.holding = false;
                 None
@@ -136,7 +147,7 @@ impl<S: Sealed> Flight<S> {
 
     /// Sends one statement for the members: alone for one key, one
     /// `add_many` for several. Each key's count after every caller's one.
-    async fn send(&self, op: Op, deadline: Instant) -> Vec<Answer> {
+    async fn send(&self, op: Counting, deadline: Instant) -> Vec<Answer> {
         let Some(store) = self.store.as_deref() else {
             let abandoned = abandoned();
             return vec![Err(abandoned); self.members.len()];
@@ -145,6 +156,18 @@ impl<S: Sealed> Flight<S> {
         for caller in self.members.iter().flat_map(|member| &member.callers) {
             caller.watch.follow(&progress, deadline);
         }
+        // `take` keeps a statement to `Limiter::MAX_PAIRS` keys, each its
+        // own: a key is ready at most once and never while in flight, so
+        // one flight at a time sends it. `add_many` relies on it: a key
+        // given twice would add both amounts and answer both the total.
+        debug_assert!(self.members.len() <= Limiter::MAX_PAIRS);
+        debug_assert!(
+            {
+                let mut keys = std::collections::HashSet::new();
+                self.members.iter().all(|member| keys.insert(&member.key))
+            },
+            "a key in two places of one statement"
+        );
         let n = |member: &Member| member.callers.len() as u64;
         if let [member] = &self.members[..] {
             let counted = store
@@ -190,7 +213,10 @@ impl<S: Sealed> Flight<S> {
     /// heard since then, and how far its statement got (sent and
     /// unanswered, or still waiting for a connection), as the caller itself
     /// reads it when its own budget runs out first.
-    fn answer(&mut self, op: Op, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
+    fn answer(&mut self, op: Counting, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
+        // One answer per member (`send` answers so), or a member's callers
+        // would be dropped untold.
+        debug_assert_eq!(answers.len(), self.members.len(), "one answer per key");
         let mut told = Vec::new();
         let mut queue = self.shared.lock();
         for (member, answer) in self.members.drain(..).zip(answers) {
@@ -198,7 +224,7 @@ impl<S: Sealed> Flight<S> {
             for (position, caller) in (0..).zip(member.callers) {
                 let answer = match &answer {
                     Err(e) if e.is_out_of_budget() => Err(Arc::new(Error::out_of_budget(
-                        op.into(),
+                        op.operation(),
                         caller.deadline.saturating_duration_since(caller.since),
                         self.store.as_deref().is_some_and(|store| {
                             store.down_since(caller.since, caller.watch.phase_for(caller.deadline))
@@ -211,7 +237,12 @@ impl<S: Sealed> Flight<S> {
                 told.push((caller, answer));
             }
             let Queue { keys, ready, .. } = &mut *queue;
-            if let Some(waiting) = keys.get_mut(&member.key) {
+            // In flight, its entry stays (`take` and `drop` remove only the
+            // ready keys' entries); it is not ready, so it is queued again
+            // at most once.
+            let waiting = keys.get_mut(&member.key);
+            debug_assert!(waiting.is_some(), "a key in flight has its entry");
+            if let Some(waiting) = waiting {
                 if waiting.callers.is_empty() {
                     keys.remove(&member.key);
                 } else {
@@ -227,7 +258,9 @@ impl<S: Sealed> Drop for Flight<S> {
     fn drop(&mut self) {
         if !self.members.is_empty() {
             let abandoned = abandoned();
-            let told = self.answer(Op::Failed, vec![Err(abandoned); self.members.len()]);
+            // The operation names only an out-of-budget answer, and these
+            // are not: any counting operation does.
+            let told = self.answer(Counting::FAILED, vec![Err(abandoned); self.members.len()]);
             tell(told);
         }
         if !self.holding {
@@ -265,6 +298,7 @@ fn tell(told: Vec<(Caller, Answer)>) {
 /// The count seen by the caller at `position` (0-based) of the `n` callers
 /// whose one a statement added, leaving the count at `counted.count`.
 fn at_position(mut counted: Counted, n: u64, position: u64) -> Counted {
+    debug_assert!(position < n, "a position among the key's callers");
     counted.count = counted.count.saturating_sub(n - 1 - position);
     counted
 }

@@ -27,9 +27,9 @@ use snafu::ResultExt;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::decide::{Counted, Op};
+use crate::decide::Counted;
 use crate::error::{AbandonedSnafu, MergedSnafu};
-use crate::operation::Operation;
+use crate::operation::Counting;
 use crate::store::{Watch, sealed::Sealed};
 use crate::{Error, Limit};
 
@@ -68,7 +68,7 @@ struct Queue {
 
 /// The callers of one stored key.
 struct Waiting {
-    op: Op,
+    op: Counting,
     limit: Limit,
     /// The callers waiting for the next statement with the key (its
     /// earlier callers' may be in flight).
@@ -115,12 +115,17 @@ impl Merging {
     pub(crate) async fn add_all<S: Sealed>(
         &self,
         store: &Arc<S>,
-        op: Op,
+        op: Counting,
         pairs: &[(&Limit, String)],
         (since, deadline): (Instant, Instant),
         watches: &[Watch],
     ) -> Result<Vec<Counted>, Error> {
-        let operation = Operation::from(op);
+        // Only writes merge (the limiter sends a `check` alone): a flight
+        // adds each caller's one. One watch per pair, or a pair would go
+        // unqueued.
+        debug_assert!(op.adds(), "only writes merge");
+        debug_assert_eq!(pairs.len(), watches.len(), "one watch per pair");
+        let operation = op.operation();
         let waits = self.queue(store, op, pairs, (since, deadline), watches);
         let mut counted = Vec::with_capacity(waits.len());
         for rx in waits {
@@ -145,7 +150,7 @@ impl Merging {
     fn queue<S: Sealed>(
         &self,
         store: &Arc<S>,
-        op: Op,
+        op: Counting,
         pairs: &[(&Limit, String)],
         (since, deadline): (Instant, Instant),
         watches: &[Watch],

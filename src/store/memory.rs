@@ -7,7 +7,8 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use crate::clock::{Clock, from_micros, micros_since_epoch};
-use crate::decide::{Counted, Op, decision, window_of};
+use crate::decide::{Counted, decision, window_of};
+use crate::operation::Counting;
 use crate::store::{Asked, Phase, Progress, Store, sealed};
 use crate::{Error, Limit, ManualClock, Strategy};
 
@@ -111,7 +112,7 @@ impl Memory {
     /// a bounded map has no room for it (nothing is counted).
     pub(crate) fn count_at(
         &self,
-        op: Op,
+        op: Counting,
         limit: &Limit,
         key: &str,
         n: u64,
@@ -129,7 +130,7 @@ impl Memory {
     fn count_in(
         &self,
         state: &mut State,
-        op: Op,
+        op: Counting,
         limit: &Limit,
         key: &str,
         n: u64,
@@ -160,22 +161,21 @@ impl Memory {
         } else {
             None
         };
-        let count = match op {
-            Op::Check => windows
+        let count = if op.adds() {
+            let key_windows = windows.entry(key.to_owned()).or_default();
+            let count = key_windows.counts.entry(start).or_insert(0);
+            *count = count.saturating_add(n).min(MAX_COUNT);
+            let count = *count;
+            if self.capacity.is_some() {
+                key_windows.keep_what_is_read(limit, start, width, lockout, now_micros);
+            }
+            count
+        } else {
+            windows
                 .get(key)
                 .and_then(|w| w.counts.get(&start))
                 .copied()
-                .unwrap_or(0),
-            Op::Failed | Op::Hit | Op::Reserve => {
-                let key_windows = windows.entry(key.to_owned()).or_default();
-                let count = key_windows.counts.entry(start).or_insert(0);
-                *count = count.saturating_add(n).min(MAX_COUNT);
-                let count = *count;
-                if self.capacity.is_some() {
-                    key_windows.keep_what_is_read(limit, start, width, lockout, now_micros);
-                }
-                count
-            }
+                .unwrap_or(0)
         };
         Counted {
             count,
@@ -257,7 +257,7 @@ impl sealed::Sealed for Memory {
 
     async fn count(
         &self,
-        op: Op,
+        op: Counting,
         limit: &Limit,
         key: &str,
         n: u64,
@@ -271,7 +271,7 @@ impl sealed::Sealed for Memory {
 
     async fn count_many(
         &self,
-        op: Op,
+        op: Counting,
         asked: &[Asked<'_>],
         _deadline: Instant,
         _progress: &Progress,
@@ -326,8 +326,8 @@ impl sealed::Sealed for Memory {
         let mut refused: Vec<(i64, String, Counted)> = keys
             .into_iter()
             .filter_map(|(key, latest)| {
-                let counted = self.count_in(&mut state, Op::Check, limit, &key, 0, now);
-                let refused = !decision(Op::Check, limit, &counted).allowed;
+                let counted = self.count_in(&mut state, Counting::CHECK, limit, &key, 0, now);
+                let refused = !decision(Counting::CHECK, limit, &counted).allowed;
                 refused.then_some((latest, key, counted))
             })
             .collect();
@@ -376,18 +376,29 @@ mod tests {
         let (fake, local) = (Memory::new(), Memory::bounded(10));
         for i in 0..20 {
             let key = format!("k{i}");
-            assert!(fake.count_at(Op::Failed, &limit, &key, 1, now).is_some());
-            let counted = local.count_at(Op::Failed, &limit, &key, 1, now);
+            assert!(
+                fake.count_at(Counting::FAILED, &limit, &key, 1, now)
+                    .is_some()
+            );
+            let counted = local.count_at(Counting::FAILED, &limit, &key, 1, now);
             assert_eq!(counted.is_some(), i < 10, "{i}");
         }
         assert_eq!((fake.len(), local.len()), (20, 10));
-        assert!(local.count_at(Op::Check, &limit, "k10", 1, now).is_none());
-        assert!(local.count_at(Op::Check, &limit, "k9", 1, now).is_some());
+        assert!(
+            local
+                .count_at(Counting::CHECK, &limit, "k10", 1, now)
+                .is_none()
+        );
+        assert!(
+            local
+                .count_at(Counting::CHECK, &limit, "k9", 1, now)
+                .is_some()
+        );
 
         for w in 0..100 {
             let at = now + Duration::from_secs(60 * w);
-            fake.count_at(Op::Failed, &limit, "k0", 2, at);
-            local.count_at(Op::Failed, &limit, "k0", 2, at);
+            fake.count_at(Counting::FAILED, &limit, "k0", 2, at);
+            local.count_at(Counting::FAILED, &limit, "k0", 2, at);
         }
         let windows = |m: &Memory| m.lock().keys["k0"].counts.len();
         assert_eq!(windows(&fake), 100);

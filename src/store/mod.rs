@@ -18,7 +18,8 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use crate::decide::{Counted, Op};
+use crate::decide::Counted;
+use crate::operation::Counting;
 use crate::{Error, Limit};
 
 /// A store of counts: [`Postgres`](crate::Postgres) or
@@ -135,7 +136,7 @@ pub(crate) mod sealed {
         /// got goes to `progress`.
         fn count(
             &self,
-            op: Op,
+            op: Counting,
             limit: &Limit,
             key: &str,
             n: u64,
@@ -148,7 +149,7 @@ pub(crate) mod sealed {
         /// counts come back in the order given.
         fn count_many(
             &self,
-            op: Op,
+            op: Counting,
             asked: &[Asked<'_>],
             deadline: Instant,
             progress: &Progress,

@@ -14,6 +14,21 @@ use tracing::{Event, Level, Metadata, Subscriber};
 pub struct Seen(Arc<Mutex<Vec<(Level, String)>>>);
 
 impl Seen {
+    /// Runs the future `work` makes, to its end, on a current-thread runtime
+    /// of its own with a fresh `Seen` as the subscriber; `work` is given a
+    /// clone, to read what is seen as it goes. Returns what was seen.
+    pub fn during<F: Future<Output = ()>>(work: impl FnOnce(Seen) -> F) -> Seen {
+        let seen = Seen::default();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        tracing::subscriber::with_default(seen.clone(), || {
+            runtime.block_on(work(seen.clone()));
+        });
+        seen
+    }
+
     /// Every event seen so far, in order.
     pub fn events(&self) -> Vec<(Level, String)> {
         self.0.lock().expect("not poisoned").clone()

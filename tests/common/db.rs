@@ -271,6 +271,37 @@ pub async fn lock_row_from(locker: Client, stored_key: &str) -> Client {
     locker
 }
 
+/// Writes `n` rows (`old|1` … `old|n`, a count of 1 each) whose windows
+/// closed two days ago, rows any purge deletes; written through
+/// [`as_system`].
+pub async fn old_rows(system: &mut Client, n: i32) {
+    as_system(
+        system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT 'old|' || g, now() - interval '2 days 1 minute', now() - interval '2 days', 1
+         FROM generate_series(1, $1) AS g",
+        &[&n],
+    )
+    .await;
+}
+
+/// Revokes what [`grants`](platformkit_limit::grants) gave `role`, as
+/// `owner` (the schema's owner), then drops the role, as `admin`.
+pub async fn drop_role(owner: &Client, admin: &Client, role: &str) {
+    owner
+        .batch_execute(&format!(
+            "REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM \"{role}\";
+             REVOKE ALL ON platformkit.platformkit_limits FROM \"{role}\";
+             REVOKE ALL ON SCHEMA platformkit FROM \"{role}\";"
+        ))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP ROLE \"{role}\""))
+        .await
+        .unwrap();
+}
+
 /// Waits, for at most `within`, until a call of the limiter in the test's
 /// database waits on a lock, and returns the pid of its backend.
 pub async fn until_a_call_waits_on_a_lock(admin: &Client, within: Duration) -> i32 {

@@ -1,6 +1,7 @@
 //! A bare HTTP/1.1 client for the example services the tests start on a
 //! loopback port: one request per connection, written by hand, so the
-//! tests need no HTTP client crate and see the answer's bytes as sent.
+//! tests need no HTTP client crate and see the answer's bytes as sent; and,
+//! with `axum`, the server side: an app served on a loopback port.
 
 use std::net::SocketAddr;
 
@@ -75,4 +76,26 @@ pub async fn send(
         headers,
         body: body.to_owned(),
     }
+}
+
+/// `app` on a loopback port, served by hyper through `axum::serve`, with or
+/// without the peer's address in `ConnectInfo`.
+#[cfg(feature = "axum")]
+pub async fn serve(app: axum::Router, connect_info: bool) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let address = listener.local_addr().expect("an address");
+    tokio::spawn(async move {
+        if connect_info {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+        } else {
+            axum::serve(listener, app).await
+        }
+    });
+    address
 }

@@ -1,6 +1,6 @@
 //! What a limiter reads back of the pairs a test counted under.
 
-use platformkit_limit::{Key, Limit, Limiter, Store};
+use platformkit_limit::{Key, Limit, Limiter, Store, Verdicts};
 
 /// Asserts that a `check` of `key` under `limit` is refused, whoever
 /// answers it (the store or the refusal cache).
@@ -14,6 +14,10 @@ pub async fn counts_of<S: Store>(
     limiter: &Limiter<S>,
     pairs: &[(&Limit, &Key)],
 ) -> Vec<Option<u64>> {
-    let verdicts = limiter.check_all(pairs).await.expect("verdicts");
+    counts(&limiter.check_all(pairs).await.expect("verdicts"))
+}
+
+/// The count of each verdict, in order.
+pub fn counts(verdicts: &Verdicts) -> Vec<Option<u64>> {
     verdicts.iter().map(|v| v.count()).collect()
 }

@@ -8,10 +8,10 @@ use snafu::ensure;
 use tokio::time::Instant;
 
 use super::Postgres;
-use crate::decide::{Counted, Op};
+use crate::decide::Counted;
 use crate::driver::Failure;
 use crate::error::UnexpectedSnafu;
-use crate::operation::Operation;
+use crate::operation::{Counting, Operation};
 use crate::store::sql;
 use crate::store::statement::deleted;
 use crate::store::{Asked, Phase, Progress, sealed};
@@ -28,14 +28,14 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
 
     async fn count(
         &self,
-        op: Op,
+        op: Counting,
         limit: &Limit,
         key: &str,
         n: u64,
         deadline: Instant,
         progress: &Progress,
     ) -> Result<Counted, Error> {
-        let operation = Operation::from(op);
+        let operation = op.operation();
         // A pinned clock out of bounds is refused before a connection is taken.
         let pinned = self.pinned()?;
         let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
@@ -46,35 +46,32 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let row = self
             .within(operation, deadline, since, progress, async {
                 let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
-                match op {
-                    Op::Check => {
-                        let read = sql::Read {
-                            key,
-                            window_secs: window,
-                            at: pinned,
-                            budget_ms: budget.server_ms,
-                            previous,
-                            max,
-                            lockout_secs: lockout,
-                        };
-                        self.call(&mut conn, operation, read.statement(), budget, progress)
-                            .await
-                    }
-                    Op::Failed | Op::Hit | Op::Reserve => {
-                        let add = sql::Add {
-                            key,
-                            add: i64::try_from(n).unwrap_or(i64::MAX),
-                            window_secs: window,
-                            at: pinned,
-                            budget_ms: budget.server_ms,
-                            relaxed: self.relaxed,
-                            previous,
-                            max,
-                            lockout_secs: lockout,
-                        };
-                        self.call(&mut conn, operation, add.statement(), budget, progress)
-                            .await
-                    }
+                if op.adds() {
+                    let add = sql::Add {
+                        key,
+                        add: i64::try_from(n).unwrap_or(i64::MAX),
+                        window_secs: window,
+                        at: pinned,
+                        budget_ms: budget.server_ms,
+                        relaxed: self.relaxed,
+                        previous,
+                        max,
+                        lockout_secs: lockout,
+                    };
+                    self.call(&mut conn, operation, add.statement(), budget, progress)
+                        .await
+                } else {
+                    let read = sql::Read {
+                        key,
+                        window_secs: window,
+                        at: pinned,
+                        budget_ms: budget.server_ms,
+                        previous,
+                        max,
+                        lockout_secs: lockout,
+                    };
+                    self.call(&mut conn, operation, read.statement(), budget, progress)
+                        .await
                 }
             })
             .await?;
@@ -95,12 +92,12 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
 
     async fn count_many(
         &self,
-        op: Op,
+        op: Counting,
         asked: &[Asked<'_>],
         deadline: Instant,
         progress: &Progress,
     ) -> Result<Vec<Counted>, Error> {
-        let operation = Operation::from(op);
+        let operation = op.operation();
         let pinned = self.pinned()?;
         let keys: Vec<&str> = asked.iter().map(|pair| pair.key).collect();
         let windows: Vec<i64> = asked
@@ -127,35 +124,32 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let row = self
             .within(operation, deadline, since, progress, async {
                 let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
-                match op {
-                    Op::Check => {
-                        let read = sql::ReadMany {
-                            keys: &keys,
-                            window_secs: &windows,
-                            at: pinned,
-                            budget_ms: budget.server_ms,
-                            previous,
-                            maxes: &maxes,
-                            lockout_secs: &lockouts,
-                        };
-                        self.call(&mut conn, operation, read.statement(), budget, progress)
-                            .await
-                    }
-                    Op::Failed | Op::Hit | Op::Reserve => {
-                        let add = sql::AddMany {
-                            keys: &keys,
-                            window_secs: &windows,
-                            adds: &adds,
-                            at: pinned,
-                            budget_ms: budget.server_ms,
-                            relaxed: self.relaxed,
-                            previous,
-                            maxes: &maxes,
-                            lockout_secs: &lockouts,
-                        };
-                        self.call(&mut conn, operation, add.statement(), budget, progress)
-                            .await
-                    }
+                if op.adds() {
+                    let add = sql::AddMany {
+                        keys: &keys,
+                        window_secs: &windows,
+                        adds: &adds,
+                        at: pinned,
+                        budget_ms: budget.server_ms,
+                        relaxed: self.relaxed,
+                        previous,
+                        maxes: &maxes,
+                        lockout_secs: &lockouts,
+                    };
+                    self.call(&mut conn, operation, add.statement(), budget, progress)
+                        .await
+                } else {
+                    let read = sql::ReadMany {
+                        keys: &keys,
+                        window_secs: &windows,
+                        at: pinned,
+                        budget_ms: budget.server_ms,
+                        previous,
+                        maxes: &maxes,
+                        lockout_secs: &lockouts,
+                    };
+                    self.call(&mut conn, operation, read.statement(), budget, progress)
+                        .await
                 }
             })
             .await?;
