@@ -606,3 +606,37 @@ async fn a_botnet_of_fresh_addresses_is_counted_never_read_as_an_outage() {
     drop(login);
     tokio::task::block_in_place(|| drop((db, server)));
 }
+
+/// A database whose connection slots are all taken (here its connection
+/// limit, as a flood of logins, with or without grants, takes them: both
+/// are `53300`, too many connections) is up and out of a resource: a
+/// limiter that connects for each call sheds its calls, never lets them
+/// through as unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_slots_all_taken_are_load_and_shed_never_allowed() {
+    let db = Server::shared().database(platformkit_limit::SCHEMA).await;
+    let admin = db.connect_admin().await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" CONNECTION LIMIT 2",
+            db.name()
+        ))
+        .await
+        .expect("a connection limit");
+    // The admin's session counts too; the flood's connection holds the
+    // other slot.
+    let taken = db.connect().await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let login = common::limit("login", 5);
+    for attempt in 0..3 {
+        let verdict = limiter
+            .failed(&login, &Key::email("alice@example.com"))
+            .await
+            .expect("a verdict");
+        assert_shed(
+            &verdict,
+            &format!("attempt {attempt} with every slot taken"),
+        );
+    }
+    drop(taken);
+}

@@ -21,7 +21,7 @@ use tokio_postgres::{Client, Config, NoTls, Socket};
 
 use super::{Failure, Param, Row, answer_or_cancel, sealed};
 use crate::LimitConn;
-use crate::error::{Reading, misconfigured_code};
+use crate::error::{Reading, not_an_outage};
 
 impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
     async fn send<'a, const N: usize>(
@@ -117,7 +117,7 @@ fn io_caused(error: &tokio_postgres::Error) -> bool {
 /// kinds; its messages for them are stable and are matched here.
 pub(super) fn misconfigured(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
     match error.code() {
-        Some(code) => misconfigured_code(code).then(|| Some(code.clone())),
+        Some(code) => not_an_outage(code).then(|| Some(code.clone())),
         None => {
             let message = error.to_string();
             [

@@ -168,14 +168,13 @@ pub(crate) enum Reading {
     Refused,
 }
 
-/// Whether a SQLSTATE that ended a connection attempt shows a
-/// misconfiguration: anything but the server going away, a cancel or the
-/// server out of a resource.
-pub(crate) fn misconfigured_code(code: &SqlState) -> bool {
-    !matches!(
-        Class::of(code),
-        Class::Gone | Class::Cancelled | Class::Exhausted
-    )
+/// Whether a SQLSTATE that ended a connection attempt shows a server that
+/// is up, so not an outage: anything but the server going away or a
+/// cancel. [`Error::connect`] reads the server out of a resource (class
+/// `53`: connection slots, which a flood of logins can take, memory) as
+/// overloaded, and the rest as a misconfiguration.
+pub(crate) fn not_an_outage(code: &SqlState) -> bool {
+    !matches!(Class::of(code), Class::Gone | Class::Cancelled)
 }
 
 /// Whether a SQLSTATE says the server is out of a resource (connection

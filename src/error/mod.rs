@@ -20,7 +20,7 @@ mod sqlstate;
 
 use tokio_postgres::error::SqlState;
 
-pub(crate) use self::classify::{Reading, misconfigured_code};
+pub(crate) use self::classify::{Reading, not_an_outage};
 
 /// A boxed error from a connection source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -21,7 +21,7 @@ use tokio_postgres::error::SqlState;
 use self::timestamptz::Timestamptz;
 use super::{Failure, Param, Row, sealed};
 use crate::LimitConn;
-use crate::error::{Reading, misconfigured_code};
+use crate::error::{Reading, not_an_outage};
 
 /// An sqlx PostgreSQL connection lent to the limiter: a
 /// `PoolConnection<Postgres>` (what [`PgPool`] lends), a `PgConnection` held
@@ -218,7 +218,7 @@ pub(super) fn reading(error: &sqlx::Error) -> Reading {
 /// that is not it going away), and its SQLSTATE.
 pub(super) fn misconfigured(error: &sqlx::Error) -> Option<Option<SqlState>> {
     match reading(error) {
-        Reading::Answered(code) => misconfigured_code(&code).then_some(Some(code)),
+        Reading::Answered(code) => not_an_outage(&code).then_some(Some(code)),
         Reading::Misconfigured => Some(None),
         Reading::Lost | Reading::Refused => None,
     }
