@@ -14,8 +14,9 @@
 //!   PostgreSQL connection.
 //!
 //! Each call borrows one pooled connection and returns it idle. The pool's
-//! own wait counts against the call's budget: an exhausted pool is an
-//! unreachable store once the budget is spent, never a hang.
+//! own wait counts against the call's budget: a full pool sheds the call
+//! once the budget is spent (the guide's
+//! [down or overloaded](crate::guide#down-or-overloaded)), never a hang.
 
 // What a session does for the stores: send one statement (a text from
 // `store::sql`) with typed parameters and read its one row; and, on
@@ -219,31 +220,34 @@ impl Failure {
 }
 
 /// A connection source's failure, as the crate's error: unreachable, unless
-/// a driver's error in its chain shows a misconfiguration
-/// ([`misconfigured`], the first link that does).
+/// a driver's error in its chain shows a server that is up and refused
+/// ([`refused_while_up`], the first link that does).
 pub(crate) fn connect_error(operation: Operation, source: BoxError) -> Error {
-    let mut misconfigured_by = None;
+    let mut refused_by = None;
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
     while let Some(error) = cause {
-        misconfigured_by = misconfigured(error);
-        if misconfigured_by.is_some() {
+        refused_by = refused_while_up(error);
+        if refused_by.is_some() {
             break;
         }
         cause = error.source();
     }
-    Error::connect(operation, source, misconfigured_by)
+    Error::connect(operation, source, refused_by)
 }
 
 /// Whether `error`, one link of a connection source's error chain, shows a
-/// misconfiguration rather than an outage, and with which SQLSTATE: `None`
-/// when it does not (or is no driver's error).
-pub(crate) fn misconfigured(error: &(dyn std::error::Error + 'static)) -> Option<Option<SqlState>> {
+/// server that is up and refused the connection rather than an outage (a
+/// misconfiguration, or the server out of a resource, class `53`), and with
+/// which SQLSTATE: `None` when it does not (or is no driver's error).
+pub(crate) fn refused_while_up(
+    error: &(dyn std::error::Error + 'static),
+) -> Option<Option<SqlState>> {
     if let Some(e) = error.downcast_ref::<::tokio_postgres::Error>() {
-        return self::tokio_postgres::misconfigured(e);
+        return self::tokio_postgres::refused_while_up(e);
     }
     #[cfg(feature = "sqlx")]
     if let Some(e) = error.downcast_ref::<::sqlx::Error>() {
-        return sqlx::misconfigured(e);
+        return sqlx::refused_while_up(e);
     }
     None
 }

@@ -113,9 +113,10 @@ fn io_caused(error: &tokio_postgres::Error) -> bool {
 }
 
 /// Whether a connection attempt failed for a reason an outage does not
-/// explain, and its SQLSTATE. tokio-postgres does not expose its error
+/// explain (a misconfiguration, or the server out of a resource), and its
+/// SQLSTATE. tokio-postgres does not expose its error
 /// kinds; its messages for them are stable and are matched here.
-pub(super) fn misconfigured(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
+pub(super) fn refused_while_up(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
     match error.code() {
         Some(code) => not_an_outage(code).then(|| Some(code.clone())),
         None => {

@@ -45,15 +45,17 @@ impl Error {
     }
 
     /// A connection source's failure: unreachable, unless a driver's error
-    /// in its chain shows a misconfiguration (a refusal with a SQLSTATE that
+    /// in its chain shows a server that is up and refused (`refused`, with
+    /// its SQLSTATE if it has one): overloaded when it is out of a resource
+    /// (class `53`), else a misconfiguration (a refusal with a SQLSTATE that
     /// is not the server going away, an invalid configuration, a failed
-    /// authentication): `misconfigured`, with its SQLSTATE if it has one.
+    /// authentication).
     pub(crate) fn connect(
         operation: Operation,
         source: BoxError,
-        misconfigured: Option<Option<SqlState>>,
+        refused: Option<Option<SqlState>>,
     ) -> Self {
-        match misconfigured {
+        match refused {
             Some(Some(code)) if exhausted_code(&code) => Error(Inner::Exhausted {
                 operation,
                 code: Some(code),

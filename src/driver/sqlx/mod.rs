@@ -215,8 +215,9 @@ pub(super) fn reading(error: &sqlx::Error) -> Reading {
 
 /// Whether a connection attempt failed for a reason an outage does not
 /// explain (a refused configuration, or the server refusing with a SQLSTATE
-/// that is not it going away), and its SQLSTATE.
-pub(super) fn misconfigured(error: &sqlx::Error) -> Option<Option<SqlState>> {
+/// that is not it going away: a misconfiguration, or it out of a resource),
+/// and its SQLSTATE.
+pub(super) fn refused_while_up(error: &sqlx::Error) -> Option<Option<SqlState>> {
     match reading(error) {
         Reading::Answered(code) => not_an_outage(&code).then_some(Some(code)),
         Reading::Misconfigured => Some(None),
