@@ -8,7 +8,7 @@
 mod common;
 
 use axum::http::header;
-use common::{GOOD, WRONG, as_a_new_role, post_login};
+use common::{GOOD, WRONG, as_a_new_role, post_login, refused_after_five_wrong};
 use platformkit_limit_testdb::events::Seen;
 use platformkit_limit_testdb::{Options, Server};
 
@@ -28,16 +28,7 @@ async fn first_hour(seen: &Seen) {
 
     // Bad logins, then the limit.
     let alice = Some("alice@example.com");
-    for n in 1..=5 {
-        let answer = post_login(&service, alice, WRONG).await;
-        assert_eq!(
-            answer.status(),
-            StatusCode::UNAUTHORIZED,
-            "wrong password {n}"
-        );
-    }
-    let refused = post_login(&service, alice, GOOD).await;
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let refused = refused_after_five_wrong(&service, "alice@example.com", GOOD).await;
     let retry_after: u64 = refused.headers()[header::RETRY_AFTER]
         .to_str()
         .expect("ascii")

@@ -6,7 +6,7 @@ mod common;
 
 use axum::body::Body;
 use axum::http::{Request, header};
-use common::{GOOD, WRONG, as_a_new_role, post_login};
+use common::{GOOD, WRONG, as_a_new_role, post_login, refused_after_five_wrong};
 use platformkit_limit_testdb::Server;
 use tower::ServiceExt as _;
 
@@ -25,16 +25,7 @@ async fn the_readmes_example_runs_as_written_on_a_fresh_database_as_any_role() {
     // Five wrong passwords are answered by the handler; the sixth attempt
     // is refused before it, with a Retry-After.
     let alice = Some("alice@example.com");
-    for n in 1..=5 {
-        let answer = post_login(&service, alice, WRONG).await;
-        assert_eq!(
-            answer.status(),
-            StatusCode::UNAUTHORIZED,
-            "wrong password {n}"
-        );
-    }
-    let refused = post_login(&service, alice, WRONG).await;
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let refused = refused_after_five_wrong(&service, "alice@example.com", WRONG).await;
     assert!(
         refused.headers().contains_key(header::RETRY_AFTER),
         "{:?}",

@@ -64,3 +64,24 @@ pub async fn post_login(
     let request = request.body(Body::from(form)).expect("a request");
     app.clone().oneshot(request).await.expect("an answer")
 }
+
+/// Five wrong passwords for `account`, each answered 401 by the handler;
+/// then a sixth login with `form`, refused by the limit before the handler:
+/// its answer.
+pub async fn refused_after_five_wrong(
+    app: &Router,
+    account: &str,
+    form: &'static str,
+) -> axum::response::Response {
+    for n in 1..=5 {
+        let answer = post_login(app, Some(account), WRONG).await;
+        assert_eq!(
+            answer.status(),
+            axum::http::StatusCode::UNAUTHORIZED,
+            "wrong password {n}"
+        );
+    }
+    let refused = post_login(app, Some(account), form).await;
+    assert_eq!(refused.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
+    refused
+}
