@@ -2,12 +2,13 @@
 //! SQLSTATE table, a connection source's failure, a budget that ran out;
 //! and what the crate asks of an error it made.
 
+use std::fmt;
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
 use super::sqlstate::Class;
-use super::{BoxError, Error, Inner};
+use super::{BoxError, Error, ErrorKind, Inner};
 use crate::operation::Operation;
 
 impl Error {
@@ -39,7 +40,10 @@ impl Error {
     pub(crate) fn answered(&self) -> bool {
         match &self.0 {
             Inner::AnsweredAfterCancel { .. } => true,
-            Inner::ConnectionLost { .. } => false,
+            Inner::Driver {
+                fault: Fault::ConnectionLost,
+                ..
+            } => false,
             _ => self.code().is_some(),
         }
     }
@@ -55,19 +59,19 @@ impl Error {
         source: BoxError,
         refused: Option<Option<SqlState>>,
     ) -> Self {
-        match refused {
-            Some(Some(code)) if exhausted_code(&code) => Error(Inner::Exhausted {
-                operation,
-                code: Some(code),
-                source,
-            }),
-            Some(code) => Error(Inner::Misconfigured {
-                operation,
-                code,
-                source,
-            }),
-            None => Error(Inner::Connect { operation, source }),
-        }
+        let Some(code) = refused else {
+            return Error(Inner::Connect { operation, source });
+        };
+        let fault = match &code {
+            Some(code) if Class::of(code) == Class::Exhausted => Fault::Exhausted,
+            _ => Fault::Misconfigured,
+        };
+        Error(Inner::Driver {
+            operation,
+            fault,
+            code,
+            source,
+        })
     }
 
     /// Sorts a driver's error, as it reads (`reading`), into "unreachable"
@@ -81,79 +85,105 @@ impl Error {
         source: BoxError,
         cancel_sent: bool,
     ) -> Self {
-        let code = match reading {
-            Reading::Answered(code) => code,
-            Reading::Lost => {
-                return Error(Inner::ConnectionLost {
-                    operation,
-                    code: None,
-                    source,
-                });
-            }
-            Reading::Misconfigured => {
-                return Error(Inner::Misconfigured {
-                    operation,
-                    code: None,
-                    source,
-                });
-            }
-            Reading::Refused => {
-                return Error(Inner::Query {
-                    operation,
-                    code: None,
-                    source,
-                });
-            }
+        let (fault, code) = match reading {
+            Reading::Answered(code) => (Fault::of(Class::of(&code), cancel_sent), Some(code)),
+            Reading::Lost => (Fault::ConnectionLost, None),
+            Reading::Misconfigured => (Fault::Misconfigured, None),
+            Reading::Refused => (Fault::Query, None),
         };
-        let class = Class::of(&code);
-        let code = Some(code);
-        Error(match class {
-            Class::Gone => Inner::ConnectionLost {
-                operation,
-                code,
-                source,
-            },
-            Class::Exhausted => Inner::Exhausted {
-                operation,
-                code,
-                source,
-            },
-            Class::Cancelled if cancel_sent => Inner::ServerTimeout {
-                operation,
-                code,
-                source,
-            },
-            Class::Cancelled => Inner::Cancelled {
-                operation,
-                code,
-                source,
-            },
-            Class::LockTimeout => Inner::LockTimeout {
-                operation,
-                code,
-                source,
-            },
-            Class::InTransaction => Inner::InTransaction {
-                operation,
-                code,
-                source,
-            },
-            Class::Misconfigured => Inner::SessionTimeout {
-                operation,
-                code,
-                source,
-            },
-            Class::Refused => Inner::Query {
-                operation,
-                code,
-                source,
-            },
+        Error(Inner::Driver {
+            operation,
+            fault,
+            code,
+            source,
+        })
+    }
+}
+
+/// What went wrong in a failure a driver reported: its message, and the
+/// [`ErrorKind`] a caller matches on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// The connection source failed, or the driver refused its own
+    /// configuration, for a reason an outage does not explain.
+    Misconfigured,
+    /// The connection failed or was lost: the server going away.
+    ConnectionLost,
+    /// The server is out of a resource (class `53`).
+    Exhausted,
+    /// The server stopped the statement at this call's cancel request.
+    ServerTimeout,
+    /// `55P03`.
+    LockTimeout,
+    /// A cancel this call did not send.
+    Cancelled,
+    /// A session setting the limiter refuses (`PK001`).
+    SessionTimeout,
+    /// Any other refusal of the statement.
+    Query,
+    /// The connection was inside a transaction.
+    InTransaction,
+}
+
+impl Fault {
+    /// How a SQLSTATE's class reads; a cancel is the budget running out
+    /// only when this call sent it.
+    fn of(class: Class, cancel_sent: bool) -> Self {
+        match class {
+            Class::Gone => Fault::ConnectionLost,
+            Class::Exhausted => Fault::Exhausted,
+            Class::Cancelled if cancel_sent => Fault::ServerTimeout,
+            Class::Cancelled => Fault::Cancelled,
+            Class::LockTimeout => Fault::LockTimeout,
+            Class::InTransaction => Fault::InTransaction,
+            Class::Misconfigured => Fault::SessionTimeout,
+            Class::Refused => Fault::Query,
+        }
+    }
+
+    pub(super) fn kind(self) -> ErrorKind {
+        match self {
+            Fault::ConnectionLost => ErrorKind::Connect,
+            Fault::Exhausted | Fault::ServerTimeout => ErrorKind::Overloaded,
+            Fault::Misconfigured | Fault::SessionTimeout => ErrorKind::Misconfigured,
+            Fault::LockTimeout => ErrorKind::LockTimeout,
+            Fault::Cancelled => ErrorKind::Cancelled,
+            Fault::Query => ErrorKind::Query,
+            Fault::InTransaction => ErrorKind::InTransaction,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fault::Misconfigured => {
+                "the connection source failed for a reason an outage does not explain"
+            }
+            Fault::ConnectionLost => "the connection to PostgreSQL failed or was lost",
+            Fault::Exhausted => "PostgreSQL is out of a resource (connection slots, memory)",
+            Fault::ServerTimeout => {
+                "PostgreSQL stopped the statement at this call's cancel request"
+            }
+            Fault::LockTimeout => "a lock the statement needed was held past the server's budget",
+            Fault::Cancelled => {
+                "PostgreSQL cancelled the statement, and this limiter did not ask it to"
+            }
+            Fault::SessionTimeout => {
+                "a setting of the session would stop or hold the limiter's call \
+                 (a timeout no longer than its budget, or a read-only or deferrable transaction)"
+            }
+            Fault::Query => "PostgreSQL refused the limiter's statement",
+            Fault::InTransaction => {
+                "the connection was handed over inside a transaction; \
+                 the limiter needs an idle connection and rolled that transaction back"
+            }
         })
     }
 }
 
 /// What a driver's error says, before the SQLSTATE table reads it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Reading {
     /// PostgreSQL answered with this SQLSTATE.
     Answered(SqlState),
@@ -177,10 +207,4 @@ pub(crate) enum Reading {
 /// overloaded, and the rest as a misconfiguration.
 pub(crate) fn not_an_outage(code: &SqlState) -> bool {
     !matches!(Class::of(code), Class::Gone | Class::Cancelled)
-}
-
-/// Whether a SQLSTATE says the server is out of a resource (connection
-/// slots, memory): up, and overloaded.
-fn exhausted_code(code: &SqlState) -> bool {
-    Class::of(code) == Class::Exhausted
 }

@@ -20,6 +20,7 @@ mod sqlstate;
 
 use tokio_postgres::error::SqlState;
 
+use self::classify::Fault;
 pub(crate) use self::classify::{Reading, not_an_outage};
 
 /// A boxed error from a connection source.
@@ -132,18 +133,12 @@ pub(crate) enum Inner {
         source: BoxError,
     },
 
-    #[snafu(display(
-        "{operation}: the connection source failed for a reason an outage does not explain"
-    ))]
-    Misconfigured {
+    /// A failure a driver reported, read by the SQLSTATE table when it came
+    /// with a code (see [`Fault`]).
+    #[snafu(display("{operation}: {fault}"))]
+    Driver {
         operation: Operation,
-        code: Option<SqlState>,
-        source: BoxError,
-    },
-
-    #[snafu(display("{operation}: the connection to PostgreSQL failed or was lost"))]
-    ConnectionLost {
-        operation: Operation,
+        fault: Fault,
         code: Option<SqlState>,
         source: BoxError,
     },
@@ -163,22 +158,6 @@ pub(crate) enum Inner {
         budget: Duration,
     },
 
-    #[snafu(display("{operation}: PostgreSQL is out of a resource (connection slots, memory)"))]
-    Exhausted {
-        operation: Operation,
-        code: Option<SqlState>,
-        source: BoxError,
-    },
-
-    #[snafu(display(
-        "{operation}: PostgreSQL stopped the statement at this call's cancel request"
-    ))]
-    ServerTimeout {
-        operation: Operation,
-        code: Option<SqlState>,
-        source: BoxError,
-    },
-
     /// An answer that came after this call's own cancel request: the budget
     /// ran out, whatever the answer says. (A commit waiting for a synchronous
     /// standby is answered, with only a warning, when it is cancelled: not
@@ -187,49 +166,6 @@ pub(crate) enum Inner {
         "{operation}: the answer came after this call's cancel request, at the end of its budget"
     ))]
     AnsweredAfterCancel { operation: Operation },
-
-    #[snafu(display("{operation}: a lock the statement needed was held past the server's budget"))]
-    LockTimeout {
-        operation: Operation,
-        code: Option<SqlState>,
-        source: BoxError,
-    },
-
-    #[snafu(display(
-        "{operation}: PostgreSQL cancelled the statement, and this limiter did not ask it to"
-    ))]
-    Cancelled {
-        operation: Operation,
-        code: Option<SqlState>,
-        source: BoxError,
-    },
-
-    #[snafu(display(
-        "{operation}: a setting of the session would stop or hold the limiter's call \
-         (a timeout no longer than its budget, or a read-only or deferrable transaction)"
-    ))]
-    SessionTimeout {
-        operation: Operation,
-        code: Option<SqlState>,
-        source: BoxError,
-    },
-
-    #[snafu(display("{operation}: PostgreSQL refused the limiter's statement"))]
-    Query {
-        operation: Operation,
-        code: Option<SqlState>,
-        source: BoxError,
-    },
-
-    #[snafu(display(
-        "{operation}: the connection was handed over inside a transaction; \
-         the limiter needs an idle connection and rolled that transaction back"
-    ))]
-    InTransaction {
-        operation: Operation,
-        code: Option<SqlState>,
-        source: BoxError,
-    },
 
     #[snafu(display(
         "the shared statement that carried this call's count ended without an answer for it"
@@ -265,19 +201,14 @@ impl Error {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match &self.0 {
-            Inner::Connect { .. } | Inner::ConnectionLost { .. } => ErrorKind::Connect,
+            Inner::Connect { .. } => ErrorKind::Connect,
+            Inner::Driver { fault, .. } => fault.kind(),
             Inner::Timeout { .. } => ErrorKind::Timeout,
-            Inner::Shed { .. }
-            | Inner::Exhausted { .. }
-            | Inner::ServerTimeout { .. }
-            | Inner::AnsweredAfterCancel { .. }
-            | Inner::Abandoned => ErrorKind::Overloaded,
+            Inner::Shed { .. } | Inner::AnsweredAfterCancel { .. } | Inner::Abandoned => {
+                ErrorKind::Overloaded
+            }
             Inner::Merged { source, .. } => source.kind(),
-            Inner::Query { .. } | Inner::Unexpected { .. } => ErrorKind::Query,
-            Inner::Misconfigured { .. } | Inner::SessionTimeout { .. } => ErrorKind::Misconfigured,
-            Inner::LockTimeout { .. } => ErrorKind::LockTimeout,
-            Inner::Cancelled { .. } => ErrorKind::Cancelled,
-            Inner::InTransaction { .. } => ErrorKind::InTransaction,
+            Inner::Unexpected { .. } => ErrorKind::Query,
             Inner::InvalidLimit { .. } => ErrorKind::InvalidLimit,
             Inner::InvalidKey { .. } => ErrorKind::InvalidKey,
             Inner::InvalidOption { .. } => ErrorKind::InvalidOption,
@@ -300,15 +231,7 @@ impl Error {
     /// whatever the driver.
     pub fn code(&self) -> Option<&SqlState> {
         match &self.0 {
-            Inner::Misconfigured { code, .. }
-            | Inner::ConnectionLost { code, .. }
-            | Inner::ServerTimeout { code, .. }
-            | Inner::LockTimeout { code, .. }
-            | Inner::Cancelled { code, .. }
-            | Inner::SessionTimeout { code, .. }
-            | Inner::Query { code, .. }
-            | Inner::Exhausted { code, .. }
-            | Inner::InTransaction { code, .. } => code.as_ref(),
+            Inner::Driver { code, .. } => code.as_ref(),
             Inner::Merged { source, .. } => source.code(),
             _ => None,
         }
