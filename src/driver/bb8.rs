@@ -7,6 +7,7 @@ use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::Socket;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 
+use super::SourceErrors;
 use crate::LimitConn;
 
 /// ```no_run
@@ -32,3 +33,16 @@ where
         self.get_owned().await
     }
 }
+
+/// How bb8's errors read in a connection source's chain: a wait for a
+/// connection that ran out is a wait (its backend's errors are
+/// tokio-postgres's).
+pub(super) const ERRORS: SourceErrors = SourceErrors {
+    refused_while_up: |_| None,
+    waited_for_pool: |error| {
+        matches!(
+            error.downcast_ref::<bb8::RunError<tokio_postgres::Error>>(),
+            Some(bb8::RunError::TimedOut)
+        )
+    },
+};

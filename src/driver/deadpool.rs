@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
-use super::tokio_postgres::{cancelling, typed};
-use super::{Failure, Param, Row, sealed};
+use super::tokio_postgres::{cancelling, failure, typed};
+use super::{Failure, Param, Row, SourceErrors, sealed};
 use crate::LimitConn;
 
 /// A connection borrowed from a [`deadpool_postgres::Pool`] for one call;
@@ -148,10 +148,7 @@ where
     }
 
     async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
-        self.0
-            .batch_execute(script)
-            .await
-            .map_err(Failure::Postgres)
+        self.0.batch_execute(script).await.map_err(failure)
     }
 
     async fn rollback(&mut self) {
@@ -190,3 +187,18 @@ async fn prepared_row<const N: usize>(
     }
     answer
 }
+
+/// How deadpool's errors read in a connection source's chain: a wait for a
+/// connection that ran out is a wait (its backend's errors are
+/// tokio-postgres's, further down the chain).
+pub(super) const ERRORS: SourceErrors = SourceErrors {
+    refused_while_up: |_| None,
+    waited_for_pool: |error| {
+        matches!(
+            error.downcast_ref::<deadpool_postgres::PoolError>(),
+            Some(deadpool_postgres::PoolError::Timeout(
+                deadpool_postgres::TimeoutType::Wait
+            ))
+        )
+    },
+};

@@ -40,7 +40,7 @@ pub use self::tokio_postgres::{Connect, Connected};
 
 // In the sealed module, so that they stay out of the public API: the
 // sealed trait's signature names them.
-pub(crate) use self::sealed::{Failure, Param, Row};
+pub(crate) use self::sealed::{Columns, Failure, Param, Row};
 
 use std::future::Future;
 use std::time::SystemTime;
@@ -97,18 +97,56 @@ pub(crate) mod sealed {
 
     /// The one row a statement answered, as its driver read it.
     #[derive(Debug)]
-    pub enum Row {
-        Postgres(::tokio_postgres::Row),
-        #[cfg(feature = "sqlx")]
-        Sqlx(::sqlx::postgres::PgRow),
+    pub struct Row(pub(in crate::driver) Box<dyn Columns>);
+
+    /// A driver's row, read by column: one method for each type the
+    /// procedures answer with.
+    pub trait Columns: Send + std::fmt::Debug {
+        /// `int8`
+        fn int8(&self, index: usize) -> Result<i64, Failure>;
+        /// `int8[]`
+        fn int8s(&self, index: usize) -> Result<Vec<i64>, Failure>;
+        /// `text[]`
+        fn texts(&self, index: usize) -> Result<Vec<String>, Failure>;
+        /// `timestamptz`, never `NULL`
+        fn time(&self, index: usize) -> Result<SystemTime, Failure>;
+        /// `timestamptz`, or `NULL`
+        fn maybe_time(&self, index: usize) -> Result<Option<SystemTime>, Failure>;
+        /// `timestamptz[]` with no `NULL`
+        fn times(&self, index: usize) -> Result<Vec<SystemTime>, Failure>;
+        /// `timestamptz[]`, `NULL`s allowed
+        fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure>;
     }
 
-    /// A driver's error, before the SQLSTATE table reads it.
+    /// A driver's error, read where it happened into the terms the
+    /// SQLSTATE table reads, and kept as the cause of the crate's error.
     #[derive(Debug)]
-    pub enum Failure {
-        Postgres(::tokio_postgres::Error),
-        #[cfg(feature = "sqlx")]
-        Sqlx(::sqlx::Error),
+    pub struct Failure {
+        reading: Reading,
+        source: BoxError,
+    }
+
+    impl Failure {
+        /// `source`, as its driver reads it.
+        pub(crate) fn new(reading: Reading, source: impl Into<BoxError>) -> Self {
+            Failure {
+                reading,
+                source: source.into(),
+            }
+        }
+
+        /// What the error says: a SQLSTATE, or the connection gone, or
+        /// neither.
+        pub(crate) fn reading(&self) -> &Reading {
+            &self.reading
+        }
+
+        /// The crate's error for this failure, as the SQLSTATE table sorts
+        /// it ([`Error::read`]). A cancel is the budget running out only
+        /// when this call sent it (`cancel_sent`).
+        pub(crate) fn into_error(self, operation: Operation, cancel_sent: bool) -> Error {
+            Error::read(operation, self.reading, self.source, cancel_sent)
+        }
     }
 
     /// The methods of [`Session`](super::Session), out of callers' reach.
@@ -140,82 +178,11 @@ pub(crate) mod sealed {
     }
 }
 
-impl Row {
-    /// Column `index`, as `T`.
-    pub(crate) fn get<T: Column>(&self, index: usize) -> Result<T, Failure> {
-        match self {
-            Row::Postgres(row) => T::from_postgres(row, index).map_err(Failure::Postgres),
-            #[cfg(feature = "sqlx")]
-            Row::Sqlx(row) => T::from_sqlx(row, index).map_err(Failure::Sqlx),
-        }
-    }
-}
+impl std::ops::Deref for Row {
+    type Target = dyn sealed::Columns;
 
-/// A column type the procedures answer with: `int8`, `timestamptz` (or
-/// `NULL`), and their arrays, and `text[]`.
-pub(crate) trait Column: Sized {
-    fn from_postgres(
-        row: &::tokio_postgres::Row,
-        index: usize,
-    ) -> Result<Self, ::tokio_postgres::Error>;
-
-    #[cfg(feature = "sqlx")]
-    fn from_sqlx(row: &::sqlx::postgres::PgRow, index: usize) -> Result<Self, ::sqlx::Error>;
-}
-
-macro_rules! column {
-    ($($t:ty),*) => {$(
-        impl Column for $t {
-            fn from_postgres(
-                row: &::tokio_postgres::Row,
-                index: usize,
-            ) -> Result<Self, ::tokio_postgres::Error> {
-                row.try_get(index)
-            }
-
-            #[cfg(feature = "sqlx")]
-            fn from_sqlx(row: &::sqlx::postgres::PgRow, index: usize) -> Result<Self, ::sqlx::Error> {
-                sqlx::column(row, index)
-            }
-        }
-    )*};
-}
-
-column!(
-    i64,
-    Vec<String>,
-    Vec<i64>,
-    SystemTime,
-    Option<SystemTime>,
-    Vec<SystemTime>,
-    Vec<Option<SystemTime>>
-);
-
-impl Failure {
-    /// What the error says: a SQLSTATE, or the connection gone, or neither.
-    pub(crate) fn reading(&self) -> Reading {
-        match self {
-            Failure::Postgres(e) => self::tokio_postgres::reading(e),
-            #[cfg(feature = "sqlx")]
-            Failure::Sqlx(e) => sqlx::reading(e),
-        }
-    }
-
-    /// The crate's error for this failure, as the SQLSTATE table sorts it
-    /// ([`Error::read`]). A cancel is the budget running out only when this
-    /// call sent it (`cancel_sent`).
-    pub(crate) fn into_error(self, operation: Operation, cancel_sent: bool) -> Error {
-        let reading = self.reading();
-        Error::read(operation, reading, self.into_source(), cancel_sent)
-    }
-
-    /// The driver's error itself, the cause of the crate's.
-    fn into_source(self) -> BoxError {
-        match self {
-            Failure::Postgres(e) => Box::new(e),
-            #[cfg(feature = "sqlx")]
-            Failure::Sqlx(e) => Box::new(e),
-        }
+    fn deref(&self) -> &Self::Target {
+        &*self.0
     }
 }
 
@@ -239,17 +206,10 @@ pub(crate) fn connect_error(operation: Operation, source: BoxError) -> Error {
 /// server that is up and refused the connection rather than an outage (a
 /// misconfiguration, or the server out of a resource, class `53`), and with
 /// which SQLSTATE: `None` when it does not (or is no driver's error).
-pub(crate) fn refused_while_up(
-    error: &(dyn std::error::Error + 'static),
-) -> Option<Option<SqlState>> {
-    if let Some(e) = error.downcast_ref::<::tokio_postgres::Error>() {
-        return self::tokio_postgres::refused_while_up(e);
-    }
-    #[cfg(feature = "sqlx")]
-    if let Some(e) = error.downcast_ref::<::sqlx::Error>() {
-        return sqlx::refused_while_up(e);
-    }
-    None
+fn refused_while_up(error: &(dyn std::error::Error + 'static)) -> Option<Option<SqlState>> {
+    DRIVERS
+        .iter()
+        .find_map(|driver| (driver.refused_while_up)(error))
 }
 
 /// Whether `error`, a connection source's error, is a pool that gave up
@@ -257,24 +217,30 @@ pub(crate) fn refused_while_up(
 /// (the guide's [down or overloaded](crate::guide#down-or-overloaded)). A
 /// pool that could not connect is not a wait.
 pub(crate) fn waited_for_pool(error: &(dyn std::error::Error + 'static)) -> bool {
-    #[cfg(feature = "deadpool")]
-    if let Some(e) = error.downcast_ref::<::deadpool_postgres::PoolError>() {
-        return matches!(
-            e,
-            deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)
-        );
-    }
-    #[cfg(feature = "bb8")]
-    if let Some(e) = error.downcast_ref::<::bb8::RunError<::tokio_postgres::Error>>() {
-        return matches!(e, ::bb8::RunError::TimedOut);
-    }
-    #[cfg(feature = "sqlx")]
-    if let Some(e) = error.downcast_ref::<::sqlx::Error>() {
-        return matches!(e, ::sqlx::Error::PoolTimedOut);
-    }
-    let _ = error;
-    false
+    DRIVERS.iter().any(|driver| (driver.waited_for_pool)(error))
 }
+
+/// What a driver reads in a connection source's error, each function given
+/// one link of its chain and answering for the driver's own error types
+/// only (`None` or `false` for any other).
+pub(crate) struct SourceErrors {
+    /// Whether the link shows a server that is up and refused, with its
+    /// SQLSTATE (see [`connect_error`]).
+    pub(crate) refused_while_up: fn(&(dyn std::error::Error + 'static)) -> Option<Option<SqlState>>,
+    /// Whether the link is the driver's pool giving up its wait.
+    pub(crate) waited_for_pool: fn(&(dyn std::error::Error + 'static)) -> bool,
+}
+
+/// Every driver built in: the one list a new driver joins.
+const DRIVERS: &[SourceErrors] = &[
+    self::tokio_postgres::ERRORS,
+    #[cfg(feature = "deadpool")]
+    self::deadpool::ERRORS,
+    #[cfg(feature = "bb8")]
+    self::bb8::ERRORS,
+    #[cfg(feature = "sqlx")]
+    self::sqlx::ERRORS,
+];
 
 /// Awaits `answer`; if it is still pending at `cancel_at`, starts `cancel`
 /// once and awaits both: the cancel request is finished before the answer

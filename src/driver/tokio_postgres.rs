@@ -10,16 +10,16 @@
 
 use std::future::Future;
 use std::ops::Deref;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use postgres_types::{ToSql, Type};
+use postgres_types::{FromSql, ToSql, Type};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Config, NoTls, Socket};
 
-use super::{Failure, Param, Row, answer_or_cancel, sealed};
+use super::{Columns, Failure, Param, Row, SourceErrors, answer_or_cancel, sealed};
 use crate::LimitConn;
 use crate::error::{Reading, not_an_outage};
 
@@ -44,10 +44,7 @@ impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
 
     async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
         let client: &Client = self;
-        client
-            .batch_execute(script)
-            .await
-            .map_err(Failure::Postgres)
+        client.batch_execute(script).await.map_err(failure)
     }
 
     async fn rollback(&mut self) {
@@ -81,7 +78,7 @@ pub(super) async fn cancelling(
     )
     .await;
     (
-        answer.map(Row::Postgres).map_err(Failure::Postgres),
+        answer.map(|row| Row(Box::new(row))).map_err(failure),
         cancelled,
     )
 }
@@ -98,9 +95,53 @@ pub(super) fn typed<'a>(param: &'a Param<'a>) -> (&'a (dyn ToSql + Sync), Type) 
     }
 }
 
+/// A tokio-postgres error, as the stores take it.
+pub(super) fn failure(error: tokio_postgres::Error) -> Failure {
+    Failure::new(reading(&error), error)
+}
+
+/// Reads column `index` of `row` as `T`.
+fn column<'a, T: FromSql<'a>>(row: &'a tokio_postgres::Row, index: usize) -> Result<T, Failure> {
+    row.try_get(index).map_err(failure)
+}
+
+impl Columns for tokio_postgres::Row {
+    fn int8(&self, index: usize) -> Result<i64, Failure> {
+        column(self, index)
+    }
+    fn int8s(&self, index: usize) -> Result<Vec<i64>, Failure> {
+        column(self, index)
+    }
+    fn texts(&self, index: usize) -> Result<Vec<String>, Failure> {
+        column(self, index)
+    }
+    fn time(&self, index: usize) -> Result<SystemTime, Failure> {
+        column(self, index)
+    }
+    fn maybe_time(&self, index: usize) -> Result<Option<SystemTime>, Failure> {
+        column(self, index)
+    }
+    fn times(&self, index: usize) -> Result<Vec<SystemTime>, Failure> {
+        column(self, index)
+    }
+    fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure> {
+        column(self, index)
+    }
+}
+
+/// How tokio-postgres errors read in a connection source's chain.
+pub(super) const ERRORS: SourceErrors = SourceErrors {
+    refused_while_up: |error| {
+        error
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(refused_while_up)
+    },
+    waited_for_pool: |_| false,
+};
+
 /// How the SQLSTATE table reads a tokio-postgres error: by its code; without
 /// one, the connection is gone when it is closed or an I/O error caused it.
-pub(super) fn reading(error: &tokio_postgres::Error) -> Reading {
+fn reading(error: &tokio_postgres::Error) -> Reading {
     match error.code() {
         Some(code) => Reading::Answered(code.clone()),
         None if error.is_closed() || io_caused(error) => Reading::Lost,
@@ -116,7 +157,7 @@ fn io_caused(error: &tokio_postgres::Error) -> bool {
 /// explain (a misconfiguration, or the server out of a resource), and its
 /// SQLSTATE. tokio-postgres does not expose its error
 /// kinds; its messages for them are stable and are matched here.
-pub(super) fn refused_while_up(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
+fn refused_while_up(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
     match error.code() {
         Some(code) => not_an_outage(code).then(|| Some(code.clone())),
         None => {

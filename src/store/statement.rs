@@ -97,13 +97,13 @@ fn cancelled_by_it(answer: &Result<Row, crate::driver::Failure>) -> bool {
         Ok(_) => false,
         Err(failure) => matches!(
             failure.reading(),
-            crate::error::Reading::Answered(code) if code == tokio_postgres::error::SqlState::QUERY_CANCELED
+            crate::error::Reading::Answered(code) if *code == tokio_postgres::error::SqlState::QUERY_CANCELED
         ),
     }
 }
 
 /// Reads the one count column of a reset, purge or take-back.
 pub(crate) fn deleted(row: &Row, operation: Operation) -> Result<u64, Error> {
-    let deleted: i64 = row.get(0).map_err(|e| e.into_error(operation, false))?;
+    let deleted: i64 = row.int8(0).map_err(|e| e.into_error(operation, false))?;
     Ok(u64::try_from(deleted).unwrap_or(0))
 }

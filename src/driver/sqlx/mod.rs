@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
 use self::timestamptz::Timestamptz;
-use super::{Failure, Param, Row, sealed};
+use super::{Columns, Failure, Param, Row, SourceErrors, sealed};
 use crate::LimitConn;
 use crate::error::{Reading, not_an_outage};
 
@@ -113,7 +113,7 @@ where
     ) -> (Result<Row, Failure>, Option<Instant>) {
         let conn: &mut PgConnection = (*self.0).as_mut();
         if let Err(e) = settle(conn).await {
-            return (Err(Failure::Sqlx(e)), None);
+            return (Err(failure(e)), None);
         }
         let mut query = sqlx::query(sql);
         for param in params {
@@ -127,16 +127,16 @@ where
             };
         }
         let answer = query.fetch_one(conn).await;
-        (answer.map(Row::Sqlx).map_err(Failure::Sqlx), None)
+        (answer.map(|row| Row(Box::new(row))).map_err(failure), None)
     }
 
     async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
         let conn: &mut PgConnection = (*self.0).as_mut();
-        settle(conn).await.map_err(Failure::Sqlx)?;
+        settle(conn).await.map_err(failure)?;
         conn.execute(sqlx::raw_sql(script))
             .await
             .map(drop)
-            .map_err(Failure::Sqlx)
+            .map_err(failure)
     }
 
     async fn rollback(&mut self) {
@@ -197,7 +197,7 @@ impl LimitConn for PgPool {
 /// code; an I/O or TLS error, or a pool that is closed or timed out, as the
 /// connection gone; a refused configuration as a misconfiguration; anything
 /// else (a protocol error, a value that does not decode) as a hard error.
-pub(super) fn reading(error: &sqlx::Error) -> Reading {
+fn reading(error: &sqlx::Error) -> Reading {
     match error {
         sqlx::Error::Database(e) => match e.code() {
             Some(code) => Reading::Answered(SqlState::from_code(&code)),
@@ -217,7 +217,7 @@ pub(super) fn reading(error: &sqlx::Error) -> Reading {
 /// explain (a refused configuration, or the server refusing with a SQLSTATE
 /// that is not it going away: a misconfiguration, or it out of a resource),
 /// and its SQLSTATE.
-pub(super) fn refused_while_up(error: &sqlx::Error) -> Option<Option<SqlState>> {
+fn refused_while_up(error: &sqlx::Error) -> Option<Option<SqlState>> {
     match reading(error) {
         Reading::Answered(code) => not_an_outage(&code).then_some(Some(code)),
         Reading::Misconfigured => Some(None),
@@ -225,57 +225,59 @@ pub(super) fn refused_while_up(error: &sqlx::Error) -> Option<Option<SqlState>> 
     }
 }
 
-/// Reads column `index` of an sqlx row as `T`.
-pub(super) fn column<T: SqlxColumn>(row: &PgRow, index: usize) -> Result<T, sqlx::Error> {
-    T::read(row, index)
+/// An sqlx error, as the stores take it.
+fn failure(error: sqlx::Error) -> Failure {
+    Failure::new(reading(&error), error)
 }
 
-/// A column type read from an sqlx row: directly, or through [`Timestamptz`].
-pub(super) trait SqlxColumn: Sized {
-    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error>;
+/// How sqlx errors read in a connection source's chain.
+pub(super) const ERRORS: SourceErrors = SourceErrors {
+    refused_while_up: |error| {
+        error
+            .downcast_ref::<sqlx::Error>()
+            .and_then(refused_while_up)
+    },
+    waited_for_pool: |error| {
+        matches!(
+            error.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::PoolTimedOut)
+        )
+    },
+};
+
+/// Reads column `index` of `row` as `T`, through `F`, the type sqlx decodes
+/// (`Timestamptz` for a time).
+fn column<'r, F, T>(row: &'r PgRow, index: usize, into: impl FnOnce(F) -> T) -> Result<T, Failure>
+where
+    F: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    row.try_get::<F, _>(index).map(into).map_err(failure)
 }
 
-impl SqlxColumn for i64 {
-    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
-        row.try_get(index)
+impl Columns for PgRow {
+    fn int8(&self, index: usize) -> Result<i64, Failure> {
+        column(self, index, |n: i64| n)
     }
-}
-
-impl SqlxColumn for Vec<i64> {
-    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
-        row.try_get(index)
+    fn int8s(&self, index: usize) -> Result<Vec<i64>, Failure> {
+        column(self, index, |ns: Vec<i64>| ns)
     }
-}
-
-impl SqlxColumn for Vec<String> {
-    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
-        row.try_get(index)
+    fn texts(&self, index: usize) -> Result<Vec<String>, Failure> {
+        column(self, index, |texts: Vec<String>| texts)
     }
-}
-
-impl SqlxColumn for SystemTime {
-    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
-        row.try_get::<Timestamptz, _>(index).map(|t| t.0)
+    fn time(&self, index: usize) -> Result<SystemTime, Failure> {
+        column(self, index, |t: Timestamptz| t.0)
     }
-}
-
-impl SqlxColumn for Option<SystemTime> {
-    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
-        row.try_get::<Option<Timestamptz>, _>(index)
-            .map(|t| t.map(|t| t.0))
+    fn maybe_time(&self, index: usize) -> Result<Option<SystemTime>, Failure> {
+        column(self, index, |t: Option<Timestamptz>| t.map(|t| t.0))
     }
-}
-
-impl SqlxColumn for Vec<SystemTime> {
-    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
-        row.try_get::<Vec<Timestamptz>, _>(index)
-            .map(|ts| ts.into_iter().map(|t| t.0).collect())
+    fn times(&self, index: usize) -> Result<Vec<SystemTime>, Failure> {
+        column(self, index, |ts: Vec<Timestamptz>| {
+            ts.into_iter().map(|t| t.0).collect()
+        })
     }
-}
-
-impl SqlxColumn for Vec<Option<SystemTime>> {
-    fn read(row: &PgRow, index: usize) -> Result<Self, sqlx::Error> {
-        row.try_get::<Vec<Option<Timestamptz>>, _>(index)
-            .map(|ts| ts.into_iter().map(|t| t.map(|t| t.0)).collect())
+    fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure> {
+        column(self, index, |ts: Vec<Option<Timestamptz>>| {
+            ts.into_iter().map(|t| t.map(|t| t.0)).collect()
+        })
     }
 }

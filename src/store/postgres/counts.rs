@@ -76,11 +76,11 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             })
             .await?;
         let get = |e: Failure| e.into_error(operation, false);
-        let count: i64 = row.get(0).map_err(get)?;
-        let window_end: SystemTime = row.get(1).map_err(get)?;
-        let now: SystemTime = row.get(2).map_err(get)?;
-        let previous: i64 = row.get(3).map_err(get)?;
-        let locked_until: Option<SystemTime> = row.get(4).map_err(get)?;
+        let count: i64 = row.int8(0).map_err(get)?;
+        let window_end: SystemTime = row.time(1).map_err(get)?;
+        let now: SystemTime = row.time(2).map_err(get)?;
+        let previous: i64 = row.int8(3).map_err(get)?;
+        let locked_until: Option<SystemTime> = row.maybe_time(4).map_err(get)?;
         Ok(Counted {
             count: stored_count(count),
             previous: stored_count(previous),
@@ -154,11 +154,11 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             })
             .await?;
         let get = |e: Failure| e.into_error(operation, false);
-        let counts: Vec<i64> = row.get(0).map_err(get)?;
-        let window_ends: Vec<SystemTime> = row.get(1).map_err(get)?;
-        let now: SystemTime = row.get(2).map_err(get)?;
-        let previous: Vec<i64> = row.get(3).map_err(get)?;
-        let locked_until: Vec<Option<SystemTime>> = row.get(4).map_err(get)?;
+        let counts: Vec<i64> = row.int8s(0).map_err(get)?;
+        let window_ends: Vec<SystemTime> = row.times(1).map_err(get)?;
+        let now: SystemTime = row.time(2).map_err(get)?;
+        let previous: Vec<i64> = row.int8s(3).map_err(get)?;
+        let locked_until: Vec<Option<SystemTime>> = row.maybe_times(4).map_err(get)?;
         ensure!(
             [
                 window_ends.len(),
@@ -250,12 +250,12 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             })
             .await?;
         let get = |e: Failure| e.into_error(operation, false);
-        let keys: Vec<String> = row.get(0).map_err(get)?;
-        let counts: Vec<i64> = row.get(1).map_err(get)?;
-        let window_end: SystemTime = row.get(2).map_err(get)?;
-        let now: SystemTime = row.get(3).map_err(get)?;
-        let previous: Vec<i64> = row.get(4).map_err(get)?;
-        let locked_until: Vec<Option<SystemTime>> = row.get(5).map_err(get)?;
+        let keys: Vec<String> = row.texts(0).map_err(get)?;
+        let counts: Vec<i64> = row.int8s(1).map_err(get)?;
+        let window_end: SystemTime = row.time(2).map_err(get)?;
+        let now: SystemTime = row.time(3).map_err(get)?;
+        let previous: Vec<i64> = row.int8s(4).map_err(get)?;
+        let locked_until: Vec<Option<SystemTime>> = row.maybe_times(5).map_err(get)?;
         ensure!(
             [counts.len(), previous.len(), locked_until.len()]
                 .iter()
