@@ -1,4 +1,4 @@
-//! The refusal cache (its promises are on `Limiter::with_refusal_cache`):
+//! The refusal cache (its promises are in the guide's "The refusal cache"):
 //! only a flooded key is answered from it; an answer is at most a TTL old and
 //! never past the reopening; a reset through another replica is seen by the
 //! next call of a key that is not flooded, and within a TTL for one that is;

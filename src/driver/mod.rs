@@ -149,7 +149,7 @@ pub(crate) mod sealed {
         }
     }
 
-    /// The methods of [`Session`](super::Session), out of callers' reach.
+    /// The methods of [`Session`], out of callers' reach.
     pub trait Sealed: Send {
         /// Sends `sql` with `params` (in the order of its `$n`) and reads its
         /// one row. A driver that can cancels the statement on the server if

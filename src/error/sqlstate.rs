@@ -3,8 +3,9 @@
 
 use tokio_postgres::error::SqlState;
 
-/// How the crate reads a SQLSTATE: the rows of the table in [`ErrorKind`]'s
-/// docs, in the same order (a test holds the two together).
+/// How the crate reads a SQLSTATE: the rows of the table in
+/// [`ErrorKind`](super::ErrorKind)'s docs, in the same order (a test holds
+/// the two together).
 pub(super) const SQLSTATES: &[(&str, &str, Class)] = &[
     ("08P01", "protocol_violation", Class::Refused),
     ("08", "connection_exception (the class)", Class::Gone),

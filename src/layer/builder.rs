@@ -78,7 +78,8 @@ impl<S, R> LimitLayer<S, R> {
     }
 
     /// Adds a rule: `limit`, counted per client address ([`Key::ip`]: an
-    /// IPv6 address counts as its /64), the address being [`client_ip`](super::client_ip)'s.
+    /// IPv6 address counts as its /64), the address being
+    /// [`client_ip`](super::client_ip())'s.
     /// Why the address never comes from `X-Forwarded-For`, and a
     /// middleware for a service behind a proxy, are on [`ClientIp`](super::ClientIp).
     ///

@@ -24,8 +24,7 @@ use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreach
 /// The front of the crate: `check`, `failed`, `hit`, `reserve` and `reset`,
 /// and `check_all`, `failed_all`, `hit_all` and `reserve_all` over several
 /// limits at once, over a store,
-/// [`Postgres`](crate::Postgres) in production or [`Memory`](crate::Memory)
-/// in tests.
+/// [`Postgres`](crate::Postgres) in production or [`Memory`] in tests.
 ///
 /// Every call, getting the connection included, ends within the budget
 /// (2 seconds unless set with [`LimiterBuilder::budget`]). When the store

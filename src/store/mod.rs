@@ -119,7 +119,7 @@ impl Watch {
 pub(crate) mod sealed {
     use super::*;
 
-    /// The methods of [`Store`](super::Store), out of callers' reach.
+    /// The methods of [`Store`], out of callers' reach.
     pub trait Sealed: Send + Sync + 'static {
         /// This process's idea of the store's time: the pinned clock's, or
         /// the system's. The refusal cache runs on it.

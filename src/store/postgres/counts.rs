@@ -1,5 +1,5 @@
 //! The store's calls on [`Postgres`]: each a statement of
-//! [`sql`](crate::store::sql), sent through the call's envelope, and its row
+//! [`sql`], sent through the call's envelope, and its row
 //! read into counts.
 
 use std::time::SystemTime;

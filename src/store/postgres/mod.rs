@@ -3,7 +3,7 @@
 //! - `mod.rs`: the type, `migrate`, and the envelope of each call: the
 //!   connection, the budget left on it, what the server was heard to do;
 //! - `counts.rs`: the store's calls, each a statement of
-//!   [`sql`](crate::store::sql) and its row read into counts.
+//!   [`sql`] and its row read into counts.
 
 mod counts;
 
