@@ -13,9 +13,9 @@ use crate::operation::Operation;
 
 impl Error {
     /// The error of a call whose budget ran out:
-    /// [`ErrorKind::Timeout`](super::ErrorKind::Timeout) when the store is
+    /// [`ErrorKind::Timeout`] when the store is
     /// down by what this process heard of it, else
-    /// [`ErrorKind::Overloaded`](super::ErrorKind::Overloaded).
+    /// [`ErrorKind::Overloaded`].
     pub(crate) fn out_of_budget(operation: Operation, budget: Duration, down: bool) -> Self {
         if down {
             Error(Inner::Timeout { operation, budget })
@@ -78,7 +78,7 @@ impl Error {
     /// Sorts a driver's error, as it reads (`reading`), into "unreachable"
     /// (the connection is gone, the server is going away or is a standby)
     /// and everything else, which is a hard error; see the table in
-    /// [`ErrorKind`](super::ErrorKind). A cancel is the budget running out
+    /// [`ErrorKind`]. A cancel is the budget running out
     /// only when this call sent it (`cancel_sent`).
     pub(crate) fn read(
         operation: Operation,
