@@ -640,3 +640,55 @@ async fn connection_slots_all_taken_are_load_and_shed_never_allowed() {
     }
     drop(taken);
 }
+
+/// The same through sqlx's pool, which retries such a connection in
+/// silence until its acquire timeout: a connection it cannot make because
+/// every slot is taken is load, and a flood of calls on fresh keys is shed,
+/// every one.
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_slots_all_taken_are_shed_through_an_sqlx_pool_too() {
+    let db = Server::shared().database(platformkit_limit::SCHEMA).await;
+    let admin = db.connect_admin().await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" CONNECTION LIMIT 2",
+            db.name()
+        ))
+        .await
+        .expect("a connection limit");
+    let taken = db.connect().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_lazy(&db.url())
+        .expect("a lazy pool");
+    let limiter = Limiter::new(Postgres::new(pool));
+    let login = common::limit("login", 5);
+    for attempt in 0..3 {
+        let verdict = limiter
+            .failed(&login, &Key::email("alice@example.com"))
+            .await
+            .expect("a verdict");
+        assert_shed(
+            &verdict,
+            &format!("attempt {attempt} through sqlx with every slot taken"),
+        );
+    }
+    // The flood itself: fresh keys, all at once.
+    let flood = (0..500).map(|n| {
+        let limiter = &limiter;
+        let login = &login;
+        async move {
+            limiter
+                .failed(login, &Key::email(&format!("user{n}@example.com")))
+                .await
+        }
+    });
+    for (n, verdict) in join_all(flood).await.into_iter().enumerate() {
+        assert_shed(
+            &verdict.expect("a verdict"),
+            &format!("flood call {n} through sqlx with every slot taken"),
+        );
+    }
+    drop(taken);
+}

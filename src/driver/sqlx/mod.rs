@@ -1,5 +1,6 @@
 //! [`Session`](super::Session) for sqlx (feature `sqlx`): [`SqlxConn`] over
-//! any sqlx PostgreSQL connection, and [`LimitConn`] for [`PgPool`].
+//! any sqlx PostgreSQL connection, and [`LimitConn`](crate::LimitConn) for
+//! [`PgPool`](sqlx::PgPool) (`pool.rs`).
 //!
 //! The statement goes through sqlx's ordinary query path, as the service's
 //! own queries do: prepared once per connection as a named statement and
@@ -8,23 +9,23 @@
 //! request is ever sent: the server's `lock_timeout` bounds the lock waits
 //! and the client gives up at the deadline.
 
+mod pool;
 mod timestamptz;
 
 use std::ops::DerefMut;
 use std::time::SystemTime;
 
-use sqlx::postgres::{PgConnection, PgPool, PgRow, Postgres};
+use sqlx::postgres::{PgConnection, PgRow, Postgres};
 use sqlx::{Executor, Row as _};
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
 use self::timestamptz::Timestamptz;
 use super::{Columns, Failure, Param, Row, SourceErrors, sealed};
-use crate::LimitConn;
 use crate::error::{Reading, not_an_outage};
 
 /// An sqlx PostgreSQL connection lent to the limiter: a
-/// `PoolConnection<Postgres>` (what [`PgPool`] lends), a `PgConnection` held
+/// `PoolConnection<Postgres>` (what [`PgPool`](sqlx::PgPool) lends), a `PgConnection` held
 /// in a mutex, or a `&mut PgConnection`: anything that dereferences to
 /// something that gives a `&mut PgConnection`.
 ///
@@ -165,34 +166,6 @@ async fn settle(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     }
 }
 
-/// Each call borrows one connection from the pool and gives it back idle.
-/// The pool's wait counts against the call's budget.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use platformkit_limit::{Limiter, Postgres};
-///
-/// let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
-/// // The service's own pool: no second one for the limiter.
-/// let limiter = Limiter::new(Postgres::new(pool.clone()));
-/// # let _ = limiter;
-/// # Ok(())
-/// # }
-/// ```
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
-impl LimitConn for PgPool {
-    type Conn = SqlxConn<sqlx::pool::PoolConnection<Postgres>>;
-    type Error = sqlx::Error;
-
-    async fn conn(&self) -> Result<Self::Conn, sqlx::Error> {
-        self.acquire().await.map(SqlxConn)
-    }
-
-    fn saturated(&self) -> Option<bool> {
-        Some(self.size() >= self.options().get_max_connections() && self.num_idle() == 0)
-    }
-}
-
 /// How the SQLSTATE table reads an sqlx error: a database error by its
 /// code; an I/O or TLS error, or a pool that is closed or timed out, as the
 /// connection gone; a refused configuration as a misconfiguration; anything
@@ -233,6 +206,9 @@ fn failure(error: sqlx::Error) -> Failure {
 /// How sqlx errors read in a connection source's chain.
 pub(super) const ERRORS: SourceErrors = SourceErrors {
     refused_while_up: |error| {
+        if let Some(pool::Refused(code)) = error.downcast_ref() {
+            return Some(Some(code.clone()));
+        }
         error
             .downcast_ref::<sqlx::Error>()
             .and_then(refused_while_up)
