@@ -8,4 +8,5 @@
 #![doc = include_str!("load.md")]
 #![doc = include_str!("services.md")]
 #![doc = include_str!("operating.md")]
+#![doc = include_str!("scaling.md")]
 #![doc = include_str!("links.md")]
