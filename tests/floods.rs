@@ -614,18 +614,7 @@ async fn a_botnet_of_fresh_addresses_is_counted_never_read_as_an_outage() {
 /// through as unreachable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_slots_all_taken_are_load_and_shed_never_allowed() {
-    let db = Server::shared().database(platformkit_limit::SCHEMA).await;
-    let admin = db.connect_admin().await;
-    admin
-        .batch_execute(&format!(
-            "ALTER DATABASE \"{}\" CONNECTION LIMIT 2",
-            db.name()
-        ))
-        .await
-        .expect("a connection limit");
-    // The admin's session counts too; the flood's connection holds the
-    // other slot.
-    let taken = db.connect().await;
+    let (db, taken) = every_slot_taken().await;
     let limiter = Limiter::new(Postgres::new(db.config()));
     let login = common::limit("login", 5);
     for attempt in 0..3 {
@@ -648,16 +637,7 @@ async fn connection_slots_all_taken_are_load_and_shed_never_allowed() {
 #[cfg(feature = "sqlx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_slots_all_taken_are_shed_through_an_sqlx_pool_too() {
-    let db = Server::shared().database(platformkit_limit::SCHEMA).await;
-    let admin = db.connect_admin().await;
-    admin
-        .batch_execute(&format!(
-            "ALTER DATABASE \"{}\" CONNECTION LIMIT 2",
-            db.name()
-        ))
-        .await
-        .expect("a connection limit");
-    let taken = db.connect().await;
+    let (db, taken) = every_slot_taken().await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect_lazy(&db.url())
@@ -691,4 +671,21 @@ async fn connection_slots_all_taken_are_shed_through_an_sqlx_pool_too() {
         );
     }
     drop(taken);
+}
+
+/// A fresh database with a connection limit of two, both taken (the admin's
+/// session and a flood's connection, held until the second value drops):
+/// every further connection is refused with `53300`.
+async fn every_slot_taken() -> (TestDb, (tokio_postgres::Client, tokio_postgres::Client)) {
+    let db = Server::shared().database(platformkit_limit::SCHEMA).await;
+    let admin = db.connect_admin().await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" CONNECTION LIMIT 2",
+            db.name()
+        ))
+        .await
+        .expect("a connection limit");
+    let flood = db.connect().await;
+    (db, (admin, flood))
 }
