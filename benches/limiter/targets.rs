@@ -352,6 +352,13 @@ pub(crate) fn all(
             AtMost,
             FLOOD_P99_OF_BUDGET,
         ),
+        Target::new(
+            "an ordinary user's logins shed under that flood",
+            "none",
+            flood.ordinary_shed.iter().copied(),
+            Exactly,
+            0.0,
+        ),
     ]);
     targets.extend(per_core_target);
     targets
