@@ -51,8 +51,18 @@ pub(crate) fn window_of(now_micros: i64, window_secs: u64) -> (i64, i64) {
 /// attempt may go ahead while the estimate is below `max`: `check` and
 /// `failed` compare the estimate as it stands, `hit` the estimate before its
 /// own ask. Integer arithmetic only, so both stores decide the same.
-pub(crate) fn decide(op: Counting, limit: &Limit, counted: &Counted) -> Verdict {
-    let d = decision(op, limit, counted);
+///
+/// An ask of `cost` units (`hit_n`, `reserve_n`; 1 for every other call) is
+/// decided as `cost` asks of one in a row, by its last: it may go ahead
+/// while the estimate before its last unit, the count after the whole ask
+/// less one, is below `max` (for a fixed window: the count after it is at
+/// most `max`). `cur` holds the whole cost already, so the comparison is
+/// that of a cost of 1, and so is a lockout's start (the count before the
+/// last unit reached `max`). Only a refusal's reopening reads `cost`: the
+/// first moment an ask of the same cost may go ahead, when the estimate
+/// falls below `max − (cost − 1)`.
+pub(crate) fn decide(op: Counting, limit: &Limit, cost: u32, counted: &Counted) -> Verdict {
+    let d = decision(op, limit, cost, counted);
     Verdict::counted(limit, d.allowed, d.estimate, d.reopens_at, counted.now)
 }
 
@@ -71,9 +81,12 @@ pub(crate) struct Decision {
     pub(crate) locked_until: Option<SystemTime>,
 }
 
-/// The decision of [`decide`].
-pub(crate) fn decision(op: Counting, limit: &Limit, counted: &Counted) -> Decision {
+/// The decision of [`decide`], for an ask of `cost` units.
+pub(crate) fn decision(op: Counting, limit: &Limit, cost: u32, counted: &Counted) -> Decision {
     let max = i128::from(limit.max());
+    // What the estimate must fall below for an ask of `cost` to go ahead
+    // (at least 1: a cost above max never reaches a store).
+    let room = (max - (i128::from(cost) - 1)).max(1);
     let w = i128::from(limit.window_secs()) * 1_000_000;
     let start = i128::from(micros_since_epoch(counted.window_end)) - w;
     let now = i128::from(micros_since_epoch(counted.now));
@@ -84,6 +97,7 @@ pub(crate) fn decision(op: Counting, limit: &Limit, counted: &Counted) -> Decisi
     };
     let cur = i128::from(counted.count);
     let weighted = prev * (w - elapsed) + cur * w;
+    // The ask's last unit (see `decide`): one, whatever the cost.
     let own = if op.asks() { w } else { 0 };
     // A lockout: an earlier window that reached max (the store says), or
     // the current one before this call's own ask.
@@ -100,13 +114,13 @@ pub(crate) fn decision(op: Counting, limit: &Limit, counted: &Counted) -> Decisi
     let reopens_at = if allowed {
         counted.window_end
     } else {
-        // The first moment the next attempt may go ahead: when the count
-        // allows it and any lockout is over.
-        let by_count = if weighted < max * w {
+        // The first moment the next attempt of the same cost may go ahead:
+        // when the count allows it and any lockout is over.
+        let by_count = if weighted < room * w {
             counted.now
         } else {
             match limit.strategy() {
-                Strategy::Sliding => reopening(prev, cur, max, w, start),
+                Strategy::Sliding => reopening(prev, cur, room, w, start),
                 // A fixed window starts again from zero.
                 Strategy::Fixed => counted.window_end,
             }
@@ -134,4 +148,90 @@ fn reopening(prev: i128, cur: i128, max: i128, w: i128, start: i128) -> SystemTi
         start + w + (w * (cur - max)).div_euclid(cur) + 1
     };
     from_micros(i64::try_from(at).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    /// A window start: a multiple of 60 seconds.
+    const START: u64 = 1_800_000_000;
+
+    /// What a store counts for an ask of `cost` at `at`, after the counts
+    /// `prev` and `cur` of the window starting at `START` (and nothing
+    /// since): in that window, or in the next one.
+    fn ask_at(limit: &Limit, prev: u64, cur: u64, cost: u32, at: SystemTime) -> Verdict {
+        let w = limit.window();
+        let start = UNIX_EPOCH + Duration::from_secs(START);
+        let counted = if at < start + w {
+            Counted {
+                count: cur + u64::from(cost),
+                previous: prev,
+                locked_until: None,
+                window_end: start + w,
+                now: at,
+            }
+        } else {
+            Counted {
+                count: u64::from(cost),
+                previous: cur,
+                locked_until: None,
+                window_end: start + w + w,
+                now: at,
+            }
+        };
+        decide(Counting::HIT, limit, cost, &counted)
+    }
+
+    /// A refused ask's reopening is the first moment an ask of the same
+    /// cost may go ahead, for every cost up to max: allowed there, refused
+    /// a microsecond before.
+    #[test]
+    fn a_refusal_reopens_when_an_ask_of_its_cost_may_go_ahead() {
+        for strategy in [Strategy::Fixed, Strategy::Sliding] {
+            let limit = Limit::builder("api", 10, Duration::from_secs(60))
+                .strategy(strategy)
+                .build()
+                .unwrap();
+            let asked = UNIX_EPOCH + Duration::from_secs(START + 20);
+            for (prev, before) in [(0, 8), (6, 5), (10, 9), (3, 10), (10, 0)] {
+                for cost in 1..=10 {
+                    let refused = ask_at(&limit, prev, before, cost, asked);
+                    if refused.is_allowed() {
+                        continue;
+                    }
+                    // The refused ask is counted: the next one sees it.
+                    let cur = before + u64::from(cost);
+                    let reopens = refused.reopens_at().unwrap();
+                    let at = ask_at(&limit, prev, cur, cost, reopens);
+                    assert!(at.is_allowed(), "{strategy:?} {prev} {before} {cost}");
+                    let just_before = reopens - Duration::from_micros(1);
+                    if just_before > asked {
+                        let early = ask_at(&limit, prev, cur, cost, just_before);
+                        assert!(early.is_refused(), "{strategy:?} {prev} {before} {cost}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A cost is decided as that many asks of one in a row, by the last:
+    /// an ask of `c` from a count of `b` goes ahead exactly when `b + c`
+    /// asks of one would all have.
+    #[test]
+    fn a_cost_is_decided_as_asks_of_one_in_a_row() {
+        let limit = Limit::new("api", 10, Duration::from_secs(60)).unwrap();
+        let at = UNIX_EPOCH + Duration::from_secs(START + 20);
+        for before in 0..=12 {
+            for cost in 1..=10 {
+                let one_by_one =
+                    (0..u64::from(cost)).all(|i| ask_at(&limit, 0, before + i, 1, at).is_allowed());
+                let at_once = ask_at(&limit, 0, before, cost, at);
+                assert_eq!(at_once.is_allowed(), one_by_one, "{before} + {cost}");
+                assert_eq!(at_once.count(), Some(before + u64::from(cost)));
+            }
+        }
+    }
 }

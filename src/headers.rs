@@ -133,7 +133,7 @@ mod tests {
             window_end: at(limit.window_secs(), 0),
             now,
         };
-        decide(op, limit, &counted)
+        decide(op, limit, 1, &counted)
     }
 
     fn login() -> Limit {
@@ -203,7 +203,7 @@ mod tests {
             window_end: at(900, 0),
             now,
         };
-        let refused = decide(Counting::CHECK, &login, &counted);
+        let refused = decide(Counting::CHECK, &login, 1, &counted);
         assert!(refused.is_refused());
         assert_eq!(
             refused.rate_limit_field().as_deref(),

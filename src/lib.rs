@@ -37,7 +37,8 @@
 //!
 //! How a call works, and why (the procedures, the refusal cache, merging,
 //! windows, fail-open), is in the [`guide`]. Start from [`Limiter`]
-//! (`check`, `failed`, `hit`, [`reserve`](Limiter::reserve), `reset`),
+//! (`check`, `failed`, `hit`, [`reserve`](Limiter::reserve), `reset`, and
+//! [`hit_n`](Limiter::hit_n) for an ask of a cost of its own),
 //! [`Limit`] and [`Key`]; then [`Postgres`], [`purge`] and the [`metric`]s.
 //!
 //! # Features

@@ -25,9 +25,15 @@
 //! [merging](crate::guide#merging) shares between calls, the call that sent
 //! it).
 //!
-//! `source` is `store` or `cache` (a refusal the
+//! `calls_total` counts calls, never cost units: a
+//! [`hit_n`](crate::Limiter::hit_n) of 50 is one `hit`, as its verdict is
+//! one (a quota's units spent are in the store, read with
+//! [`status`](crate::Limiter::status)).
+//!
+//! `source` is `store`, `cache` (a refusal the
 //! [refusal cache](crate::guide#the-refusal-cache) answered without a round
-//! trip). `outcome` is `allowed`, `refused`, `unreachable` (the store could
+//! trip) or `cost` (an ask whose cost is above the limit's max, refused at
+//! once: [`Verdict::exceeds_max`](crate::Verdict::exceeds_max)). `outcome` is `allowed`, `refused`, `unreachable` (the store could
 //! not be reached and the limit's
 //! [`WhenUnreachable`](crate::WhenUnreachable) decided), `shed` (the store
 //! was up and too busy to answer within the budget, and the call was
@@ -71,8 +77,9 @@ pub const LABEL_LIMIT: &str = "limit";
 pub const LABEL_OPERATION: &str = "operation";
 /// Label: `allowed`, `refused`, `unreachable`, `shed`, `error` or `cleared`.
 pub const LABEL_OUTCOME: &str = "outcome";
-/// Label: `store` (the store answered, or could not be reached) or `cache`
-/// (a refusal answered from the refusal cache, with no round trip).
+/// Label: `store` (the store answered, or could not be reached), `cache`
+/// (a refusal answered from the refusal cache, with no round trip) or
+/// `cost` (an ask whose cost is above the limit's max, refused at once).
 pub const LABEL_SOURCE: &str = "source";
 
 /// How a call ended, as the `outcome` label says it.
@@ -144,6 +151,8 @@ pub fn describe() {
 pub(crate) enum Source {
     Store,
     Cache,
+    /// A cost above the limit's max, refused before any lookup.
+    Cost,
 }
 
 pub(crate) fn record_from(
@@ -156,6 +165,7 @@ pub(crate) fn record_from(
     let source = match source {
         Source::Store => "store",
         Source::Cache => "cache",
+        Source::Cost => "cost",
     };
     counter!(
         CALLS_TOTAL,

@@ -103,7 +103,8 @@ impl Counting {
     pub(crate) const CHECK: Counting = Counting(Operation::Check);
     /// Adds a failure, then tells whether the next attempt may go ahead.
     pub(crate) const FAILED: Counting = Counting(Operation::Failed);
-    /// Adds this ask, and tells whether it may go ahead.
+    /// Adds this ask (its cost, for `hit_n`), and tells whether it may go
+    /// ahead.
     pub(crate) const HIT: Counting = Counting(Operation::Hit);
     /// As `HIT`, for a permit.
     pub(crate) const RESERVE: Counting = Counting(Operation::Reserve);

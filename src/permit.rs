@@ -1,6 +1,7 @@
 //! [`Permit`]: an attempt counted before the work it guards; [`Permits`],
 //! the same under several limits at once.
 
+use std::num::NonZeroU32;
 use std::time::SystemTime;
 
 use crate::key::stored;
@@ -27,7 +28,8 @@ pub(crate) enum CountedIn {
 pub enum Reservation<'a, S> {
     /// The attempt is counted and may go ahead.
     Granted(Permit<'a, S>),
-    /// The attempt is refused (and was counted, as every ask is).
+    /// The attempt is refused (and was counted, as every ask is, unless its
+    /// cost is above the limit's max: [`Verdict::exceeds_max`]).
     Refused(Verdict),
 }
 
@@ -50,7 +52,9 @@ pub struct Permit<'a, S> {
     limit: Limit,
     key: String,
     verdict: Verdict,
-    counted_in: CountedIn,
+    /// Where the attempt was counted, and its cost: what a success takes
+    /// back.
+    counted_in: (CountedIn, NonZeroU32),
 }
 
 impl<'a, S: Store> Permit<'a, S> {
@@ -59,7 +63,7 @@ impl<'a, S: Store> Permit<'a, S> {
         limit: &Limit,
         key: String,
         verdict: Verdict,
-        counted_in: CountedIn,
+        counted_in: (CountedIn, NonZeroU32),
     ) -> Reservation<'a, S> {
         if verdict.is_refused() {
             return Reservation::Refused(verdict);
@@ -78,7 +82,8 @@ impl<'a, S: Store> Permit<'a, S> {
         &self.verdict
     }
 
-    /// The attempt succeeded: take it back from the window it was counted
+    /// The attempt succeeded: take it back (its whole cost, for
+    /// [`Limiter::reserve_n`]) from the window it was counted
     /// in, or clear the key, as the limit's [`OnSuccess`] says. When the
     /// store was unreachable at the reservation and nothing counted it,
     /// there is nothing to take back.
@@ -211,7 +216,25 @@ impl<S: Store> Limiter<S> {
         &self,
         pairs: &[(&Limit, &Key)],
     ) -> Result<Reservations<'_, S>, Error> {
-        let counted = self.counted_all_in(Counting::RESERVE, pairs).await?;
+        self.reserve_all_n(pairs, NonZeroU32::MIN).await
+    }
+
+    /// [`reserve_all`](Limiter::reserve_all) for an attempt that costs
+    /// `cost` units under every limit, decided as
+    /// [`hit_all_n`](Limiter::hit_all_n) decides (a cost above a pair's
+    /// `max` refuses at once, nothing counted under any pair);
+    /// [`Permits::succeeded`] takes the whole cost back under each limit.
+    /// `reserve_all` is a cost of 1.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_all`].
+    pub async fn reserve_all_n(
+        &self,
+        pairs: &[(&Limit, &Key)],
+        cost: NonZeroU32,
+    ) -> Result<Reservations<'_, S>, Error> {
+        let counted = self.counted_all_in(Counting::RESERVE, pairs, cost).await?;
         let verdicts = Verdicts::from_vec(counted.iter().map(|(v, _)| v.clone()).collect());
         if verdicts.is_refused() {
             return Ok(Reservations::Refused(verdicts));
@@ -224,7 +247,7 @@ impl<S: Store> Limiter<S> {
                 limit: (*limit).clone(),
                 key: stored(limit.name(), key),
                 verdict,
-                counted_in,
+                counted_in: (counted_in, cost),
             })
             .collect();
         Ok(Reservations::Granted(Permits { permits, verdicts }))

@@ -58,7 +58,7 @@ impl KeyStatus {
     /// The status of stored key `stored` under `limit`, from what a store
     /// read: decided as a `check` would decide it.
     pub(crate) fn decided(limit: &Limit, stored: &str, counted: &Counted) -> KeyStatus {
-        let decided = decision(Counting::CHECK, limit, counted);
+        let decided = decision(Counting::CHECK, limit, 1, counted);
         let key = stored
             .strip_prefix(limit.name())
             .and_then(|rest| rest.strip_prefix('|'))

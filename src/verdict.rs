@@ -26,6 +26,9 @@ use crate::{Error, Limit};
 ///   [`SHED_RETRY_AFTER`](Verdict::SHED_RETRY_AFTER). The line between down
 ///   and overloaded is in the
 ///   [guide](crate::guide#down-or-overloaded).
+/// - **over max**: the ask's cost is above the limit's max, so no window
+///   could ever allow it: refused at once, with no count and no round trip
+///   ([`exceeds_max`](Verdict::exceeds_max)).
 ///
 /// What "allowed" means depends on the call:
 ///
@@ -35,6 +38,7 @@ use crate::{Error, Limit};
 /// | `failed`  | the failures, this one too  | count < max: the next attempt may go ahead |
 /// | `hit`     | the asks, this one too      | count ≤ max: this ask may go ahead |
 /// | `reserve` | the attempts, this one too  | count ≤ max: this attempt may go ahead |
+/// | `hit_n`, `reserve_n` | the units asked, this ask's cost too | count ≤ max |
 #[derive(Clone, Debug)]
 pub struct Verdict {
     limit: Arc<str>,
@@ -42,6 +46,8 @@ pub struct Verdict {
     counts: Option<Counts>,
     unreachable: Option<Arc<Error>>,
     shed: Option<Arc<Error>>,
+    /// Refused because the ask's cost is above the limit's max.
+    over_max: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -91,6 +97,17 @@ impl Verdict {
     /// the call was refused without a count (shed).
     pub fn is_shed(&self) -> bool {
         self.shed.is_some()
+    }
+
+    /// Whether the ask was refused because its cost
+    /// ([`Limiter::hit_n`](crate::Limiter::hit_n),
+    /// [`reserve_n`](crate::Limiter::reserve_n)) is above the limit's max:
+    /// no window could ever allow it, so it was refused at once, with no
+    /// round trip and nothing counted. Such a verdict has no
+    /// [`count`](Verdict::count) and no [`retry_after`](Verdict::retry_after):
+    /// waiting would not help, a smaller ask would.
+    pub fn exceeds_max(&self) -> bool {
+        self.over_max
     }
 
     /// Why the call was shed, when it was: an
@@ -168,6 +185,7 @@ impl Verdict {
             }),
             unreachable: None,
             shed: None,
+            over_max: false,
         }
     }
 
@@ -180,6 +198,7 @@ impl Verdict {
             counts: None,
             unreachable: Some(cause),
             shed: None,
+            over_max: false,
         }
     }
 
@@ -193,6 +212,7 @@ impl Verdict {
             counts: None,
             unreachable: None,
             shed: None,
+            over_max: false,
         }
     }
 
@@ -204,6 +224,21 @@ impl Verdict {
             counts: None,
             unreachable: None,
             shed: Some(cause),
+            over_max: false,
+        }
+    }
+
+    /// The refusal of an ask whose cost is above `limit`'s max
+    /// ([`Limiter::hit_n`](crate::Limiter::hit_n)): no window could ever
+    /// allow it, so nothing is asked and nothing counted.
+    pub(crate) fn over_max(limit: &Limit) -> Self {
+        Verdict {
+            limit: limit.name_arc().clone(),
+            allowed: false,
+            counts: None,
+            unreachable: None,
+            shed: None,
+            over_max: true,
         }
     }
 

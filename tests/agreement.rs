@@ -5,8 +5,11 @@
 //! sliding windows, written independently of the crate's arithmetic (the
 //! model, in `agreement/model.rs`, finds a sliding window's reopening by
 //! search, the crate by a closed form). The calls: check, failed, hit, reset,
-//! reserve (with or without success reported), and the several-limits calls;
-//! after each, the operator's reads (`status`, `refused_keys`) agree too.
+//! reserve (with or without success reported), and the several-limits calls,
+//! the asks among them each of a cost of 1 or, in the cases with costs, of
+//! a cost drawn up to past the limits' max (`hit_n`, `reserve_n`,
+//! `hit_all_n`); after each, the operator's reads (`status`,
+//! `refused_keys`) agree too.
 //! While the database is gone, a limit that counts locally gives `Memory`'s
 //! verdicts, marked unreachable.
 
@@ -14,11 +17,12 @@
 mod model;
 
 use std::convert::Infallible;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use model::{Call, Case, Model, Seen, case, micros};
+use model::{Call, Case, Model, Seen, case, case_with_costs, micros};
 use platformkit_limit::{
     Key, Limit, LimitConn, Limiter, ManualClock, Memory, Postgres, Reservation, SCHEMA, Store,
     Verdict, WhenUnreachable,
@@ -124,6 +128,7 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
             let fail = |who: &str, e: platformkit_limit::Error| {
                 TestCaseError::fail(format!("op {i} {op:?}: {who}: {e:?}"))
             };
+            let cost = NonZeroU32::new(op.cost()).expect("a cost of at least 1");
             // (verdicts from Postgres, from Memory, the limits they are for)
             let (p, m, which): (Vec<Verdict>, Vec<Verdict>, Vec<usize>) = match op.call {
                 Call::Check => (
@@ -149,17 +154,23 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                     vec![op.limit],
                 ),
                 Call::Hit => (
-                    vec![pg.hit(limit, key).await.map_err(|e| fail("Postgres", e))?],
-                    vec![mem.hit(limit, key).await.map_err(|e| fail("Memory", e))?],
+                    vec![
+                        hit(&pg, limit, key, cost)
+                            .await
+                            .map_err(|e| fail("Postgres", e))?,
+                    ],
+                    vec![
+                        hit(&mem, limit, key, cost)
+                            .await
+                            .map_err(|e| fail("Memory", e))?,
+                    ],
                     vec![op.limit],
                 ),
                 Call::Reserve { succeed } => {
-                    let p = pg
-                        .reserve(limit, key)
+                    let p = reserve(&pg, limit, key, cost)
                         .await
                         .map_err(|e| fail("Postgres", e))?;
-                    let m = mem
-                        .reserve(limit, key)
+                    let m = reserve(&mem, limit, key, cost)
                         .await
                         .map_err(|e| fail("Memory", e))?;
                     let (pv, mv) = (p.verdict().clone(), m.verdict().clone());
@@ -177,7 +188,10 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                     let (p, m) = match op.call {
                         Call::CheckAll => (pg.check_all(&all).await, mem.check_all(&all).await),
                         Call::FailedAll => (pg.failed_all(&all).await, mem.failed_all(&all).await),
-                        _ => (pg.hit_all(&all).await, mem.hit_all(&all).await),
+                        _ => (
+                            hit_all(&pg, &all, cost).await,
+                            hit_all(&mem, &all, cost).await,
+                        ),
                     };
                     (
                         p.map_err(|e| fail("Postgres", e))?.into_vec(),
@@ -194,7 +208,14 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                     continue;
                 }
             };
-            let expected = model.verdicts(&op.call, &which, op.key, &case.limits, micros(now));
+            let expected = model.verdicts(
+                &op.call,
+                op.cost(),
+                &which,
+                op.key,
+                &case.limits,
+                micros(now),
+            );
             for (((p, m), &l), expected) in p.iter().zip(&m).zip(&which).zip(expected) {
                 let (p, m) = (Seen::from(p), Seen::from(m));
                 prop_assert_eq!(
@@ -217,7 +238,7 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                 );
                 if let Call::Reserve { succeed: true } = op.call {
                     if m.allowed {
-                        model.take_back(l, op.key, case.limits[l].1, micros(now));
+                        model.take_back(l, op.key, op.cost(), case.limits[l].1, micros(now));
                     }
                 }
             }
@@ -225,6 +246,47 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
         }
         Ok(())
     })
+}
+
+/// `hit` for a cost of 1 (the call most callers make), else `hit_n`.
+async fn hit<S: Store>(
+    limiter: &Limiter<S>,
+    limit: &Limit,
+    key: &Key,
+    cost: NonZeroU32,
+) -> Result<Verdict, platformkit_limit::Error> {
+    if cost == NonZeroU32::MIN {
+        limiter.hit(limit, key).await
+    } else {
+        limiter.hit_n(limit, key, cost).await
+    }
+}
+
+/// `reserve` for a cost of 1, else `reserve_n`.
+async fn reserve<'a, S: Store>(
+    limiter: &'a Limiter<S>,
+    limit: &Limit,
+    key: &Key,
+    cost: NonZeroU32,
+) -> Result<Reservation<'a, S>, platformkit_limit::Error> {
+    if cost == NonZeroU32::MIN {
+        limiter.reserve(limit, key).await
+    } else {
+        limiter.reserve_n(limit, key, cost).await
+    }
+}
+
+/// `hit_all` for a cost of 1, else `hit_all_n`.
+async fn hit_all<S: Store>(
+    limiter: &Limiter<S>,
+    all: &[(&Limit, &Key)],
+    cost: NonZeroU32,
+) -> Result<platformkit_limit::Verdicts, platformkit_limit::Error> {
+    if cost == NonZeroU32::MIN {
+        limiter.hit_all(all).await
+    } else {
+        limiter.hit_all_n(all, cost).await
+    }
 }
 
 /// The operator's reads agree too: the key's status, and the keys the limit
@@ -281,17 +343,22 @@ proptest! {
     fn both_limiters_agree(case in case()) {
         play(&case)?;
     }
+
+    #[test]
+    fn both_limiters_agree_with_costs(case in case_with_costs()) {
+        play(&case)?;
+    }
 }
 
 // ---------------------------------------------------------------------------
 // The local count while the database is gone
 // ---------------------------------------------------------------------------
 
-/// Runs one call on a limiter; `None` for a reset (whose result the caller
-/// checks).
+/// Runs one call of `cost` on a limiter; `None` for a reset (whose result
+/// the caller checks).
 async fn act<S: Store>(
     limiter: &Limiter<S>,
-    call: &Call,
+    (call, cost): (&Call, NonZeroU32),
     limit: &Limit,
     key: &Key,
     all: &[(&Limit, &Key)],
@@ -299,9 +366,9 @@ async fn act<S: Store>(
     Ok(Some(match call {
         Call::Check => vec![limiter.check(limit, key).await?],
         Call::Failed => vec![limiter.failed(limit, key).await?],
-        Call::Hit => vec![limiter.hit(limit, key).await?],
+        Call::Hit => vec![hit(limiter, limit, key, cost).await?],
         Call::Reserve { succeed } => {
-            let reservation = limiter.reserve(limit, key).await?;
+            let reservation = reserve(limiter, limit, key, cost).await?;
             let verdict = reservation.verdict().clone();
             if let (true, Reservation::Granted(permit)) = (*succeed, reservation) {
                 permit.succeeded().await?;
@@ -310,7 +377,7 @@ async fn act<S: Store>(
         }
         Call::CheckAll => limiter.check_all(all).await?.into_vec(),
         Call::FailedAll => limiter.failed_all(all).await?.into_vec(),
-        Call::HitAll => limiter.hit_all(all).await?.into_vec(),
+        Call::HitAll => hit_all(limiter, all, cost).await?.into_vec(),
         Call::Reset => return Ok(None),
     }))
 }
@@ -336,8 +403,9 @@ fn play_local(case: &Case) -> Result<(), TestCaseError> {
             case.advance(&clock, op);
             let (limit, key) = (&limits[op.limit], &keys[op.key]);
             let all: Vec<(&Limit, &Key)> = limits.iter().map(|l| (l, key)).collect();
-            let d = act(&down, &op.call, limit, key, &all).await;
-            let m = act(&mem, &op.call, limit, key, &all).await;
+            let cost = NonZeroU32::new(op.cost()).expect("a cost of at least 1");
+            let d = act(&down, (&op.call, cost), limit, key, &all).await;
+            let m = act(&mem, (&op.call, cost), limit, key, &all).await;
             let m = m.map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: Memory: {e:?}")))?;
             let Some(m) = m else {
                 let d = down.reset(limit, key).await;
@@ -351,10 +419,16 @@ fn play_local(case: &Case) -> Result<(), TestCaseError> {
             let d = d
                 .map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: local: {e:?}")))?
                 .expect("not a reset");
+            // A cost above a limit's max asks no store, so neither limiter
+            // is unreachable: the verdicts are the same.
+            let asked = !m.iter().any(Verdict::exceeds_max);
             for (d, m) in d.iter().zip(&m) {
-                prop_assert!(
+                prop_assert_eq!(
                     d.is_unreachable(),
-                    "op {i} {op:?}: the local verdict says unreachable"
+                    asked,
+                    "op {} {:?}: the local verdict says unreachable, if asked",
+                    i,
+                    op
                 );
                 let (d, m) = (Seen::from(d), Seen::from(m));
                 prop_assert_eq!(
@@ -384,6 +458,11 @@ proptest! {
 
     #[test]
     fn the_local_count_agrees_with_memory(case in case()) {
+        play_local(&case)?;
+    }
+
+    #[test]
+    fn the_local_count_agrees_with_memory_with_costs(case in case_with_costs()) {
         play_local(&case)?;
     }
 }
@@ -431,6 +510,7 @@ fn agreement_at_a_window_edge() {
                 remaining: Some(0),
                 reopens_at: Some(edge),
                 retry_after: Some(Duration::from_micros(1)),
+                exceeds_max: false,
             }
         );
 
@@ -450,6 +530,7 @@ fn agreement_at_a_window_edge() {
                 remaining: Some(3),
                 reopens_at: Some(edge + Duration::from_secs(60)),
                 retry_after: None,
+                exceeds_max: false,
             }
         );
     });

@@ -11,7 +11,8 @@
 //! what happens instead.
 //!
 //! The bodies, by concern, under `tests/drivers/`: `operations.rs` (every
-//! operation, a pool as a source), `faults.rs` (unreachable within the
+//! operation, a pool as a source), `costs.rs` (asks of a cost of their
+//! own), `faults.rs` (unreachable within the
 //! budget), `budget.rs` (the budget on the server), `callers_transaction.rs`,
 //! `keys.rs` (hostile keys) and `pgbouncer.rs`; the drivers themselves in
 //! `driver.rs`.
@@ -26,6 +27,8 @@ mod common;
 mod budget;
 #[path = "drivers/callers_transaction.rs"]
 mod callers_transaction;
+#[path = "drivers/costs.rs"]
+mod costs;
 #[path = "drivers/driver.rs"]
 mod driver;
 #[path = "drivers/faults.rs"]
@@ -250,6 +253,7 @@ macro_rules! on_each_driver {
 on_each_driver!(
     operations::every_operation_counts_alike_on_either_driver,
     operations::a_pool_is_a_source_and_gets_its_connection_back_idle,
+    costs::every_ask_adds_its_cost_on_either_driver,
     faults::nothing_listening_is_unreachable_within_the_budget,
     faults::a_terminated_connection_is_unreachable,
     faults::a_connection_killed_mid_call_ends_at_once,

@@ -2,8 +2,10 @@
 //! hot key, every count is written and `hit` still lets exactly the limit
 //! through; for different keys, the first writes go at once and the rest
 //! share the next statement, each key with its own count, as `Memory` counts
-//! them one by one.
+//! them one by one. Callers of different costs on one key share a statement
+//! that adds each one's own cost, and each gets its own verdict.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
@@ -232,6 +234,81 @@ async fn writes_to_different_keys_behind_the_ones_in_flight_share_statements() {
         );
         assert_eq!(stored_count(&db).await, (2 * places + QUEUED) as i64);
     }
+}
+
+/// Callers of different costs queued on one hot key behind a write in
+/// flight go in one statement, which adds each caller's own cost: each sees
+/// the count after its own cost (the statement's less the costs of the
+/// callers after it), and is allowed or refused by that count alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merged_callers_of_different_costs_each_add_and_are_decided_by_their_own() {
+    let db = Server::shared().database(SCHEMA).await;
+    let (conns, sent) = pool(&db, 8).await;
+    let clock = ManualClock::new(SystemTime::now());
+    let limiter = Arc::new(
+        Limiter::builder(Postgres::new(conns).with_clock(clock))
+            .no_refusal_cache()
+            .budget(Duration::from_secs(30))
+            .build()
+            .expect("a budget"),
+    );
+    let limit = Limit::new("api", 20, Duration::from_secs(3600)).expect("a limit");
+    let key = Key::opaque("hot");
+    let cost = |n| NonZeroU32::new(n).expect("a cost");
+    let first = limiter.hit_n(&limit, &key, cost(2)).await.unwrap();
+    assert_eq!(first.count(), Some(2));
+
+    // A write of 3 in flight, waiting on the row another session locks.
+    let locker = lock_row(&db, &stored(&limit, &key)).await;
+    let before = sent.load(Ordering::SeqCst);
+    let in_flight = {
+        let (limiter, limit, key) = (limiter.clone(), limit.clone(), key.clone());
+        tokio::spawn(async move { limiter.hit_n(&limit, &key, cost(3)).await })
+    };
+    let admin = db.connect_admin().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while lock_waits(&admin).await < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "not sent at once");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // One poll queues them all behind it, in this order.
+    let costs = [5, 1, 7, 4, 1];
+    let mut queued = Box::pin(join_all(
+        costs.map(|n| limiter.hit_n(&limit, &key, cost(n))),
+    ));
+    assert!(futures::poll!(&mut queued).is_pending(), "queued");
+    drop(locker);
+
+    let held = in_flight.await.unwrap().unwrap();
+    assert_eq!(held.count(), Some(5));
+    let seen: Vec<(Option<u64>, bool)> = queued
+        .await
+        .into_iter()
+        .map(|verdict| {
+            let verdict = verdict.unwrap();
+            assert!(!verdict.is_unreachable(), "{verdict:?}");
+            (verdict.count(), verdict.is_allowed())
+        })
+        .collect();
+    // 5 + 5, + 1, + 7 (18: within 20), + 4 (22: refused), + 1 (23: the
+    // window is past max).
+    assert_eq!(
+        seen,
+        [
+            (Some(10), true),
+            (Some(11), true),
+            (Some(18), true),
+            (Some(22), false),
+            (Some(23), false),
+        ]
+    );
+    assert_eq!(
+        sent.load(Ordering::SeqCst) - before,
+        2,
+        "the write in flight, then one statement for the five queued"
+    );
+    assert_eq!(stored_count(&db).await, 23, "every cost counted once");
 }
 
 /// Queued writes whose callers went away (a client disconnecting drops its

@@ -4,7 +4,9 @@
 //! next call of a key that is not flooded, and within a TTL for one that is;
 //! under a flood one call per TTL reaches the store; a refreshing call that
 //! is dropped or never polled again does not pin it; it never allows, is
-//! cleared by a reset here, and is bounded.
+//! cleared by a reset here, and is bounded. It answers a refusal only to an
+//! ask of at least the cost refused, and a cost above max never reaches it,
+//! nor the store.
 //!
 //! Time is a `ManualClock`; statements are counted by the connections lent.
 
@@ -12,6 +14,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
@@ -449,6 +452,23 @@ async fn answers_from_the_cache_are_counted_with_source_cache() {
         assert_refused(&limiter, &limit, &key).await;
     }
 
+    let (calls, statements) = calls_and_statements(&snapshotter);
+    let expected: BTreeMap<(String, String, String), u64> = [
+        (("failed", "refused", "store"), 3),
+        (("check", "refused", "cache"), 2),
+    ]
+    .into_iter()
+    .map(|((op, outcome, source), n)| ((op.into(), outcome.into(), source.into()), n))
+    .collect();
+    assert_eq!(calls, expected);
+    assert_eq!(statements, 3, "the cache's answers sent nothing");
+}
+
+/// The calls counted, by (operation, outcome, source), and the statements
+/// sent, as `snapshotter` saw them.
+fn calls_and_statements(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+) -> (BTreeMap<(String, String, String), u64>, u64) {
     let mut calls = BTreeMap::new();
     let mut statements = 0;
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
@@ -474,13 +494,96 @@ async fn answers_from_the_cache_are_counted_with_source_cache() {
             _ => {}
         }
     }
+    (calls, statements)
+}
+
+fn cost(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("a cost of at least 1")
+}
+
+/// A key flooded with refusals of a cost of 3 is answered from the cache
+/// for asks of 3 or more; an ask of 1 is asked of the store (with a sliding
+/// limit it may go ahead sooner), and once refused there, it too is
+/// answered from the cache, and so are the asks of 3 after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_answered_from_the_cache_only_to_asks_of_at_least_its_cost() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = start();
+    let (conns, lent) = counting(&db);
+    let limiter = Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
+        .refusal_ttl(Limiter::MAX_REFUSAL_TTL)
+        .build()
+        .expect("a TTL");
+    let limit = Limit::new("api", 4, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("client");
+    assert!(
+        limiter
+            .hit_n(&limit, &key, cost(3))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    for _ in 0..Limiter::FLOOD_REFUSALS {
+        let refused = limiter.hit_n(&limit, &key, cost(3)).await.unwrap();
+        assert!(refused.is_refused() && !refused.is_unreachable());
+    }
+    assert_eq!(lent.load(Ordering::SeqCst), 4, "each asked of the store");
+    for n in [3, 4] {
+        assert!(
+            limiter
+                .hit_n(&limit, &key, cost(n))
+                .await
+                .unwrap()
+                .is_refused()
+        );
+    }
+    assert_eq!(lent.load(Ordering::SeqCst), 4, "3 and 4: from the cache");
+
+    let one = limiter.hit(&limit, &key).await.unwrap();
+    assert!(one.is_refused());
+    assert_eq!(one.count(), Some(13), "asked of the store, and counted");
+    assert_eq!(lent.load(Ordering::SeqCst), 5);
+    for n in [1, 3] {
+        assert!(
+            limiter
+                .hit_n(&limit, &key, cost(n))
+                .await
+                .unwrap()
+                .is_refused()
+        );
+    }
+    assert_eq!(lent.load(Ordering::SeqCst), 5, "held for 1 now: every cost");
+}
+
+/// A cost above max is refused with no statement and no look at the
+/// cache, counted as a call with `source="cost"`, and nothing is stored.
+#[tokio::test]
+async fn a_cost_above_max_sends_nothing_and_is_counted_with_source_cost() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Limiter::new(Postgres::new(db.config()).with_clock(start()));
+    let limit = Limit::new("api", 4, Duration::from_secs(60)).expect("a limit");
+    let key = Key::opaque("client");
+    let over = limiter.hit_n(&limit, &key, cost(5)).await.unwrap();
+    assert!(over.is_refused() && over.exceeds_max());
+    let reserved = limiter.reserve_n(&limit, &key, cost(5)).await.unwrap();
+    assert!(reserved.verdict().exceeds_max());
+    let fits = limiter.hit_n(&limit, &key, cost(4)).await.unwrap();
+    assert!(fits.is_allowed());
+    assert_eq!(fits.count(), Some(4), "nothing counted before");
+
+    let (calls, statements) = calls_and_statements(&snapshotter);
     let expected: BTreeMap<(String, String, String), u64> = [
-        (("failed", "refused", "store"), 3),
-        (("check", "refused", "cache"), 2),
+        (("hit", "refused", "cost"), 1),
+        (("reserve", "refused", "cost"), 1),
+        (("hit", "allowed", "store"), 1),
     ]
     .into_iter()
     .map(|((op, outcome, source), n)| ((op.into(), outcome.into(), source.into()), n))
     .collect();
     assert_eq!(calls, expected);
-    assert_eq!(statements, 3, "the cache's answers sent nothing");
+    assert_eq!(statements, 1, "only the ask that fits was sent");
 }

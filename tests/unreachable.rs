@@ -16,6 +16,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
@@ -439,4 +440,79 @@ async fn the_local_count_holds_a_bounded_number_of_keys_and_refuses_a_key_it_can
         limiter.check(&login, &victim).await.unwrap().is_refused(),
         "the victim's lockout was kept"
     );
+}
+
+/// An ask of a cost fails open as one of 1 does, as each limit's
+/// `WhenUnreachable` says: allowed uncounted, refused, or counted locally
+/// with its whole cost (and a permit takes the whole cost back from the
+/// local count); a cost above max is refused without trying the store, so
+/// it is never read as unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_of_a_cost_fails_open_as_its_limit_says_and_one_above_max_is_refused_at_once() {
+    let window = Duration::from_secs(60);
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 60 * 60));
+    let limiter = Limiter::builder(Postgres::new(nothing_listens()).with_clock(clock))
+        .budget(BUDGET)
+        .build()
+        .unwrap();
+    let cost = |n| NonZeroU32::new(n).expect("a cost");
+    let limit = |name: &str, unreachable| {
+        Limit::builder(name, 10, window)
+            .when_unreachable(unreachable)
+            .build()
+            .unwrap()
+    };
+    let open = limit("open", WhenUnreachable::Allow);
+    let closed = limit("closed", WhenUnreachable::Refuse);
+    let local = limit("local", WhenUnreachable::CountLocally);
+    let key = Key::opaque("client");
+
+    let (verdict, _) = timed(BUDGET + SLACK, "hit_n", limiter.hit_n(&open, &key, cost(4))).await;
+    let verdict = verdict.unwrap();
+    assert!(
+        verdict.is_allowed() && verdict.is_unreachable(),
+        "{verdict:?}"
+    );
+    assert_eq!(verdict.count(), None);
+    let verdict = limiter.hit_n(&closed, &key, cost(4)).await.unwrap();
+    assert!(
+        verdict.is_refused() && verdict.is_unreachable(),
+        "{verdict:?}"
+    );
+
+    let mut counts = Vec::new();
+    for n in [6, 4, 1] {
+        let verdict = limiter.hit_n(&local, &key, cost(n)).await.unwrap();
+        assert!(verdict.is_unreachable(), "{verdict:?}");
+        counts.push((verdict.count(), verdict.is_allowed()));
+    }
+    assert_eq!(
+        counts,
+        [(Some(6), true), (Some(10), true), (Some(11), false)],
+        "counted locally, whole"
+    );
+    let reopened = Key::opaque("reserving");
+    match limiter.reserve_n(&local, &reopened, cost(7)).await.unwrap() {
+        platformkit_limit::Reservation::Granted(permit) => {
+            assert_eq!(permit.verdict().count(), Some(7));
+            // The store is down: the take-back is of the local count.
+            permit.succeeded().await.unwrap();
+        }
+        platformkit_limit::Reservation::Refused(verdict) => panic!("{verdict:?}"),
+    }
+    let after = limiter.hit_n(&local, &reopened, cost(10)).await.unwrap();
+    assert_eq!(after.count(), Some(10), "the 7 were taken back");
+    assert!(after.is_allowed());
+
+    for limit in [&open, &closed, &local] {
+        let (over, _) = timed(
+            SLACK,
+            "a cost above max",
+            limiter.hit_n(limit, &key, cost(11)),
+        )
+        .await;
+        let over = over.unwrap();
+        assert!(over.is_refused() && over.exceeds_max(), "{over:?}");
+        assert!(!over.is_unreachable(), "the store was not tried");
+    }
 }

@@ -27,6 +27,14 @@
 //!   from here, not one per caller.
 //! - Past the reopening, `held` is dropped and every call asks: the key may
 //!   be open.
+//! - By cost: `held` answers only asks of at least the cost it refused
+//!   (`hit_n`, `reserve_n`; every other call costs 1). Its reopening is
+//!   when an ask of that cost may go ahead
+//!   ([`decide`](crate::decide::decide)); a smaller ask may go ahead
+//!   sooner, so it is asked of the store, claiming nothing. While `held` is
+//!   fresh, a newer refusal of a larger cost leaves it in place: the count
+//!   only grew since, so it still holds for its own cost and every larger
+//!   one, and the asks of a flood with mixed costs stay answered here.
 //!
 //! All times are on the limiter's local timeline (the store's
 //! [`local_now`](crate::store::sealed::Sealed::local_now): the system clock,
@@ -63,6 +71,8 @@ pub(crate) const DEFAULT_REFUSAL_TTL: Duration = Duration::from_secs(1);
 /// A refusal the store gave, answered again while fresh.
 struct Held {
     verdict: Verdict,
+    /// The cost of the ask refused: the smallest it answers.
+    cost: u32,
     /// When the call that got it asked.
     asked_at: SystemTime,
     /// When the store said the key reopens: never answered past it.
@@ -209,11 +219,12 @@ impl RefusalCache {
         self.ttl
     }
 
-    /// What to do with a call for `key` starting at `now`, whose budget is
-    /// `budget`: answer the held refusal (its wait shortened to `now`), or
-    /// ask the store, claiming the refresh if the held refusal is past its
-    /// TTL and no call's claim stands.
-    pub(crate) fn get(&self, key: &str, now: SystemTime, budget: Duration) -> Lookup {
+    /// What to do with a call for `key` of `cost` starting at `now`, whose
+    /// budget is `budget`: answer the held refusal (its wait shortened to
+    /// `now`) if it refused no more than `cost`, or ask the store, claiming
+    /// the refresh if the held refusal is past its TTL and no call's claim
+    /// stands.
+    pub(crate) fn get(&self, key: &str, cost: u32, now: SystemTime, budget: Duration) -> Lookup {
         let Some(entries) = &self.entries else {
             return Lookup::Ask(None);
         };
@@ -232,6 +243,10 @@ impl RefusalCache {
         if now >= held.reopens || now < held.asked_at {
             state.held = None;
             state.claim = None;
+            return Lookup::Ask(None);
+        }
+        if cost < held.cost {
+            // Refused for more than this ask: it may go ahead sooner.
             return Lookup::Ask(None);
         }
         let verdict = held.verdict.seen_at(now, held.reopens);
@@ -253,13 +268,15 @@ impl RefusalCache {
         }))
     }
 
-    /// Takes in the store's answer to a call for `key` that asked at
-    /// `asked_at`: a refusal is counted, and held if the key is flooded; an
-    /// allow clears the entry. The call's claim, if any, ends.
+    /// Takes in the store's answer to a call for `key` of `cost` that asked
+    /// at `asked_at`: a refusal is counted, and held if the key is flooded
+    /// (unless a fresh refusal of a smaller cost is held); an allow clears
+    /// the entry. The call's claim, if any, ends.
     pub(crate) fn answered(
         &self,
         key: &str,
         verdict: &Verdict,
+        cost: u32,
         asked_at: SystemTime,
         refresh: Option<Refresh>,
     ) {
@@ -287,12 +304,15 @@ impl RefusalCache {
             .unwrap_or_else(|never| match never {});
         let mut state = lock(&shared);
         state.record(asked_at);
-        let newer = state.held.as_ref().is_none_or(|h| h.asked_at <= asked_at);
+        let newer = state.held.as_ref().is_none_or(|h| {
+            h.asked_at <= asked_at && (h.cost >= cost || asked_at >= h.fresh_until)
+        });
         if newer {
             state.held = state.flooded(asked_at).then(|| {
                 let reopens = asked_at + wait;
                 Held {
                     verdict: verdict.clone(),
+                    cost,
                     asked_at,
                     reopens,
                     fresh_until: asked_at

@@ -18,6 +18,7 @@ fn refused(now: SystemTime) -> Verdict {
     let verdict = decide(
         Counting::CHECK,
         &limit,
+        1,
         &Counted {
             count: 1,
             previous: 0,
@@ -35,6 +36,7 @@ fn allowed(now: SystemTime) -> Verdict {
     decide(
         Counting::CHECK,
         &limit,
+        1,
         &Counted {
             count: 0,
             previous: 0,
@@ -52,7 +54,7 @@ fn cache() -> RefusalCache {
 /// Asks as `Limiter::run` does; `Some` is the claim (or none) of a call
 /// sent to the store, `None` an answer from the cache.
 fn ask(cache: &RefusalCache, now: SystemTime) -> Option<Option<Refresh>> {
-    match cache.get("k", now, BUDGET) {
+    match cache.get("k", 1, now, BUDGET) {
         Lookup::Refused(v) => {
             assert!(v.is_refused(), "the cache answers only refused");
             None
@@ -66,7 +68,7 @@ fn refused_call(cache: &RefusalCache, now: SystemTime) -> bool {
     match ask(cache, now) {
         None => false,
         Some(claim) => {
-            cache.answered("k", &refused(now), now, claim);
+            cache.answered("k", &refused(now), 1, now, claim);
             true
         }
     }
@@ -135,7 +137,7 @@ fn an_allow_or_a_forget_clears_the_entry() {
         assert!(refused_call(&c, t(ms)));
     }
     let claim = ask(&c, t(1_002)).expect("asks");
-    c.answered("k", &allowed(t(1_002)), t(1_002), claim);
+    c.answered("k", &allowed(t(1_002)), 1, t(1_002), claim);
     assert!(ask(&c, t(1_003)).is_some(), "allowed: nothing held");
     // And the count starts again.
     assert!(refused_call(&c, t(1_004)));
@@ -182,7 +184,60 @@ fn an_unreachable_verdict_is_not_a_refusal_to_hold() {
     ));
     let refused = Verdict::uncounted(&limit, false, cause);
     for _ in 0..5 {
-        c.answered("k", &refused, t(0), None);
+        c.answered("k", &refused, 1, t(0), None);
     }
     assert!(ask(&c, t(1)).is_some());
+}
+
+/// A call of `cost` at `now` the store refuses; whether it reached the
+/// store.
+fn refused_call_of(cache: &RefusalCache, cost: u32, now: SystemTime) -> bool {
+    match cache.get("k", cost, now, BUDGET) {
+        Lookup::Refused(v) => {
+            assert!(v.is_refused(), "the cache answers only refused");
+            false
+        }
+        Lookup::Ask(claim) => {
+            cache.answered("k", &refused(now), cost, now, claim);
+            true
+        }
+    }
+}
+
+/// A key held refused for a cost of 50 answers asks of 50 or more from
+/// the cache, and asks the store for a smaller one, which may go ahead
+/// sooner: nothing about a cost of 1 was refused.
+#[test]
+fn a_refusal_answers_only_asks_of_at_least_its_cost() {
+    let c = cache();
+    for ms in [0, 1, 2] {
+        assert!(refused_call_of(&c, 50, t(ms)));
+    }
+    assert!(!refused_call_of(&c, 50, t(3)), "the same cost: cached");
+    assert!(!refused_call_of(&c, 80, t(4)), "a larger cost: cached");
+    assert!(
+        matches!(c.get("k", 1, t(5), BUDGET), Lookup::Ask(None)),
+        "a smaller cost asks the store, and claims nothing"
+    );
+    assert!(!refused_call_of(&c, 50, t(6)), "still held for 50");
+}
+
+/// Once a smaller cost is refused, it is held, and a later refusal of a
+/// larger cost leaves it in place while it is fresh: a flood of mixed
+/// costs stays answered from the cache.
+#[test]
+fn the_smallest_cost_refused_stays_held_while_fresh() {
+    let c = cache();
+    for ms in [0, 1, 2] {
+        assert!(refused_call_of(&c, 50, t(ms)));
+    }
+    assert!(refused_call_of(&c, 1, t(3)), "asked: held for 1 now");
+    assert!(!refused_call_of(&c, 1, t(4)), "a cost of 1: cached");
+    // A call of 50 that was on its way before is answered later by the
+    // store: the refusal of 1 stays.
+    c.answered("k", &refused(t(5)), 50, t(5), None);
+    assert!(!refused_call_of(&c, 1, t(6)), "still held for 1");
+    // Past the TTL, the refresh of a larger cost replaces it.
+    assert!(refused_call_of(&c, 50, t(1_004)), "the refresh");
+    assert!(matches!(c.get("k", 1, t(1_005), BUDGET), Lookup::Ask(None)));
 }

@@ -6,6 +6,7 @@ mod several;
 
 pub use builder::LimiterBuilder;
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,8 +23,9 @@ use crate::store::{Phase, Store};
 use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreachable};
 
 /// The front of the crate: `check`, `failed`, `hit`, `reserve` and `reset`,
-/// and `check_all`, `failed_all`, `hit_all` and `reserve_all` over several
-/// limits at once, over a store,
+/// `hit_n` and `reserve_n` for an ask of a cost of its own, and
+/// `check_all`, `failed_all`, `hit_all`, `hit_all_n`, `reserve_all` and
+/// `reserve_all_n` over several limits at once, over a store,
 /// [`Postgres`](crate::Postgres) in production or [`Memory`] in tests.
 ///
 /// Every call, getting the connection included, ends within the budget
@@ -160,7 +162,8 @@ impl<S: Store> Limiter<S> {
     ///
     /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
     pub async fn check(&self, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
-        self.counted(Counting::CHECK, limit, key).await
+        self.counted(Counting::CHECK, limit, key, NonZeroU32::MIN)
+            .await
     }
 
     /// Records a failed attempt (a wrong password, a wrong code). The verdict
@@ -175,7 +178,8 @@ impl<S: Store> Limiter<S> {
     ///
     /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
     pub async fn failed(&self, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
-        self.counted(Counting::FAILED, limit, key).await
+        self.counted(Counting::FAILED, limit, key, NonZeroU32::MIN)
+            .await
     }
 
     /// Counts this attempt and says whether it may go ahead, in one
@@ -186,7 +190,76 @@ impl<S: Store> Limiter<S> {
     ///
     /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
     pub async fn hit(&self, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
-        self.counted(Counting::HIT, limit, key).await
+        self.hit_n(limit, key, NonZeroU32::MIN).await
+    }
+
+    /// [`hit`](Limiter::hit) for an ask that costs `cost` units of the
+    /// limit (an upload of 10 MB, a batch of 50 items, a search that costs
+    /// 5), in the same one statement: `hit` is a cost of 1.
+    ///
+    /// The cost is a [`NonZeroU32`]: an ask of nothing is not an ask, so
+    /// a cost of 0 cannot be written, and `max` is a `u32` too. The ask
+    /// may go ahead when the count after it is at most `max` (for a
+    /// sliding limit: the estimate after it less one is below `max`, as
+    /// for `cost` asks of one in a row); [`Verdict::count`] is the count
+    /// after it.
+    ///
+    /// - **A refused ask is counted**, its whole cost, as every
+    ///   [`hit`](Limiter::hit) is: asking spends the quota. So an ask that
+    ///   would pass `max` from the current count is refused and leaves the
+    ///   window full: the asks after it are refused too until it reopens.
+    ///   [`Verdict::retry_after`] is when an ask of the same cost may go
+    ///   ahead (a smaller one may sooner, with a sliding limit).
+    /// - **A cost above `max`** is refused at once, with no round trip and
+    ///   nothing counted (never an error): no window could ever allow it.
+    ///   The verdict says so ([`Verdict::exceeds_max`]); it has no count
+    ///   ([`Verdict::count`] is `None`) and no
+    ///   [`retry_after`](Verdict::retry_after), as waiting would not help.
+    /// - The refusal cache answers a refusal only to asks of at least the
+    ///   cost refused, and merging adds each caller's own cost (the
+    ///   [guide](crate::guide#the-refusal-cache)).
+    /// - The metrics count calls, not cost units: one `hit` per call
+    ///   ([`metric`](crate::metric)).
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let quota = Limit::new("api", 100, Duration::from_secs(60))?;
+    /// let client = Key::opaque("client-9");
+    /// let cost = |n| NonZeroU32::new(n).unwrap();
+    ///
+    /// let verdict = limiter.hit_n(&quota, &client, cost(60)).await?;
+    /// assert!(verdict.is_allowed());
+    /// assert_eq!(verdict.remaining(), Some(40));
+    ///
+    /// // 60 + 50 would pass 100: refused, and counted.
+    /// let verdict = limiter.hit_n(&quota, &client, cost(50)).await?;
+    /// assert!(verdict.is_refused());
+    /// assert_eq!(verdict.count(), Some(110));
+    /// assert!(limiter.hit(&quota, &client).await?.is_refused());
+    ///
+    /// // More than the limit ever allows: refused at once, nothing counted.
+    /// let verdict = limiter.hit_n(&quota, &Key::opaque("client-10"), cost(101)).await?;
+    /// assert!(verdict.is_refused() && verdict.exceeds_max());
+    /// assert_eq!((verdict.count(), verdict.retry_after()), (None, None));
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
+    pub async fn hit_n(
+        &self,
+        limit: &Limit,
+        key: &Key,
+        cost: NonZeroU32,
+    ) -> Result<Verdict, Error> {
+        self.counted(Counting::HIT, limit, key, cost).await
     }
 
     /// Counts this attempt **before** the work it guards and, when the limit
@@ -230,10 +303,51 @@ impl<S: Store> Limiter<S> {
     /// A hard failure (see [`Limiter`]); an unreachable store is decided by
     /// the limit's [`WhenUnreachable`].
     pub async fn reserve(&self, limit: &Limit, key: &Key) -> Result<Reservation<'_, S>, Error> {
+        self.reserve_n(limit, key, NonZeroU32::MIN).await
+    }
+
+    /// [`reserve`](Limiter::reserve) for an attempt that costs `cost`
+    /// units, decided as [`hit_n`](Limiter::hit_n) decides (a refused
+    /// attempt counted, a cost above `max` refused at once with nothing
+    /// counted); [`Permit::succeeded`] takes the whole cost back.
+    /// `reserve` is a cost of 1.
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory, Reservation};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let exports = Limit::new("exports", 100, Duration::from_secs(3600))?;
+    /// let tenant = Key::opaque("tenant-3");
+    /// let rows = NonZeroU32::new(30).unwrap();
+    /// if let Reservation::Granted(permit) = limiter.reserve_n(&exports, &tenant, rows).await? {
+    ///     assert_eq!(permit.verdict().count(), Some(30));
+    ///     permit.succeeded().await?; // takes the 30 back
+    /// }
+    /// assert_eq!(limiter.check(&exports, &tenant).await?.count(), Some(0));
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::reserve`].
+    pub async fn reserve_n(
+        &self,
+        limit: &Limit,
+        key: &Key,
+        cost: NonZeroU32,
+    ) -> Result<Reservation<'_, S>, Error> {
         let stored = stored(limit.name(), key);
-        let (verdict, counted_in) = self.run(Counting::RESERVE, limit, &stored).await?;
+        let (verdict, counted_in) = self.run(Counting::RESERVE, limit, &stored, cost).await?;
         Ok(Permit::reservation(
-            self, limit, stored, verdict, counted_in,
+            self,
+            limit,
+            stored,
+            verdict,
+            (counted_in, cost),
         ))
     }
 
@@ -269,31 +383,40 @@ impl<S: Store> Limiter<S> {
         result
     }
 
-    async fn counted(&self, op: Counting, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
+    async fn counted(
+        &self,
+        op: Counting,
+        limit: &Limit,
+        key: &Key,
+        cost: NonZeroU32,
+    ) -> Result<Verdict, Error> {
         let stored = stored(limit.name(), key);
-        self.run(op, limit, &stored)
+        self.run(op, limit, &stored, cost)
             .await
             .map(|(verdict, _)| verdict)
     }
 
-    /// Runs one counting operation for a stored key: [`run_all`](Limiter::run_all)
-    /// with one pair.
+    /// Runs one counting operation of `cost` for a stored key:
+    /// [`run_all`](Limiter::run_all) with one pair.
     pub(crate) async fn run(
         &self,
         op: Counting,
         limit: &Limit,
         key: &str,
+        cost: NonZeroU32,
     ) -> Result<(Verdict, CountedIn), Error> {
-        let mut ran = self.run_all(op, &[(limit, key.to_owned())]).await?;
+        let mut ran = self.run_all(op, &[(limit, key.to_owned())], cost).await?;
         Ok(ran.pop().expect("one verdict per pair"))
     }
 
-    /// The verdict when the store could not be reached: the limit decides.
+    /// The verdict when the store could not be reached: the limit decides
+    /// (a local count adds `cost`).
     fn when_unreachable(
         &self,
         op: Counting,
         limit: &Limit,
         key: &str,
+        cost: NonZeroU32,
         cause: Arc<Error>,
     ) -> (Verdict, CountedIn) {
         match limit.when_unreachable() {
@@ -303,14 +426,18 @@ impl<S: Store> Limiter<S> {
             WhenUnreachable::CountLocally => {
                 // On the store's clock as this process sees it (a pinned
                 // clock in tests), so the local count agrees with the store.
-                let counted = self
-                    .fallback
-                    .count_at(op, limit, key, 1, self.store.local_now());
+                let counted = self.fallback.count_at(
+                    op,
+                    limit,
+                    key,
+                    cost.get().into(),
+                    self.store.local_now(),
+                );
                 match counted {
                     Some(counted) => {
                         let window_start = counted.window_start(limit);
                         (
-                            decide(op, limit, &counted).because_unreachable(cause),
+                            decide(op, limit, cost.get(), &counted).because_unreachable(cause),
                             CountedIn::Fallback { window_start },
                         )
                     }
@@ -322,14 +449,15 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Takes one reserved attempt back from where `counted_in` says it was
-    /// counted: its window, in the store or the local fallback.
+    /// Takes a reserved attempt's `cost` back from where `counted_in` says
+    /// it was counted: its window, in the store or the local fallback.
     pub(crate) async fn take_back(
         &self,
         limit: &Limit,
         key: &str,
-        counted_in: CountedIn,
+        (counted_in, cost): (CountedIn, NonZeroU32),
     ) -> Result<(), Error> {
+        let n = u64::from(cost.get());
         let call = Call::start(Operation::TakeBack, self.budget);
         self.refusals.forget(key);
         let result = match counted_in {
@@ -337,13 +465,13 @@ impl<S: Store> Limiter<S> {
                 .within_store(
                     &*self.store,
                     || Phase::Queued,
-                    Box::pin(self.store.take_back(key, window_start, 1, call.deadline())),
+                    Box::pin(self.store.take_back(key, window_start, n, call.deadline())),
                 )
                 .await
                 .map(drop),
             CountedIn::Fallback { window_start } => self
                 .fallback
-                .take_back(key, window_start, 1, call.deadline())
+                .take_back(key, window_start, n, call.deadline())
                 .await
                 .map(drop),
             CountedIn::Nowhere => Ok(()),

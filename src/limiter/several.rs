@@ -1,7 +1,9 @@
-//! The several-limits calls: `check_all`, `failed_all`, `hit_all`, one
-//! statement over several (limit, key) pairs; and `run_all`, the one path
-//! of every counting call, one pair or several.
+//! The several-limits calls: `check_all`, `failed_all`, `hit_all` and
+//! `hit_all_n`, one statement over several (limit, key) pairs; and
+//! `run_all`, the one path of every counting call, one pair or several,
+//! whatever its cost.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use snafu::ensure;
@@ -49,7 +51,8 @@ impl<S: Store> Limiter<S> {
     /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for no
     /// pairs or more than [`Limiter::MAX_PAIRS`]; otherwise as [`Limiter::check`].
     pub async fn check_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
-        self.counted_all(Counting::CHECK, pairs).await
+        self.counted_all(Counting::CHECK, pairs, NonZeroU32::MIN)
+            .await
     }
 
     /// [`failed`](Limiter::failed) over several (limit, key) pairs in one
@@ -60,7 +63,8 @@ impl<S: Store> Limiter<S> {
     ///
     /// As [`Limiter::check_all`].
     pub async fn failed_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
-        self.counted_all(Counting::FAILED, pairs).await
+        self.counted_all(Counting::FAILED, pairs, NonZeroU32::MIN)
+            .await
     }
 
     /// [`hit`](Limiter::hit) over several (limit, key) pairs in one
@@ -71,22 +75,71 @@ impl<S: Store> Limiter<S> {
     ///
     /// As [`Limiter::check_all`].
     pub async fn hit_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
-        self.counted_all(Counting::HIT, pairs).await
+        self.hit_all_n(pairs, NonZeroU32::MIN).await
     }
 
-    async fn counted_all(&self, op: Counting, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
-        let counted = self.counted_all_in(op, pairs).await?;
+    /// [`hit_n`](Limiter::hit_n) over several (limit, key) pairs in one
+    /// statement and one round trip: the ask's `cost` is counted under
+    /// every limit, and it may go ahead only if every limit allows it.
+    /// [`hit_all`](Limiter::hit_all) is a cost of 1.
+    ///
+    /// A cost above a pair's `max` refuses the call at once, as
+    /// [`hit_n`](Limiter::hit_n) says, with no round trip and nothing
+    /// counted under any pair (the other pairs' verdicts are allowed by
+    /// their own limits, with no count).
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let per_second = Limit::new("api-second", 20, Duration::from_secs(1))?;
+    /// let per_day = Limit::new("api-day", 10_000, Duration::from_secs(86_400))?;
+    /// let client = Key::opaque("client-9");
+    /// let both = [(&per_second, &client), (&per_day, &client)];
+    ///
+    /// let batch = NonZeroU32::new(15).unwrap();
+    /// let counts: Vec<_> = limiter.hit_all_n(&both, batch).await?.iter().map(|v| v.count()).collect();
+    /// assert_eq!(counts, [Some(15), Some(15)]);
+    /// let too_big = NonZeroU32::new(21).unwrap();
+    /// assert!(limiter.hit_all_n(&both, too_big).await?.refused_by().unwrap().exceeds_max());
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_all`].
+    pub async fn hit_all_n(
+        &self,
+        pairs: &[(&Limit, &Key)],
+        cost: NonZeroU32,
+    ) -> Result<Verdicts, Error> {
+        self.counted_all(Counting::HIT, pairs, cost).await
+    }
+
+    async fn counted_all(
+        &self,
+        op: Counting,
+        pairs: &[(&Limit, &Key)],
+        cost: NonZeroU32,
+    ) -> Result<Verdicts, Error> {
+        let counted = self.counted_all_in(op, pairs, cost).await?;
         Ok(Verdicts::from_vec(
             counted.into_iter().map(|(verdict, _)| verdict).collect(),
         ))
     }
 
-    /// Runs one counting operation over several pairs in one statement:
-    /// each pair's verdict and where (and in which window) it was counted.
+    /// Runs one counting operation of `cost` over several pairs in one
+    /// statement: each pair's verdict and where (and in which window) it
+    /// was counted.
     pub(crate) async fn counted_all_in(
         &self,
         op: Counting,
         pairs: &[(&Limit, &Key)],
+        cost: NonZeroU32,
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
         ensure!(
             !pairs.is_empty(),
@@ -109,13 +162,16 @@ impl<S: Store> Limiter<S> {
             .iter()
             .map(|(limit, key)| (*limit, stored(limit.name(), key)))
             .collect();
-        self.run_all(op, &stored).await
+        self.run_all(op, &stored, cost).await
     }
 
-    /// Runs one counting operation over one or several (limit, stored key)
-    /// pairs: the one path of every call, whatever its number of pairs.
+    /// Runs one counting operation of `cost` over one or several (limit,
+    /// stored key) pairs: the one path of every call, whatever its number
+    /// of pairs and its cost (1 for all but `hit_n` and `reserve_n`).
     ///
-    /// The refusal cache first: a pair refused from it refuses the call, and
+    /// A cost above a pair's `max` first: that pair is refused at once
+    /// ([`Verdict::exceeds_max`]). Then the refusal cache, by cost. A pair
+    /// refused by either refuses the call, and
     /// no statement is sent for any pair (the pairs not asked are allowed by
     /// their own limits, with nothing counted). Then one statement: a write
     /// through merging when it is on, each pair a caller of its own key; a
@@ -127,6 +183,7 @@ impl<S: Store> Limiter<S> {
         &self,
         op: Counting,
         stored: &[(&Limit, String)],
+        cost: NonZeroU32,
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
         // Its callers give one pair (`run`) or have checked the number
         // (`counted_all_in`): one statement takes them all.
@@ -138,7 +195,13 @@ impl<S: Store> Limiter<S> {
         let asked_at = self.store.local_now();
         let mut refreshes: Vec<Option<Refresh>> = Vec::with_capacity(stored.len());
         let mut cached: Vec<Option<Verdict>> = Vec::with_capacity(stored.len());
-        for (i, (_, key)) in stored.iter().enumerate() {
+        for (i, (limit, key)) in stored.iter().enumerate() {
+            if cost.get() > limit.max() {
+                // No window ever allows it: refused before any lookup.
+                cached.push(Some(Verdict::over_max(limit)));
+                refreshes.push(None);
+                continue;
+            }
             // A key given twice is looked up once: the second lookup would
             // find the first's claim to refresh, and refuse.
             if let Some(first) = stored[..i].iter().position(|(_, k)| k == key) {
@@ -146,7 +209,7 @@ impl<S: Store> Limiter<S> {
                 refreshes.push(None);
                 continue;
             }
-            match self.refusals.get(key, asked_at, self.budget) {
+            match self.refusals.get(key, cost.get(), asked_at, self.budget) {
                 Lookup::Refused(verdict) => {
                     cached.push(Some(verdict));
                     refreshes.push(None);
@@ -158,7 +221,7 @@ impl<S: Store> Limiter<S> {
             }
         }
         if cached.iter().all(Option::is_none) {
-            return self.ask(op, &call, asked_at, stored, refreshes).await;
+            return self.ask(op, &call, asked_at, stored, cost, refreshes).await;
         }
         // Refused without a round trip. A failure happened all the same: it
         // is still counted under the pairs the cache does not answer, so
@@ -170,6 +233,8 @@ impl<S: Store> Limiter<S> {
             .filter(|(_, cached)| cached.is_none())
             .map(|((limit, key), _)| (*limit, key.clone()))
             .collect();
+        // (A `failed` costs 1, which no limit's max is below: only the
+        // refusal cache answers one.)
         let mut asked = if op == Counting::FAILED && !rest.is_empty() {
             let refreshes = refreshes
                 .into_iter()
@@ -178,7 +243,7 @@ impl<S: Store> Limiter<S> {
                 .map(|(refresh, _)| refresh)
                 .collect();
             Some(
-                self.ask(op, &call, asked_at, &rest, refreshes)
+                self.ask(op, &call, asked_at, &rest, cost, refreshes)
                     .await?
                     .into_iter(),
             )
@@ -191,7 +256,12 @@ impl<S: Store> Limiter<S> {
             .zip(cached)
             .map(|((limit, _), cached)| match cached {
                 Some(verdict) => {
-                    call.record_from(limit, Outcome::Refused, Source::Cache);
+                    let source = if verdict.exceeds_max() {
+                        Source::Cost
+                    } else {
+                        Source::Cache
+                    };
+                    call.record_from(limit, Outcome::Refused, source);
                     (verdict, CountedIn::Nowhere)
                 }
                 None => asked
@@ -203,14 +273,15 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Asks the store for the pairs `stored` in one statement (see
-    /// [`run_all`](Limiter::run_all)), each with its claim to refresh a
-    /// cached refusal, if it holds one.
+    /// [`run_all`](Limiter::run_all)), a write adding `cost` to each, each
+    /// with its claim to refresh a cached refusal, if it holds one.
     async fn ask(
         &self,
         op: Counting,
         call: &Call,
         asked_at: std::time::SystemTime,
         stored: &[(&Limit, String)],
+        cost: NonZeroU32,
         refreshes: Vec<Option<Refresh>>,
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
         // A subset of `run_all`'s pairs, never none: `watches[0]` is there.
@@ -218,6 +289,7 @@ impl<S: Store> Limiter<S> {
         debug_assert_eq!(stored.len(), refreshes.len(), "one claim per pair");
         let started = call.started();
         let deadline = call.deadline();
+        let n = u64::from(cost.get());
         // Where each pair's statement got, read if the budget runs out.
         let watches: Vec<Watch> = stored.iter().map(|_| Watch::default()).collect();
         // Boxed: a store's future (a connection, a statement, a cancel) is
@@ -226,14 +298,14 @@ impl<S: Store> Limiter<S> {
         let counting = Box::pin(async {
             match (&self.merging, stored) {
                 (Some(merging), _) if op.adds() => merging
-                    .add_all(&self.store, op, stored, (started, deadline), &watches)
+                    .add_all(&self.store, op, stored, n, (started, deadline), &watches)
                     .await
                     .map(|counted| after_the_call(stored, counted)),
                 (_, [(limit, key)]) => {
                     let progress = Progress::default();
                     watches[0].follow(&progress, deadline);
                     self.store
-                        .count(op, limit, key, 1, deadline, &progress)
+                        .count(op, limit, key, n, deadline, &progress)
                         .await
                         .map(|counted| vec![counted])
                 }
@@ -242,7 +314,7 @@ impl<S: Store> Limiter<S> {
                     watches[0].follow(&progress, deadline);
                     let asked: Vec<Asked<'_>> = stored
                         .iter()
-                        .map(|(limit, key)| Asked { limit, key, n: 1 })
+                        .map(|(limit, key)| Asked { limit, key, n })
                         .collect();
                     self.store.count_many(op, &asked, deadline, &progress).await
                 }
@@ -265,8 +337,9 @@ impl<S: Store> Limiter<S> {
                     .zip(counted)
                     .zip(refreshes)
                     .map(|(((limit, key), counted), refresh)| {
-                        let verdict = decide(op, limit, &counted);
-                        self.refusals.answered(key, &verdict, asked_at, refresh);
+                        let verdict = decide(op, limit, cost.get(), &counted);
+                        self.refusals
+                            .answered(key, &verdict, cost.get(), asked_at, refresh);
                         call.record(limit, Outcome::of(&verdict));
                         let window_start = counted.window_start(limit);
                         (verdict, CountedIn::Store { window_start })
@@ -281,7 +354,7 @@ impl<S: Store> Limiter<S> {
                     .map(|((limit, key), refresh)| {
                         self.refusals.unanswered(refresh);
                         call.record_unreachable(limit, &cause);
-                        self.when_unreachable(op, limit, key, cause.clone())
+                        self.when_unreachable(op, limit, key, cost, cause.clone())
                     })
                     .collect())
             }

@@ -146,7 +146,8 @@ impl<S: Sealed> Flight<S> {
     }
 
     /// Sends one statement for the members: alone for one key, one
-    /// `add_many` for several. Each key's count after every caller's one.
+    /// `add_many` for several, each key adding the sum of its callers'
+    /// costs. Each key's count after every caller's cost.
     async fn send(&self, op: Counting, deadline: Instant) -> Vec<Answer> {
         let Some(store) = self.store.as_deref() else {
             let abandoned = abandoned();
@@ -168,7 +169,7 @@ impl<S: Sealed> Flight<S> {
             },
             "a key in two places of one statement"
         );
-        let n = |member: &Member| member.callers.len() as u64;
+        let n = |member: &Member| member.callers.iter().map(|c| c.cost).sum::<u64>();
         if let [member] = &self.members[..] {
             let counted = store
                 .count(
@@ -220,8 +221,11 @@ impl<S: Sealed> Flight<S> {
         let mut told = Vec::new();
         let mut queue = self.shared.lock();
         for (member, answer) in self.members.drain(..).zip(answers) {
-            let n = member.callers.len() as u64;
-            for (position, caller) in (0..).zip(member.callers) {
+            // What the callers after each one added: the count it sees is
+            // the statement's less that.
+            let mut after: u64 = member.callers.iter().map(|c| c.cost).sum();
+            for caller in member.callers {
+                after -= caller.cost;
                 let answer = match &answer {
                     Err(e) if e.is_out_of_budget() => Err(Arc::new(Error::out_of_budget(
                         op.operation(),
@@ -230,9 +234,7 @@ impl<S: Sealed> Flight<S> {
                             store.down_since(caller.since, caller.watch.phase_for(caller.deadline))
                         }),
                     ))),
-                    answer => answer
-                        .clone()
-                        .map(|counted| at_position(counted, n, position)),
+                    answer => answer.clone().map(|counted| at_position(counted, after)),
                 };
                 told.push((caller, answer));
             }
@@ -295,10 +297,10 @@ fn tell(told: Vec<(Caller, Answer)>) {
     }
 }
 
-/// The count seen by the caller at `position` (0-based) of the `n` callers
-/// whose one a statement added, leaving the count at `counted.count`.
-fn at_position(mut counted: Counted, n: u64, position: u64) -> Counted {
-    debug_assert!(position < n, "a position among the key's callers");
-    counted.count = counted.count.saturating_sub(n - 1 - position);
+/// The count seen by a caller of a statement that left the count at
+/// `counted.count`, the callers after it having added `after` (the sum of
+/// their costs).
+fn at_position(mut counted: Counted, after: u64) -> Counted {
+    counted.count = counted.count.saturating_sub(after);
     counted
 }

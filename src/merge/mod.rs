@@ -2,7 +2,7 @@
 //! limiter share statements.
 //!
 //! Two merges, each answering every caller with its own count:
-//! - calls for the same stored key add their number at once (a hot key's
+//! - calls for the same stored key add their costs at once (a hot key's
 //!   callers become one row lock and one commit per statement);
 //! - the keys waiting while this limiter's statements are in flight go
 //!   together in the next one (one commit, one WAL flush, for many calls).
@@ -83,6 +83,8 @@ struct Caller {
     tx: oneshot::Sender<Answer>,
     /// Where the caller reads how far its statement got.
     watch: Watch,
+    /// What its call adds: its cost (1 but for `hit_n` and `reserve_n`).
+    cost: u64,
 }
 
 /// What a caller is told: its own count, or the error every caller of a
@@ -106,27 +108,28 @@ impl Merging {
         self.shared.places
     }
 
-    /// Adds one to each stored key's count under its limit, with the other
-    /// callers for each key and the other keys waiting; each count after
-    /// this caller's addition, in the order given. The pairs are queued
-    /// together, so that they go in one statement unless a key's earlier
-    /// callers are in flight. Dropping the future gives up this caller's
-    /// wait and nothing else: its ones may or may not be counted.
+    /// Adds `cost` to each stored key's count under its limit, with the
+    /// other callers for each key and the other keys waiting; each count
+    /// after this caller's addition, in the order given. The pairs are
+    /// queued together, so that they go in one statement unless a key's
+    /// earlier callers are in flight. Dropping the future gives up this
+    /// caller's wait and nothing else: its cost may or may not be counted.
     pub(crate) async fn add_all<S: Sealed>(
         &self,
         store: &Arc<S>,
         op: Counting,
         pairs: &[(&Limit, String)],
+        cost: u64,
         (since, deadline): (Instant, Instant),
         watches: &[Watch],
     ) -> Result<Vec<Counted>, Error> {
         // Only writes merge (the limiter sends a `check` alone): a flight
-        // adds each caller's one. One watch per pair, or a pair would go
+        // adds each caller's cost. One watch per pair, or a pair would go
         // unqueued.
         debug_assert!(op.adds(), "only writes merge");
         debug_assert_eq!(pairs.len(), watches.len(), "one watch per pair");
         let operation = op.operation();
-        let waits = self.queue(store, op, pairs, (since, deadline), watches);
+        let waits = self.queue(store, op, pairs, cost, (since, deadline), watches);
         let mut counted = Vec::with_capacity(waits.len());
         for rx in waits {
             let answer = match rx.await {
@@ -152,6 +155,7 @@ impl Merging {
         store: &Arc<S>,
         op: Counting,
         pairs: &[(&Limit, String)],
+        cost: u64,
         (since, deadline): (Instant, Instant),
         watches: &[Watch],
     ) -> Vec<oneshot::Receiver<Answer>> {
@@ -170,6 +174,7 @@ impl Merging {
                     deadline,
                     tx,
                     watch: watch.clone(),
+                    cost,
                 };
                 if let Some(waiting) = queue.keys.get_mut(key) {
                     // Queued already, or in flight: it is queued again when

@@ -327,7 +327,7 @@ impl sealed::Sealed for Memory {
             .into_iter()
             .filter_map(|(key, latest)| {
                 let counted = self.count_in(&mut state, Counting::CHECK, limit, &key, 0, now);
-                let refused = !decision(Counting::CHECK, limit, &counted).allowed;
+                let refused = !decision(Counting::CHECK, limit, 1, &counted).allowed;
                 refused.then_some((latest, key, counted))
             })
             .collect();

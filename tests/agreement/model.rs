@@ -2,6 +2,8 @@
 //! a plain model of fixed and sliding windows, lockouts and the refusal
 //! cache, written independently of the crate's arithmetic: the model finds
 //! a sliding window's reopening by search, the crate by a closed form.
+//! Each call carries a cost: 1 in the cases of [`case`], drawn from 1 to
+//! past the limits' max in those of [`case_with_costs`].
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,6 +23,7 @@ pub struct Seen {
     pub remaining: Option<u64>,
     pub reopens_at: Option<SystemTime>,
     pub retry_after: Option<Duration>,
+    pub exceeds_max: bool,
 }
 
 impl From<&Verdict> for Seen {
@@ -33,6 +36,7 @@ impl From<&Verdict> for Seen {
             remaining: v.remaining(),
             reopens_at: v.reopens_at(),
             retry_after: v.retry_after(),
+            exceeds_max: v.exceeds_max(),
         }
     }
 }
@@ -83,16 +87,26 @@ const WINDOWS: &[u64] = &[1, 7, 60];
 pub enum Call {
     Check,
     Failed,
+    /// `hit`, or `hit_n` for a cost above 1.
     Hit,
     Reset,
-    /// Reserve, then report success (taking the attempt back) or not.
+    /// Reserve, then report success (taking the attempt back) or not;
+    /// `reserve_n` for a cost above 1.
     Reserve {
         succeed: bool,
     },
-    /// The several-limits calls, over every limit of the case with one key.
+    /// The several-limits calls, over every limit of the case with one key
+    /// (`hit_all_n` for a cost above 1).
     CheckAll,
     FailedAll,
     HitAll,
+}
+
+impl Call {
+    /// Whether the call carries its op's cost (the others cost 1).
+    pub fn costs(&self) -> bool {
+        matches!(self, Call::Hit | Call::Reserve { .. } | Call::HitAll)
+    }
 }
 
 /// How the clock moves before a call.
@@ -114,6 +128,16 @@ pub struct Op {
     pub call: Call,
     pub limit: usize,
     pub key: usize,
+    /// The cost of a call that carries one (see `Op::cost`); 1 for the
+    /// others.
+    cost: u32,
+}
+
+impl Op {
+    /// What the call asks: its cost, or 1 for a call that carries none.
+    pub fn cost(&self) -> u32 {
+        if self.call.costs() { self.cost } else { 1 }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -148,7 +172,7 @@ fn advance(limits: usize) -> impl Strategy<Value = Advance> {
     ]
 }
 
-fn op(limits: usize, keys: usize) -> impl Strategy<Value = Op> {
+fn op(limits: usize, keys: usize, cost: impl Strategy<Value = u32>) -> impl Strategy<Value = Op> {
     let call = prop_oneof![
         3 => Just(Call::Check),
         3 => Just(Call::Failed),
@@ -159,12 +183,15 @@ fn op(limits: usize, keys: usize) -> impl Strategy<Value = Op> {
         1 => Just(Call::FailedAll),
         1 => Just(Call::HitAll),
     ];
-    (advance(limits), call, 0..limits, 0..keys).prop_map(|(advance, call, limit, key)| Op {
-        advance,
-        call,
-        limit,
-        key,
-    })
+    (advance(limits), call, 0..limits, 0..keys, cost).prop_map(
+        |(advance, call, limit, key, cost)| Op {
+            advance,
+            call,
+            limit,
+            key,
+            cost,
+        },
+    )
 }
 
 fn start() -> impl Strategy<Value = (u64, u32)> {
@@ -177,7 +204,21 @@ fn start() -> impl Strategy<Value = (u64, u32)> {
     ]
 }
 
+/// A case whose calls all cost 1: `Just(1)` draws nothing, so the seeds
+/// of the committed regressions give the cases they gave before costs.
 pub fn case() -> impl Strategy<Value = Case> {
+    case_costing(|| Just(1u32))
+}
+
+/// A case whose `hit`, `reserve` and `hit_all` calls cost from 1 to 6 (the
+/// limits' max is at most 4: some costs are above it), most often 1.
+pub fn case_with_costs() -> impl Strategy<Value = Case> {
+    case_costing(|| prop_oneof![2 => Just(1u32), 3 => 2..=4u32, 1 => 5..=6u32])
+}
+
+fn case_costing<C: Strategy<Value = u32> + 'static>(
+    cost: impl Fn() -> C + Clone + 'static,
+) -> impl Strategy<Value = Case> {
     let lockouts =
         prop_oneof![3 => Just(0u64), 1 => Just(1u64), 1 => Just(30u64), 1 => Just(90u64)];
     let limits = prop::collection::vec(
@@ -190,8 +231,8 @@ pub fn case() -> impl Strategy<Value = Case> {
         1..=3,
     );
     let keys = prop::sample::subsequence(KEY_POOL.to_vec(), 1..=4);
-    (start(), limits, keys).prop_flat_map(|(start, limits, keys)| {
-        let ops = prop::collection::vec(op(limits.len(), keys.len()), 1..=40);
+    (start(), limits, keys).prop_flat_map(move |(start, limits, keys)| {
+        let ops = prop::collection::vec(op(limits.len(), keys.len(), cost()), 1..=40);
         (Just(start), Just(limits), Just(keys), ops).prop_map(|(start, limits, keys, ops)| Case {
             start,
             limits,
@@ -215,7 +256,16 @@ pub fn case() -> impl Strategy<Value = Case> {
 /// again. An allow, a reset or a success forgets the key. The several-limits
 /// calls read and fill it the same way, pair by pair: when any pair's
 /// refusal is answered from it, nothing is counted for any pair, and the
-/// pairs not asked are allowed by their own limits with nothing counted.
+/// pairs not asked are allowed by their own limits with nothing counted;
+/// but a `failed_all` is still counted under the pairs the cache does not
+/// answer.
+///
+/// A call of cost `c` adds `c`, and is decided as `c` asks of one in a
+/// row, by its last; its refusal reopens when the estimate is below
+/// `max − (c − 1)`. A cost above a limit's max is refused for that limit
+/// without a count and without a look at the cache, and the call asks for
+/// no pair. A held refusal is answered only to a cost at least its own; a
+/// refusal of a larger cost leaves a fresh one of a smaller cost held.
 #[derive(Default)]
 pub struct Model {
     counts: HashMap<(usize, usize, u64), u64>,
@@ -229,8 +279,8 @@ struct Cached {
     /// The latest refusals answered, in µs, oldest first.
     times: VecDeque<u64>,
     /// The refusal answered again, when it reopens and when its TTL ends,
-    /// in µs.
-    held: Option<(Seen, u64, u64)>,
+    /// in µs, and the cost it refused.
+    held: Option<(Seen, u64, u64, u32)>,
 }
 
 impl Cached {
@@ -265,10 +315,12 @@ impl Model {
             + u128::from(self.count(limit, key, start)) * u128::from(width)
     }
 
-    /// The verdicts of one call over the limits `which`, each for `key`.
+    /// The verdicts of one call of `cost` over the limits `which`, each for
+    /// `key`.
     pub fn verdicts(
         &mut self,
         call: &Call,
+        cost: u32,
         which: &[usize],
         key: usize,
         specs: &[(u32, u64, bool, u64)],
@@ -276,13 +328,34 @@ impl Model {
     ) -> Vec<Seen> {
         let cached: Vec<Option<Seen>> = which
             .iter()
-            .map(|&limit| self.cached(limit, key, now))
+            .map(|&limit| {
+                if cost > specs[limit].0 {
+                    Some(Seen {
+                        allowed: false,
+                        refused: true,
+                        unreachable: false,
+                        count: None,
+                        remaining: None,
+                        reopens_at: None,
+                        retry_after: None,
+                        exceeds_max: true,
+                    })
+                } else {
+                    self.cached(limit, key, cost, now)
+                }
+            })
             .collect();
         if cached.iter().any(Option::is_some) {
+            // A failure happened all the same: `failed_all` counts it under
+            // the pairs the cache does not answer.
+            let failed = matches!(call, Call::FailedAll);
             return cached
                 .into_iter()
-                .map(|seen| {
-                    seen.unwrap_or(Seen {
+                .zip(which)
+                .map(|(seen, &limit)| match seen {
+                    Some(seen) => seen,
+                    None if failed => self.verdict(call, cost, limit, key, specs[limit], now),
+                    None => Seen {
                         allowed: true,
                         refused: false,
                         unreachable: false,
@@ -290,21 +363,23 @@ impl Model {
                         remaining: None,
                         reopens_at: None,
                         retry_after: None,
-                    })
+                        exceeds_max: false,
+                    },
                 })
                 .collect();
         }
         which
             .iter()
-            .map(|&limit| self.verdict(call, limit, key, specs[limit], now))
+            .map(|&limit| self.verdict(call, cost, limit, key, specs[limit], now))
             .collect()
     }
 
-    /// The refusal the cache answers for (limit, key) at `now`, if fresh.
-    fn cached(&mut self, limit: usize, key: usize, now: u64) -> Option<Seen> {
+    /// The refusal the cache answers for (limit, key) to an ask of `cost`
+    /// at `now`, if fresh and of no more than `cost`.
+    fn cached(&mut self, limit: usize, key: usize, cost: u32, now: u64) -> Option<Seen> {
         let cached = self.refusals.entry((limit, key)).or_default();
-        let (seen, reopens, fresh_until) = cached.held.as_ref()?;
-        if now >= *fresh_until {
+        let (seen, reopens, fresh_until, refused) = cached.held.as_ref()?;
+        if now >= *fresh_until || cost < *refused {
             return None;
         }
         let seen = Seen {
@@ -315,10 +390,12 @@ impl Model {
         Some(seen)
     }
 
-    /// The verdict the store's count gives for (limit, key) at `now`.
+    /// The verdict the store's count gives for (limit, key) at `now`, for
+    /// an ask of `cost`.
     fn verdict(
         &mut self,
         call: &Call,
+        cost: u32,
         limit: usize,
         key: usize,
         spec: (u32, u64, bool, u64),
@@ -331,7 +408,7 @@ impl Model {
             call,
             Call::Failed | Call::Hit | Call::Reserve { .. } | Call::FailedAll | Call::HitAll
         ) {
-            *self.counts.entry((limit, key, start)).or_insert(0) += 1;
+            *self.counts.entry((limit, key, start)).or_insert(0) += u64::from(cost);
         }
         let weighted = self.weighted(limit, key, width, sliding, now);
         let own = if matches!(call, Call::Hit | Call::Reserve { .. } | Call::HitAll) {
@@ -363,13 +440,15 @@ impl Model {
             start + width
         } else {
             // The first microsecond, from now or the lockout's end, at which
-            // the estimate is below max again: it only falls while nothing
-            // is counted, so search for it.
+            // the estimate is below max less all but one of the cost again
+            // (an ask of the same cost then goes ahead): it only falls while
+            // nothing is counted, so search for it.
+            let room_w = u128::from(max - (cost - 1)) * u128::from(width);
             let from = locked_until.map_or(now, |until| until.max(now));
             let (mut lo, mut hi) = (from, from.max(start) + 2 * width + 1);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
-                if self.weighted(limit, key, width, sliding, mid) < max_w {
+                if self.weighted(limit, key, width, sliding, mid) < room_w {
                     hi = mid;
                 } else {
                     lo = mid + 1;
@@ -385,6 +464,7 @@ impl Model {
             remaining: Some(u64::from(max).saturating_sub(count)),
             reopens_at: Some(at_micros(reopens)),
             retry_after: (!allowed).then(|| Duration::from_micros(reopens - now)),
+            exceeds_max: false,
         };
         if allowed {
             self.refusals.remove(&(limit, key));
@@ -392,20 +472,27 @@ impl Model {
             let cached = self.refusals.entry((limit, key)).or_default();
             cached.refused_at(now);
             let ttl = u64::try_from(Limiter::DEFAULT_REFUSAL_TTL.as_micros()).unwrap();
-            cached.held = cached
-                .flooded(now)
-                .then(|| (seen.clone(), reopens, reopens.min(now + ttl)));
+            let replaced = cached
+                .held
+                .as_ref()
+                .is_none_or(|&(_, _, fresh_until, held)| held >= cost || now >= fresh_until);
+            if replaced {
+                cached.held = cached
+                    .flooded(now)
+                    .then(|| (seen.clone(), reopens, reopens.min(now + ttl), cost));
+            }
         }
         seen
     }
 
-    /// A reserved attempt that succeeded is taken back from its window.
-    pub fn take_back(&mut self, limit: usize, key: usize, window: u64, now: u64) {
+    /// A reserved attempt of `cost` that succeeded is taken back from its
+    /// window.
+    pub fn take_back(&mut self, limit: usize, key: usize, cost: u32, window: u64, now: u64) {
         self.refusals.remove(&(limit, key));
         let width = window * MICROS_PER_SEC;
         let start = now / width * width;
         if let Some(count) = self.counts.get_mut(&(limit, key, start)) {
-            *count = count.saturating_sub(1);
+            *count = count.saturating_sub(u64::from(cost));
         }
     }
 

@@ -1,0 +1,142 @@
+//! Costs: `hit_n`, `reserve_n` and their several-limits forms, each adding
+//! its cost in its one statement, on a held connection.
+
+use std::num::NonZeroU32;
+use std::time::{Duration, UNIX_EPOCH};
+
+use platformkit_limit::{
+    Key, Limit, LimitConn, Limiter, ManualClock, Postgres, Reservation, Reservations, Strategy,
+    Verdict,
+};
+
+use crate::assert_counted;
+use crate::common::db::{fresh_db, stored};
+use crate::counts;
+use crate::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend};
+
+fn cost(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("a cost of at least 1")
+}
+
+/// Each ask adds its cost, through a merged flight and through a statement
+/// of its own alike: a refused ask is counted, its whole cost; a cost above
+/// max is refused with nothing counted and no count; a refusal of a sliding
+/// limit reopens when an ask of its cost may go ahead; a permit takes its
+/// whole cost back; the several-limits forms add the cost under each limit.
+pub async fn every_ask_adds_its_cost_on_either_driver<D: Driver>()
+where
+    Lend<D::Conn>: LimitConn,
+{
+    let db = fresh_db().await;
+    let held = hold::<D>(&db.config()).await;
+    let window = Duration::from_secs(60);
+    // Ten seconds into a window.
+    let start = UNIX_EPOCH + window * 30_000_000 + Duration::from_secs(10);
+    let clock = ManualClock::new(start);
+    let merged = Limiter::builder(Postgres::new(lend::<D>(&held)).with_clock(clock.clone()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
+    let alone = Limiter::builder(Postgres::new(lend::<D>(&held)).with_clock(clock.clone()))
+        .no_refusal_cache()
+        .no_merging()
+        .build()
+        .expect("valid settings");
+    let quota = Limit::new("quota", 10, window).unwrap();
+    let alice = Key::opaque("alice");
+
+    // Through a flight, then a statement of its own: the same count.
+    let first = merged.hit_n(&quota, &alice, cost(7)).await.unwrap();
+    assert_counted(&first, 7, "a cost of 7");
+    assert!(first.is_allowed());
+    assert_eq!(first.remaining(), Some(3));
+    let fits = alone.hit_n(&quota, &alice, cost(3)).await.unwrap();
+    assert_counted(&fits, 10, "3 more: exactly max");
+    assert!(fits.is_allowed());
+    let passes = merged.hit_n(&quota, &alice, cost(2)).await.unwrap();
+    assert_counted(&passes, 12, "refused, and counted");
+    assert!(passes.is_refused());
+    assert_eq!(passes.retry_after(), Some(Duration::from_secs(50)));
+    assert_counted(&alone.hit(&quota, &alice).await.unwrap(), 13, "a hit");
+
+    // Above max: refused at once, nothing counted, not even a row.
+    let bob = Key::opaque("bob");
+    for limiter in [&merged, &alone] {
+        let over = limiter.hit_n(&quota, &bob, cost(11)).await.unwrap();
+        assert!(over.is_refused() && over.exceeds_max(), "{over:?}");
+        assert!(!over.is_unreachable());
+        assert_eq!((over.count(), over.retry_after()), (None, None));
+        let reservation = limiter.reserve_n(&quota, &bob, cost(11)).await.unwrap();
+        assert!(reservation.verdict().exceeds_max());
+    }
+    assert!(!counts(&db).await.contains_key(&stored(&quota, &bob)));
+
+    // A sliding refusal of a cost of 4 reopens when 4 fit again.
+    let sliding = Limit::builder("sliding", 10, window)
+        .strategy(Strategy::Sliding)
+        .build()
+        .unwrap();
+    let carol = Key::opaque("carol");
+    assert!(
+        merged
+            .hit_n(&sliding, &carol, cost(8))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    let refused = alone.hit_n(&sliding, &carol, cost(4)).await.unwrap();
+    assert_counted(&refused, 12, "8 + 4, counted");
+    let reopens = refused.reopens_at().expect("a count");
+    // In the next window, the 12 weigh less and less: 4 fit once they
+    // weigh below 7.
+    assert!(reopens > start + Duration::from_secs(50), "{reopens:?}");
+    clock.set(reopens);
+    let again = merged.hit_n(&sliding, &carol, cost(4)).await.unwrap();
+    assert!(again.is_allowed(), "at the reopening: {again:?}");
+
+    // A permit takes its whole cost back, on either path.
+    let dave = Key::opaque("dave");
+    for limiter in [&merged, &alone] {
+        match limiter.reserve_n(&quota, &dave, cost(6)).await.unwrap() {
+            Reservation::Granted(permit) => {
+                assert_eq!(permit.verdict().count(), Some(6));
+                permit.succeeded().await.unwrap();
+            }
+            Reservation::Refused(verdict) => panic!("refused: {verdict:?}"),
+        }
+        assert_counted(
+            &limiter.check(&quota, &dave).await.unwrap(),
+            0,
+            "taken back",
+        );
+    }
+
+    // Several limits: the cost under each, in one statement.
+    let small = Limit::new("small", 4, window).unwrap();
+    let erin = Key::opaque("erin");
+    let pairs = [(&quota, &erin), (&small, &erin)];
+    let seen = |verdicts: &[Verdict]| verdicts.iter().map(Verdict::count).collect::<Vec<_>>();
+    let both = merged.hit_all_n(&pairs, cost(3)).await.unwrap();
+    assert_eq!(seen(&both.into_vec()), [Some(3), Some(3)]);
+    let both = alone.hit_all_n(&pairs, cost(2)).await.unwrap();
+    assert!(both.is_refused(), "5 passes small's 4");
+    assert_eq!(seen(&both.into_vec()), [Some(5), Some(5)]);
+    // Above small's max: nothing counted under either.
+    let over = merged.hit_all_n(&pairs, cost(5)).await.unwrap();
+    assert!(over.refused_by().is_some_and(Verdict::exceeds_max));
+    assert_eq!(seen(&over.into_vec()), [None, None]);
+    let counted = counts(&db).await;
+    assert_eq!(counted.get(&stored(&quota, &erin)), Some(&5));
+    assert_eq!(counted.get(&stored(&small, &erin)), Some(&5));
+    // And reserved under each, then taken back under each.
+    let frank = Key::opaque("frank");
+    let pairs = [(&quota, &frank), (&small, &frank)];
+    match alone.reserve_all_n(&pairs, cost(4)).await.unwrap() {
+        Reservations::Granted(permits) => permits.succeeded().await.unwrap(),
+        Reservations::Refused(verdicts) => panic!("refused: {verdicts:?}"),
+    }
+    let back = merged.check_all(&pairs).await.unwrap();
+    assert_eq!(seen(&back.into_vec()), [Some(0), Some(0)]);
+
+    assert_idle_and_switch_off::<D>(&held, "after the costs").await;
+}
