@@ -10,8 +10,6 @@
 //!
 //! Time is a `ManualClock`; statements are counted by the connections lent.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -20,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::common;
 use common::verdicts::assert_refused;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use platformkit_limit::metric::{
