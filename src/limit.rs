@@ -271,6 +271,16 @@ impl Limit {
     pub(crate) fn name_arc(&self) -> &Arc<str> {
         &self.name
     }
+
+    /// Whether `tier` is this limit under some max
+    /// ([`with_max`](Limit::with_max)): every setting but `max` the same.
+    #[cfg(feature = "tower")]
+    pub(crate) fn is_tier(&self, tier: &Limit) -> bool {
+        Limit {
+            max: tier.max,
+            ..self.clone()
+        } == *tier
+    }
 }
 
 /// A [`Limit`]'s settings; [`build`](LimitBuilder::build) checks them and
