@@ -274,12 +274,18 @@ impl Limit {
 
     /// Whether `tier` is this limit under some max
     /// ([`with_max`](Limit::with_max)): every setting but `max` the same.
-    #[cfg(feature = "tower")]
     pub(crate) fn is_tier(&self, tier: &Limit) -> bool {
         Limit {
             max: tier.max,
             ..self.clone()
         } == *tier
+    }
+
+    /// Whether one statement for a key counts and reads alike under this
+    /// limit and `other`: the same limit, or two tiers of one without a
+    /// lockout (the statement reads the max only for a lockout).
+    pub(crate) fn counts_alike(&self, other: &Limit) -> bool {
+        self == other || (self.lockout_secs == 0 && self.is_tier(other))
     }
 }
 
