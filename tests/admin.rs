@@ -7,11 +7,10 @@
 //! an unknown limit is a 404; a store that does not answer is a page that
 //! says so; every answer carries the security header fields.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

@@ -1,12 +1,11 @@
 //! Attempts reserved up front, and what a limit does when the database is
 //! gone, against real PostgreSQL.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::common;
 use common::verdicts::assert_refused;
 use platformkit_limit::{
     ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, OnSuccess, Postgres, Reservation,

@@ -7,8 +7,7 @@
 
 #[path = "../examples/axum_form_login.rs"]
 #[allow(dead_code, reason = "the example's main is not used here")]
-mod axum_form_login;
-mod common;
+mod example;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -16,8 +15,8 @@ use std::sync::Arc;
 use platformkit_limit::{Key, Limit, Limiter, Postgres, SCHEMA};
 use platformkit_limit_testdb::{Server, TestDb};
 
-use crate::axum_form_login::{Limits, Proxies, router};
 use crate::common::http::send;
+use example::{Limits, Proxies, router};
 
 const WRONG: &str = "email=Alice%40Example.com&password=guess";
 const RIGHT: &str = "email=alice%40example.com&password=correct+horse+battery+staple";

@@ -2,6 +2,9 @@
 //! real HTTP: 401 then 429 with `Retry-After` on logins, the account's other
 //! spellings counted as one, and `/metrics` serving what the limiter
 //! counted.
+//!
+//! Its own test binary: the example installs the global Prometheus recorder,
+//! which a process has one of, and the test reads exact counts from it.
 
 #[path = "../examples/axum_login.rs"]
 #[allow(dead_code, reason = "the example's main is not used here")]

@@ -5,6 +5,9 @@
 //! `RateLimit-Policy` and `RateLimit` fields, `/metrics`, and, once the
 //! database is stopped, each route's chosen policy: 503 on the login, 200
 //! on the API with the unreachable call counted.
+//!
+//! Its own test binary: the example installs the global Prometheus recorder,
+//! which a process has one of, and the test reads exact counts from it.
 
 #[path = "../examples/axum_sqlx.rs"]
 #[allow(dead_code, reason = "the example's main is not used here")]

@@ -6,11 +6,10 @@
 //! the budget running out. What every driver must do on a held lock or a
 //! slow call is in `tests/drivers/budget.rs`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::common;
 use common::db::{
     assert_idle, assert_no_lock_waits_soon, counts_by_key, fresh_db, hold, lock_row, lock_row_from,
     on_held, one_i64, stored, system_switch, until_a_call_waits_on_a_lock, visible_rows,

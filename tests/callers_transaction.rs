@@ -11,11 +11,10 @@
 //! The attacks on the procedures are those of the schema red-team report
 //! (sections 2 and 6), run as the application's role, `limit_tenant`.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common;
 use common::db::{fresh_db, hold, lend, refused, stored_windows, system_switch};
 use common::wire::{Answer, Wire};
 use common::{limit, pinned_clock};

@@ -5,10 +5,9 @@
 //! purges; a missing `DATABASE_URL`, a bad key and a bad option are clear
 //! errors with their exit codes.
 
-mod common;
-
 use std::process::{Command, Output};
 
+use crate::common;
 use common::db::fresh_db;
 use common::{LONG_WINDOW, limit};
 use platformkit_limit::{Key, Limiter, Postgres};

@@ -21,8 +21,6 @@
 //! superuser's `pg_stat_activity`), which works on either driver and through
 //! PgBouncer in transaction mode.
 
-mod common;
-
 #[path = "drivers/budget.rs"]
 mod budget;
 #[path = "drivers/callers_transaction.rs"]
@@ -45,6 +43,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common;
 use common::db::{counts_by_key, fresh_db};
 use common::limit;
 use driver::{Driver, Held, Lend, hold, lend};

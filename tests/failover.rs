@@ -12,11 +12,10 @@
 //! Every wait is bounded and panics with what it waited for; no assertion is
 //! about how long anything took.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::common;
 use common::metrics::calls_recorded;
 use common::{LONG_WINDOW, PATIENT, assert_counted, assert_shed};
 use metrics_util::debugging::DebuggingRecorder;

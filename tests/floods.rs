@@ -5,13 +5,12 @@
 //! refusal cache sends no statement, whatever other pairs it carries; and
 //! waiting that load causes is shed, never allowed.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+use crate::common;
 use common::db::{Pool, counts_by_key, lock_row, lock_waits, stored};
 use common::{SLACK, assert_shed};
 use futures::future::join_all;

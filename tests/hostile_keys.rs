@@ -7,10 +7,9 @@
 //! no call errs or reports unreachable, that distinct subjects are counted
 //! apart, and that equivalent spellings are counted together.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common;
 use common::db::fresh_db;
 use common::hostile_keys::hostile_subjects;
 use platformkit_limit::{Limit, Limiter, Postgres};

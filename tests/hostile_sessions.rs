@@ -15,12 +15,11 @@
 //! (section 3), run as the application's role, `limit_tenant`, on a clock
 //! pinned at 10:30 UTC.
 
-mod common;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::common;
 use common::db::{
     assert_index_plans, explained, fresh_db, hold, lend, stored, stored_rows, stored_windows,
     stranger, system_switch,

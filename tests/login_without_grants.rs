@@ -8,10 +8,9 @@
 //! stranger's sessions set `lock_timeout = '5s'`, so an attack that queues
 //! for a lock ends with an error instead of hanging the test.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common;
 use common::db::{fresh_db, refused, stranger};
 use common::pinned_clock;
 use platformkit_limit::{Key, Limit, Limiter, Postgres};

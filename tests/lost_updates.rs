@@ -4,12 +4,11 @@
 //! the sum in the table; and `hit` from every replica at once never lets
 //! more than the limit through.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::common;
 use common::db::{Pool, counts_by_key, fresh_db, one_i64, stored, stored_rows};
 use common::{PATIENT, assert_counted, limit};
 use platformkit_limit::{Key, Limit, Limiter, ManualClock, Postgres};

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-mod common;
-
+use crate::common;
 use common::db::{lock_row, lock_waits, stored};
 use futures::future::join_all;
 use platformkit_limit::{

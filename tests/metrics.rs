@@ -1,10 +1,9 @@
 //! The metrics count every call by limit, operation and outcome, take one
 //! duration sample per call, and never carry the key in a label.
 
-mod common;
-
 use std::collections::BTreeMap;
 
+use crate::common;
 use common::db::{fresh_db, nothing_listens};
 use common::metrics::{Recorded, series};
 use common::{BUDGET, limit};

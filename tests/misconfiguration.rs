@@ -2,10 +2,9 @@
 //! or privilege, and a session `statement_timeout` shorter than the budget,
 //! which would let the server cancel calls the limiter has not given up on.
 
-mod common;
-
 use std::sync::Arc;
 
+use crate::common;
 use common::db::{assert_idle, fresh_db, hold, lend, system_switch};
 use common::limit;
 use platformkit_limit::{ErrorKind, Key, Limiter, Postgres};

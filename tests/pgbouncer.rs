@@ -15,11 +15,10 @@
 //! prepared statement does not survive from one transaction to the next under
 //! transaction pooling.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::common;
 use common::bouncer::{Watching, fresh_db_with_scratch, observe, start_bouncer};
 use common::db::{backend_pid, fresh_db, hold, lend};
 use common::limit;

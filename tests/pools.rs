@@ -5,10 +5,9 @@
 //! connection (and nothing without it).
 #![cfg(all(feature = "deadpool", feature = "bb8"))]
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common;
 use common::db::backend_pid;
 use common::{BUDGET, SLACK, timed};
 use platformkit_limit::driver::Prepared;

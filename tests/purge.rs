@@ -4,13 +4,12 @@
 //! middle of writes, loses no count of an open window; each batch reads
 //! only the rows it deletes, and a window ending far ahead goes at once.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::common;
 use common::db::{
     Pool, as_system, counts_by_key, explained, fresh_db, lend, lock_row, stored, stored_rows,
 };

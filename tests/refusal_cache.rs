@@ -11,8 +11,6 @@
 //!
 //! Time is a `ManualClock`; statements are counted by the connections lent.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -21,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::common;
 use common::verdicts::assert_refused;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use platformkit_limit::metric::{
@@ -502,6 +501,19 @@ fn cost(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("a cost of at least 1")
 }
 
+/// Asks of each of `costs` in turn, each refused.
+async fn refused_at<S: platformkit_limit::Store>(
+    limiter: &Limiter<S>,
+    limit: &Limit,
+    key: &Key,
+    costs: &[u32],
+) {
+    for &n in costs {
+        let verdict = limiter.hit_n(limit, key, cost(n)).await.unwrap();
+        assert!(verdict.is_refused(), "an ask of {n}: {verdict:?}");
+    }
+}
+
 /// A key flooded with refusals of a cost of 3 is answered from the cache
 /// for asks of 3 or more; an ask of 1 is asked of the store (with a sliding
 /// limit it may go ahead sooner), and once refused there, it too is
@@ -529,30 +541,14 @@ async fn a_refusal_is_answered_from_the_cache_only_to_asks_of_at_least_its_cost(
         assert!(refused.is_refused() && !refused.is_unreachable());
     }
     assert_eq!(lent.load(Ordering::SeqCst), 4, "each asked of the store");
-    for n in [3, 4] {
-        assert!(
-            limiter
-                .hit_n(&limit, &key, cost(n))
-                .await
-                .unwrap()
-                .is_refused()
-        );
-    }
+    refused_at(&limiter, &limit, &key, &[3, 4]).await;
     assert_eq!(lent.load(Ordering::SeqCst), 4, "3 and 4: from the cache");
 
     let one = limiter.hit(&limit, &key).await.unwrap();
     assert!(one.is_refused());
     assert_eq!(one.count(), Some(13), "asked of the store, and counted");
     assert_eq!(lent.load(Ordering::SeqCst), 5);
-    for n in [1, 3] {
-        assert!(
-            limiter
-                .hit_n(&limit, &key, cost(n))
-                .await
-                .unwrap()
-                .is_refused()
-        );
-    }
+    refused_at(&limiter, &limit, &key, &[1, 3]).await;
     assert_eq!(lent.load(Ordering::SeqCst), 5, "held for 1 now: every cost");
 }
 

@@ -5,11 +5,10 @@
 //! limiter's transaction, not through a prepared transaction or a savepoint
 //! rolled back, so a purge written as plain SQL deletes nothing.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::common;
 use common::db::{
     assert_idle, counts_by_key, fresh_db, hold, lend, one_i64, stored, stored_rows, system_switch,
     texts, visible_rows,

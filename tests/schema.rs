@@ -4,10 +4,9 @@
 //! `public`) moves with its rows, re-applying it queues behind no reader, and
 //! every procedure begins with the same prologue.
 
-mod common;
-
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::common;
 use common::db::texts;
 use platformkit_limit::{
     ErrorKind, Key, Limit, Limiter, ManualClock, Postgres, PurgeTask, SCHEMA, SCHEMA_VERSION, purge,

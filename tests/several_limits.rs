@@ -2,12 +2,11 @@
 //! that refused, and calls over the same pairs in opposite orders cannot
 //! deadlock; several limits reserved at once.
 
-mod common;
-
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common;
 use common::db::fresh_db;
 use common::verdicts::counts_of;
 use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, Postgres, Reservations};

@@ -4,11 +4,10 @@
 //! same and stays inside the limiter's transaction, and windows are whole
 //! multiples of their length since the Unix epoch, on either side of it.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::common;
 use common::LONG_WINDOW;
 use common::db::{assert_idle, fresh_db, hold, lend, stored, stored_rows};
 use common::limit;

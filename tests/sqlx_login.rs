@@ -4,14 +4,14 @@
 
 #[path = "../examples/sqlx_login.rs"]
 #[allow(dead_code, reason = "the example's main is not used here")]
-mod sqlx_login;
+mod example;
 
 use std::time::Duration;
 
+use example::Attempt;
 use platformkit_limit::SCHEMA;
 use platformkit_limit_testdb::Server;
 use sqlx::postgres::PgPoolOptions;
-use sqlx_login::Attempt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sqlx_example_limits_logins_over_the_services_own_pool() {
@@ -25,7 +25,7 @@ async fn the_sqlx_example_limits_logins_over_the_services_own_pool() {
         .await
         .expect("a pool of one");
 
-    let attempts = sqlx_login::demo(pool.clone()).await.expect("the demo");
+    let attempts = example::demo(pool.clone()).await.expect("the demo");
     assert_eq!(attempts.len(), 5);
     assert_eq!(attempts[0], Attempt::SignedIn, "a good password");
     assert_eq!(

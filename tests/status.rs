@@ -5,10 +5,9 @@
 //! never a scan of the table). The role without grants cannot list, and
 //! PUBLIC cannot execute the listing.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common;
 use common::db::{assert_index_plans, explained, fresh_db, lend, refused};
 use common::hostile_keys::hostile_subjects;
 use common::{LONG_WINDOW, PATIENT, limit, pinned_clock};

@@ -11,8 +11,6 @@
 //! ignored its budget would wait for as long as the fault lasts), not speed
 //! targets, so they leave room for a busy machine.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
@@ -21,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::common;
 use common::db::{counts_by_key, fresh_db, hold, nothing_listens, on_held, stored};
 use common::metrics::Recorded;
 use common::{BUDGET, SLACK, assert_counted, limit, timed};

@@ -1,6 +1,8 @@
-//! What the test binaries share, defined once: each binary declares
-//! `mod common;` and uses what it needs, so no binary uses all of it (hence
-//! `dead_code` is allowed here).
+//! What the test files share, defined once: `tests/suite.rs` declares
+//! `mod common;` for every file it holds (each uses `crate::common`), and so
+//! does each test binary of its own. A binary of its own uses only some of
+//! it, and so does the suite built without some features (hence `dead_code`
+//! is allowed here).
 //!
 //! Here: the budgets and the limit over a long window, the clock the attack
 //! tests pin, and the assertions on verdicts and on how long a call took.

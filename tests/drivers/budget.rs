@@ -7,6 +7,10 @@ use metrics_util::debugging::DebuggingRecorder;
 use platformkit_limit::{ErrorKind, Key, LimitConn, Limiter, Postgres};
 use tokio_postgres::error::SqlState;
 
+use super::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend, text};
+use super::{
+    CountedOnce, assert_counted, assert_unreachable, counted_once, counts, wait_for_state,
+};
 use crate::common::db::{
     assert_no_lock_waits_soon, fresh_db, lock_row, stored, until_a_call_waits_on_a_lock,
 };
@@ -14,10 +18,6 @@ use crate::common::faults::{end_slow_writes, slow_writes};
 use crate::common::latency::Delayed;
 use crate::common::metrics::Recorded;
 use crate::common::{BUDGET, SLACK, assert_shed, limit, timed};
-use crate::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend, text};
-use crate::{
-    CountedOnce, assert_counted, assert_unreachable, counted_once, counts, wait_for_state,
-};
 
 /// A row lock another session holds past the server's part of the budget:
 /// the server ends the wait (`lock_timeout`) before the client gives up, as

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use platformkit_limit::{ErrorKind, Key, LimitConn, Limiter, Postgres};
 use tokio_postgres::error::SqlState;
 
+use super::driver::{Driver, Lend, assert_idle_and_switch_off, hold, int, lend, text};
+use super::{assert_counted, counts};
 use crate::common::db::fresh_db;
 use crate::common::limit;
-use crate::driver::{Driver, Lend, assert_idle_and_switch_off, hold, int, lend, text};
-use crate::{assert_counted, counts};
 
 /// A connection lent inside a transaction of the caller's (with work in it,
 /// serializable, read only, or already failed): an `InTransaction` error,

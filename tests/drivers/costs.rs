@@ -9,10 +9,10 @@ use platformkit_limit::{
     Verdict,
 };
 
-use crate::assert_counted;
+use super::assert_counted;
+use super::counts;
+use super::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend};
 use crate::common::db::{fresh_db, stored};
-use crate::counts;
-use crate::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend};
 
 fn cost(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("a cost of at least 1")

@@ -6,14 +6,14 @@ use std::time::Duration;
 use metrics_util::debugging::DebuggingRecorder;
 use platformkit_limit::{ErrorKind, Key, LimitConn, Limiter, Postgres};
 
+use super::driver::{Driver, Lend, backend_pid};
+use super::{
+    CountedOnce, assert_counted, assert_unreachable, counted_once, counts, wait_for_state,
+};
 use crate::common::db::{fresh_db, lock_row, nothing_listens, stored, terminate_backend};
 use crate::common::faults::kill_while_it_waits_on_a_lock;
 use crate::common::metrics::Recorded;
 use crate::common::{BUDGET, SLACK, limit, timed};
-use crate::driver::{Driver, Lend, backend_pid};
-use crate::{
-    CountedOnce, assert_counted, assert_unreachable, counted_once, counts, wait_for_state,
-};
 
 /// Nothing listens where the source points: every call is allowed,
 /// unreachable, within the budget; a reset is an unreachable error. Each is

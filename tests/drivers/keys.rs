@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use platformkit_limit::{Key, Limit, LimitConn, Limiter, Postgres};
 
+use super::driver::{Driver, Lend, hold, lend};
 use crate::common::db::fresh_db;
 use crate::common::hostile_keys;
-use crate::driver::{Driver, Lend, hold, lend};
 
 /// Every hostile key goes through `failed` and `check` without an error or
 /// an unreachable verdict; each subject counts exactly its own spellings;

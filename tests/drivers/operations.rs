@@ -6,10 +6,10 @@ use platformkit_limit::{
     Key, Limit, LimitConn, Limiter, ManualClock, Postgres, Reservation, Strategy, Verdict, purge,
 };
 
+use super::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend};
+use super::{assert_counted, wait_for_state};
 use crate::common::db::fresh_db;
 use crate::common::limit;
-use crate::driver::{Driver, Lend, assert_idle_and_switch_off, hold, lend};
-use crate::{assert_counted, wait_for_state};
 
 /// Every operation (each of the seven statements, with a pinned time and
 /// without) gives the same counts and verdicts on either driver, and the

@@ -9,11 +9,11 @@ use platformkit_limit_testdb::PgBouncer;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
+use super::driver::{Driver, Lend, hold, lend};
+use super::{assert_counted, counts};
 use crate::common::bouncer::{Watching, fresh_db_with_scratch, observe, start_bouncer};
 use crate::common::db::{backend_pid, fresh_db, stored};
 use crate::common::{LONG_WINDOW, limit};
-use crate::driver::{Driver, Lend, hold, lend};
-use crate::{assert_counted, counts};
 
 /// Through PgBouncer in transaction mode with one server connection: every
 /// operation works from a held connection and from the driver's own source,

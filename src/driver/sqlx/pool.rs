@@ -58,12 +58,11 @@ impl LimitConn for PgPool {
     type Error = BoxError;
 
     async fn conn(&self) -> Result<Self::Conn, BoxError> {
-        if let Some(conn) = self.try_acquire() {
-            return Ok(SqlxConn(conn));
-        }
+        // Not `try_acquire`: it skips the pool's check of an idle connection
+        // (`test_before_acquire`), and would lend one the server closed.
         let acquire = self.acquire();
         tokio::pin!(acquire);
-        if self.saturated() == Some(false) {
+        if self.num_idle() == 0 && self.saturated() == Some(false) {
             // The pool would open a connection: hear why the server refuses
             // it, if it does.
             let refused = async {
