@@ -176,7 +176,13 @@ impl Limit {
     /// the max of the limit it is given, and so does its verdict (its
     /// [`remaining`](crate::Verdict::remaining), the layer's RateLimit
     /// fields); the refusal cache answers a refusal only to asks under the
-    /// same max (the [guide](crate::guide#the-refusal-cache)).
+    /// same max (the [guide](crate::guide#the-refusal-cache)). So do the
+    /// operator's reads: [`Limiter::status`](crate::Limiter::status) and
+    /// [`Limiter::refused_keys`](crate::Limiter::refused_keys) under the
+    /// free tier list a paid key past the free max as refused; ask them
+    /// under the tier the key is on. A lockout is read under the max of
+    /// the call too: a window that reached the free max locks a key out on
+    /// the free tier only.
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory};
