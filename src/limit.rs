@@ -163,6 +163,72 @@ impl Limit {
         }
     }
 
+    /// The same limit with another `max`: its name, window, strategy,
+    /// lockout and every other setting kept. For tiers: a free plan and a
+    /// paid one on one route are one limit under two maxes, so they count
+    /// in one row per key, and a key moved from one tier to the other keeps
+    /// its count (a separate `Limit` per tier, under its own name, would
+    /// start it again).
+    ///
+    /// A tier is a `Limit` and nothing more, rather than a type of its own:
+    /// every call that takes a limit takes a tier, and what is stored (the
+    /// name and the key) is the same under every tier. Each call decides by
+    /// the max of the limit it is given, and so does its verdict (its
+    /// [`remaining`](crate::Verdict::remaining), the layer's RateLimit
+    /// fields); the refusal cache answers a refusal only to asks under the
+    /// same max (the [guide](crate::guide#the-refusal-cache)). So do the
+    /// operator's reads: [`Limiter::status`](crate::Limiter::status) and
+    /// [`Limiter::refused_keys`](crate::Limiter::refused_keys) under the
+    /// free tier list a paid key past the free max as refused; ask them
+    /// under the tier the key is on. A lockout is read under the max of
+    /// the call too: a window that reached the free max locks a key out on
+    /// the free tier only.
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let free = Limit::new("api", 100, Duration::from_secs(3600))?;
+    /// let paid = free.with_max(1000)?;
+    /// assert_eq!((paid.name(), paid.window()), (free.name(), free.window()));
+    ///
+    /// let client = Key::opaque("client-9");
+    /// let batch = NonZeroU32::new(50).unwrap();
+    /// limiter.hit_n(&free, &client, batch).await?;
+    /// limiter.hit_n(&free, &client, batch).await?;
+    /// // At 100 and on the free tier: refused (and counted, as every hit).
+    /// let verdict = limiter.hit_n(&free, &client, batch).await?;
+    /// assert!(verdict.is_refused());
+    /// assert_eq!(verdict.count(), Some(150));
+    /// // Upgraded: the same count, under the paid tier's max.
+    /// let verdict = limiter.hit(&paid, &client).await?;
+    /// assert!(verdict.is_allowed());
+    /// assert_eq!((verdict.count(), verdict.remaining()), (Some(151), Some(849)));
+    ///
+    /// assert!(free.with_max(0).is_err());
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when
+    /// `max` is 0 or above [`Limit::MAX_ATTEMPTS`], as
+    /// [`LimitBuilder::build`].
+    pub fn with_max(&self, max: u32) -> Result<Limit, Error> {
+        let mut builder = Limit::builder(self.name(), max, self.window())
+            .strategy(self.strategy)
+            .when_unreachable(self.when_unreachable)
+            .on_success(self.on_success);
+        if let Some(lockout) = self.lockout() {
+            builder = builder.lockout(lockout);
+        }
+        builder.build()
+    }
+
     /// The lockout, if the limit has one ([`LimitBuilder::lockout`]).
     pub fn lockout(&self) -> Option<Duration> {
         (self.lockout_secs > 0).then(|| Duration::from_secs(self.lockout_secs))
@@ -210,6 +276,22 @@ impl Limit {
 
     pub(crate) fn name_arc(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// Whether `tier` is this limit under some max
+    /// ([`with_max`](Limit::with_max)): every setting but `max` the same.
+    pub(crate) fn is_tier(&self, tier: &Limit) -> bool {
+        Limit {
+            max: tier.max,
+            ..self.clone()
+        } == *tier
+    }
+
+    /// Whether one statement for a key counts and reads alike under this
+    /// limit and `other`: the same limit, or two tiers of one without a
+    /// lockout (the statement reads the max only for a lockout).
+    pub(crate) fn counts_alike(&self, other: &Limit) -> bool {
+        self == other || (self.lockout_secs == 0 && self.is_tier(other))
     }
 }
 
@@ -346,5 +428,38 @@ impl LimitBuilder {
             strategy,
             lockout_secs: lockout.map_or(0, |l| l.as_secs()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_max_keeps_every_setting_but_max() {
+        let builder = |max| {
+            Limit::builder("login", max, Duration::from_secs(900))
+                .strategy(Strategy::Sliding)
+                .lockout(Duration::from_secs(3600))
+                .when_unreachable(WhenUnreachable::CountLocally)
+                .on_success(OnSuccess::Reset)
+        };
+        let free = builder(5).build().unwrap();
+        let paid = free.with_max(50).unwrap();
+        assert_eq!(paid, builder(50).build().unwrap());
+        assert_eq!(paid.with_max(5).unwrap(), free);
+    }
+
+    #[test]
+    fn with_max_validates_max_as_new_does() {
+        let limit = Limit::new("api", 100, Duration::from_secs(60)).unwrap();
+        for max in [0, Limit::MAX_ATTEMPTS + 1] {
+            let err = limit.with_max(max).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidLimit, "{max}");
+        }
+        assert_eq!(
+            limit.with_max(Limit::MAX_ATTEMPTS).unwrap().max(),
+            Limit::MAX_ATTEMPTS
+        );
     }
 }

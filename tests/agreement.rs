@@ -8,8 +8,9 @@
 //! reserve (with or without success reported), and the several-limits calls,
 //! the asks among them each of a cost of 1 or, in the cases with costs, of
 //! a cost drawn up to past the limits' max (`hit_n`, `reserve_n`,
-//! `hit_all_n`); after each, the operator's reads (`status`,
-//! `refused_keys`) agree too.
+//! `hit_all_n`), and in the cases with tiers, each asking its limit under a
+//! max of its own (`Limit::with_max`, one count under every tier); after
+//! each, the operator's reads (`status`, `refused_keys`) agree too.
 //! While the database is gone, a limit that counts locally gives `Memory`'s
 //! verdicts, marked unreachable.
 
@@ -22,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use model::{Call, Case, Model, Seen, case, case_with_costs, micros};
+use model::{Call, Case, Model, Seen, case, case_with_costs, case_with_tiers, micros};
 use platformkit_limit::{
     Key, Limit, LimitConn, Limiter, ManualClock, Memory, Postgres, Reservation, SCHEMA, Store,
     Verdict, WhenUnreachable,
@@ -113,7 +114,7 @@ fn cases() -> u32 {
 
 fn play(case: &Case) -> Result<(), TestCaseError> {
     let fx = fixture();
-    let limits = case.limits(&fx.case_prefix("agree"), WhenUnreachable::Allow);
+    let own = case.limits(&fx.case_prefix("agree"), WhenUnreachable::Allow);
     let keys = case.keys();
     let clock = case.clock();
     let (pg, mem) = fx.limiters(&clock);
@@ -123,6 +124,7 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
         for (i, op) in case.ops.iter().enumerate() {
             case.advance(&clock, op);
             let now = clock.now();
+            let (limits, specs) = case.tiered(&own, op, true);
             let (limit, key) = (&limits[op.limit], &keys[op.key]);
             let all: Vec<(&Limit, &Key)> = limits.iter().map(|l| (l, key)).collect();
             let fail = |who: &str, e: platformkit_limit::Error| {
@@ -208,14 +210,7 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                     continue;
                 }
             };
-            let expected = model.verdicts(
-                &op.call,
-                op.cost(),
-                &which,
-                op.key,
-                &case.limits,
-                micros(now),
-            );
+            let expected = model.verdicts(&op.call, op.cost(), &which, op.key, &specs, micros(now));
             for (((p, m), &l), expected) in p.iter().zip(&m).zip(&which).zip(expected) {
                 let (p, m) = (Seen::from(p), Seen::from(m));
                 prop_assert_eq!(
@@ -348,6 +343,11 @@ proptest! {
     fn both_limiters_agree_with_costs(case in case_with_costs()) {
         play(&case)?;
     }
+
+    #[test]
+    fn both_limiters_agree_with_tiers(case in case_with_tiers()) {
+        play(&case)?;
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -386,7 +386,7 @@ async fn act<S: Store>(
 /// its verdicts must be `Memory`'s, marked unreachable.
 fn play_local(case: &Case) -> Result<(), TestCaseError> {
     let fx = fixture();
-    let limits = case.limits(&fx.case_prefix("local"), WhenUnreachable::CountLocally);
+    let own = case.limits(&fx.case_prefix("local"), WhenUnreachable::CountLocally);
     let keys = case.keys();
     let clock = case.clock();
     let gone = || async { Err::<Box<Client>, _>(std::io::Error::other("the database is gone")) };
@@ -401,6 +401,12 @@ fn play_local(case: &Case) -> Result<(), TestCaseError> {
     fx.runtime.block_on(async {
         for (i, op) in case.ops.iter().enumerate() {
             case.advance(&clock, op);
+            // Tiers of limits without a lockout only: the local count is
+            // bounded, and keeps the earlier window a lockout reads by the
+            // max of the call that counted (the latest that reached it),
+            // so a call under a smaller tier's max may not find a lockout
+            // that an earlier window under it would give.
+            let (limits, _) = case.tiered(&own, op, false);
             let (limit, key) = (&limits[op.limit], &keys[op.key]);
             let all: Vec<(&Limit, &Key)> = limits.iter().map(|l| (l, key)).collect();
             let cost = NonZeroU32::new(op.cost()).expect("a cost of at least 1");
@@ -463,6 +469,11 @@ proptest! {
 
     #[test]
     fn the_local_count_agrees_with_memory_with_costs(case in case_with_costs()) {
+        play_local(&case)?;
+    }
+
+    #[test]
+    fn the_local_count_agrees_with_memory_with_tiers(case in case_with_tiers()) {
         play_local(&case)?;
     }
 }

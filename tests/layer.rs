@@ -1,7 +1,8 @@
 //! The tower layer in front of an axum router, driven with `oneshot`: both
 //! modes, several limits, exemptions, the client address, the replaceable
-//! answer, 429/503/500 and the header fields; over `Memory` on a pinned
-//! clock, and over real PostgreSQL.
+//! answer, costs and tiers from the request, 429/503/413/500 and the
+//! header fields; over `Memory` on a pinned clock, and over real
+//! PostgreSQL.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -721,4 +722,299 @@ async fn over_postgres_a_hard_error_is_answered_500_never_a_silent_allow() {
     let response = send(&app, ask().header("x-tenant", "acme"), "").await;
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// What the `x-items` header says a request costs; 1 without it. Not
+/// raised to 1: a cost of 0 is the layer's to handle.
+fn items(head: &request::Parts) -> u32 {
+    head.headers
+        .get("x-items")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+#[tokio::test]
+async fn a_cost_function_counts_each_request_its_cost_under_every_rule() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let api = limit("api", 10, 60);
+    let per_account = limit("api-account", 20, 3600);
+    let layer = LimitLayer::hit(limiter.clone())
+        .limit(&api, tenant)
+        .limit(&per_account, account)
+        .cost(items)
+        .advertise(&api);
+    let (app, runs) = counted_route(layer);
+    let batch = |n: u32| {
+        ask()
+            .header("x-tenant", "acme")
+            .header("x-account", "alice@example.com")
+            .header("x-items", n)
+    };
+    let (acme, alice) = (Key::opaque("acme"), Key::email("alice@example.com"));
+    let pairs = [(&api, &acme), (&per_account, &alice)];
+
+    let allowed = send(&app, batch(6), "right").await;
+    assert_eq!(allowed.status(), StatusCode::OK);
+    assert_eq!(
+        field(allowed.headers(), "ratelimit"),
+        Some(r#""api";r=4;t=40"#)
+    );
+    assert_eq!(counts_of(&limiter, &pairs).await, [Some(6), Some(6)]);
+    // No header: a cost of 1.
+    let one = ask()
+        .header("x-tenant", "acme")
+        .header("x-account", "alice@example.com");
+    assert_eq!(send(&app, one, "right").await.status(), StatusCode::OK);
+    assert_eq!(counts_of(&limiter, &pairs).await, [Some(7), Some(7)]);
+    // 7 + 4 passes 10: refused with 429, and counted under both.
+    let refused = send(&app, batch(4), "right").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(refused.headers(), "retry-after"), Some("40"));
+    assert_eq!(counts_of(&limiter, &pairs).await, [Some(11), Some(11)]);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_cost_of_zero_passes_uncounted_and_a_cost_above_max_is_413_without_retry_after() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let api = limit("api", 10, 60);
+    let per_account = limit("api-account", 20, 3600);
+    let layer = LimitLayer::hit(limiter.clone())
+        .limit(&api, tenant)
+        .require(&per_account, account)
+        .cost(items)
+        .advertise(&api);
+    let (app, runs) = counted_route(layer);
+    let batch = |n: u32| {
+        ask()
+            .header("x-tenant", "acme")
+            .header("x-account", "alice@example.com")
+            .header("x-items", n)
+    };
+    let (acme, alice) = (Key::opaque("acme"), Key::email("alice@example.com"));
+    let pairs = [(&api, &acme), (&per_account, &alice)];
+
+    let free = send(&app, batch(0), "right").await;
+    assert_eq!(free.status(), StatusCode::OK);
+    assert_eq!(field(free.headers(), "ratelimit"), None, "not asked");
+    assert_eq!(counts_of(&limiter, &pairs).await, [Some(0), Some(0)]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // Free, but the required key still comes first.
+    let anonymous = ask().header("x-tenant", "acme").header("x-items", 0);
+    let anonymous = send(&app, anonymous, "right").await;
+    assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
+
+    // 11 is above the API quota's max (not the account's): 413, nothing
+    // counted under either, no Retry-After, the service never runs.
+    let too_large = send(&app, batch(11), "right").await;
+    assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(field(too_large.headers(), "retry-after"), None);
+    assert_eq!(
+        text(too_large).await,
+        "content too large: the request costs more than a rate limit ever allows\n"
+    );
+    assert_eq!(counts_of(&limiter, &pairs).await, [Some(0), Some(0)]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The max itself fits.
+    assert_eq!(
+        send(&app, batch(10), "right").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(counts_of(&limiter, &pairs).await, [Some(10), Some(10)]);
+
+    // The rejection handler sees which limit, and that waiting won't help.
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let saw = seen.clone();
+    let layer = LimitLayer::hit(limiter.clone())
+        .limit(&api, tenant)
+        .cost(items)
+        .on_rejection(move |rejection: Rejection| {
+            if let Rejection::TooLarge(verdicts) = &rejection {
+                let by = verdicts.refused_by().expect("a refusal");
+                *saw.lock().unwrap() = Some((by.limit().to_owned(), by.exceeds_max()));
+            }
+            let mut response = Response::new(Body::empty());
+            *response.status_mut() = rejection.status();
+            response
+        });
+    let app = Router::new().route("/", post(login)).layer(layer);
+    let answered = send(&app, batch(11), "right").await;
+    assert_eq!(answered.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(*seen.lock().unwrap(), Some(("api".to_owned(), true)));
+}
+
+#[tokio::test]
+async fn attempt_mode_reserves_the_cost_and_a_success_takes_it_all_back() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let exports = limit("exports", 10, 3600);
+    let layer = LimitLayer::attempt(limiter.clone(), is_success)
+        .limit(&exports, tenant)
+        .cost(items);
+    let (app, _) = counted_route(layer);
+    let batch = |n: u32| ask().header("x-tenant", "acme").header("x-items", n);
+    let acme = Key::opaque("acme");
+    let count = || async { limiter.check(&exports, &acme).await.unwrap().count() };
+
+    assert_eq!(send(&app, batch(6), "right").await.status(), StatusCode::OK);
+    assert_eq!(
+        count().await,
+        Some(0),
+        "a success takes the whole cost back"
+    );
+    let failed = send(&app, batch(6), "wrong").await;
+    assert_eq!(failed.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(count().await, Some(6), "a failure keeps it");
+    let refused = send(&app, batch(6), "right").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let too_large = send(&app, batch(11), "right").await;
+    assert_eq!(too_large.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(count().await, Some(12), "the refusal counted, the 413 not");
+}
+
+/// What an authentication layer puts in the request: who, and the plan.
+#[derive(Clone)]
+struct Caller {
+    id: &'static str,
+    paid: bool,
+}
+
+fn caller(head: &request::Parts) -> Option<Key> {
+    Some(Key::opaque(head.extensions.get::<Caller>()?.id))
+}
+
+/// A hit layer counting each caller under `free`, or `paid` for a caller
+/// on the paid plan, advertised; its route answers the verdicts.
+fn tiered<S: Store + 'static>(limiter: Arc<Limiter<S>>, free: &Limit, paid: &Limit) -> Router {
+    let paid = paid.clone();
+    let plan = move |head: &request::Parts| {
+        let caller = head.extensions.get::<Caller>()?;
+        caller.paid.then(|| paid.clone())
+    };
+    let layer = LimitLayer::hit(limiter)
+        .limit(free, caller)
+        .tier(free, plan)
+        .advertise(free);
+    Router::new().route("/", post(echo)).layer(layer)
+}
+
+fn as_caller(paid: bool) -> request::Builder {
+    ask().extension(Caller { id: "c-9", paid })
+}
+
+#[tokio::test]
+async fn a_tier_from_the_request_counts_in_one_row_and_the_fields_show_its_quota() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let free = limit("api", 2, 60);
+    let paid = free.with_max(100).expect("a tier");
+    let app = tiered(limiter.clone(), &free, &paid);
+
+    for left in [1, 0] {
+        let allowed = send(&app, as_caller(false), "").await;
+        assert_eq!(allowed.status(), StatusCode::OK);
+        assert_eq!(
+            field(allowed.headers(), "ratelimit-policy"),
+            Some(r#""api";q=2;w=60"#)
+        );
+        assert_eq!(text(allowed).await, format!("api={left}"));
+    }
+    let refused = send(&app, as_caller(false), "").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // Upgraded: the same count (4 with this request), the paid quota.
+    let upgraded = send(&app, as_caller(true), "").await;
+    assert_eq!(upgraded.status(), StatusCode::OK);
+    assert_eq!(
+        field(upgraded.headers(), "ratelimit-policy"),
+        Some(r#""api";q=100;w=60"#)
+    );
+    assert_eq!(
+        field(upgraded.headers(), "ratelimit"),
+        Some(r#""api";r=96;t=40"#)
+    );
+    assert_eq!(text(upgraded).await, "api=96");
+    // Downgraded again: the count is still there.
+    let downgraded = send(&app, as_caller(false), "").await;
+    assert_eq!(downgraded.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        field(downgraded.headers(), "ratelimit-policy"),
+        Some(r#""api";q=2;w=60"#)
+    );
+    let counted = limiter.check(&paid, &Key::opaque("c-9")).await.unwrap();
+    assert_eq!(counted.count(), Some(5), "one row under both tiers");
+}
+
+#[tokio::test]
+async fn a_tier_that_is_not_the_rules_limit_under_another_max_is_answered_500() {
+    let clock = clock();
+    let limiter = memory(&clock);
+    let free = limit("api", 2, 60);
+    for wrong in [
+        limit("api-paid", 100, 60),
+        limit("api", 100, 3600),
+        Limit::builder("api", 100, Duration::from_secs(60))
+            .lockout(Duration::from_secs(60))
+            .build()
+            .unwrap(),
+    ] {
+        let app = tiered(limiter.clone(), &free, &wrong);
+        let answered = send(&app, as_caller(true), "").await;
+        assert_eq!(
+            answered.status(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{wrong:?}"
+        );
+        // The free plan is unaffected.
+        let free_plan = send(&app, as_caller(false), "").await;
+        assert_eq!(free_plan.status(), StatusCode::OK, "{wrong:?}");
+        limiter.reset(&free, &Key::opaque("c-9")).await.unwrap();
+    }
+    let nothing = limiter.check(&free, &Key::opaque("c-9")).await.unwrap();
+    assert_eq!(nothing.count(), Some(0));
+}
+
+/// Over PostgreSQL, with the refusal cache: a caller flooded with
+/// refusals on the free tier is answered from the cache on the free tier
+/// only; upgraded, its next request is asked of the store and allowed,
+/// with the paid tier's fields, and the count is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_postgres_a_refusal_cached_on_the_free_tier_never_refuses_the_paid_one() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = clock();
+    let limiter = Arc::new(Limiter::new(
+        Postgres::new(db.config()).with_clock(clock.clone()),
+    ));
+    let free = limit("api", 2, 60);
+    let paid = free.with_max(100).expect("a tier");
+    let app = tiered(limiter.clone(), &free, &paid);
+
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, as_caller(false), "").await.status(),
+            StatusCode::OK
+        );
+    }
+    // Refused enough times to engage the cache, and once more from it.
+    for _ in 0..=Limiter::FLOOD_REFUSALS {
+        let refused = send(&app, as_caller(false), "").await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    let counted = limiter.check(&free, &Key::opaque("c-9")).await.unwrap();
+    assert_eq!(
+        counted.count(),
+        Some(5),
+        "the cached refusal counted nothing"
+    );
+
+    let upgraded = send(&app, as_caller(true), "").await;
+    assert_eq!(upgraded.status(), StatusCode::OK);
+    assert_eq!(
+        field(upgraded.headers(), "ratelimit"),
+        Some(r#""api";r=94;t=40"#)
+    );
+    let counted = limiter.check(&paid, &Key::opaque("c-9")).await.unwrap();
+    assert_eq!(counted.count(), Some(6), "one count under both tiers");
 }

@@ -3,7 +3,9 @@
 //! through; for different keys, the first writes go at once and the rest
 //! share the next statement, each key with its own count, as `Memory` counts
 //! them one by one. Callers of different costs on one key share a statement
-//! that adds each one's own cost, and each gets its own verdict.
+//! that adds each one's own cost, and each gets its own verdict. A caller
+//! under another tier of a limit with a lockout goes in a statement of its
+//! own, so that it reads the lockout under its own max.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -308,6 +310,79 @@ async fn merged_callers_of_different_costs_each_add_and_are_decided_by_their_own
         "the write in flight, then one statement for the five queued"
     );
     assert_eq!(stored_count(&db).await, 23, "every cost counted once");
+}
+
+/// Tiers of a limit with a lockout read the lockout under their own max:
+/// a caller under the paid tier queued on a hot key behind a free tier's
+/// write in flight is not locked out by the free tier's max. The previous
+/// window's 3 reached the free tier's 2 (a lockout), not the paid tier's 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_queued_behind_another_reads_the_lockout_under_its_own_max() {
+    let db = Server::shared().database(SCHEMA).await;
+    let (conns, _) = pool(&db, 8).await;
+    let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let limiter = Arc::new(
+        Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
+            .no_refusal_cache()
+            .budget(Duration::from_secs(30))
+            .build()
+            .expect("a budget"),
+    );
+    let free = Limit::builder("api", 2, Duration::from_secs(60))
+        .lockout(Duration::from_secs(600))
+        .build()
+        .expect("a limit");
+    let paid = free.with_max(5).expect("a tier");
+    let key = Key::opaque("hot");
+    for _ in 0..3 {
+        limiter.hit(&free, &key).await.unwrap();
+    }
+    clock.advance(Duration::from_secs(60));
+    let first = limiter.hit(&paid, &key).await.unwrap();
+    assert!(first.is_allowed(), "3 never reached 5: {first:?}");
+    assert!(
+        limiter.hit(&free, &key).await.unwrap().is_refused(),
+        "locked out"
+    );
+
+    // The current window's row, locked by another session: the free
+    // tier's write waits on it, in flight.
+    let locker = db.connect().await;
+    locker
+        .batch_execute("BEGIN; SET LOCAL platformkit.system = 'on'")
+        .await
+        .unwrap();
+    let locked = locker
+        .query(
+            "SELECT count FROM platformkit.platformkit_limits \
+             WHERE key = $1 AND count = 2 FOR UPDATE",
+            &[&stored(&free, &key)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(locked.len(), 1, "the current window's row");
+    let in_flight = {
+        let (limiter, free, key) = (limiter.clone(), free.clone(), key.clone());
+        tokio::spawn(async move { limiter.hit(&free, &key).await })
+    };
+    let admin = db.connect_admin().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while lock_waits(&admin).await < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "not sent at once");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut queued = Box::pin(limiter.hit(&paid, &key));
+    assert!(futures::poll!(&mut queued).is_pending(), "queued");
+    drop(locker);
+
+    assert!(
+        in_flight.await.unwrap().unwrap().is_refused(),
+        "still locked out"
+    );
+    let upgraded = queued.await.unwrap();
+    assert!(upgraded.is_allowed(), "under the paid max: {upgraded:?}");
+    assert!(upgraded.count().is_some_and(|n| n <= 5), "{upgraded:?}");
+    assert_eq!(stored_count(&db).await, 3 + 4, "every write counted once");
 }
 
 /// Queued writes whose callers went away (a client disconnecting drops its

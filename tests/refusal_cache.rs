@@ -5,7 +5,8 @@
 //! under a flood one call per TTL reaches the store; a refreshing call that
 //! is dropped or never polled again does not pin it; it never allows, is
 //! cleared by a reset here, and is bounded. It answers a refusal only to an
-//! ask of at least the cost refused, and a cost above max never reaches it,
+//! ask of at least the cost refused and under the max it was refused under
+//! (a tier's, `Limit::with_max`), and a cost above max never reaches it,
 //! nor the store.
 //!
 //! Time is a `ManualClock`; statements are counted by the connections lent.
@@ -582,4 +583,51 @@ async fn a_cost_above_max_sends_nothing_and_is_counted_with_source_cost() {
     .collect();
     assert_eq!(calls, expected);
     assert_eq!(statements, 1, "only the ask that fits was sent");
+}
+
+/// Tiers: a key flooded with refusals under the free tier's max is
+/// answered from the cache under that max only. Asked under the paid
+/// tier's larger max (the same limit's name: the same stored key and
+/// count), it is asked of the store and allowed, with the paid tier's
+/// remaining; after that allow the free tier is asked of the store again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_under_one_tier_is_not_answered_to_a_larger_tier() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = start();
+    let (conns, lent) = counting(&db);
+    let limiter = Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
+        .refusal_ttl(Limiter::MAX_REFUSAL_TTL)
+        .build()
+        .expect("a TTL");
+    let free = Limit::new("api", 4, Duration::from_secs(60)).expect("a limit");
+    let paid = free.with_max(100).expect("a tier");
+    let key = Key::opaque("client");
+    for _ in 0..4 {
+        assert!(limiter.hit(&free, &key).await.unwrap().is_allowed());
+    }
+    for _ in 0..Limiter::FLOOD_REFUSALS {
+        let refused = limiter.hit(&free, &key).await.unwrap();
+        assert!(refused.is_refused() && !refused.is_unreachable());
+    }
+    assert_eq!(lent.load(Ordering::SeqCst), 7, "each asked of the store");
+    assert!(limiter.hit(&free, &key).await.unwrap().is_refused());
+    assert_eq!(lent.load(Ordering::SeqCst), 7, "free: from the cache");
+
+    let upgraded = limiter.hit(&paid, &key).await.unwrap();
+    assert!(upgraded.is_allowed(), "{upgraded:?}");
+    assert_eq!(
+        (upgraded.count(), upgraded.remaining()),
+        (Some(8), Some(92)),
+        "one count, the paid tier's max"
+    );
+    assert_eq!(lent.load(Ordering::SeqCst), 8, "paid: asked of the store");
+
+    let downgraded = limiter.hit(&free, &key).await.unwrap();
+    assert!(downgraded.is_refused());
+    assert_eq!(downgraded.count(), Some(9));
+    assert_eq!(
+        lent.load(Ordering::SeqCst),
+        9,
+        "the allow cleared the entry"
+    );
 }

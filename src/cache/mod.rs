@@ -35,6 +35,14 @@
 //!   fresh, a newer refusal of a larger cost leaves it in place: the count
 //!   only grew since, so it still holds for its own cost and every larger
 //!   one, and the asks of a flood with mixed costs stay answered here.
+//! - By max: `held` answers only asks under the max it was refused under.
+//!   Tiers are one limit under several maxes
+//!   ([`Limit::with_max`](crate::Limit::with_max)), one stored key and one
+//!   count: a key refused under a free tier's max may be allowed under a
+//!   paid tier's larger one, and a refusal under a larger max would show
+//!   a smaller tier's asks the wrong quota. An ask under another max is
+//!   asked of the store, claiming nothing; its refusal, if newer, is held
+//!   in place of the other tier's.
 //!
 //! All times are on the limiter's local timeline (the store's
 //! [`local_now`](crate::store::sealed::Sealed::local_now): the system clock,
@@ -73,6 +81,8 @@ struct Held {
     verdict: Verdict,
     /// The cost of the ask refused: the smallest it answers.
     cost: u32,
+    /// The max it was refused under: the only one it answers.
+    max: u32,
     /// When the call that got it asked.
     asked_at: SystemTime,
     /// When the store said the key reopens: never answered past it.
@@ -219,12 +229,18 @@ impl RefusalCache {
         self.ttl
     }
 
-    /// What to do with a call for `key` of `cost` starting at `now`, whose
-    /// budget is `budget`: answer the held refusal (its wait shortened to
-    /// `now`) if it refused no more than `cost`, or ask the store, claiming
-    /// the refresh if the held refusal is past its TTL and no call's claim
-    /// stands.
-    pub(crate) fn get(&self, key: &str, cost: u32, now: SystemTime, budget: Duration) -> Lookup {
+    /// What to do with a call for `key` of `cost` under a limit of `max`
+    /// starting at `now`, whose budget is `budget`: answer the held refusal
+    /// (its wait shortened to `now`) if it refused no more than `cost`
+    /// under the same `max`, or ask the store, claiming the refresh if the
+    /// held refusal is past its TTL and no call's claim stands.
+    pub(crate) fn get(
+        &self,
+        key: &str,
+        (cost, max): (u32, u32),
+        now: SystemTime,
+        budget: Duration,
+    ) -> Lookup {
         let Some(entries) = &self.entries else {
             return Lookup::Ask(None);
         };
@@ -245,8 +261,9 @@ impl RefusalCache {
             state.claim = None;
             return Lookup::Ask(None);
         }
-        if cost < held.cost {
-            // Refused for more than this ask: it may go ahead sooner.
+        if cost < held.cost || max != held.max {
+            // Refused for more than this ask, it may go ahead sooner; under
+            // another tier's max, it may go ahead now.
             return Lookup::Ask(None);
         }
         let verdict = held.verdict.seen_at(now, held.reopens);
@@ -268,15 +285,16 @@ impl RefusalCache {
         }))
     }
 
-    /// Takes in the store's answer to a call for `key` of `cost` that asked
-    /// at `asked_at`: a refusal is counted, and held if the key is flooded
-    /// (unless a fresh refusal of a smaller cost is held); an allow clears
-    /// the entry. The call's claim, if any, ends.
+    /// Takes in the store's answer to a call for `key` of `cost` under a
+    /// limit of `max` that asked at `asked_at`: a refusal is counted, and
+    /// held if the key is flooded (unless a fresh refusal of a smaller cost
+    /// under the same max is held); an allow clears the entry. The call's
+    /// claim, if any, ends.
     pub(crate) fn answered(
         &self,
         key: &str,
         verdict: &Verdict,
-        cost: u32,
+        (cost, max): (u32, u32),
         asked_at: SystemTime,
         refresh: Option<Refresh>,
     ) {
@@ -305,7 +323,7 @@ impl RefusalCache {
         let mut state = lock(&shared);
         state.record(asked_at);
         let newer = state.held.as_ref().is_none_or(|h| {
-            h.asked_at <= asked_at && (h.cost >= cost || asked_at >= h.fresh_until)
+            h.asked_at <= asked_at && (h.max != max || h.cost >= cost || asked_at >= h.fresh_until)
         });
         if newer {
             state.held = state.flooded(asked_at).then(|| {
@@ -313,6 +331,7 @@ impl RefusalCache {
                 Held {
                     verdict: verdict.clone(),
                     cost,
+                    max,
                     asked_at,
                     reopens,
                     fresh_until: asked_at

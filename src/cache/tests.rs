@@ -54,7 +54,7 @@ fn cache() -> RefusalCache {
 /// Asks as `Limiter::run` does; `Some` is the claim (or none) of a call
 /// sent to the store, `None` an answer from the cache.
 fn ask(cache: &RefusalCache, now: SystemTime) -> Option<Option<Refresh>> {
-    match cache.get("k", 1, now, BUDGET) {
+    match cache.get("k", (1, 1), now, BUDGET) {
         Lookup::Refused(v) => {
             assert!(v.is_refused(), "the cache answers only refused");
             None
@@ -68,7 +68,7 @@ fn refused_call(cache: &RefusalCache, now: SystemTime) -> bool {
     match ask(cache, now) {
         None => false,
         Some(claim) => {
-            cache.answered("k", &refused(now), 1, now, claim);
+            cache.answered("k", &refused(now), (1, 1), now, claim);
             true
         }
     }
@@ -137,7 +137,7 @@ fn an_allow_or_a_forget_clears_the_entry() {
         assert!(refused_call(&c, t(ms)));
     }
     let claim = ask(&c, t(1_002)).expect("asks");
-    c.answered("k", &allowed(t(1_002)), 1, t(1_002), claim);
+    c.answered("k", &allowed(t(1_002)), (1, 1), t(1_002), claim);
     assert!(ask(&c, t(1_003)).is_some(), "allowed: nothing held");
     // And the count starts again.
     assert!(refused_call(&c, t(1_004)));
@@ -184,7 +184,7 @@ fn an_unreachable_verdict_is_not_a_refusal_to_hold() {
     ));
     let refused = Verdict::uncounted(&limit, false, cause);
     for _ in 0..5 {
-        c.answered("k", &refused, 1, t(0), None);
+        c.answered("k", &refused, (1, 1), t(0), None);
     }
     assert!(ask(&c, t(1)).is_some());
 }
@@ -192,13 +192,19 @@ fn an_unreachable_verdict_is_not_a_refusal_to_hold() {
 /// A call of `cost` at `now` the store refuses; whether it reached the
 /// store.
 fn refused_call_of(cache: &RefusalCache, cost: u32, now: SystemTime) -> bool {
-    match cache.get("k", cost, now, BUDGET) {
+    refused_call_under(cache, (cost, 1), now)
+}
+
+/// A call of `cost` under a limit of `max` at `now` the store refuses;
+/// whether it reached the store.
+fn refused_call_under(cache: &RefusalCache, (cost, max): (u32, u32), now: SystemTime) -> bool {
+    match cache.get("k", (cost, max), now, BUDGET) {
         Lookup::Refused(v) => {
             assert!(v.is_refused(), "the cache answers only refused");
             false
         }
         Lookup::Ask(claim) => {
-            cache.answered("k", &refused(now), cost, now, claim);
+            cache.answered("k", &refused(now), (cost, max), now, claim);
             true
         }
     }
@@ -216,7 +222,7 @@ fn a_refusal_answers_only_asks_of_at_least_its_cost() {
     assert!(!refused_call_of(&c, 50, t(3)), "the same cost: cached");
     assert!(!refused_call_of(&c, 80, t(4)), "a larger cost: cached");
     assert!(
-        matches!(c.get("k", 1, t(5), BUDGET), Lookup::Ask(None)),
+        matches!(c.get("k", (1, 1), t(5), BUDGET), Lookup::Ask(None)),
         "a smaller cost asks the store, and claims nothing"
     );
     assert!(!refused_call_of(&c, 50, t(6)), "still held for 50");
@@ -235,9 +241,44 @@ fn the_smallest_cost_refused_stays_held_while_fresh() {
     assert!(!refused_call_of(&c, 1, t(4)), "a cost of 1: cached");
     // A call of 50 that was on its way before is answered later by the
     // store: the refusal of 1 stays.
-    c.answered("k", &refused(t(5)), 50, t(5), None);
+    c.answered("k", &refused(t(5)), (50, 1), t(5), None);
     assert!(!refused_call_of(&c, 1, t(6)), "still held for 1");
     // Past the TTL, the refresh of a larger cost replaces it.
     assert!(refused_call_of(&c, 50, t(1_004)), "the refresh");
-    assert!(matches!(c.get("k", 1, t(1_005), BUDGET), Lookup::Ask(None)));
+    assert!(matches!(
+        c.get("k", (1, 1), t(1_005), BUDGET),
+        Lookup::Ask(None)
+    ));
+}
+
+/// Tiers: a key held refused under one max is asked of the store under
+/// another (a larger tier may allow it; a smaller one's quota is its own),
+/// claiming nothing, and a newer refusal under the other max is held in
+/// place of the first.
+#[test]
+fn a_refusal_answers_only_asks_under_its_max() {
+    let c = cache();
+    for ms in [0, 1, 2] {
+        assert!(refused_call_under(&c, (1, 100), t(ms)));
+    }
+    assert!(
+        !refused_call_under(&c, (1, 100), t(3)),
+        "the same max: cached"
+    );
+    for max in [1_000, 10] {
+        assert!(
+            matches!(c.get("k", (1, max), t(4), BUDGET), Lookup::Ask(None)),
+            "another max ({max}) asks the store, and claims nothing"
+        );
+    }
+    assert!(
+        !refused_call_under(&c, (1, 100), t(5)),
+        "still held for 100"
+    );
+    assert!(
+        refused_call_under(&c, (1, 1_000), t(6)),
+        "asked: held for 1000 now"
+    );
+    assert!(!refused_call_under(&c, (1, 1_000), t(7)), "1000: cached");
+    assert!(refused_call_under(&c, (1, 100), t(8)), "100: asked again");
 }

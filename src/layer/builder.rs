@@ -1,6 +1,7 @@
 //! [`LimitLayer`]'s builder methods: its rules
 //! ([`limit`](LimitLayer::limit), [`require`](LimitLayer::require),
 //! [`limit_per_client_ip`](LimitLayer::limit_per_client_ip)),
+//! [`cost`](LimitLayer::cost), [`tier`](LimitLayer::tier),
 //! [`advertise`](LimitLayer::advertise) and
 //! [`on_rejection`](LimitLayer::on_rejection).
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use http::request::Parts;
 
 use super::LimitLayer;
-use super::config::{Config, KeyOf, Rule};
+use super::config::{Config, KeyOf, Rule, TierFn};
 use super::response::Rejection;
 use crate::{Key, Limit, Limiter};
 
@@ -115,7 +116,143 @@ impl<S, R> LimitLayer<S, R> {
             limit: limit.clone(),
             key,
             advertised: false,
+            tier: None,
         });
+        self
+    }
+
+    /// What each request costs, read from its head (a batch's size from a
+    /// header, an upload's `Content-Length`): every rule counts it, in the
+    /// one statement ([`Limiter::hit_all_n`]; in attempt mode
+    /// [`Limiter::reserve_all_n`], a success taking the whole cost back).
+    /// Without it, every request costs 1.
+    ///
+    /// - **A cost of 0 is free**: the request passes without a call and
+    ///   nothing is counted, as one that every rule exempts (a rejection
+    ///   for a missing [required](LimitLayer::require) key or client
+    ///   address still comes first). A cost read from what the client
+    ///   sends should be at least 1 unless free is meant: `.max(1)`.
+    /// - **A cost above a rule's max** is answered 413 Content Too Large
+    ///   ([`Rejection::TooLarge`]), nothing counted and no `Retry-After`:
+    ///   no window ever allows it, so waiting would not help, where 429
+    ///   says to wait.
+    ///
+    /// ```
+    /// use axum::Router;
+    /// use axum::body::Body;
+    /// use axum::http::{Request, StatusCode, request::Parts};
+    /// use axum::routing::post;
+    /// use platformkit_limit::layer::LimitLayer;
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use std::time::Duration;
+    /// use tower::ServiceExt as _;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let quota = Limit::new("api", 100, Duration::from_secs(60))?;
+    /// let tenant = |head: &Parts| Some(Key::opaque(head.headers.get("x-tenant")?.to_str().ok()?));
+    /// // A batch costs its number of items; a request that names none, 1.
+    /// let items = |head: &Parts| {
+    ///     let items = head.headers.get("x-items").and_then(|v| v.to_str().ok()?.parse().ok());
+    ///     items.unwrap_or(1).max(1)
+    /// };
+    /// let layer = LimitLayer::hit(Limiter::new(Memory::new())).limit(&quota, tenant).cost(items);
+    /// let app = Router::new().route("/batch", post(|| async { "done" })).layer(layer);
+    /// let batch = |n: u32| {
+    ///     let ask = Request::post("/batch").header("x-tenant", "acme").header("x-items", n);
+    ///     ask.body(Body::empty())
+    /// };
+    ///
+    /// assert_eq!(app.clone().oneshot(batch(60)?).await?.status(), StatusCode::OK);
+    /// // 60 + 50 would pass 100.
+    /// assert_eq!(app.clone().oneshot(batch(50)?).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// // No window ever allows 101.
+    /// assert_eq!(app.clone().oneshot(batch(101)?).await?.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
+        self.config.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Counts the rules of `limit` (by its name) under the tier `tier`
+    /// reads from each request's head, typically from an extension the
+    /// authentication layer set (the caller's plan): a tier is `limit`
+    /// under another max, made once with [`Limit::with_max`], so every
+    /// tier counts in one row per key and a caller moved from one tier to
+    /// another keeps its count. `None` counts the request under `limit`
+    /// itself. The [advertised](LimitLayer::advertise) fields show the
+    /// tier's quota: `q` in `RateLimit-Policy` and `r` in `RateLimit` are
+    /// its max's.
+    ///
+    /// A tier that is not `limit` under another max (another name, window,
+    /// strategy, lockout or setting: another count) is a mistake of the
+    /// service's: answered 500 ([`Rejection::Failed`], with
+    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit)) and an
+    /// error event, never a silent allow.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// use axum::Router;
+    /// use axum::body::Body;
+    /// use axum::http::{Request, StatusCode, request::Parts};
+    /// use axum::routing::get;
+    /// use platformkit_limit::layer::LimitLayer;
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use tower::ServiceExt as _;
+    ///
+    /// /// What the authentication layer puts in the extensions.
+    /// #[derive(Clone)]
+    /// struct Caller { id: String, paid: bool }
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let free = Limit::new("api", 1, Duration::from_secs(3600))?;
+    /// let paid = free.with_max(1000)?;
+    /// let caller = |head: &Parts| Some(Key::opaque(&head.extensions.get::<Caller>()?.id));
+    /// let plan = move |head: &Parts| head.extensions.get::<Caller>()?.paid.then(|| paid.clone());
+    /// let layer = LimitLayer::hit(Arc::new(Limiter::new(Memory::new())))
+    ///     .limit(&free, caller)
+    ///     .tier(&free, plan)
+    ///     .advertise(&free);
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// let ask = |paid: bool| {
+    ///     Request::get("/").extension(Caller { id: "c-9".into(), paid }).body(Body::empty())
+    /// };
+    ///
+    /// assert_eq!(app.clone().oneshot(ask(false)?).await?.status(), StatusCode::OK);
+    /// assert_eq!(app.clone().oneshot(ask(false)?).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// // Upgraded: the same count (3 with this request), under the paid max.
+    /// let upgraded = app.clone().oneshot(ask(true)?).await?;
+    /// assert_eq!(upgraded.status(), StatusCode::OK);
+    /// assert_eq!(upgraded.headers()["ratelimit-policy"], r#""api";q=1000;w=3600"#);
+    /// assert!(upgraded.headers()["ratelimit"].to_str()?.starts_with(r#""api";r=997;"#));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When no rule has this limit's name: add the rule first.
+    pub fn tier(
+        mut self,
+        limit: &Limit,
+        tier: impl Fn(&Parts) -> Option<Limit> + Send + Sync + 'static,
+    ) -> Self {
+        let tier: TierFn = Arc::new(tier);
+        let mut found = false;
+        for rule in &mut self.config.rules {
+            if rule.limit.name() == limit.name() {
+                rule.tier = Some(tier.clone());
+                found = true;
+            }
+        }
+        assert!(
+            found,
+            "tier: no rule of this layer has the limit {:?}; add it with limit() first",
+            limit.name()
+        );
         self
     }
 
@@ -189,6 +326,7 @@ impl<S, R> LimitLayer<S, R> {
             limiter,
             mode,
             rules,
+            cost,
             respond: _,
         } = self.config;
         LimitLayer {
@@ -196,6 +334,7 @@ impl<S, R> LimitLayer<S, R> {
                 limiter,
                 mode,
                 rules,
+                cost,
                 respond: Arc::new(respond),
             },
         }

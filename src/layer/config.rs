@@ -9,10 +9,17 @@ use http::request::Parts;
 
 use super::client_ip::client_ip;
 use super::response::Rejection;
-use crate::{Key, Limit, Limiter};
+use crate::error::InvalidLimitSnafu;
+use crate::{Error, Key, Limit, Limiter};
 
 /// A key function: who a rule counts, read from the request head.
 pub(super) type KeyFn = Arc<dyn Fn(&Parts) -> Option<Key> + Send + Sync>;
+
+/// What a request costs, read from its head.
+pub(super) type CostFn = Arc<dyn Fn(&Parts) -> u32 + Send + Sync>;
+
+/// The tier a request is counted under, read from its head.
+pub(super) type TierFn = Arc<dyn Fn(&Parts) -> Option<Limit> + Send + Sync>;
 
 /// Whether a response says the attempt succeeded.
 pub(super) type SucceededFn = Arc<dyn Fn(&http::response::Parts) -> bool + Send + Sync>;
@@ -22,6 +29,8 @@ pub(super) struct Config<S, R> {
     pub(super) limiter: Arc<Limiter<S>>,
     pub(super) mode: Mode,
     pub(super) rules: Vec<Rule>,
+    /// What a request costs; 1 without it.
+    pub(super) cost: Option<CostFn>,
     pub(super) respond: Arc<R>,
 }
 
@@ -36,6 +45,16 @@ pub(super) struct Rule {
     pub(super) limit: Limit,
     pub(super) key: KeyOf,
     pub(super) advertised: bool,
+    /// The tier of each request; the rule's limit without it, or for `None`.
+    pub(super) tier: Option<TierFn>,
+}
+
+/// One rule's ask for one request: the rule's index, its key, and the
+/// limit it is counted under (the rule's, or the request's tier of it).
+pub(super) struct Asked {
+    pub(super) rule: usize,
+    pub(super) key: Key,
+    pub(super) limit: Limit,
 }
 
 #[derive(Clone)]
@@ -50,11 +69,12 @@ pub(super) enum KeyOf {
 }
 
 impl<S, R> Config<S, R> {
-    /// Each rule's key for this request, with the rule's index; the rules
-    /// that exempt it are left out. The first rule, in the order they were
-    /// added, that cannot do without its key and finds none makes the
-    /// rejection instead.
-    pub(super) fn keys(&self, head: &Parts) -> Result<Vec<(usize, Key)>, Rejection> {
+    /// Each rule's key for this request, with the rule's index and the
+    /// limit (the tier) it is counted under; the rules that exempt it are
+    /// left out. The first rule, in the order they were added, that cannot
+    /// do without its key and finds none, or whose tier is not its limit
+    /// under another max, makes the rejection instead.
+    pub(super) fn keys(&self, head: &Parts) -> Result<Vec<Asked>, Rejection> {
         let mut keys = Vec::with_capacity(self.rules.len());
         for (index, rule) in self.rules.iter().enumerate() {
             let key = match &rule.key {
@@ -68,11 +88,37 @@ impl<S, R> Config<S, R> {
                     }
                 })?)),
             };
-            if let Some(key) = key {
-                keys.push((index, key));
-            }
+            let Some(key) = key else {
+                continue;
+            };
+            let limit = match rule.tier.as_ref().and_then(|tier| tier(head)) {
+                Some(tier) if rule.limit.is_tier(&tier) => tier,
+                Some(tier) => {
+                    let error = InvalidLimitSnafu {
+                        name: tier.name(),
+                        reason: format!(
+                            "the tier of a request must be the rule's limit {:?} under another \
+                             max (Limit::with_max), the same in every other setting",
+                            rule.limit.name()
+                        ),
+                    }
+                    .build();
+                    return Err(Rejection::Failed(Error::from(error)));
+                }
+                None => rule.limit.clone(),
+            };
+            keys.push(Asked {
+                rule: index,
+                key,
+                limit,
+            });
         }
         Ok(keys)
+    }
+
+    /// What the request costs: the cost function's, or 1.
+    pub(super) fn cost(&self, head: &Parts) -> u32 {
+        self.cost.as_ref().map_or(1, |cost| cost(head))
     }
 }
 
@@ -82,6 +128,7 @@ impl<S, R> Clone for Config<S, R> {
             limiter: self.limiter.clone(),
             mode: self.mode.clone(),
             rules: self.rules.clone(),
+            cost: self.cost.clone(),
             respond: self.respond.clone(),
         }
     }
@@ -98,7 +145,7 @@ impl<S, R> fmt::Debug for Config<S, R> {
                     KeyOf::Required(_) => "head, required",
                     KeyOf::ClientIp => "client ip",
                 };
-                (rule.limit.name(), key, rule.advertised)
+                (rule.limit.name(), key, rule.advertised, rule.tier.is_some())
             })
             .collect();
         let mode = match self.mode {
@@ -108,6 +155,7 @@ impl<S, R> fmt::Debug for Config<S, R> {
         f.debug_struct("LimitLayer")
             .field("mode", &mode)
             .field("rules", &rules)
+            .field("costed", &self.cost.is_some())
             .finish_non_exhaustive()
     }
 }

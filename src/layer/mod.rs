@@ -38,7 +38,10 @@ pub use self::service::LimitService;
 /// that gives a key is decided in **one statement** ([`Limiter::hit_all`] or
 /// [`Limiter::reserve_all`]; a single key goes through `hit` or `reserve`,
 /// refusal cache and merging included). A request every rule exempts
-/// passes without a call.
+/// passes without a call. Each request costs 1, or what
+/// [`cost`](LimitLayer::cost) reads from its head ([`Limiter::hit_all_n`],
+/// [`Limiter::reserve_all_n`]), and a rule may count it under a
+/// [`tier`](LimitLayer::tier) of its limit the request names (a plan).
 ///
 /// Two modes:
 ///
@@ -57,6 +60,7 @@ pub use self::service::LimitService;
 /// | a limit refuses by its count | 429 with `Retry-After` in whole seconds, rounded up ([`Verdicts::retry_after_secs`](crate::Verdicts::retry_after_secs)) |
 /// | refused with no count: the store is unreachable and a limit has [`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse) | 503 |
 /// | shed: the store is up and too busy to answer within the budget (a flood, a full pool; [down or overloaded](crate::guide#down-or-overloaded)) | 503 with `Retry-After: 1` ([`Verdict::SHED_RETRY_AFTER`](crate::Verdict::SHED_RETRY_AFTER)) |
+/// | the request's [cost](LimitLayer::cost) is above a limit's max: no window ever allows it | 413, nothing counted, no `Retry-After` |
 /// | a [required](LimitLayer::require) key is missing | 400, nothing counted |
 /// | no client address for [`limit_per_client_ip`](LimitLayer::limit_per_client_ip) | 500 saying how to fix it, and an error event naming the limit (feature `tracing`); never a silent allow |
 /// | a hard [`Error`](crate::Error) (a misconfiguration) | 500, and an error event; never a silent allow |
@@ -197,6 +201,7 @@ impl<S: Store> LimitLayer<S> {
                 limiter,
                 mode,
                 rules: Vec::new(),
+                cost: None,
                 respond: Arc::new(DefaultOnRejection),
             },
         }

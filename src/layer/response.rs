@@ -98,6 +98,13 @@ pub enum Rejection {
     /// then [`Verdict::SHED_RETRY_AFTER`](crate::Verdict::SHED_RETRY_AFTER)):
     /// 503 Service Unavailable.
     Unavailable(Verdicts),
+    /// The ask's cost is above a limit's max
+    /// ([`Verdict::exceeds_max`]; the request's
+    /// [cost](super::LimitLayer::cost), or a
+    /// [`Limiter::hit_n`](crate::Limiter::hit_n) in a handler): no window
+    /// ever allows it, so there is no `Retry-After`. 413 Content Too Large,
+    /// and nothing counted. [`Verdicts::refused_by`] names the limit.
+    TooLarge(Verdicts),
     /// A rule added with [`LimitLayer::require`](super::LimitLayer::require)
     /// found no key in the request (a login without its account): 400 Bad
     /// Request, and nothing counted. The client's mistake, so no event.
@@ -133,10 +140,11 @@ macro_rules! no_client_address {
 }
 
 impl Rejection {
-    /// The status the default answer has: 429, 503, 400 or 500.
+    /// The status the default answer has: 429, 503, 413, 400 or 500.
     pub fn status(&self) -> StatusCode {
         match self {
             Rejection::Refused(_) => StatusCode::TOO_MANY_REQUESTS,
+            Rejection::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::MissingKey { .. } => StatusCode::BAD_REQUEST,
             Rejection::NoClientAddress { .. } | Rejection::Failed(_) => {
@@ -148,18 +156,22 @@ impl Rejection {
     /// The verdicts, when limits were asked.
     pub fn verdicts(&self) -> Option<&Verdicts> {
         match self {
-            Rejection::Refused(verdicts) | Rejection::Unavailable(verdicts) => Some(verdicts),
+            Rejection::Refused(verdicts)
+            | Rejection::Unavailable(verdicts)
+            | Rejection::TooLarge(verdicts) => Some(verdicts),
             Rejection::MissingKey { .. }
             | Rejection::NoClientAddress { .. }
             | Rejection::Failed(_) => None,
         }
     }
 
-    /// The refusal for `verdicts` that refuse: by a count, or, when no
-    /// refusing limit counted, because the store is unreachable or
-    /// overloaded (shed).
+    /// The refusal for `verdicts` that refuse: by a cost above a limit's
+    /// max (waiting would not help), by a count, or, when no refusing limit
+    /// counted, because the store is unreachable or overloaded (shed).
     pub(super) fn of(verdicts: Verdicts) -> Self {
-        if verdicts
+        if verdicts.iter().any(Verdict::exceeds_max) {
+            Rejection::TooLarge(verdicts)
+        } else if verdicts
             .iter()
             .any(|verdict| verdict.is_refused() && verdict.count().is_some())
         {
@@ -176,7 +188,10 @@ impl Rejection {
             Rejection::NoClientAddress { limit } => {
                 crate::trace::no_client_address(limit, no_client_address!());
             }
-            Rejection::Refused(_) | Rejection::Unavailable(_) | Rejection::MissingKey { .. } => {}
+            Rejection::Refused(_)
+            | Rejection::Unavailable(_)
+            | Rejection::TooLarge(_)
+            | Rejection::MissingKey { .. } => {}
         }
     }
 
@@ -191,8 +206,8 @@ impl Rejection {
 }
 
 /// The rejection for verdicts that refuse, such as a
-/// [`Reservations::Refused`](crate::Reservations::Refused)'s: 429 when a
-/// refusing limit counted, else 503.
+/// [`Reservations::Refused`](crate::Reservations::Refused)'s: 413 for a
+/// cost above a limit's max, 429 when a refusing limit counted, else 503.
 impl From<Verdicts> for Rejection {
     fn from(verdicts: Verdicts) -> Self {
         Rejection::of(verdicts)
@@ -200,8 +215,8 @@ impl From<Verdicts> for Rejection {
 }
 
 /// The rejection for a verdict that refuses, such as a
-/// [`Reservation::Refused`](crate::Reservation::Refused)'s: 429 when it
-/// counted, else 503.
+/// [`Reservation::Refused`](crate::Reservation::Refused)'s: 413 for a
+/// cost above its limit's max, 429 when it counted, else 503.
 impl From<Verdict> for Rejection {
     fn from(verdict: Verdict) -> Self {
         Rejection::of(Verdicts::from_vec(vec![verdict]))
@@ -251,8 +266,8 @@ where
 
 /// The layer's own answers: the [`Rejection`]'s status with a one-line
 /// `text/plain` body that says nothing about the limit or the key
-/// ("too many requests", "service unavailable", "bad request: ...",
-/// "internal server error"); for [`Rejection::NoClientAddress`], the body
+/// ("too many requests", "service unavailable", "content too large: ...",
+/// "bad request: ...", "internal server error"); for [`Rejection::NoClientAddress`], the body
 /// says how to hand the layer the address.
 /// For any body type that can be made from a `&'static str` (axum's
 /// `Body`, `String`, `http_body_util::Full<Bytes>`).
@@ -264,6 +279,9 @@ impl<B: From<&'static str>> OnRejection<B> for DefaultOnRejection {
         let body = match rejection {
             Rejection::Refused(_) => "too many requests\n",
             Rejection::Unavailable(_) => "service unavailable\n",
+            Rejection::TooLarge(_) => {
+                "content too large: the request costs more than a rate limit ever allows\n"
+            }
             Rejection::MissingKey { .. } => {
                 "bad request: the request lacks the key a rate limit counts it by\n"
             }

@@ -1,6 +1,7 @@
 //! [`LimitService`]: one request's path through the layer.
 
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -8,6 +9,7 @@ use futures::future::BoxFuture;
 use http::{Request, Response};
 use tower::Service;
 
+use super::config::Asked;
 use super::response::{DefaultOnRejection, Fields, OnRejection, Rejection};
 use super::{Config, Mode};
 use crate::store::Store;
@@ -70,8 +72,9 @@ where
         let config = self.config.clone();
         let (head, body) = request.into_parts();
         let keys = config.keys(&head);
+        let cost = config.cost(&head);
         let request = Request::from_parts(head, body);
-        Box::pin(serve(config, inner, request, keys))
+        Box::pin(serve(config, inner, request, (keys, cost)))
     }
 }
 
@@ -80,7 +83,7 @@ async fn serve<T, S, R, ReqBody, ResBody>(
     config: Arc<Config<S, R>>,
     mut inner: T,
     mut request: Request<ReqBody>,
-    keys: Result<Vec<(usize, Key)>, Rejection>,
+    (keys, cost): (Result<Vec<Asked>, Rejection>, u32),
 ) -> Result<Response<ResBody>, T::Error>
 where
     T: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -91,17 +94,15 @@ where
         Ok(keys) => keys,
         Err(rejection) => return Ok(rejection.answer(&*config.respond, Fields::default())),
     };
-    if keys.is_empty() {
+    // A cost of 0 is free: as a request every rule exempts.
+    let Some(cost) = NonZeroU32::new(cost).filter(|_| !keys.is_empty()) else {
         return inner.call(request).await;
-    }
-    let pairs: Vec<(&Limit, &Key)> = keys
-        .iter()
-        .map(|(rule, key)| (&config.rules[*rule].limit, key))
-        .collect();
+    };
+    let pairs: Vec<(&Limit, &Key)> = keys.iter().map(|a| (&a.limit, &a.key)).collect();
     let limiter = &*config.limiter;
     match &config.mode {
         Mode::Hit => {
-            let verdicts = match limiter.hit_all(&pairs).await {
+            let verdicts = match limiter.hit_all_n(&pairs, cost).await {
                 Ok(verdicts) => verdicts,
                 Err(e) => {
                     return Ok(Rejection::Failed(e).answer(&*config.respond, Fields::default()));
@@ -117,7 +118,7 @@ where
             Ok(response)
         }
         Mode::Attempt(succeeded) => {
-            let permits = match limiter.reserve_all(&pairs).await {
+            let permits = match limiter.reserve_all_n(&pairs, cost).await {
                 Ok(Reservations::Granted(permits)) => permits,
                 Ok(Reservations::Refused(verdicts)) => return Ok(config.refused(&keys, verdicts)),
                 Err(e) => {
@@ -158,12 +159,13 @@ fn attach<B>(request: &mut Request<B>, verdicts: Verdicts) {
 
 impl<S, R> Config<S, R> {
     /// The header fields for the advertised rules among `keys`, whose
-    /// verdicts are `verdicts`, in the same order.
-    fn fields(&self, keys: &[(usize, Key)], verdicts: &Verdicts) -> Fields {
+    /// verdicts are `verdicts`, in the same order: each under the limit
+    /// (the tier) it was counted under.
+    fn fields(&self, keys: &[Asked], verdicts: &Verdicts) -> Fields {
         let mut fields = Fields::default();
         let mut named: Vec<&str> = Vec::new();
-        for ((rule, _), verdict) in keys.iter().zip(verdicts) {
-            let rule = &self.rules[*rule];
+        for (asked, verdict) in keys.iter().zip(verdicts) {
+            let rule = &self.rules[asked.rule];
             // One item per limit, the first rule's, should a limit be
             // given twice.
             if !rule.advertised || named.contains(&rule.limit.name()) {
@@ -173,7 +175,7 @@ impl<S, R> Config<S, R> {
             // Both fields or neither: a policy sent alone would tell the
             // client that the store is unreachable or overloaded.
             if let Some(field) = verdict.rate_limit_field() {
-                fields.policy.push(rule.limit.policy_field());
+                fields.policy.push(asked.limit.policy_field());
                 fields.rate_limit.push(field);
             }
         }
@@ -181,7 +183,7 @@ impl<S, R> Config<S, R> {
     }
 
     /// The answer to verdicts that refuse.
-    fn refused<B>(&self, keys: &[(usize, Key)], verdicts: Verdicts) -> Response<B>
+    fn refused<B>(&self, keys: &[Asked], verdicts: Verdicts) -> Response<B>
     where
         R: OnRejection<B>,
     {

@@ -209,7 +209,10 @@ impl<S: Store> Limiter<S> {
                 refreshes.push(None);
                 continue;
             }
-            match self.refusals.get(key, cost.get(), asked_at, self.budget) {
+            match self
+                .refusals
+                .get(key, (cost.get(), limit.max()), asked_at, self.budget)
+            {
                 Lookup::Refused(verdict) => {
                     cached.push(Some(verdict));
                     refreshes.push(None);
@@ -338,8 +341,13 @@ impl<S: Store> Limiter<S> {
                     .zip(refreshes)
                     .map(|(((limit, key), counted), refresh)| {
                         let verdict = decide(op, limit, cost.get(), &counted);
-                        self.refusals
-                            .answered(key, &verdict, cost.get(), asked_at, refresh);
+                        self.refusals.answered(
+                            key,
+                            &verdict,
+                            (cost.get(), limit.max()),
+                            asked_at,
+                            refresh,
+                        );
                         call.record(limit, Outcome::of(&verdict));
                         let window_start = counted.window_start(limit);
                         (verdict, CountedIn::Store { window_start })

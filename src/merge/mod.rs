@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::decide::Counted;
 use crate::error::{AbandonedSnafu, MergedSnafu};
 use crate::operation::Counting;
-use crate::store::{Watch, sealed::Sealed};
+use crate::store::{Progress, Watch, sealed::Sealed};
 use crate::{Error, Limit};
 
 /// Merging, for one limiter.
@@ -91,6 +91,17 @@ struct Caller {
 /// failed statement shares.
 type Answer = Result<Counted, Arc<Error>>;
 
+/// How one pair of a caller gets its count.
+enum Wait {
+    /// From a flight, with the key's other callers.
+    Merged(oneshot::Receiver<Answer>),
+    /// From a statement of its own: the key's callers queued or in flight
+    /// count under a limit that does not count alike (another tier of a
+    /// limit with a lockout, whose reading depends on the max; or another
+    /// limit of the same name).
+    Alone,
+}
+
 impl Merging {
     /// Merging with at most `places` statements of writes in flight
     /// ([`LimiterBuilder::writes_in_flight`](crate::LimiterBuilder::writes_in_flight)).
@@ -112,8 +123,11 @@ impl Merging {
     /// other callers for each key and the other keys waiting; each count
     /// after this caller's addition, in the order given. The pairs are
     /// queued together, so that they go in one statement unless a key's
-    /// earlier callers are in flight. Dropping the future gives up this
-    /// caller's wait and nothing else: its cost may or may not be counted.
+    /// earlier callers are in flight. A pair whose key waits under a limit
+    /// that does not count alike ([`Limit::counts_alike`]) is sent in a
+    /// statement of its own, beside the flights. Dropping the future gives
+    /// up this caller's wait and nothing else: its cost may or may not be
+    /// counted.
     pub(crate) async fn add_all<S: Sealed>(
         &self,
         store: &Arc<S>,
@@ -131,7 +145,20 @@ impl Merging {
         let operation = op.operation();
         let waits = self.queue(store, op, pairs, cost, (since, deadline), watches);
         let mut counted = Vec::with_capacity(waits.len());
-        for rx in waits {
+        for ((wait, (limit, key)), watch) in waits.into_iter().zip(pairs).zip(watches) {
+            let rx = match wait {
+                Wait::Merged(rx) => rx,
+                Wait::Alone => {
+                    let progress = Progress::default();
+                    watch.follow(&progress, deadline);
+                    counted.push(
+                        store
+                            .count(op, limit, key, cost, deadline, &progress)
+                            .await?,
+                    );
+                    continue;
+                }
+            };
             let answer = match rx.await {
                 Ok(answer) => answer,
                 // A flight answers every caller it takes, even when it is
@@ -158,7 +185,7 @@ impl Merging {
         cost: u64,
         (since, deadline): (Instant, Instant),
         watches: &[Watch],
-    ) -> Vec<oneshot::Receiver<Answer>> {
+    ) -> Vec<Wait> {
         let mut waits = Vec::with_capacity(pairs.len());
         let mut start = false;
         // The keys this call queued first: a flight it starts sends them
@@ -167,8 +194,16 @@ impl Merging {
         {
             let mut queue = self.shared.lock();
             for ((limit, key), watch) in pairs.iter().zip(watches) {
+                if queue
+                    .keys
+                    .get(key)
+                    .is_some_and(|waiting| !waiting.limit.counts_alike(limit))
+                {
+                    waits.push(Wait::Alone);
+                    continue;
+                }
                 let (tx, rx) = oneshot::channel();
-                waits.push(rx);
+                waits.push(Wait::Merged(rx));
                 let caller = Caller {
                     since,
                     deadline,

@@ -3,7 +3,10 @@
 //! cache, written independently of the crate's arithmetic: the model finds
 //! a sliding window's reopening by search, the crate by a closed form.
 //! Each call carries a cost: 1 in the cases of [`case`], drawn from 1 to
-//! past the limits' max in those of [`case_with_costs`].
+//! past the limits' max in those of [`case_with_costs`]. In those of
+//! [`case_with_tiers`], a call may also ask its limit under a tier: the
+//! same limit (name, window, strategy, lockout) under another max
+//! (`Limit::with_max`), counting in the same row.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -131,6 +134,9 @@ pub struct Op {
     /// The cost of a call that carries one (see `Op::cost`); 1 for the
     /// others.
     cost: u32,
+    /// The max of the tier the call asks its limit under (`Limit::with_max`),
+    /// or 0 for the limit's own.
+    tier: u32,
 }
 
 impl Op {
@@ -140,13 +146,15 @@ impl Op {
     }
 }
 
+/// `(max, window in seconds, sliding, lockout in seconds or 0)` of a limit.
+pub type Spec = (u32, u64, bool, u64);
+
 #[derive(Clone, Debug)]
 pub struct Case {
     /// Seconds and microseconds since the Unix epoch.
     start: (u64, u32),
-    /// `(max, window in seconds, sliding, lockout in seconds or 0)` of each
-    /// limit.
-    pub limits: Vec<(u32, u64, bool, u64)>,
+    /// The spec of each limit.
+    pub limits: Vec<Spec>,
     keys: Vec<&'static [&'static str]>,
     pub ops: Vec<Op>,
 }
@@ -172,7 +180,11 @@ fn advance(limits: usize) -> impl Strategy<Value = Advance> {
     ]
 }
 
-fn op(limits: usize, keys: usize, cost: impl Strategy<Value = u32>) -> impl Strategy<Value = Op> {
+fn op(
+    limits: usize,
+    keys: usize,
+    (cost, tier): (impl Strategy<Value = u32>, impl Strategy<Value = u32>),
+) -> impl Strategy<Value = Op> {
     let call = prop_oneof![
         3 => Just(Call::Check),
         3 => Just(Call::Failed),
@@ -183,13 +195,14 @@ fn op(limits: usize, keys: usize, cost: impl Strategy<Value = u32>) -> impl Stra
         1 => Just(Call::FailedAll),
         1 => Just(Call::HitAll),
     ];
-    (advance(limits), call, 0..limits, 0..keys, cost).prop_map(
-        |(advance, call, limit, key, cost)| Op {
+    (advance(limits), call, 0..limits, 0..keys, cost, tier).prop_map(
+        |(advance, call, limit, key, cost, tier)| Op {
             advance,
             call,
             limit,
             key,
             cost,
+            tier,
         },
     )
 }
@@ -207,17 +220,29 @@ fn start() -> impl Strategy<Value = (u64, u32)> {
 /// A case whose calls all cost 1: `Just(1)` draws nothing, so the seeds
 /// of the committed regressions give the cases they gave before costs.
 pub fn case() -> impl Strategy<Value = Case> {
-    case_costing(|| Just(1u32))
+    case_costing(|| (Just(1u32), Just(0u32)))
 }
 
 /// A case whose `hit`, `reserve` and `hit_all` calls cost from 1 to 6 (the
 /// limits' max is at most 4: some costs are above it), most often 1.
 pub fn case_with_costs() -> impl Strategy<Value = Case> {
-    case_costing(|| prop_oneof![2 => Just(1u32), 3 => 2..=4u32, 1 => 5..=6u32])
+    case_costing(|| (costs(), Just(0u32)))
 }
 
-fn case_costing<C: Strategy<Value = u32> + 'static>(
-    cost: impl Fn() -> C + Clone + 'static,
+/// A case with the costs of [`case_with_costs`] whose calls ask their
+/// limit (and, for the several-limits calls, the op's limit among them)
+/// under a tier of a max from 1 to 8 (below, at and above the limits'
+/// own, which is at most 4) two times in three, else under its own max.
+pub fn case_with_tiers() -> impl Strategy<Value = Case> {
+    case_costing(|| (costs(), prop_oneof![1 => Just(0u32), 2 => 1..=8u32]))
+}
+
+fn costs() -> impl Strategy<Value = u32> {
+    prop_oneof![2 => Just(1u32), 3 => 2..=4u32, 1 => 5..=6u32]
+}
+
+fn case_costing<C: Strategy<Value = u32> + 'static, T: Strategy<Value = u32> + 'static>(
+    cost: impl Fn() -> (C, T) + Clone + 'static,
 ) -> impl Strategy<Value = Case> {
     let lockouts =
         prop_oneof![3 => Just(0u64), 1 => Just(1u64), 1 => Just(30u64), 1 => Just(90u64)];
@@ -264,8 +289,12 @@ fn case_costing<C: Strategy<Value = u32> + 'static>(
 /// row, by its last; its refusal reopens when the estimate is below
 /// `max − (c − 1)`. A cost above a limit's max is refused for that limit
 /// without a count and without a look at the cache, and the call asks for
-/// no pair. A held refusal is answered only to a cost at least its own; a
-/// refusal of a larger cost leaves a fresh one of a smaller cost held.
+/// no pair. A held refusal is answered only to a cost at least its own and
+/// under the same max (a tier's); a refusal of a larger cost leaves a fresh
+/// one of a smaller cost under the same max held, and a refusal under
+/// another max replaces it. A tier counts in its limit's counts: the model
+/// keys them by limit, never by max, and decides each call, its lockout
+/// included, by the max the call asks under.
 #[derive(Default)]
 pub struct Model {
     counts: HashMap<(usize, usize, u64), u64>,
@@ -279,8 +308,8 @@ struct Cached {
     /// The latest refusals answered, in µs, oldest first.
     times: VecDeque<u64>,
     /// The refusal answered again, when it reopens and when its TTL ends,
-    /// in µs, and the cost it refused.
-    held: Option<(Seen, u64, u64, u32)>,
+    /// in µs, the cost it refused and the max it was refused under.
+    held: Option<(Seen, u64, u64, u32, u32)>,
 }
 
 impl Cached {
@@ -341,7 +370,7 @@ impl Model {
                         exceeds_max: true,
                     })
                 } else {
-                    self.cached(limit, key, cost, now)
+                    self.cached(limit, key, (cost, specs[limit].0), now)
                 }
             })
             .collect();
@@ -375,11 +404,18 @@ impl Model {
     }
 
     /// The refusal the cache answers for (limit, key) to an ask of `cost`
-    /// at `now`, if fresh and of no more than `cost`.
-    fn cached(&mut self, limit: usize, key: usize, cost: u32, now: u64) -> Option<Seen> {
+    /// under `max` at `now`, if fresh, of no more than `cost` and under
+    /// `max`.
+    fn cached(
+        &mut self,
+        limit: usize,
+        key: usize,
+        (cost, max): (u32, u32),
+        now: u64,
+    ) -> Option<Seen> {
         let cached = self.refusals.entry((limit, key)).or_default();
-        let (seen, reopens, fresh_until, refused) = cached.held.as_ref()?;
-        if now >= *fresh_until || cost < *refused {
+        let (seen, reopens, fresh_until, refused, under) = cached.held.as_ref()?;
+        if now >= *fresh_until || cost < *refused || max != *under {
             return None;
         }
         let seen = Seen {
@@ -475,11 +511,13 @@ impl Model {
             let replaced = cached
                 .held
                 .as_ref()
-                .is_none_or(|&(_, _, fresh_until, held)| held >= cost || now >= fresh_until);
+                .is_none_or(|&(_, _, fresh_until, held, under)| {
+                    under != max || held >= cost || now >= fresh_until
+                });
             if replaced {
                 cached.held = cached
                     .flooded(now)
-                    .then(|| (seen.clone(), reopens, reopens.min(now + ttl), cost));
+                    .then(|| (seen.clone(), reopens, reopens.min(now + ttl), cost, max));
             }
         }
         seen
@@ -526,6 +564,19 @@ impl Case {
                 limit.build().unwrap()
             })
             .collect()
+    }
+
+    /// The limits and their specs as `op` asks them: its limit under its
+    /// tier, if it has one (`Limit::with_max`; with `lockouts` false, only
+    /// if the limit has no lockout), the others as they are.
+    pub fn tiered(&self, limits: &[Limit], op: &Op, lockouts: bool) -> (Vec<Limit>, Vec<Spec>) {
+        let mut limits = limits.to_vec();
+        let mut specs = self.limits.clone();
+        if op.tier > 0 && (lockouts || limits[op.limit].lockout().is_none()) {
+            limits[op.limit] = limits[op.limit].with_max(op.tier).unwrap();
+            specs[op.limit].0 = op.tier;
+        }
+        (limits, specs)
     }
 
     pub fn keys(&self) -> Vec<Key> {

@@ -140,3 +140,57 @@ where
 
     assert_idle_and_switch_off::<D>(&held, "after the costs").await;
 }
+
+/// Tiers (`Limit::with_max`): a free and a paid max of one limit count in
+/// one row per key, through a merged flight and a statement of its own
+/// alike, and in the several-limits forms; a refusal the refusal cache
+/// holds under the free max never refuses an ask under the paid one.
+pub async fn tiers_of_one_limit_share_one_count_on_either_driver<D: Driver>()
+where
+    Lend<D::Conn>: LimitConn,
+{
+    let db = fresh_db().await;
+    let held = hold::<D>(&db.config()).await;
+    let window = Duration::from_secs(60);
+    let clock = ManualClock::new(UNIX_EPOCH + window * 30_000_000 + Duration::from_secs(10));
+    // The refusal cache on, as by default.
+    let merged = Limiter::new(Postgres::new(lend::<D>(&held)).with_clock(clock.clone()));
+    let alone = Limiter::builder(Postgres::new(lend::<D>(&held)).with_clock(clock.clone()))
+        .no_merging()
+        .build()
+        .expect("valid settings");
+    let free = Limit::new("api", 4, window).unwrap();
+    let paid = free.with_max(100).unwrap();
+    let alice = Key::opaque("alice");
+
+    for n in 1..=4 {
+        let limiter = if n % 2 == 0 { &merged } else { &alone };
+        assert!(limiter.hit(&free, &alice).await.unwrap().is_allowed());
+    }
+    for n in 5..=7 {
+        let refused = merged.hit(&free, &alice).await.unwrap();
+        assert_counted(&refused, n, "refused on the free tier, and counted");
+    }
+    // Flooded: answered from the cache, nothing counted.
+    assert!(merged.hit(&free, &alice).await.unwrap().is_refused());
+    let upgraded = merged.hit_n(&paid, &alice, cost(3)).await.unwrap();
+    assert!(upgraded.is_allowed(), "{upgraded:?}");
+    assert_counted(&upgraded, 10, "the free tier's 7, and 3");
+    assert_eq!(upgraded.remaining(), Some(90));
+    let alone_paid = alone.hit(&paid, &alice).await.unwrap();
+    assert_counted(&alone_paid, 11, "a statement of its own, the same row");
+    assert_eq!(counts(&db).await.get(&stored(&free, &alice)), Some(&11));
+    assert_eq!(stored(&free, &alice), stored(&paid, &alice));
+
+    // Several limits: a tier among them counts in its limit's row.
+    let daily = Limit::new("api-day", 1_000, Duration::from_secs(86_400)).unwrap();
+    let both = merged.hit_all(&[(&paid, &alice), (&daily, &alice)]).await;
+    let both = both.unwrap();
+    assert!(both.is_allowed());
+    let seen: Vec<_> = both.iter().map(|v| (v.count(), v.remaining())).collect();
+    assert_eq!(seen, [(Some(12), Some(88)), (Some(1), Some(999))]);
+    let back = alone.check_all(&[(&free, &alice), (&daily, &alice)]).await;
+    assert!(back.unwrap().is_refused(), "12 is past the free tier's 4");
+
+    assert_idle_and_switch_off::<D>(&held, "after the tiers").await;
+}
