@@ -1,7 +1,9 @@
 //! [`Limiter`]: the front. Check before an attempt, record a failure after
 //! it, or do both at once.
 
+mod ask;
 mod builder;
+mod clear;
 mod several;
 
 pub use builder::LimiterBuilder;
@@ -12,15 +14,12 @@ use std::time::Duration;
 
 use crate::cache::RefusalCache;
 
-use crate::call::Call;
-use crate::decide::decide;
 use crate::key::stored;
 use crate::merge::Merging;
-use crate::operation::{Counting, Operation};
+use crate::operation::Counting;
 use crate::permit::CountedIn;
-use crate::store::sealed::Sealed as _;
-use crate::store::{Phase, Store};
-use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreachable};
+use crate::store::Store;
+use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict};
 
 /// The front of the crate: `check`, `failed`, `hit`, `reserve` and `reset`,
 /// `hit_n` and `reserve_n` for an ask of a cost of its own, and
@@ -31,7 +30,7 @@ use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict, WhenUnreach
 /// Every call, getting the connection included, ends within the budget
 /// (2 seconds unless set with [`LimiterBuilder::budget`]). When the store
 /// cannot be reached within it, the attempt is **allowed** (unless the limit
-/// chose otherwise with [`WhenUnreachable`]), the verdict says so
+/// chose otherwise with [`WhenUnreachable`](crate::WhenUnreachable)), the verdict says so
 /// ([`Verdict::is_unreachable`]) and the `unreachable` outcome is counted:
 /// [fail-open](crate::guide#fail-open), loudly. Any other failure (a missing
 /// table, a missing privilege, a connection handed over inside a
@@ -69,7 +68,7 @@ pub struct Limiter<S> {
     store: Arc<S>,
     budget: Duration,
     /// The local count of limits that count locally while the store is
-    /// unreachable ([`WhenUnreachable::CountLocally`]).
+    /// unreachable ([`WhenUnreachable::CountLocally`](crate::WhenUnreachable::CountLocally)).
     fallback: Memory,
     /// Refusals this process answers without a round trip.
     refusals: RefusalCache,
@@ -132,7 +131,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// How many keys the local count of
-    /// [`WhenUnreachable::CountLocally`] limits may hold
+    /// [`WhenUnreachable::CountLocally`](crate::WhenUnreachable::CountLocally) limits may hold
     /// ([`LimiterBuilder::local_keys`]).
     pub fn local_keys(&self) -> usize {
         self.fallback.capacity().unwrap_or(usize::MAX)
@@ -301,7 +300,7 @@ impl<S: Store> Limiter<S> {
     /// # Errors
     ///
     /// A hard failure (see [`Limiter`]); an unreachable store is decided by
-    /// the limit's [`WhenUnreachable`].
+    /// the limit's [`WhenUnreachable`](crate::WhenUnreachable).
     pub async fn reserve(&self, limit: &Limit, key: &Key) -> Result<Reservation<'_, S>, Error> {
         self.reserve_n(limit, key, NonZeroU32::MIN).await
     }
@@ -363,26 +362,6 @@ impl<S: Store> Limiter<S> {
         self.reset_stored(limit, &stored(limit.name(), key)).await
     }
 
-    /// Clears a stored key, with the budget and the metrics.
-    pub(crate) async fn reset_stored(&self, limit: &Limit, key: &str) -> Result<(), Error> {
-        let call = Call::start(Operation::Reset, self.budget);
-        self.refusals.forget(key);
-        // The local count (if the limit ever fell back to it) is cleared too.
-        let _ = self.fallback.reset(key, call.deadline()).await;
-        let result = call
-            .within_store(
-                &*self.store,
-                || Phase::Queued,
-                Box::pin(self.store.reset(key, call.deadline())),
-            )
-            .await
-            .map(drop);
-        // Again: a refusal cached by a call that raced the reset is stale.
-        self.refusals.forget(key);
-        call.record_cleared(limit, &result);
-        result
-    }
-
     async fn counted(
         &self,
         op: Counting,
@@ -407,76 +386,5 @@ impl<S: Store> Limiter<S> {
     ) -> Result<(Verdict, CountedIn), Error> {
         let mut ran = self.run_all(op, &[(limit, key.to_owned())], cost).await?;
         Ok(ran.pop().expect("one verdict per pair"))
-    }
-
-    /// The verdict when the store could not be reached: the limit decides
-    /// (a local count adds `cost`).
-    fn when_unreachable(
-        &self,
-        op: Counting,
-        limit: &Limit,
-        key: &str,
-        cost: NonZeroU32,
-        cause: Arc<Error>,
-    ) -> (Verdict, CountedIn) {
-        match limit.when_unreachable() {
-            WhenUnreachable::Refuse => {
-                (Verdict::uncounted(limit, false, cause), CountedIn::Nowhere)
-            }
-            WhenUnreachable::CountLocally => {
-                // On the store's clock as this process sees it (a pinned
-                // clock in tests), so the local count agrees with the store.
-                let counted = self.fallback.count_at(
-                    op,
-                    limit,
-                    key,
-                    cost.get().into(),
-                    self.store.local_now(),
-                );
-                match counted {
-                    Some(counted) => {
-                        let window_start = counted.window_start(limit);
-                        (
-                            decide(op, limit, cost.get(), &counted).because_unreachable(cause),
-                            CountedIn::Fallback { window_start },
-                        )
-                    }
-                    // No room to count the key: refused, as `Refuse` would.
-                    None => (Verdict::uncounted(limit, false, cause), CountedIn::Nowhere),
-                }
-            }
-            WhenUnreachable::Allow => (Verdict::uncounted(limit, true, cause), CountedIn::Nowhere),
-        }
-    }
-
-    /// Takes a reserved attempt's `cost` back from where `counted_in` says
-    /// it was counted: its window, in the store or the local fallback.
-    pub(crate) async fn take_back(
-        &self,
-        limit: &Limit,
-        key: &str,
-        (counted_in, cost): (CountedIn, NonZeroU32),
-    ) -> Result<(), Error> {
-        let n = u64::from(cost.get());
-        let call = Call::start(Operation::TakeBack, self.budget);
-        self.refusals.forget(key);
-        let result = match counted_in {
-            CountedIn::Store { window_start } => call
-                .within_store(
-                    &*self.store,
-                    || Phase::Queued,
-                    Box::pin(self.store.take_back(key, window_start, n, call.deadline())),
-                )
-                .await
-                .map(drop),
-            CountedIn::Fallback { window_start } => self
-                .fallback
-                .take_back(key, window_start, n, call.deadline())
-                .await
-                .map(drop),
-            CountedIn::Nowhere => Ok(()),
-        };
-        call.record_cleared(limit, &result);
-        result
     }
 }

@@ -4,19 +4,17 @@
 //! whatever its cost.
 
 use std::num::NonZeroU32;
-use std::sync::Arc;
 
 use snafu::ensure;
 
 use crate::cache::{Lookup, Refresh};
 use crate::call::Call;
-use crate::decide::{Counted, decide};
 use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
 use crate::metric::{Outcome, Source};
 use crate::operation::Counting;
 use crate::permit::CountedIn;
-use crate::store::{Asked, Phase, Progress, Store, Watch};
+use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter, Verdict, Verdicts};
 
 impl<S: Store> Limiter<S> {
@@ -274,132 +272,4 @@ impl<S: Store> Limiter<S> {
             })
             .collect())
     }
-
-    /// Asks the store for the pairs `stored` in one statement (see
-    /// [`run_all`](Limiter::run_all)), a write adding `cost` to each, each
-    /// with its claim to refresh a cached refusal, if it holds one.
-    async fn ask(
-        &self,
-        op: Counting,
-        call: &Call,
-        asked_at: std::time::SystemTime,
-        stored: &[(&Limit, String)],
-        cost: NonZeroU32,
-        refreshes: Vec<Option<Refresh>>,
-    ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
-        // A subset of `run_all`'s pairs, never none: `watches[0]` is there.
-        debug_assert!(!stored.is_empty(), "a statement for no pairs");
-        debug_assert_eq!(stored.len(), refreshes.len(), "one claim per pair");
-        let started = call.started();
-        let deadline = call.deadline();
-        let n = u64::from(cost.get());
-        // Where each pair's statement got, read if the budget runs out.
-        let watches: Vec<Watch> = stored.iter().map(|_| Watch::default()).collect();
-        // Boxed: a store's future (a connection, a statement, a cancel) is
-        // large, and a caller's own future (a service's, a layer's) should
-        // not carry it on the stack.
-        let counting = Box::pin(async {
-            match (&self.merging, stored) {
-                (Some(merging), _) if op.adds() => merging
-                    .add_all(&self.store, op, stored, n, (started, deadline), &watches)
-                    .await
-                    .map(|counted| after_the_call(stored, counted)),
-                (_, [(limit, key)]) => {
-                    let progress = Progress::default();
-                    watches[0].follow(&progress, deadline);
-                    self.store
-                        .count(op, limit, key, n, deadline, &progress)
-                        .await
-                        .map(|counted| vec![counted])
-                }
-                _ => {
-                    let progress = Progress::default();
-                    watches[0].follow(&progress, deadline);
-                    let asked: Vec<Asked<'_>> = stored
-                        .iter()
-                        .map(|(limit, key)| Asked { limit, key, n })
-                        .collect();
-                    self.store.count_many(op, &asked, deadline, &progress).await
-                }
-            }
-        });
-        let phase = || {
-            watches
-                .iter()
-                .map(|watch| watch.phase_for(deadline))
-                .max()
-                .unwrap_or(Phase::Queued)
-        };
-        match call.within_store(&*self.store, phase, counting).await {
-            Ok(counted) => {
-                // Every store, and merging, answers one count per pair, in
-                // order (`Postgres` errs otherwise): no pair goes undecided.
-                debug_assert_eq!(counted.len(), stored.len(), "one count per pair");
-                Ok(stored
-                    .iter()
-                    .zip(counted)
-                    .zip(refreshes)
-                    .map(|(((limit, key), counted), refresh)| {
-                        let verdict = decide(op, limit, cost.get(), &counted);
-                        self.refusals.answered(
-                            key,
-                            &verdict,
-                            (cost.get(), limit.max()),
-                            asked_at,
-                            refresh,
-                        );
-                        call.record(limit, Outcome::of(&verdict));
-                        let window_start = counted.window_start(limit);
-                        (verdict, CountedIn::Store { window_start })
-                    })
-                    .collect())
-            }
-            Err(e) if e.is_unreachable() => {
-                let cause = Arc::new(e);
-                Ok(stored
-                    .iter()
-                    .zip(refreshes)
-                    .map(|((limit, key), refresh)| {
-                        self.refusals.unanswered(refresh);
-                        call.record_unreachable(limit, &cause);
-                        self.when_unreachable(op, limit, key, cost, cause.clone())
-                    })
-                    .collect())
-            }
-            Err(e) if e.is_overloaded() => {
-                let cause = Arc::new(e);
-                Ok(stored
-                    .iter()
-                    .zip(refreshes)
-                    .map(|((limit, _), refresh)| {
-                        self.refusals.unanswered(refresh);
-                        call.record_shed(limit, &cause);
-                        (Verdict::shed_by(limit, cause.clone()), CountedIn::Nowhere)
-                    })
-                    .collect())
-            }
-            Err(e) => {
-                for (limit, _) in stored {
-                    call.record(limit, Outcome::Error);
-                }
-                Err(e)
-            }
-        }
-    }
-}
-
-/// The counts of a merged write as one statement gives them: a pair given
-/// twice in one call reads the count after all of the call's additions,
-/// as `add_many` answers it, not its own position's.
-fn after_the_call(stored: &[(&Limit, String)], mut counted: Vec<Counted>) -> Vec<Counted> {
-    for i in 0..stored.len() {
-        let last = (i..stored.len())
-            .rev()
-            .find(|&j| stored[j].1 == stored[i].1)
-            .unwrap_or(i);
-        if last != i {
-            counted[i] = counted[last].clone();
-        }
-    }
-    counted
 }

@@ -4,6 +4,7 @@
 //! Stores only load and store counts; the verdict is decided by
 //! [`decide`](crate::decide::decide), shared by both.
 
+pub(crate) mod budget;
 pub(crate) mod health;
 pub(crate) mod memory;
 pub(crate) mod postgres;

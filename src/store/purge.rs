@@ -8,7 +8,8 @@ use snafu::ensure;
 use crate::call::Call;
 use crate::error::InvalidOptionSnafu;
 use crate::operation::Operation;
-use crate::store::sql::{self, Budget};
+use crate::store::budget::Budget;
+use crate::store::sql;
 use crate::store::statement::{call, deleted};
 use crate::{Error, LimitConn, metric};
 

@@ -6,7 +6,8 @@
 use crate::driver::{Row, Session};
 use crate::error::AnsweredAfterCancelSnafu;
 use crate::operation::Operation;
-use crate::store::sql::{self, Budget, Statement};
+use crate::store::budget::{self, Budget};
+use crate::store::sql::Statement;
 use crate::store::{Phase, Progress};
 use crate::{Error, ErrorKind};
 
@@ -72,7 +73,7 @@ pub(crate) async fn send<S: Session, const N: usize>(
         // backend, which ignores it, and not on the next statement.
         let landed = budget
             .cancel_lands
-            .max(delivered + budget.rtt / 2 + sql::CANCEL_LANDS);
+            .max(delivered + budget.rtt / 2 + budget::CANCEL_LANDS);
         tokio::time::sleep_until(landed).await;
     }
     match answer {

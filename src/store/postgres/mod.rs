@@ -18,8 +18,9 @@ use crate::clock::Clock;
 use crate::driver::{Row, Session};
 use crate::error::InvalidOptionSnafu;
 use crate::operation::Operation;
+use crate::store::budget::{self, Budget};
 use crate::store::health::Health;
-use crate::store::sql::{self, Budget, Statement};
+use crate::store::sql::{self, Statement};
 use crate::store::statement::send;
 use crate::store::{Phase, Progress, Store};
 use crate::{Error, LimitConn, ManualClock};
@@ -210,7 +211,7 @@ impl<C: LimitConn> Postgres<C> {
         // long for the link cannot starve a call of the time to send. But a
         // statement that cannot come back in what is left is not sent.
         let budget = Budget::until(deadline, rtt.min(left / 4));
-        if left < rtt + sql::LEAST_SERVER || Instant::now() >= budget.send_by {
+        if left < rtt + budget::LEAST_SERVER || Instant::now() >= budget.send_by {
             let waited = Instant::now().saturating_duration_since(since);
             return Err(Error::out_of_budget(
                 operation,
