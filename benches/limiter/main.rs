@@ -17,6 +17,8 @@
 //!   each), over random keys drawn from a million and over one hot key;
 //! - `check_all` and `failed_all` over two limits at once (per account and
 //!   per address), next to `check` and `failed` over one;
+//! - `hit_n` with a cost of 5 (an API call that counts five units), right
+//!   after `hit` and compared to it;
 //! - `failed` with `Postgres::with_relaxed_durability`, next to the
 //!   durable default;
 //! - `failed` connecting for each call, and `failed` on `Memory`;

@@ -71,6 +71,9 @@ fn address_of(id: &str) -> IpAddr {
     ))
 }
 
+/// The cost [`What::HitN`] asks with: an API call that counts five units.
+const HIT_COST: std::num::NonZeroU32 = std::num::NonZeroU32::new(5).expect("five");
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum What {
     /// A bare round trip: the floor of nothing, shown to split the costs.
@@ -82,6 +85,8 @@ pub(crate) enum What {
     Check,
     Failed,
     Hit,
+    /// `hit_n` with a cost of [`HIT_COST`], right after `hit`.
+    HitN,
     Reset,
     /// `check_all` over two (limit, key) pairs: per account and per address.
     CheckAll,
@@ -118,6 +123,7 @@ impl What {
             What::Check => "check",
             What::Failed => "failed",
             What::Hit => "hit",
+            What::HitN => "hit_n, cost 5",
             What::Reset => "reset",
             What::CheckAll => "check_all, 2 limits",
             What::FailedAll => "failed_all, 2 limits",
@@ -144,6 +150,7 @@ impl What {
             What::Check => "check",
             What::Failed => "failed",
             What::Hit => "hit",
+            What::HitN => "hit_n_cost_5",
             What::Reset => "reset",
             What::CheckAll => "check_all_2_limits",
             What::FailedAll => "failed_all_2_limits",
@@ -173,6 +180,7 @@ impl What {
             | What::DefaultsPlaces(_)
             | What::SqlxFailed => Some(What::Upsert),
             What::CheckAll | What::PreparedCheck => Some(What::Check),
+            What::HitN => Some(What::Hit),
             What::FailedAll | What::RelaxedFailed | What::ConnectPerCall | What::PreparedFailed => {
                 Some(What::Failed)
             }
@@ -186,6 +194,7 @@ impl What {
         match self {
             What::Check => &[What::CheckAll, What::PreparedCheck],
             What::Failed => &[What::FailedAll, What::RelaxedFailed, What::PreparedFailed],
+            What::Hit => &[What::HitN],
             _ => &[],
         }
     }
@@ -349,6 +358,7 @@ pub(crate) fn limiter_op<S: Store + 'static>(
                 | What::SqlxFailed
                 | What::PreparedFailed => limiter.failed(&limit, &key).await,
                 What::Hit => limiter.hit(&limit, &key).await,
+                What::HitN => limiter.hit_n(&limit, &key, HIT_COST).await,
                 What::Reset => {
                     if let Err(e) = limiter.reset(&limit, &key).await {
                         panic!("reset: {e}");
@@ -469,6 +479,7 @@ impl Bench {
             (What::Check, through(What::Check)),
             (What::Failed, through(What::Failed)),
             (What::Hit, through(What::Hit)),
+            (What::HitN, through(What::HitN)),
             (What::Reset, through(What::Reset)),
             (What::CheckAll, several(What::CheckAll)),
             (What::FailedAll, several(What::FailedAll)),

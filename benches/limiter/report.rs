@@ -93,7 +93,12 @@ impl Results {
                     add(what, Some(keys), conns);
                 }
             }
-            for what in [What::CheckAll, What::FailedAll, What::RelaxedFailed] {
+            for what in [
+                What::CheckAll,
+                What::FailedAll,
+                What::RelaxedFailed,
+                What::HitN,
+            ] {
                 add(what, Some(Keys::Random), conns);
             }
             // Measured with the feature `sqlx` only: left out when empty.
