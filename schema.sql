@@ -635,6 +635,180 @@ BEGIN
 END
 $$;
 
+-- Adds each pair's amount (p_adds) to the count of each (key, window) pair
+-- only if every pair's ask may go ahead, in one statement: an API's
+-- per-second and per-day quotas, where a refusal by one must not spend the
+-- other. Nothing is added when any pair refuses. Each pair's row is locked
+-- first, in (key, window_start) order as add_many locks them (a row not
+-- there yet is inserted with a count of 0; one that is, updated to its own
+-- count), so no other call changes a count between its reading and the
+-- addition, and two calls over the same keys cannot deadlock. A pair may
+-- go ahead as the limiter decides an ask of its amount (decide.rs, the one
+-- decision both stores share): no lockout of an earlier window runs, and
+-- the count after the ask less one, plus for a sliding pair (p_sliding)
+-- the previous window's count weighted by the part of the last window's
+-- length it still overlaps, is below p_max. The keys must differ (each
+-- pair is decided by its own count). Returns the counts after the call
+-- (those before it when nothing was added), the window ends, the time, the
+-- previous windows' counts (0 for a fixed pair), the lockouts, and
+-- o_added, whether the amounts were added.
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_all_or_none(
+    p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at timestamptz,
+    p_budget_ms bigint, p_relaxed boolean, p_sliding boolean[],
+    p_maxes bigint[], p_lockout_secs bigint[],
+    INOUT o_counts bigint[] DEFAULT NULL,
+    INOUT o_window_ends timestamptz[] DEFAULT NULL,
+    INOUT o_now timestamptz DEFAULT NULL,
+    INOUT o_previous bigint[] DEFAULT NULL,
+    INOUT o_locked_until timestamptz[] DEFAULT NULL,
+    INOUT o_added boolean DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- prologue
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                END;
+    END IF;
+    COMMIT;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+            pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
+    -- Every lock wait of the call together within the budget: a quarter
+    -- each, for the at most four waits of one row's upsert.
+    PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
+       OR (current_setting('statement_timeout') <> '0'
+           AND current_setting('statement_timeout')::interval
+               <= p_budget_ms * interval '1 millisecond')
+       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+           AND current_setting('transaction_timeout', true)::interval
+               <= p_budget_ms * interval '1 millisecond')
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
+                END;
+    END IF;
+    -- end of prologue
+    IF p_relaxed THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    -- The parameters against the Rust bounds, as add_many checks them, and
+    -- each key given once.
+    IF p_relaxed IS NULL
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
+       OR cardinality(p_keys) NOT BETWEEN 1 AND 64
+       OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_adds) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_sliding) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
+       OR array_position(p_sliding, NULL) IS NOT NULL
+       OR NOT COALESCE(1 <= ALL (p_adds)
+                       AND 1 <= ALL (p_window_secs) AND platformkit.platformkit_max_window_secs() >= ALL (p_window_secs)
+                       AND 1 <= ALL (p_maxes) AND platformkit.platformkit_max_attempts() >= ALL (p_maxes)
+                       AND 0 <= ALL (p_lockout_secs) AND platformkit.platformkit_max_lockout_secs() >= ALL (p_lockout_secs),
+                       false)
+       OR (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> cardinality(p_keys) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    o_now := COALESCE(p_at, statement_timestamp());
+    -- Each pair's row, locked, and its count before this call.
+    WITH asked AS (
+        SELECT t.key, t.ord, make_interval(secs => t.secs) AS width,
+               date_bin(make_interval(secs => t.secs), o_now,
+                        timestamptz '1970-01-01 00:00:00+00') AS start
+        FROM unnest(p_keys, p_window_secs) WITH ORDINALITY AS t(key, secs, ord)
+        -- A key out of bounds is left out here, and refused below.
+        WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
+    ), locked AS (
+        INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
+        SELECT key, start, start + width, 0
+        FROM asked
+        ORDER BY key, start
+        ON CONFLICT (key, window_start) DO UPDATE SET count = l.count
+        RETURNING l.key, l.window_start, l.count
+    )
+    SELECT array_agg(c.count ORDER BY a.ord), array_agg(a.start + a.width ORDER BY a.ord)
+    INTO o_counts, o_window_ends
+    FROM asked AS a
+    JOIN locked AS c ON c.key = a.key AND c.window_start = a.start;
+    IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
+        -- Raised after the upsert: this transaction, and what it wrote, ends here.
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    -- The previous windows and the lockouts of earlier windows, as add_many
+    -- reads them; then the decision, in exact numeric arithmetic over
+    -- microseconds, as decide.rs makes it in integers.
+    SELECT array_agg(d.previous ORDER BY d.ord), array_agg(d.locked_until ORDER BY d.ord),
+           bool_and(d.locked_until IS NULL
+                    AND d.previous::numeric * (d.w - d.elapsed) + (d.count::numeric + d.add - 1) * d.w
+                        < d.max::numeric * d.w)
+    INTO o_previous, o_locked_until, o_added
+    FROM (
+        SELECT a.ord, a.add, a.max, a.count, a.w,
+               LEAST(GREATEST((extract(epoch FROM o_now) - extract(epoch FROM a.start)) * 1000000, 0), a.w)
+                   AS elapsed,
+               CASE WHEN a.sliding THEN
+                   COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
+                             WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
+               ELSE 0 END AS previous,
+               CASE WHEN a.lockout > 0 THEN
+                   (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                    FROM platformkit.platformkit_limits AS x
+                    WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                      AND x.window_end + make_interval(secs => a.lockout) > o_now)
+               END AS locked_until
+        FROM (SELECT t.key, t.ord, t.add, t.max, t.lockout, t.sliding, t.count,
+                     t.secs::numeric * 1000000 AS w,
+                     make_interval(secs => t.secs) AS width,
+                     t.window_end - make_interval(secs => t.secs) AS start
+              FROM unnest(p_keys, p_window_secs, p_adds, p_maxes, p_lockout_secs, p_sliding,
+                          o_counts, o_window_ends)
+                   WITH ORDINALITY AS t(key, secs, add, max, lockout, sliding, count, window_end, ord)) AS a
+    ) AS d;
+    IF o_added THEN
+        WITH added AS (
+            UPDATE platformkit.platformkit_limits AS l
+            SET count = l.count + LEAST(t.add, 9223372036854775807 - l.count)
+            FROM unnest(p_keys, p_adds, p_window_secs, o_window_ends) AS t(key, add, secs, window_end)
+            WHERE l.key = t.key AND l.window_start = t.window_end - make_interval(secs => t.secs)
+            RETURNING l.key, l.count
+        )
+        SELECT array_agg(a.count ORDER BY t.ord)
+        INTO o_counts
+        FROM unnest(p_keys) WITH ORDINALITY AS t(key, ord)
+        JOIN added AS a ON a.key = t.key;
+    END IF;
+    COMMIT;
+END
+$$;
+
 -- Reads the count of each (key, window) pair; writes nothing. A function,
 -- not a procedure: a read needs no transaction of its own (see the readers'
 -- prologue above).

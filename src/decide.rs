@@ -58,9 +58,12 @@ pub(crate) fn window_of(now_micros: i64, window_secs: u64) -> (i64, i64) {
 /// less one, is below `max` (for a fixed window: the count after it is at
 /// most `max`). `cur` holds the whole cost already, so the comparison is
 /// that of a cost of 1, and so is a lockout's start (the count before the
-/// last unit reached `max`). Only a refusal's reopening reads `cost`: the
+/// last unit reached `max`). A refusal's reopening reads `cost`: the
 /// first moment an ask of the same cost may go ahead, when the estimate
-/// falls below `max − (cost − 1)`.
+/// falls below `max − (cost − 1)`. A `check` of `cost` (an ask that
+/// [`hit_all_or_nothing`](crate::Limiter::hit_all_or_nothing) did not
+/// count, decided on the count before it) may go ahead while the estimate
+/// is below `max − (cost − 1)`: what an ask of `cost` would find.
 pub(crate) fn decide(op: Counting, limit: &Limit, cost: u32, counted: &Counted) -> Verdict {
     let d = decision(op, limit, cost, counted);
     Verdict::counted(limit, d.allowed, d.estimate, d.reopens_at, counted.now)
@@ -99,6 +102,14 @@ pub(crate) fn decision(op: Counting, limit: &Limit, cost: u32, counted: &Counted
     let weighted = prev * (w - elapsed) + cur * w;
     // The ask's last unit (see `decide`): one, whatever the cost.
     let own = if op.asks() { w } else { 0 };
+    // A read of `cost` (an ask not counted, as `hit_all_or_nothing` refuses
+    // one) reads the estimate as an ask of `cost` would find it: with all
+    // but the last unit of the cost on top (1 for every other read).
+    let unasked = if op.asks() {
+        0
+    } else {
+        (i128::from(cost) - 1) * w
+    };
     // A lockout: an earlier window that reached max (the store says), or
     // the current one before this call's own ask.
     let locked_until = match limit.lockout() {
@@ -109,7 +120,7 @@ pub(crate) fn decision(op: Counting, limit: &Limit, cost: u32, counted: &Counted
         None => None,
     }
     .filter(|&until| until > counted.now);
-    let allowed = weighted - own < max * w && locked_until.is_none();
+    let allowed = weighted - own + unasked < max * w && locked_until.is_none();
     let estimate = u64::try_from((weighted + w - 1) / w).unwrap_or(u64::MAX);
     let reopens_at = if allowed {
         counted.window_end

@@ -96,34 +96,57 @@ impl Operation {
 /// [`decide`](crate::decide::decide) turns into a verdict. It cannot hold
 /// another operation, so a store is never asked to count a reset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Counting(Operation);
+pub struct Counting {
+    operation: Operation,
+    /// Whether a call over several pairs adds only if every pair allows.
+    all_or_nothing: bool,
+}
 
 impl Counting {
     /// Reads the count, writes nothing.
-    pub(crate) const CHECK: Counting = Counting(Operation::Check);
+    pub(crate) const CHECK: Counting = Counting::each(Operation::Check);
     /// Adds a failure, then tells whether the next attempt may go ahead.
-    pub(crate) const FAILED: Counting = Counting(Operation::Failed);
+    pub(crate) const FAILED: Counting = Counting::each(Operation::Failed);
     /// Adds this ask (its cost, for `hit_n`), and tells whether it may go
     /// ahead.
-    pub(crate) const HIT: Counting = Counting(Operation::Hit);
+    pub(crate) const HIT: Counting = Counting::each(Operation::Hit);
     /// As `HIT`, for a permit.
-    pub(crate) const RESERVE: Counting = Counting(Operation::Reserve);
+    pub(crate) const RESERVE: Counting = Counting::each(Operation::Reserve);
+    /// As `HIT` over several pairs, adding under none of them unless every
+    /// one allows: `hit_all_or_nothing`.
+    pub(crate) const HIT_ALL_OR_NOTHING: Counting = Counting {
+        operation: Operation::Hit,
+        all_or_nothing: true,
+    };
+
+    const fn each(operation: Operation) -> Counting {
+        Counting {
+            operation,
+            all_or_nothing: false,
+        }
+    }
 
     /// The operation, for the metrics, the errors and the events.
     pub(crate) const fn operation(self) -> Operation {
-        self.0
+        self.operation
     }
 
     /// Whether it adds to the count (all but `CHECK`):
     /// [`Operation::adds`].
     pub(crate) const fn adds(self) -> bool {
-        self.0.adds()
+        self.operation.adds()
     }
 
     /// Whether its verdict reads the count before its own ask (`HIT`,
     /// `RESERVE`): [`Operation::asks`].
     pub(crate) const fn asks(self) -> bool {
-        self.0.asks()
+        self.operation.asks()
+    }
+
+    /// Whether it adds only if every pair of the call allows
+    /// (`HIT_ALL_OR_NOTHING`): one statement of its own, never merged.
+    pub(crate) const fn all_or_nothing(self) -> bool {
+        self.all_or_nothing
     }
 }
 

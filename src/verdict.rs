@@ -189,6 +189,17 @@ impl Verdict {
         }
     }
 
+    /// This verdict as a refusal that reopens at once (its counts kept):
+    /// for an all-or-nothing call the store did not count though every
+    /// verdict allowed it.
+    pub(crate) fn refused_now(mut self) -> Self {
+        self.allowed = false;
+        if let Some(counts) = &mut self.counts {
+            counts.reopens_at = counts.now;
+        }
+        self
+    }
+
     /// A verdict nothing counted: the store was unreachable and the limit
     /// allows (or refuses) without a count.
     pub(crate) fn uncounted(limit: &Limit, allowed: bool, cause: Arc<Error>) -> Self {
@@ -304,6 +315,11 @@ impl Verdicts {
     /// The verdicts, in the order given.
     pub fn iter(&self) -> std::slice::Iter<'_, Verdict> {
         self.0.iter()
+    }
+
+    /// The verdicts, in the order given, to index.
+    pub fn as_slice(&self) -> &[Verdict] {
+        &self.0
     }
 
     /// The verdicts, in the order given.

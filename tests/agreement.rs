@@ -9,7 +9,9 @@
 //! the asks among them each of a cost of 1 or, in the cases with costs, of
 //! a cost drawn up to past the limits' max (`hit_n`, `reserve_n`,
 //! `hit_all_n`), and in the cases with tiers, each asking its limit under a
-//! max of its own (`Limit::with_max`, one count under every tier); after
+//! max of its own (`Limit::with_max`, one count under every tier), and in
+//! the cases with all-or-nothing calls, with costs and tiers,
+//! `hit_all_or_nothing` half the time; after
 //! each, the operator's reads (`status`, `refused_keys`) agree too.
 //! While the database is gone, a limit that counts locally gives `Memory`'s
 //! verdicts, marked unreachable.
@@ -23,7 +25,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
-use model::{Call, Case, Model, Seen, case, case_with_costs, case_with_tiers, micros};
+use model::{
+    Call, Case, Model, Seen, case, case_with_all_or_nothing, case_with_costs, case_with_tiers,
+    micros,
+};
 use platformkit_limit::{
     Key, Limit, LimitConn, Limiter, ManualClock, Memory, Postgres, Reservation, SCHEMA, Store,
     Verdict, WhenUnreachable,
@@ -186,10 +191,14 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                     }
                     (vec![pv], vec![mv], vec![op.limit])
                 }
-                Call::CheckAll | Call::FailedAll | Call::HitAll => {
+                Call::CheckAll | Call::FailedAll | Call::HitAll | Call::HitAllOrNothing => {
                     let (p, m) = match op.call {
                         Call::CheckAll => (pg.check_all(&all).await, mem.check_all(&all).await),
                         Call::FailedAll => (pg.failed_all(&all).await, mem.failed_all(&all).await),
+                        Call::HitAllOrNothing => (
+                            pg.hit_all_or_nothing(&all, cost).await,
+                            mem.hit_all_or_nothing(&all, cost).await,
+                        ),
                         _ => (
                             hit_all(&pg, &all, cost).await,
                             hit_all(&mem, &all, cost).await,
@@ -348,6 +357,11 @@ proptest! {
     fn both_limiters_agree_with_tiers(case in case_with_tiers()) {
         play(&case)?;
     }
+
+    #[test]
+    fn both_limiters_agree_with_all_or_nothing(case in case_with_all_or_nothing()) {
+        play(&case)?;
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -378,6 +392,8 @@ async fn act<S: Store>(
         Call::CheckAll => limiter.check_all(all).await?.into_vec(),
         Call::FailedAll => limiter.failed_all(all).await?.into_vec(),
         Call::HitAll => hit_all(limiter, all, cost).await?.into_vec(),
+        // Not drawn by the cases played here (see `case_with_all_or_nothing`).
+        Call::HitAllOrNothing => limiter.hit_all_or_nothing(all, cost).await?.into_vec(),
         Call::Reset => return Ok(None),
     }))
 }

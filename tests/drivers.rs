@@ -254,6 +254,7 @@ on_each_driver!(
     operations::a_pool_is_a_source_and_gets_its_connection_back_idle,
     costs::every_ask_adds_its_cost_on_either_driver,
     costs::tiers_of_one_limit_share_one_count_on_either_driver,
+    costs::all_or_nothing_counts_under_every_limit_or_none_on_either_driver,
     faults::nothing_listening_is_unreachable_within_the_budget,
     faults::a_terminated_connection_is_unreachable,
     faults::a_connection_killed_mid_call_ends_at_once,

@@ -244,6 +244,20 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
             1,
         ),
         &many("add_many", 2, "60").replacen("'bounds|many'", "NULL", 1),
+        // All or none: the same bounds, each key once, no NULL strategy.
+        &many("add_all_or_none", Limiter::MAX_PAIRS + 1, "60"),
+        &many("add_all_or_none", 2, "0"),
+        &many("add_all_or_none", 2, "60").replace("ARRAY[1, 1]", "ARRAY[1, 0]"),
+        &many("add_all_or_none", 2, "60").replacen("'bounds|aon0'", "''", 1),
+        &many("add_all_or_none", 2, "60").replacen(
+            "'bounds|aon0'",
+            &format!("'{}'", "k".repeat(MAX_STORED_KEY_BYTES + 1)),
+            1,
+        ),
+        &many("add_all_or_none", 2, "60").replacen("'bounds|aon0'", "NULL", 1),
+        &many("add_all_or_none", 2, "60").replacen("'bounds|aon1'", "'bounds|aon0'", 1),
+        &many("add_all_or_none", 2, "60").replace("ARRAY[false, false]", "ARRAY[false, NULL]"),
+        &many("add_all_or_none", 2, "60").replace("ARRAY[false, false]", "ARRAY[false]"),
     ];
     for sql in refused {
         assert_eq!(
@@ -257,8 +271,8 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
         keys(&mut db.connect().await)
             .await
             .iter()
-            .all(|(key, _)| key != "bounds|many"),
-        "a refused add_many stored a pair"
+            .all(|(key, _)| key != "bounds|many" && !key.starts_with("bounds|aon")),
+        "a refused add_many or add_all_or_none stored a pair"
     );
     let accepted = [
         &format!(
@@ -267,6 +281,7 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
         ),
         &many("add_many", Limiter::MAX_PAIRS, "60"),
         &many("read_many", Limiter::MAX_PAIRS, "60"),
+        &many("add_all_or_none", Limiter::MAX_PAIRS, "60"),
     ];
     for sql in accepted {
         assert_eq!(run(&app, sql).await, Ok(()), "{sql}");
@@ -407,8 +422,27 @@ async fn applying_the_schema_over_an_install_without_the_bound_functions_grants_
 }
 
 /// A direct call of `add_many` (a procedure) or `read_many` (a function)
-/// over `pairs` copies of one pair with a window of `window` seconds.
+/// over `pairs` copies of one pair with a window of `window` seconds, or
+/// of `add_all_or_none` over `pairs` keys of their own
+/// (`'bounds|aon0'`, …), fixed windows all.
 fn many(procedure: &str, pairs: usize, window: &str) -> String {
+    if procedure == "add_all_or_none" {
+        let keys: Vec<String> = (0..pairs).map(|i| format!("'bounds|aon{i}'")).collect();
+        let each = |value: &str| vec![value; pairs].join(", ");
+        return format!(
+            "CALL platformkit.platformkit_limit_add_all_or_none(\
+             p_keys => ARRAY[{}]::text[], p_window_secs => ARRAY[{}]::int8[], \
+             p_adds => ARRAY[{}]::int8[], p_at => NULL, p_budget_ms => 2000, \
+             p_relaxed => false, p_sliding => ARRAY[{}]::boolean[], \
+             p_maxes => ARRAY[{}]::int8[], p_lockout_secs => ARRAY[{}]::int8[])",
+            keys.join(", "),
+            each(window),
+            each("1"),
+            each("false"),
+            each("5"),
+            each("0"),
+        );
+    }
     let keys = vec!["'bounds|many'"; pairs].join(", ");
     let windows = vec![window; pairs].join(", ");
     let maxes = vec!["5"; pairs].join(", ");
@@ -761,7 +795,7 @@ fn every_procedure_begins_with_the_same_prologue() {
         .split("CREATE OR REPLACE PROCEDURE")
         .skip(1)
         .collect();
-    assert_eq!(procedures.len(), 5, "the writers, and purge");
+    assert_eq!(procedures.len(), 6, "the writers, and purge");
     same_prologue(&procedures, "-- prologue\n", "-- end of prologue\n");
     for procedure in &procedures {
         let name = procedure.split('(').next().unwrap_or_default().trim();

@@ -3,6 +3,7 @@
 //! deadlock; several limits reserved at once.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -199,4 +200,75 @@ async fn reserve_all_of_one_pair_is_reserve() {
     assert!(refused.verdicts().is_refused());
     let error = limiter.reserve_all(&[]).await.expect_err("no pairs");
     assert_eq!(error.kind(), ErrorKind::InvalidOption);
+}
+
+/// All or nothing under concurrency: eight connections' callers, half
+/// giving the pairs in the opposite order, and a quarter counting with
+/// `hit_all` under one of the same rows and another, never deadlock, and
+/// never together go past a limit: exactly `max` asks go ahead, and each
+/// adds under both of its limits, the refused under neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_in_concurrent_calls_never_passes_a_limit_nor_deadlocks() {
+    let db = fresh_db().await;
+    let per_hour = Limit::new("api-hour", 25, Duration::from_secs(3600)).expect("a limit");
+    let per_day = Limit::new("api-day", 100_000, Duration::from_secs(86_400)).expect("a limit");
+    let other = Limit::new("other", 100_000, Duration::from_secs(86_400)).expect("a limit");
+    let client = Key::opaque("client-9");
+    const TASKS: usize = 8;
+    const CALLS: usize = 25;
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let limits = (per_hour.clone(), per_day.clone(), other.clone());
+        let client = client.clone();
+        let conn = Arc::new(Mutex::new(db.connect().await));
+        // A deadlock would be PostgreSQL's 40P01 within a second, a hard
+        // error; the budget only bounds the lock waits.
+        let limiter = Limiter::builder(Postgres::new(move || {
+            let conn = conn.clone();
+            async move { Ok::<_, std::convert::Infallible>(conn.lock_owned().await) }
+        }))
+        .budget(Duration::from_secs(30))
+        .no_refusal_cache()
+        .build()
+        .expect("a budget");
+        tasks.push(tokio::spawn(async move {
+            let (per_hour, per_day, other) = &limits;
+            let attack = task % 4 == 3;
+            let mut pairs = if attack {
+                vec![(per_day, &client), (other, &client)]
+            } else {
+                vec![(per_hour, &client), (per_day, &client)]
+            };
+            if task % 2 == 1 {
+                pairs.reverse();
+            }
+            let mut allowed = 0;
+            for _ in 0..CALLS {
+                let verdicts = if attack {
+                    limiter.hit_all(&pairs).await
+                } else {
+                    limiter.hit_all_or_nothing(&pairs, NonZeroU32::MIN).await
+                };
+                let verdicts = verdicts.expect("no deadlock, no error");
+                assert!(!verdicts.is_unreachable() && !verdicts.is_shed());
+                if !attack && verdicts.is_allowed() {
+                    allowed += 1;
+                }
+            }
+            allowed
+        }));
+    }
+    let mut allowed = 0;
+    for task in tasks {
+        allowed += task.await.expect("a task");
+    }
+    assert_eq!(allowed, 25, "150 asks, a max of 25: exactly 25 go ahead");
+    let hit_all = (TASKS / 4 * CALLS) as u64;
+    let sum = Limiter::new(Postgres::new(db.config()));
+    let pairs = [(&per_hour, &client), (&per_day, &client), (&other, &client)];
+    assert_eq!(
+        counts_of(&sum, &pairs).await,
+        [Some(25), Some(25 + hit_all), Some(hit_all)],
+        "each all-or-nothing ask under both or neither"
+    );
 }

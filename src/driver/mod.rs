@@ -93,6 +93,8 @@ pub(crate) mod sealed {
         TextArray(&'a [&'a str]),
         /// `int8[]`
         Int8Array(&'a [i64]),
+        /// `boolean[]`
+        BoolArray(&'a [bool]),
     }
 
     /// The one row a statement answered, as its driver read it.
@@ -102,6 +104,8 @@ pub(crate) mod sealed {
     /// A driver's row, read by column: one method for each type the
     /// procedures answer with.
     pub trait Columns: Send + std::fmt::Debug {
+        /// `boolean`, never `NULL`
+        fn boolean(&self, index: usize) -> Result<bool, Failure>;
         /// `int8`
         fn int8(&self, index: usize) -> Result<i64, Failure>;
         /// `int8[]`

@@ -92,6 +92,7 @@ pub(super) fn typed<'a>(param: &'a Param<'a>) -> (&'a (dyn ToSql + Sync), Type) 
         Param::Timestamptz(at) => (at, Type::TIMESTAMPTZ),
         Param::TextArray(texts) => (texts, Type::TEXT_ARRAY),
         Param::Int8Array(ns) => (ns, Type::INT8_ARRAY),
+        Param::BoolArray(bs) => (bs, Type::BOOL_ARRAY),
     }
 }
 
@@ -106,6 +107,9 @@ fn column<'a, T: FromSql<'a>>(row: &'a tokio_postgres::Row, index: usize) -> Res
 }
 
 impl Columns for tokio_postgres::Row {
+    fn boolean(&self, index: usize) -> Result<bool, Failure> {
+        column(self, index)
+    }
     fn int8(&self, index: usize) -> Result<i64, Failure> {
         column(self, index)
     }

@@ -39,28 +39,42 @@ impl<S: Store> Limiter<S> {
         // Boxed: a store's future (a connection, a statement, a cancel) is
         // large, and a caller's own future (a service's, a layer's) should
         // not carry it on the stack.
+        // The counts, and whether the call's cost was added (always, but
+        // for an all-or-nothing call that a pair refused).
         let counting = Box::pin(async {
+            let asked = || -> Vec<Asked<'_>> {
+                stored
+                    .iter()
+                    .map(|(limit, key)| Asked { limit, key, n })
+                    .collect()
+            };
             match (&self.merging, stored) {
+                _ if op.all_or_nothing() => {
+                    let progress = Progress::default();
+                    watches[0].follow(&progress, deadline);
+                    self.store
+                        .count_all_or_none(&asked(), deadline, &progress)
+                        .await
+                }
                 (Some(merging), _) if op.adds() => merging
                     .add_all(&self.store, op, stored, n, (started, deadline), &watches)
                     .await
-                    .map(|counted| after_the_call(stored, counted)),
+                    .map(|counted| (after_the_call(stored, counted), true)),
                 (_, [(limit, key)]) => {
                     let progress = Progress::default();
                     watches[0].follow(&progress, deadline);
                     self.store
                         .count(op, limit, key, n, deadline, &progress)
                         .await
-                        .map(|counted| vec![counted])
+                        .map(|counted| (vec![counted], true))
                 }
                 _ => {
                     let progress = Progress::default();
                     watches[0].follow(&progress, deadline);
-                    let asked: Vec<Asked<'_>> = stored
-                        .iter()
-                        .map(|(limit, key)| Asked { limit, key, n })
-                        .collect();
-                    self.store.count_many(op, &asked, deadline, &progress).await
+                    self.store
+                        .count_many(op, &asked(), deadline, &progress)
+                        .await
+                        .map(|counted| (counted, true))
                 }
             }
         });
@@ -72,16 +86,29 @@ impl<S: Store> Limiter<S> {
                 .unwrap_or(Phase::Queued)
         };
         match call.within_store(&*self.store, phase, counting).await {
-            Ok(counted) => {
+            Ok((counted, added)) => {
                 // Every store, and merging, answers one count per pair, in
                 // order (`Postgres` errs otherwise): no pair goes undecided.
                 debug_assert_eq!(counted.len(), stored.len(), "one count per pair");
+                let verdicts = stored
+                    .iter()
+                    .zip(&counted)
+                    .map(|((limit, _), counted)| {
+                        if added {
+                            decide(op, limit, cost.get(), counted)
+                        } else {
+                            // Not counted: what an ask of the cost finds.
+                            decide(Counting::CHECK, limit, cost.get(), counted)
+                        }
+                    })
+                    .collect();
+                let verdicts = refused_unless_added(added, verdicts);
                 Ok(stored
                     .iter()
                     .zip(counted)
+                    .zip(verdicts)
                     .zip(refreshes)
-                    .map(|(((limit, key), counted), refresh)| {
-                        let verdict = decide(op, limit, cost.get(), &counted);
+                    .map(|((((limit, key), counted), verdict), refresh)| {
                         self.refusals.answered(
                             key,
                             &verdict,
@@ -90,8 +117,13 @@ impl<S: Store> Limiter<S> {
                             refresh,
                         );
                         call.record(limit, Outcome::of(&verdict));
-                        let window_start = counted.window_start(limit);
-                        (verdict, CountedIn::Store { window_start })
+                        let counted_in = if added {
+                            let window_start = counted.window_start(limit);
+                            CountedIn::Store { window_start }
+                        } else {
+                            CountedIn::Nowhere
+                        };
+                        (verdict, counted_in)
                     })
                     .collect())
             }
@@ -183,4 +215,15 @@ fn after_the_call(stored: &[(&Limit, String)], mut counted: Vec<Counted>) -> Vec
         }
     }
     counted
+}
+
+/// The verdicts of a call whose cost was not `added` (an all-or-nothing
+/// call a pair refused) refuse it: were every pair's verdict an allow (the
+/// store's decision and the crate's disagreeing), each becomes a refusal
+/// that reopens at once, so that nothing goes ahead uncounted.
+fn refused_unless_added(added: bool, verdicts: Vec<Verdict>) -> Vec<Verdict> {
+    if added || verdicts.iter().any(Verdict::is_refused) {
+        return verdicts;
+    }
+    verdicts.into_iter().map(Verdict::refused_now).collect()
 }

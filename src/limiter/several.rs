@@ -1,5 +1,6 @@
-//! The several-limits calls: `check_all`, `failed_all`, `hit_all` and
-//! `hit_all_n`, one statement over several (limit, key) pairs; and
+//! The several-limits calls: `check_all`, `failed_all`, `hit_all`,
+//! `hit_all_n` and `hit_all_or_nothing`, one statement over several
+//! (limit, key) pairs; and
 //! `run_all`, the one path of every counting call, one pair or several,
 //! whatever its cost.
 
@@ -118,6 +119,68 @@ impl<S: Store> Limiter<S> {
         self.counted_all(Counting::HIT, pairs, cost).await
     }
 
+    /// [`hit_all_n`](Limiter::hit_all_n), all or nothing: the ask's `cost`
+    /// is counted under every limit if every limit allows it, and under
+    /// none if one refuses. For quotas: a refusal by the per-second limit
+    /// does not spend the per-day quota. `hit_all` stays attack
+    /// accounting, where every ask counts.
+    ///
+    /// One statement and one round trip, as `hit_all`: the rows are locked
+    /// in one order whatever the order given, so concurrent calls cannot
+    /// deadlock, and each limit is decided on its count under that lock, so
+    /// concurrent asks never together go past a limit. The verdicts come
+    /// back in the order given. When one refuses, the others tell what the
+    /// ask found under their limits (allowed, with nothing counted), and
+    /// [`Verdicts::refused_by`] names the refusal. A cost above a pair's
+    /// `max`, a refusal the refusal cache answers, an unreachable or a busy
+    /// store are as [`hit_all_n`](Limiter::hit_all_n) says; while the store
+    /// is unreachable, a limit that
+    /// [counts locally](crate::WhenUnreachable::CountLocally) counts the ask
+    /// under its own limit whatever the others say. The call is a statement
+    /// of its own, never merged with other callers' (see the guide's
+    /// [merging](crate::guide#merging)).
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
+    /// use std::num::NonZeroU32;
+    /// use std::time::{Duration, UNIX_EPOCH};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    /// let limiter = Limiter::new(Memory::new().with_clock(clock.clone()));
+    /// let per_second = Limit::new("api-second", 2, Duration::from_secs(1))?;
+    /// let per_day = Limit::new("api-day", 5, Duration::from_secs(86_400))?;
+    /// let client = Key::opaque("client-9");
+    /// let both = [(&per_second, &client), (&per_day, &client)];
+    /// let one = NonZeroU32::MIN;
+    ///
+    /// limiter.hit_all_or_nothing(&both, one).await?;
+    /// limiter.hit_all_or_nothing(&both, one).await?;
+    /// let third = limiter.hit_all_or_nothing(&both, one).await?;
+    /// assert_eq!(third.refused_by().map(|v| v.limit()), Some("api-second"));
+    /// // The refusal spent none of the day's quota.
+    /// assert_eq!(limiter.check(&per_day, &client).await?.count(), Some(2));
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(limiter.hit_all_or_nothing(&both, one).await?.is_allowed());
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_all`], and
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
+    /// (limit, key) pair given twice: each pair is decided by its own
+    /// count.
+    pub async fn hit_all_or_nothing(
+        &self,
+        pairs: &[(&Limit, &Key)],
+        cost: NonZeroU32,
+    ) -> Result<Verdicts, Error> {
+        self.counted_all(Counting::HIT_ALL_OR_NOTHING, pairs, cost)
+            .await
+    }
+
     async fn counted_all(
         &self,
         op: Counting,
@@ -160,6 +223,17 @@ impl<S: Store> Limiter<S> {
             .iter()
             .map(|(limit, key)| (*limit, stored(limit.name(), key)))
             .collect();
+        ensure!(
+            !op.all_or_nothing()
+                || stored
+                    .iter()
+                    .enumerate()
+                    .all(|(i, (_, key))| stored[..i].iter().all(|(_, k)| k != key)),
+            InvalidOptionSnafu {
+                option: "pairs",
+                reason: "an all-or-nothing call decides each (limit, key) pair by its own count: give each pair once",
+            }
+        );
         self.run_all(op, &stored, cost).await
     }
 

@@ -156,6 +156,20 @@ pub(crate) mod sealed {
             progress: &Progress,
         ) -> impl Future<Output = Result<Vec<Counted>, Error>> + Send;
 
+        /// Adds each pair's `n` in one statement only if every pair's ask
+        /// of its `n` may go ahead (as [`decide`](crate::decide::decide)
+        /// decides a `hit`), the stored keys all different: the counts
+        /// after the call, in the order given (those before it when
+        /// nothing was added), and whether the amounts were added. Each
+        /// pair's window is held (a row of 0 where there was none) either
+        /// way.
+        fn count_all_or_none(
+            &self,
+            asked: &[Asked<'_>],
+            deadline: Instant,
+            progress: &Progress,
+        ) -> impl Future<Output = Result<(Vec<Counted>, bool), Error>> + Send;
+
         /// Takes `n` back from the stored key's count in the window that
         /// starts at `window_start` (never below zero); returns the count.
         fn take_back(

@@ -37,6 +37,13 @@ pub(crate) const ADD_MANY: &str = "CALL platformkit.platformkit_limit_add_many(\
     p_keys => $1, p_window_secs => $2, p_adds => $3, p_at => $4, p_budget_ms => $5, \
     p_relaxed => $6, p_previous => $7, p_maxes => $8, p_lockout_secs => $9)";
 
+/// Adds each pair's amount (`p_adds`) to the count of each (key, window)
+/// pair only if every pair's ask may go ahead. Returns arrays in the order
+/// given, and whether the amounts were added.
+pub(crate) const ADD_ALL_OR_NONE: &str = "CALL platformkit.platformkit_limit_add_all_or_none(\
+    p_keys => $1, p_window_secs => $2, p_adds => $3, p_at => $4, p_budget_ms => $5, \
+    p_relaxed => $6, p_sliding => $7, p_maxes => $8, p_lockout_secs => $9)";
+
 /// Reads the count of each (key, window) pair; writes nothing.
 pub(crate) const READ_MANY: &str = "SELECT * FROM platformkit.platformkit_limit_read_many(\
     p_keys => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
@@ -197,6 +204,39 @@ impl AddMany<'_> {
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.relaxed),
                 Param::Bool(self.previous),
+                Param::Int8Array(self.maxes),
+                Param::Int8Array(self.lockout_secs),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`ADD_ALL_OR_NONE`].
+#[derive(Debug)]
+pub(crate) struct AddAllOrNone<'a> {
+    pub(crate) keys: &'a [&'a str],
+    pub(crate) window_secs: &'a [i64],
+    pub(crate) adds: &'a [i64],
+    pub(crate) at: Option<SystemTime>,
+    pub(crate) budget_ms: i64,
+    pub(crate) relaxed: bool,
+    pub(crate) sliding: &'a [bool],
+    pub(crate) maxes: &'a [i64],
+    pub(crate) lockout_secs: &'a [i64],
+}
+
+impl AddAllOrNone<'_> {
+    pub(crate) fn statement(&self) -> Statement<'_, 9> {
+        Statement {
+            sql: ADD_ALL_OR_NONE,
+            params: [
+                Param::TextArray(self.keys),
+                Param::Int8Array(self.window_secs),
+                Param::Int8Array(self.adds),
+                Param::Timestamptz(self.at),
+                Param::Int8(self.budget_ms),
+                Param::Bool(self.relaxed),
+                Param::BoolArray(self.sliding),
                 Param::Int8Array(self.maxes),
                 Param::Int8Array(self.lockout_secs),
             ],

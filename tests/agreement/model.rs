@@ -103,12 +103,18 @@ pub enum Call {
     CheckAll,
     FailedAll,
     HitAll,
+    /// `hit_all_or_nothing`, over every limit of the case with one key:
+    /// drawn only in the cases of [`case_with_all_or_nothing`].
+    HitAllOrNothing,
 }
 
 impl Call {
     /// Whether the call carries its op's cost (the others cost 1).
     pub fn costs(&self) -> bool {
-        matches!(self, Call::Hit | Call::Reserve { .. } | Call::HitAll)
+        matches!(
+            self,
+            Call::Hit | Call::Reserve { .. } | Call::HitAll | Call::HitAllOrNothing
+        )
     }
 }
 
@@ -184,6 +190,7 @@ fn op(
     limits: usize,
     keys: usize,
     (cost, tier): (impl Strategy<Value = u32>, impl Strategy<Value = u32>),
+    all_or_nothing: bool,
 ) -> impl Strategy<Value = Op> {
     let call = prop_oneof![
         3 => Just(Call::Check),
@@ -195,6 +202,12 @@ fn op(
         1 => Just(Call::FailedAll),
         1 => Just(Call::HitAll),
     ];
+    // A strategy of its own, so that the other cases draw as they did.
+    let call = if all_or_nothing {
+        prop_oneof![1 => call, 1 => Just(Call::HitAllOrNothing)].boxed()
+    } else {
+        call.boxed()
+    };
     (advance(limits), call, 0..limits, 0..keys, cost, tier).prop_map(
         |(advance, call, limit, key, cost, tier)| Op {
             advance,
@@ -220,13 +233,13 @@ fn start() -> impl Strategy<Value = (u64, u32)> {
 /// A case whose calls all cost 1: `Just(1)` draws nothing, so the seeds
 /// of the committed regressions give the cases they gave before costs.
 pub fn case() -> impl Strategy<Value = Case> {
-    case_costing(|| (Just(1u32), Just(0u32)))
+    case_costing(|| (Just(1u32), Just(0u32)), false)
 }
 
 /// A case whose `hit`, `reserve` and `hit_all` calls cost from 1 to 6 (the
 /// limits' max is at most 4: some costs are above it), most often 1.
 pub fn case_with_costs() -> impl Strategy<Value = Case> {
-    case_costing(|| (costs(), Just(0u32)))
+    case_costing(|| (costs(), Just(0u32)), false)
 }
 
 /// A case with the costs of [`case_with_costs`] whose calls ask their
@@ -234,7 +247,17 @@ pub fn case_with_costs() -> impl Strategy<Value = Case> {
 /// under a tier of a max from 1 to 8 (below, at and above the limits'
 /// own, which is at most 4) two times in three, else under its own max.
 pub fn case_with_tiers() -> impl Strategy<Value = Case> {
-    case_costing(|| (costs(), prop_oneof![1 => Just(0u32), 2 => 1..=8u32]))
+    case_costing(|| (costs(), tiers()), false)
+}
+
+/// A case with the costs and tiers of [`case_with_tiers`], whose calls are
+/// `hit_all_or_nothing` half the time.
+pub fn case_with_all_or_nothing() -> impl Strategy<Value = Case> {
+    case_costing(|| (costs(), tiers()), true)
+}
+
+fn tiers() -> impl Strategy<Value = u32> {
+    prop_oneof![1 => Just(0u32), 2 => 1..=8u32]
 }
 
 fn costs() -> impl Strategy<Value = u32> {
@@ -243,6 +266,7 @@ fn costs() -> impl Strategy<Value = u32> {
 
 fn case_costing<C: Strategy<Value = u32> + 'static, T: Strategy<Value = u32> + 'static>(
     cost: impl Fn() -> (C, T) + Clone + 'static,
+    all_or_nothing: bool,
 ) -> impl Strategy<Value = Case> {
     let lockouts =
         prop_oneof![3 => Just(0u64), 1 => Just(1u64), 1 => Just(30u64), 1 => Just(90u64)];
@@ -257,7 +281,8 @@ fn case_costing<C: Strategy<Value = u32> + 'static, T: Strategy<Value = u32> + '
     );
     let keys = prop::sample::subsequence(KEY_POOL.to_vec(), 1..=4);
     (start(), limits, keys).prop_flat_map(move |(start, limits, keys)| {
-        let ops = prop::collection::vec(op(limits.len(), keys.len(), cost()), 1..=40);
+        let ops =
+            prop::collection::vec(op(limits.len(), keys.len(), cost(), all_or_nothing), 1..=40);
         (Just(start), Just(limits), Just(keys), ops).prop_map(|(start, limits, keys, ops)| Case {
             start,
             limits,
@@ -294,7 +319,11 @@ fn case_costing<C: Strategy<Value = u32> + 'static, T: Strategy<Value = u32> + '
 /// one of a smaller cost under the same max held, and a refusal under
 /// another max replaces it. A tier counts in its limit's counts: the model
 /// keys them by limit, never by max, and decides each call, its lockout
-/// included, by the max the call asks under.
+/// included, by the max the call asks under. An all-or-nothing call, past
+/// the cost and the cache as `hit_all`, counts as `hit_all` if every limit
+/// would let its ask go ahead, and else counts nothing: each limit then
+/// tells what the ask found, refused while the estimate with all but the
+/// last unit of the cost on top is not below max or a lockout runs.
 #[derive(Default)]
 pub struct Model {
     counts: HashMap<(usize, usize, u64), u64>,
@@ -397,10 +426,42 @@ impl Model {
                 })
                 .collect();
         }
+        if let Call::HitAllOrNothing = call {
+            // Counted as `hit_all` if every limit allows it; else nothing is
+            // counted, and each limit tells what the ask found.
+            let every_one = which
+                .iter()
+                .all(|&limit| self.goes(cost, limit, key, specs[limit], now));
+            let call = if every_one { &Call::HitAll } else { call };
+            return which
+                .iter()
+                .map(|&limit| self.verdict(call, cost, limit, key, specs[limit], now))
+                .collect();
+        }
         which
             .iter()
             .map(|&limit| self.verdict(call, cost, limit, key, specs[limit], now))
             .collect()
+    }
+
+    /// Whether an ask of `cost` for (limit, key) goes ahead at `now`, with
+    /// nothing counted: no lockout runs, and the estimate with all but the
+    /// last unit of the cost on top is below max.
+    fn goes(&self, cost: u32, limit: usize, key: usize, spec: Spec, now: u64) -> bool {
+        let (max, window, sliding, lockout) = spec;
+        let width = window * MICROS_PER_SEC;
+        let start = now / width * width;
+        let locked = lockout > 0
+            && self.counts.iter().any(|(&(l, k, s), &c)| {
+                (l, k) == (limit, key)
+                    && s <= start
+                    && c >= u64::from(max)
+                    && s + width + lockout * MICROS_PER_SEC > now
+            });
+        let weighted = self.weighted(limit, key, width, sliding, now);
+        !locked
+            && weighted + u128::from(cost - 1) * u128::from(width)
+                < u128::from(max) * u128::from(width)
     }
 
     /// The refusal the cache answers for (limit, key) to an ask of `cost`
@@ -452,6 +513,13 @@ impl Model {
         } else {
             0
         };
+        // `HitAllOrNothing` here is an ask not counted: it reads the
+        // estimate with all but the last unit of its cost on top.
+        let unasked = if matches!(call, Call::HitAllOrNothing) {
+            u128::from(cost - 1) * u128::from(width)
+        } else {
+            0
+        };
         let max_w = u128::from(max) * u128::from(width);
         // A lockout runs from the end of any window whose own count reached
         // max (the current one counted before this call's own ask).
@@ -470,7 +538,7 @@ impl Model {
                     .max()
             })
             .flatten();
-        let allowed = weighted - own < max_w && locked_until.is_none();
+        let allowed = weighted - own + unasked < max_w && locked_until.is_none();
         let count = u64::try_from(weighted.div_ceil(u128::from(width))).unwrap();
         let reopens = if allowed {
             start + width

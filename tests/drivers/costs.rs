@@ -1,12 +1,13 @@
 //! Costs: `hit_n`, `reserve_n` and their several-limits forms, each adding
-//! its cost in its one statement, on a held connection.
+//! its cost in its one statement, on a held connection; and
+//! `hit_all_or_nothing`, adding it under every limit or none.
 
 use std::num::NonZeroU32;
 use std::time::{Duration, UNIX_EPOCH};
 
 use platformkit_limit::{
-    Key, Limit, LimitConn, Limiter, ManualClock, Postgres, Reservation, Reservations, Strategy,
-    Verdict,
+    ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, Postgres, Reservation, Reservations,
+    Strategy, Verdict,
 };
 
 use super::assert_counted;
@@ -193,4 +194,134 @@ where
     assert!(back.unwrap().is_refused(), "12 is past the free tier's 4");
 
     assert_idle_and_switch_off::<D>(&held, "after the tiers").await;
+}
+
+/// All or nothing (`hit_all_or_nothing`): the cost is counted under every
+/// limit when every limit allows it, under none when one refuses, through
+/// a merging limiter and one that does not merge alike; the refusal tells
+/// the count before the ask and when an ask of its cost fits again; a
+/// sliding window's weight and a lockout of an earlier window refuse as
+/// they refuse a `hit`; a pair given twice is an error.
+pub async fn all_or_nothing_counts_under_every_limit_or_none_on_either_driver<D: Driver>()
+where
+    Lend<D::Conn>: LimitConn,
+{
+    let db = fresh_db().await;
+    let held = hold::<D>(&db.config()).await;
+    let minute = Duration::from_secs(60);
+    // Ten seconds into a minute, and into a second.
+    let start = UNIX_EPOCH + minute * 30_000_000 + Duration::from_secs(10);
+    let clock = ManualClock::new(start);
+    let merged = Limiter::builder(Postgres::new(lend::<D>(&held)).with_clock(clock.clone()))
+        .no_refusal_cache()
+        .build()
+        .expect("valid settings");
+    let alone = Limiter::builder(Postgres::new(lend::<D>(&held)).with_clock(clock.clone()))
+        .no_refusal_cache()
+        .no_merging()
+        .build()
+        .expect("valid settings");
+    let per_second = Limit::new("api-second", 3, Duration::from_secs(1)).unwrap();
+    let per_day = Limit::new("api-day", 10, Duration::from_secs(86_400)).unwrap();
+    let alice = Key::opaque("alice");
+    let pairs = [(&per_second, &alice), (&per_day, &alice)];
+    let seen = |verdicts: &[Verdict]| verdicts.iter().map(Verdict::count).collect::<Vec<_>>();
+
+    let both = merged.hit_all_or_nothing(&pairs, cost(2)).await.unwrap();
+    assert!(both.is_allowed(), "{both:?}");
+    assert_eq!(seen(both.as_slice()), [Some(2), Some(2)]);
+    for limiter in [&merged, &alone] {
+        let refused = limiter.hit_all_or_nothing(&pairs, cost(2)).await.unwrap();
+        assert!(refused.is_refused(), "2 + 2 passes the second's 3");
+        let by = refused.refused_by().expect("a refusal");
+        assert_eq!(by.limit(), "api-second");
+        assert!(!by.is_unreachable() && !by.exceeds_max());
+        // Nothing counted: each tells the count before the ask.
+        assert_eq!(seen(refused.as_slice()), [Some(2), Some(2)]);
+        assert!(refused.as_slice()[1].is_allowed(), "the day allows it");
+        assert_eq!(by.retry_after(), Some(Duration::from_secs(1)));
+    }
+    let counted = counts(&db).await;
+    assert_eq!(counted.get(&stored(&per_second, &alice)), Some(&2));
+    assert_eq!(counted.get(&stored(&per_day, &alice)), Some(&2));
+    // One more fits the second: counted under both.
+    let fits = alone.hit_all_or_nothing(&pairs, cost(1)).await.unwrap();
+    assert!(fits.is_allowed());
+    assert_eq!(seen(fits.as_slice()), [Some(3), Some(3)]);
+    // Two seconds later the day holds 9 of its 10: it refuses a cost of 3,
+    // and the second spends nothing of its 3.
+    for day in [6, 9] {
+        clock.advance(Duration::from_secs(1));
+        let both = merged.hit_all_or_nothing(&pairs, cost(3)).await.unwrap();
+        assert_eq!(seen(both.as_slice()), [Some(3), Some(day)]);
+    }
+    clock.advance(Duration::from_secs(1));
+    let over = alone.hit_all_or_nothing(&pairs, cost(3)).await.unwrap();
+    assert_eq!(over.refused_by().map(Verdict::limit), Some("api-day"));
+    assert_eq!(seen(over.as_slice()), [Some(0), Some(9)]);
+    assert!(over.as_slice()[0].is_allowed());
+
+    // A sliding window: 8 counted in the minute before weigh 4 at its
+    // middle, so a cost of 6 fits a max of 10 (4 + 6 − 1 < 10), and then
+    // not even 1 more (4 + 6 + 1 − 1 = 10).
+    let sliding = Limit::builder("sliding", 10, minute)
+        .strategy(Strategy::Sliding)
+        .build()
+        .unwrap();
+    let roomy = Limit::new("roomy", 1_000, minute).unwrap();
+    let bob = Key::opaque("bob");
+    let slid = [(&sliding, &bob), (&roomy, &bob)];
+    clock.set(UNIX_EPOCH + minute * 30_000_010);
+    assert!(
+        alone
+            .hit_n(&sliding, &bob, cost(8))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    clock.set(UNIX_EPOCH + minute * 30_000_011 + Duration::from_secs(30));
+    let six = merged.hit_all_or_nothing(&slid, cost(6)).await.unwrap();
+    assert!(six.is_allowed(), "{six:?}");
+    assert_eq!(seen(six.as_slice()), [Some(10), Some(6)]);
+    let one = alone.hit_all_or_nothing(&slid, cost(1)).await.unwrap();
+    assert_eq!(one.refused_by().map(Verdict::limit), Some("sliding"));
+    assert_eq!(seen(one.as_slice()), [Some(10), Some(6)], "nothing counted");
+    // A microsecond later the 8 weigh less than 4: 1 fits again.
+    clock.advance(Duration::from_micros(1));
+    let later = merged.hit_all_or_nothing(&slid, cost(1)).await.unwrap();
+    assert!(later.is_allowed(), "{later:?}");
+
+    // A lockout of an earlier window refuses, and spends nothing of the
+    // other limit.
+    let locking = Limit::builder("locking", 2, minute)
+        .lockout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let carol = Key::opaque("carol");
+    let locked = [(&locking, &carol), (&roomy, &carol)];
+    clock.set(UNIX_EPOCH + minute * 30_000_020);
+    let full = alone.hit_all_or_nothing(&locked, cost(2)).await.unwrap();
+    assert!(full.is_allowed());
+    clock.advance(minute);
+    let refused = merged.hit_all_or_nothing(&locked, cost(1)).await.unwrap();
+    let by = refused.refused_by().expect("locked out");
+    assert_eq!(by.limit(), "locking");
+    assert_eq!(by.reopens_at(), Some(UNIX_EPOCH + minute * 30_000_023));
+    // (The next minute: roomy's count starts again, and stays at 0.)
+    assert_eq!(seen(refused.as_slice()), [Some(0), Some(0)]);
+    let roomy_now = alone.check(&roomy, &carol).await.unwrap();
+    assert_eq!(roomy_now.count(), Some(0), "nothing spent");
+
+    // A pair given twice: an error, nothing counted.
+    let dave = Key::opaque("dave");
+    for limiter in [&merged, &alone] {
+        let twice = limiter
+            .hit_all_or_nothing(&[(&roomy, &dave), (&roomy, &dave)], cost(1))
+            .await
+            .unwrap_err();
+        assert_eq!(twice.kind(), ErrorKind::InvalidOption, "{twice}");
+    }
+    assert!(!counts(&db).await.contains_key(&stored(&roomy, &dave)));
+
+    assert_idle_and_switch_off::<D>(&held, "after all or nothing").await;
 }

@@ -125,6 +125,7 @@ where
                 Param::Timestamptz(at) => query.bind(at.map(Timestamptz)),
                 Param::TextArray(texts) => query.bind(texts),
                 Param::Int8Array(ns) => query.bind(ns),
+                Param::BoolArray(bs) => query.bind(bs),
             };
         }
         let answer = query.fetch_one(conn).await;
@@ -231,6 +232,9 @@ where
 }
 
 impl Columns for PgRow {
+    fn boolean(&self, index: usize) -> Result<bool, Failure> {
+        column(self, index, |b: bool| b)
+    }
     fn int8(&self, index: usize) -> Result<i64, Failure> {
         column(self, index, |n: i64| n)
     }

@@ -285,6 +285,45 @@ impl sealed::Sealed for Memory {
             .collect())
     }
 
+    async fn count_all_or_none(
+        &self,
+        asked: &[Asked<'_>],
+        _deadline: Instant,
+        _progress: &Progress,
+    ) -> Result<(Vec<Counted>, bool), Error> {
+        // The fake is unbounded: there is always room.
+        let now = micros_since_epoch(self.clock.local_now());
+        let mut state = self.lock();
+        let before: Vec<Counted> = asked
+            .iter()
+            .map(|pair| self.count_in(&mut state, Counting::CHECK, pair.limit, pair.key, 0, now))
+            .collect();
+        let every_one_allows = asked.iter().zip(&before).all(|(pair, before)| {
+            let after = Counted {
+                count: before.count.saturating_add(pair.n).min(MAX_COUNT),
+                ..before.clone()
+            };
+            let cost = u32::try_from(pair.n).unwrap_or(u32::MAX);
+            decision(Counting::HIT, pair.limit, cost, &after).allowed
+        });
+        // Each pair's window is held either way, as `Postgres` holds its row.
+        let n = |pair: &Asked<'_>| if every_one_allows { pair.n } else { 0 };
+        let counted = asked
+            .iter()
+            .map(|pair| {
+                self.count_in(
+                    &mut state,
+                    Counting::HIT,
+                    pair.limit,
+                    pair.key,
+                    n(pair),
+                    now,
+                )
+            })
+            .collect();
+        Ok((counted, every_one_allows))
+    }
+
     async fn take_back(
         &self,
         key: &str,

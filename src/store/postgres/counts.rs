@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::Postgres;
 use crate::decide::Counted;
-use crate::driver::Failure;
+use crate::driver::{Failure, Row};
 use crate::error::UnexpectedSnafu;
 use crate::operation::{Counting, Operation};
 use crate::store::sql;
@@ -99,93 +99,75 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     ) -> Result<Vec<Counted>, Error> {
         let operation = op.operation();
         let pinned = self.pinned()?;
-        let keys: Vec<&str> = asked.iter().map(|pair| pair.key).collect();
-        let windows: Vec<i64> = asked
-            .iter()
-            .map(|pair| i64::try_from(pair.limit.window_secs()).expect("at most 366 days"))
-            .collect();
-        let previous = asked
-            .iter()
-            .any(|pair| pair.limit.strategy() == Strategy::Sliding);
-        let maxes: Vec<i64> = asked.iter().map(|p| i64::from(p.limit.max())).collect();
-        let lockouts: Vec<i64> = asked
-            .iter()
-            .map(|p| i64::try_from(p.limit.lockout_secs()).expect("at most a day"))
-            .collect();
-        let adds: Vec<i64> = if op.adds() {
-            asked
-                .iter()
-                .map(|pair| i64::try_from(pair.n).unwrap_or(i64::MAX))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let pairs = Pairs::of(asked);
+        let previous = pairs.sliding.iter().any(|&sliding| sliding);
         let since = Instant::now();
         let row = self
             .within(operation, deadline, since, progress, async {
                 let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
                 if op.adds() {
                     let add = sql::AddMany {
-                        keys: &keys,
-                        window_secs: &windows,
-                        adds: &adds,
+                        keys: &pairs.keys,
+                        window_secs: &pairs.windows,
+                        adds: &pairs.adds,
                         at: pinned,
                         budget_ms: budget.server_ms,
                         relaxed: self.relaxed,
                         previous,
-                        maxes: &maxes,
-                        lockout_secs: &lockouts,
+                        maxes: &pairs.maxes,
+                        lockout_secs: &pairs.lockouts,
                     };
                     self.call(&mut conn, operation, add.statement(), budget, progress)
                         .await
                 } else {
                     let read = sql::ReadMany {
-                        keys: &keys,
-                        window_secs: &windows,
+                        keys: &pairs.keys,
+                        window_secs: &pairs.windows,
                         at: pinned,
                         budget_ms: budget.server_ms,
                         previous,
-                        maxes: &maxes,
-                        lockout_secs: &lockouts,
+                        maxes: &pairs.maxes,
+                        lockout_secs: &pairs.lockouts,
                     };
                     self.call(&mut conn, operation, read.statement(), budget, progress)
                         .await
                 }
             })
             .await?;
-        let get = |e: Failure| e.into_error(operation, false);
-        let counts: Vec<i64> = row.int8s(0).map_err(get)?;
-        let window_ends: Vec<SystemTime> = row.times(1).map_err(get)?;
-        let now: SystemTime = row.time(2).map_err(get)?;
-        let previous: Vec<i64> = row.int8s(3).map_err(get)?;
-        let locked_until: Vec<Option<SystemTime>> = row.maybe_times(4).map_err(get)?;
-        ensure!(
-            [
-                window_ends.len(),
-                previous.len(),
-                locked_until.len(),
-                asked.len()
-            ]
-            .iter()
-            .all(|&n| n == counts.len()),
-            UnexpectedSnafu {
-                operation,
-                what: "a different number of counts than pairs asked",
-            }
-        );
-        Ok(counts
-            .into_iter()
-            .zip(window_ends)
-            .zip(previous)
-            .zip(locked_until)
-            .map(|(((count, window_end), previous), locked_until)| Counted {
-                count: stored_count(count),
-                previous: stored_count(previous),
-                locked_until,
-                window_end,
-                now,
+        counted_pairs(&row, operation, asked.len())
+    }
+
+    async fn count_all_or_none(
+        &self,
+        asked: &[Asked<'_>],
+        deadline: Instant,
+        progress: &Progress,
+    ) -> Result<(Vec<Counted>, bool), Error> {
+        let operation = Counting::HIT_ALL_OR_NOTHING.operation();
+        let pinned = self.pinned()?;
+        let pairs = Pairs::of(asked);
+        let since = Instant::now();
+        let row = self
+            .within(operation, deadline, since, progress, async {
+                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+                let add = sql::AddAllOrNone {
+                    keys: &pairs.keys,
+                    window_secs: &pairs.windows,
+                    adds: &pairs.adds,
+                    at: pinned,
+                    budget_ms: budget.server_ms,
+                    relaxed: self.relaxed,
+                    sliding: &pairs.sliding,
+                    maxes: &pairs.maxes,
+                    lockout_secs: &pairs.lockouts,
+                };
+                self.call(&mut conn, operation, add.statement(), budget, progress)
+                    .await
             })
-            .collect())
+            .await?;
+        let counted = counted_pairs(&row, operation, asked.len())?;
+        let added = row.boolean(5).map_err(|e| e.into_error(operation, false))?;
+        Ok((counted, added))
     }
 
     async fn take_back(
@@ -308,4 +290,72 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
 /// ever negative, refusing is the safe reading.
 fn stored_count(count: i64) -> u64 {
     u64::try_from(count).unwrap_or(u64::MAX)
+}
+
+/// The arrays of a statement over several pairs, each in the order given.
+struct Pairs<'a> {
+    keys: Vec<&'a str>,
+    windows: Vec<i64>,
+    adds: Vec<i64>,
+    sliding: Vec<bool>,
+    maxes: Vec<i64>,
+    lockouts: Vec<i64>,
+}
+
+impl<'a> Pairs<'a> {
+    fn of(asked: &[Asked<'a>]) -> Self {
+        Pairs {
+            keys: asked.iter().map(|pair| pair.key).collect(),
+            windows: asked
+                .iter()
+                .map(|pair| i64::try_from(pair.limit.window_secs()).expect("at most 366 days"))
+                .collect(),
+            adds: asked
+                .iter()
+                .map(|pair| i64::try_from(pair.n).unwrap_or(i64::MAX))
+                .collect(),
+            sliding: asked
+                .iter()
+                .map(|pair| pair.limit.strategy() == Strategy::Sliding)
+                .collect(),
+            maxes: asked.iter().map(|p| i64::from(p.limit.max())).collect(),
+            lockouts: asked
+                .iter()
+                .map(|p| i64::try_from(p.limit.lockout_secs()).expect("at most a day"))
+                .collect(),
+        }
+    }
+}
+
+/// The counts of a statement over `pairs` pairs, as its first five
+/// columns answer them: one for each pair, in the order given.
+fn counted_pairs(row: &Row, operation: Operation, pairs: usize) -> Result<Vec<Counted>, Error> {
+    let get = |e: Failure| e.into_error(operation, false);
+    let counts: Vec<i64> = row.int8s(0).map_err(get)?;
+    let window_ends: Vec<SystemTime> = row.times(1).map_err(get)?;
+    let now: SystemTime = row.time(2).map_err(get)?;
+    let previous: Vec<i64> = row.int8s(3).map_err(get)?;
+    let locked_until: Vec<Option<SystemTime>> = row.maybe_times(4).map_err(get)?;
+    ensure!(
+        [window_ends.len(), previous.len(), locked_until.len(), pairs]
+            .iter()
+            .all(|&n| n == counts.len()),
+        UnexpectedSnafu {
+            operation,
+            what: "a different number of counts than pairs asked",
+        }
+    );
+    Ok(counts
+        .into_iter()
+        .zip(window_ends)
+        .zip(previous)
+        .zip(locked_until)
+        .map(|(((count, window_end), previous), locked_until)| Counted {
+            count: stored_count(count),
+            previous: stored_count(previous),
+            locked_until,
+            window_end,
+            now,
+        })
+        .collect())
 }
