@@ -1018,3 +1018,78 @@ async fn over_postgres_a_refusal_cached_on_the_free_tier_never_refuses_the_paid_
     let counted = limiter.check(&paid, &Key::opaque("c-9")).await.unwrap();
     assert_eq!(counted.count(), Some(6), "one count under both tiers");
 }
+
+/// A quota layer, all or nothing: a request the per-minute rule refuses
+/// spends nothing of the per-day one, a cost is counted under both or
+/// neither, and the RateLimit fields show the day's quota untouched.
+async fn all_or_nothing_spends_no_quota_on_a_refusal<S: Store + Send + Sync + 'static>(
+    limiter: Arc<Limiter<S>>,
+    clock: &ManualClock,
+) {
+    let per_minute = limit("api-minute", 3, 60);
+    let per_day = limit("api-day", 10, 86_400);
+    let layer = LimitLayer::hit_all_or_nothing(limiter.clone())
+        .limit(&per_minute, tenant)
+        .limit(&per_day, tenant)
+        .cost(items)
+        .advertise(&per_day);
+    let (app, runs) = counted_route(layer);
+    let batch = |n: u32| ask().header("x-tenant", "acme").header("x-items", n);
+    let acme = Key::opaque("acme");
+    let pairs = [(&per_minute, &acme), (&per_day, &acme)];
+
+    assert_eq!(send(&app, batch(2), "right").await.status(), StatusCode::OK);
+    let refused = send(&app, batch(2), "right").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(field(refused.headers(), "retry-after"), Some("40"));
+    assert_eq!(counts_of(&limiter, &pairs).await, [Some(2), Some(2)]);
+    let one = send(&app, batch(1), "right").await;
+    assert_eq!(one.status(), StatusCode::OK);
+    let day = field(one.headers(), "ratelimit").unwrap_or_default();
+    assert!(day.starts_with(r#""api-day";r=7;"#), "{day}");
+    assert_eq!(counts_of(&limiter, &pairs).await, [Some(3), Some(3)]);
+    // The next minute: 3 of the day's 7 left fit, then 5 do not.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(send(&app, batch(3), "right").await.status(), StatusCode::OK);
+    clock.advance(Duration::from_secs(60));
+    let over = send(&app, batch(3), "right").await;
+    assert_eq!(over.status(), StatusCode::OK, "6 + 3 fits the day's 10");
+    clock.advance(Duration::from_secs(60));
+    let day = send(&app, batch(2), "right").await;
+    assert_eq!(
+        day.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "9 + 2 passes 10"
+    );
+    assert_eq!(counts_of(&limiter, &pairs).await, [Some(0), Some(9)]);
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn an_all_or_nothing_layer_spends_no_quota_on_a_refusal() {
+    let clock = clock();
+    all_or_nothing_spends_no_quota_on_a_refusal(memory(&clock), &clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_postgres_an_all_or_nothing_layer_spends_no_quota_on_a_refusal() {
+    let db = Server::shared().database(SCHEMA).await;
+    let clock = clock();
+    let limiter = Arc::new(Limiter::new(
+        Postgres::new(db.config()).with_clock(clock.clone()),
+    ));
+    all_or_nothing_spends_no_quota_on_a_refusal(limiter, &clock).await;
+}
+
+#[tokio::test]
+async fn an_all_or_nothing_layer_with_one_pair_twice_is_answered_500_never_let_through() {
+    let clock = clock();
+    let api = limit("api", 3, 60);
+    let layer = LimitLayer::hit_all_or_nothing(memory(&clock))
+        .limit(&api, tenant)
+        .limit(&api, tenant);
+    let (app, runs) = counted_route(layer);
+    let twice = send(&app, ask().header("x-tenant", "acme"), "right").await;
+    assert_eq!(twice.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}

@@ -37,6 +37,8 @@ pub(super) struct Config<S, R> {
 #[derive(Clone)]
 pub(super) enum Mode {
     Hit,
+    /// `hit`, counted under every rule only if every rule allows it.
+    HitAllOrNothing,
     Attempt(SucceededFn),
 }
 
@@ -150,6 +152,7 @@ impl<S, R> fmt::Debug for Config<S, R> {
             .collect();
         let mode = match self.mode {
             Mode::Hit => "hit",
+            Mode::HitAllOrNothing => "hit_all_or_nothing",
             Mode::Attempt(_) => "attempt",
         };
         f.debug_struct("LimitLayer")

@@ -132,6 +132,54 @@ impl<S: Store> LimitLayer<S> {
         Self::with_mode(limiter.into(), Mode::Hit)
     }
 
+    /// A layer where a request counts under every rule only if every rule
+    /// allows it, and under none if one refuses
+    /// ([`Limiter::hit_all_or_nothing`]): API quotas, where a refusal by
+    /// the per-second rule must not spend the per-day one. As
+    /// [`hit`](LimitLayer::hit) otherwise: the cost, the tiers, the
+    /// answers and the RateLimit fields. Two rules of one limit with the
+    /// same key for a request are answered 500
+    /// ([`Rejection::Failed`](crate::layer::Rejection::Failed)): each rule
+    /// is decided by its own count.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// use axum::Router;
+    /// use axum::body::Body;
+    /// use axum::http::{Request, StatusCode, request::Parts};
+    /// use axum::routing::get;
+    /// use platformkit_limit::layer::LimitLayer;
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use tower::ServiceExt as _;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Arc::new(Limiter::new(Memory::new()));
+    /// let per_minute = Limit::new("api-minute", 2, Duration::from_secs(60))?;
+    /// let per_day = Limit::new("api-day", 1_000, Duration::from_secs(86_400))?;
+    /// let tenant = |head: &Parts| Some(Key::opaque(head.headers.get("x-tenant")?.to_str().ok()?));
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(
+    ///     LimitLayer::hit_all_or_nothing(limiter.clone())
+    ///         .limit(&per_minute, tenant)
+    ///         .limit(&per_day, tenant)
+    ///         .advertise(&per_day),
+    /// );
+    ///
+    /// let ask = || Request::get("/").header("x-tenant", "acme").body(Body::empty());
+    /// for _ in 0..3 {
+    ///     app.clone().oneshot(ask()?).await?;
+    /// }
+    /// // The third was refused by the minute, and spent nothing of the day.
+    /// let day = limiter.check(&per_day, &Key::opaque("acme")).await?;
+    /// assert_eq!(day.count(), Some(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn hit_all_or_nothing(limiter: impl Into<Arc<Limiter<S>>>) -> Self {
+        Self::with_mode(limiter.into(), Mode::HitAllOrNothing)
+    }
+
     /// A layer where only failures count: each request is reserved under
     /// every rule before the service runs ([`Limiter::reserve_all`]), and
     /// taken back when `succeeded` says the response is a success (each

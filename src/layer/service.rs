@@ -101,8 +101,13 @@ where
     let pairs: Vec<(&Limit, &Key)> = keys.iter().map(|a| (&a.limit, &a.key)).collect();
     let limiter = &*config.limiter;
     match &config.mode {
-        Mode::Hit => {
-            let verdicts = match limiter.hit_all_n(&pairs, cost).await {
+        Mode::Hit | Mode::HitAllOrNothing => {
+            let verdicts = if let Mode::Hit = config.mode {
+                limiter.hit_all_n(&pairs, cost).await
+            } else {
+                limiter.hit_all_or_nothing(&pairs, cost).await
+            };
+            let verdicts = match verdicts {
                 Ok(verdicts) => verdicts,
                 Err(e) => {
                     return Ok(Rejection::Failed(e).answer(&*config.respond, Fields::default()));
