@@ -87,6 +87,10 @@ pub(crate) enum What {
     Hit,
     /// `hit_n` with a cost of [`HIT_COST`], right after `hit`.
     HitN,
+    /// `hit_all` over two (limit, key) pairs, right after `hit`.
+    HitAll,
+    /// `hit_all_or_nothing` over the same two pairs, right after `hit`.
+    HitAllOrNothing,
     Reset,
     /// `check_all` over two (limit, key) pairs: per account and per address.
     CheckAll,
@@ -124,6 +128,8 @@ impl What {
             What::Failed => "failed",
             What::Hit => "hit",
             What::HitN => "hit_n, cost 5",
+            What::HitAll => "hit_all, 2 limits",
+            What::HitAllOrNothing => "hit_all_or_nothing, 2 limits",
             What::Reset => "reset",
             What::CheckAll => "check_all, 2 limits",
             What::FailedAll => "failed_all, 2 limits",
@@ -151,6 +157,8 @@ impl What {
             What::Failed => "failed",
             What::Hit => "hit",
             What::HitN => "hit_n_cost_5",
+            What::HitAll => "hit_all_2_limits",
+            What::HitAllOrNothing => "hit_all_or_nothing_2_limits",
             What::Reset => "reset",
             What::CheckAll => "check_all_2_limits",
             What::FailedAll => "failed_all_2_limits",
@@ -180,7 +188,7 @@ impl What {
             | What::DefaultsPlaces(_)
             | What::SqlxFailed => Some(What::Upsert),
             What::CheckAll | What::PreparedCheck => Some(What::Check),
-            What::HitN => Some(What::Hit),
+            What::HitN | What::HitAll | What::HitAllOrNothing => Some(What::Hit),
             What::FailedAll | What::RelaxedFailed | What::ConnectPerCall | What::PreparedFailed => {
                 Some(What::Failed)
             }
@@ -194,7 +202,7 @@ impl What {
         match self {
             What::Check => &[What::CheckAll, What::PreparedCheck],
             What::Failed => &[What::FailedAll, What::RelaxedFailed, What::PreparedFailed],
-            What::Hit => &[What::HitN],
+            What::Hit => &[What::HitN, What::HitAll, What::HitAllOrNothing],
             _ => &[],
         }
     }
@@ -365,7 +373,7 @@ pub(crate) fn limiter_op<S: Store + 'static>(
                     }
                     return;
                 }
-                What::CheckAll | What::FailedAll => {
+                What::CheckAll | What::FailedAll | What::HitAll | What::HitAllOrNothing => {
                     unreachable!("several limits have an operation of their own")
                 }
                 What::DefaultsFailed | What::DefaultsPlaces(_) => {
@@ -380,7 +388,7 @@ pub(crate) fn limiter_op<S: Store + 'static>(
     })
 }
 
-/// `check_all` or `failed_all` through the limiter of each worker, over two
+/// A call over several limits through the limiter of each worker, over two
 /// pairs: the key under `account`, and the address that goes with it under
 /// `address`.
 fn several_op<S: Store + 'static>(
@@ -402,7 +410,13 @@ fn several_op<S: Store + 'static>(
             let verdicts = match what {
                 What::CheckAll => limiter.check_all(&pairs).await,
                 What::FailedAll => limiter.failed_all(&pairs).await,
-                _ => unreachable!("only check_all and failed_all take several limits"),
+                What::HitAll => limiter.hit_all(&pairs).await,
+                What::HitAllOrNothing => {
+                    limiter
+                        .hit_all_or_nothing(&pairs, std::num::NonZeroU32::MIN)
+                        .await
+                }
+                _ => unreachable!("only the *_all calls take several limits"),
             };
             match verdicts {
                 Ok(verdicts) if verdicts.is_unreachable() => {
@@ -483,6 +497,8 @@ impl Bench {
             (What::Reset, through(What::Reset)),
             (What::CheckAll, several(What::CheckAll)),
             (What::FailedAll, several(What::FailedAll)),
+            (What::HitAll, several(What::HitAll)),
+            (What::HitAllOrNothing, several(What::HitAllOrNothing)),
             (
                 What::RelaxedFailed,
                 limiter_op(relaxed, limit.clone(), What::RelaxedFailed),

@@ -98,6 +98,8 @@ impl Results {
                 What::FailedAll,
                 What::RelaxedFailed,
                 What::HitN,
+                What::HitAll,
+                What::HitAllOrNothing,
             ] {
                 add(what, Some(Keys::Random), conns);
             }
