@@ -515,3 +515,52 @@ async fn an_ask_of_a_cost_fails_open_as_its_limit_says_and_one_above_max_is_refu
         assert!(!over.is_unreachable(), "the store was not tried");
     }
 }
+
+/// All or nothing while the database is unreachable: each limit decides as
+/// its `WhenUnreachable` says, and one that counts locally counts the ask
+/// under itself whatever the others say (the local count over-counts: the
+/// safe side); a limit that refuses refuses the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_all_or_nothing_call_fails_open_limit_by_limit_and_a_local_count_counts_its_own() {
+    let window = Duration::from_secs(60);
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000 / 60 * 60));
+    let limiter = Limiter::builder(Postgres::new(nothing_listens()).with_clock(clock))
+        .budget(BUDGET)
+        .build()
+        .unwrap();
+    let limit = |name: &str, unreachable| {
+        Limit::builder(name, 3, window)
+            .when_unreachable(unreachable)
+            .build()
+            .unwrap()
+    };
+    let open = limit("open", WhenUnreachable::Allow);
+    let closed = limit("closed", WhenUnreachable::Refuse);
+    let local = limit("local", WhenUnreachable::CountLocally);
+    let key = Key::opaque("client");
+    let one = NonZeroU32::MIN;
+
+    let (both, _) = timed(
+        BUDGET + SLACK,
+        "hit_all_or_nothing",
+        limiter.hit_all_or_nothing(&[(&open, &key), (&local, &key)], one),
+    )
+    .await;
+    let both = both.unwrap();
+    assert!(both.is_allowed() && both.is_unreachable(), "{both:?}");
+    let counts: Vec<_> = both.iter().map(Verdict::count).collect();
+    assert_eq!(counts, [None, Some(1)]);
+    let refused = limiter
+        .hit_all_or_nothing(&[(&closed, &key), (&local, &key)], one)
+        .await
+        .unwrap();
+    assert_eq!(refused.refused_by().map(Verdict::limit), Some("closed"));
+    assert!(refused.is_unreachable());
+    // The local count counted it all the same.
+    let local_now = limiter.hit_n(&local, &key, one).await.unwrap();
+    assert_eq!(
+        local_now.count(),
+        Some(3),
+        "counted locally, whatever closed said"
+    );
+}
