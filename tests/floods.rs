@@ -6,6 +6,7 @@
 //! waiting that load causes is shed, never allowed.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
@@ -624,6 +625,38 @@ async fn connection_slots_all_taken_are_load_and_shed_never_allowed() {
         assert_shed(
             &verdict,
             &format!("attempt {attempt} with every slot taken"),
+        );
+    }
+    drop(taken);
+}
+
+/// An API's quota calls under the same flood: asks of a cost, over two
+/// limits, counted under every limit or all or nothing, on fresh keys all
+/// at once, are shed, every one, never allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_calls_with_every_slot_taken_are_shed_never_allowed() {
+    let (db, taken) = every_slot_taken().await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let per_second = common::limit("api-second", 20);
+    let per_day = common::limit("api-day", 1_000);
+    let cost = NonZeroU32::new(3).expect("a cost");
+    let flood = (0..500).map(|n| {
+        let (limiter, per_second, per_day) = (&limiter, &per_second, &per_day);
+        async move {
+            let client = Key::opaque(&format!("client-{n}"));
+            let pairs = [(per_second, &client), (per_day, &client)];
+            if n % 2 == 0 {
+                limiter.hit_all_or_nothing(&pairs, cost).await
+            } else {
+                limiter.hit_all_n(&pairs, cost).await
+            }
+        }
+    });
+    for (n, verdicts) in join_all(flood).await.into_iter().enumerate() {
+        let verdicts = verdicts.expect("verdicts");
+        assert!(
+            verdicts.is_shed() && verdicts.is_refused() && !verdicts.is_unreachable(),
+            "quota call {n} with every slot taken: {verdicts:?}"
         );
     }
     drop(taken);
