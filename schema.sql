@@ -638,20 +638,20 @@ $$;
 -- Adds each pair's amount (p_adds) to the count of each (key, window) pair
 -- only if every pair's ask may go ahead, in one statement: an API's
 -- per-second and per-day quotas, where a refusal by one must not spend the
--- other. Nothing is added when any pair refuses. Each pair's row is locked
--- first, in (key, window_start) order as add_many locks them (a row not
--- there yet is inserted with a count of 0; one that is, updated to its own
--- count), so no other call changes a count between its reading and the
--- addition, and two calls over the same keys cannot deadlock. A pair may
--- go ahead as the limiter decides an ask of its amount (decide.rs, the one
--- decision both stores share): no lockout of an earlier window runs, and
--- the count after the ask less one, plus for a sliding pair (p_sliding)
--- the previous window's count weighted by the part of the last window's
--- length it still overlaps, is below p_max. The keys must differ (each
--- pair is decided by its own count). Returns the counts after the call
--- (those before it when nothing was added), the window ends, the time, the
--- previous windows' counts (0 for a fixed pair), the lockouts, and
--- o_added, whether the amounts were added.
+-- other. The amounts are added as add_many adds them, in (key,
+-- window_start) order (so two calls over the same keys cannot deadlock),
+-- inside a block of its own; each pair is then decided on its count under
+-- the row lock the addition took, as the limiter decides an ask of its
+-- amount (decide.rs, the one decision both stores share): no lockout of an
+-- earlier window runs, and the count after the ask less one, plus for a
+-- sliding pair (p_sliding) the previous window's count weighted by the
+-- part of the last window's length it still overlaps, is below p_max. If
+-- any pair refuses, the block is rolled back (PK003, raised and caught
+-- here): nothing is added, no row is left, and no lock is held. The keys
+-- must differ (each pair is decided by its own count). Returns the counts
+-- after the call (those before it when nothing was added), the window
+-- ends, the time, the previous windows' counts (0 for a fixed pair), the
+-- lockouts, and o_added, whether the amounts were added.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_all_or_none(
     p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at timestamptz,
     p_budget_ms bigint, p_relaxed boolean, p_sliding boolean[],
@@ -738,73 +738,73 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     o_now := COALESCE(p_at, statement_timestamp());
-    -- Each pair's row, locked, and its count before this call.
-    WITH asked AS (
-        SELECT t.key, t.ord, make_interval(secs => t.secs) AS width,
-               date_bin(make_interval(secs => t.secs), o_now,
-                        timestamptz '1970-01-01 00:00:00+00') AS start
-        FROM unnest(p_keys, p_window_secs) WITH ORDINALITY AS t(key, secs, ord)
-        -- A key out of bounds is left out here, and refused below.
-        WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
-    ), locked AS (
-        INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
-        SELECT key, start, start + width, 0
-        FROM asked
-        ORDER BY key, start
-        ON CONFLICT (key, window_start) DO UPDATE SET count = l.count
-        RETURNING l.key, l.window_start, l.count
-    )
-    SELECT array_agg(c.count ORDER BY a.ord), array_agg(a.start + a.width ORDER BY a.ord)
-    INTO o_counts, o_window_ends
-    FROM asked AS a
-    JOIN locked AS c ON c.key = a.key AND c.window_start = a.start;
-    IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
-        -- Raised after the upsert: this transaction, and what it wrote, ends here.
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
-    -- The previous windows and the lockouts of earlier windows, as add_many
-    -- reads them; then the decision, in exact numeric arithmetic over
-    -- microseconds, as decide.rs makes it in integers.
-    SELECT array_agg(d.previous ORDER BY d.ord), array_agg(d.locked_until ORDER BY d.ord),
-           bool_and(d.locked_until IS NULL
-                    AND d.previous::numeric * (d.w - d.elapsed) + (d.count::numeric + d.add - 1) * d.w
-                        < d.max::numeric * d.w)
-    INTO o_previous, o_locked_until, o_added
-    FROM (
-        SELECT a.ord, a.add, a.max, a.count, a.w,
-               LEAST(GREATEST((extract(epoch FROM o_now) - extract(epoch FROM a.start)) * 1000000, 0), a.w)
-                   AS elapsed,
-               CASE WHEN a.sliding THEN
-                   COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
-                             WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
-               ELSE 0 END AS previous,
-               CASE WHEN a.lockout > 0 THEN
-                   (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                    FROM platformkit.platformkit_limits AS x
-                    WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                      AND x.window_end + make_interval(secs => a.lockout) > o_now)
-               END AS locked_until
-        FROM (SELECT t.key, t.ord, t.add, t.max, t.lockout, t.sliding, t.count,
-                     t.secs::numeric * 1000000 AS w,
-                     make_interval(secs => t.secs) AS width,
-                     t.window_end - make_interval(secs => t.secs) AS start
-              FROM unnest(p_keys, p_window_secs, p_adds, p_maxes, p_lockout_secs, p_sliding,
-                          o_counts, o_window_ends)
-                   WITH ORDINALITY AS t(key, secs, add, max, lockout, sliding, count, window_end, ord)) AS a
-    ) AS d;
-    IF o_added THEN
-        WITH added AS (
-            UPDATE platformkit.platformkit_limits AS l
-            SET count = l.count + LEAST(t.add, 9223372036854775807 - l.count)
-            FROM unnest(p_keys, p_adds, p_window_secs, o_window_ends) AS t(key, add, secs, window_end)
-            WHERE l.key = t.key AND l.window_start = t.window_end - make_interval(secs => t.secs)
-            RETURNING l.key, l.count
+    -- The amounts added, the rows locked, and each pair decided: all in a
+    -- block that a refusal rolls back.
+    BEGIN
+        WITH asked AS (
+            SELECT t.key, t.ord, t.add, make_interval(secs => t.secs) AS width,
+                   date_bin(make_interval(secs => t.secs), o_now,
+                            timestamptz '1970-01-01 00:00:00+00') AS start
+            FROM unnest(p_keys, p_window_secs, p_adds) WITH ORDINALITY AS t(key, secs, add, ord)
+            -- A key out of bounds is left out here, and refused below.
+            WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
+        ), counted AS (
+            INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
+            SELECT key, start, start + width, add
+            FROM asked
+            ORDER BY key, start
+            ON CONFLICT (key, window_start) DO UPDATE
+                SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
+            RETURNING l.key, l.window_start, l.count
         )
-        SELECT array_agg(a.count ORDER BY t.ord)
+        SELECT array_agg(c.count ORDER BY a.ord), array_agg(a.start + a.width ORDER BY a.ord)
+        INTO o_counts, o_window_ends
+        FROM asked AS a
+        JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
+        IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
+            -- Raised after the upsert: this transaction, and what it wrote, ends here.
+            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+        END IF;
+        -- The previous windows and the lockouts of earlier windows, as
+        -- add_many reads them; then the decision, in exact numeric
+        -- arithmetic over microseconds, as decide.rs makes it in integers.
+        SELECT array_agg(d.previous ORDER BY d.ord), array_agg(d.locked_until ORDER BY d.ord),
+               bool_and(d.locked_until IS NULL
+                        AND d.previous::numeric * (d.w - d.elapsed) + (d.count::numeric - 1) * d.w
+                            < d.max::numeric * d.w)
+        INTO o_previous, o_locked_until, o_added
+        FROM (
+            SELECT a.ord, a.max, a.count, a.w,
+                   LEAST(GREATEST((extract(epoch FROM o_now) - extract(epoch FROM a.start)) * 1000000, 0), a.w)
+                       AS elapsed,
+                   CASE WHEN a.sliding THEN
+                       COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
+                                 WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
+                   ELSE 0 END AS previous,
+                   CASE WHEN a.lockout > 0 THEN
+                       (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                        FROM platformkit.platformkit_limits AS x
+                        WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                          AND x.window_end + make_interval(secs => a.lockout) > o_now)
+                   END AS locked_until
+            FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, t.count,
+                         t.secs::numeric * 1000000 AS w,
+                         make_interval(secs => t.secs) AS width,
+                         t.window_end - make_interval(secs => t.secs) AS start
+                  FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, p_sliding,
+                              o_counts, o_window_ends)
+                       WITH ORDINALITY AS t(key, secs, max, lockout, sliding, count, window_end, ord)) AS a
+        ) AS d;
+        IF NOT o_added THEN
+            RAISE EXCEPTION USING ERRCODE = 'PK003';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'PK003' THEN
+        -- Rolled back: the counts before the call (PL/pgSQL's variables
+        -- keep what they were given in the block).
+        SELECT array_agg(t.count - LEAST(t.add, t.count) ORDER BY t.ord)
         INTO o_counts
-        FROM unnest(p_keys) WITH ORDINALITY AS t(key, ord)
-        JOIN added AS a ON a.key = t.key;
-    END IF;
+        FROM unnest(o_counts, p_adds) WITH ORDINALITY AS t(count, add, ord);
+    END;
     COMMIT;
 END
 $$;

@@ -160,9 +160,8 @@ pub(crate) mod sealed {
         /// of its `n` may go ahead (as [`decide`](crate::decide::decide)
         /// decides a `hit`), the stored keys all different: the counts
         /// after the call, in the order given (those before it when
-        /// nothing was added), and whether the amounts were added. Each
-        /// pair's window is held (a row of 0 where there was none) either
-        /// way.
+        /// nothing was added), and whether the amounts were added. Nothing
+        /// is left of a call not counted: no count, no window, no lock.
         fn count_all_or_none(
             &self,
             asked: &[Asked<'_>],

@@ -201,7 +201,8 @@ where
 /// a merging limiter and one that does not merge alike; the refusal tells
 /// the count before the ask and when an ask of its cost fits again; a
 /// sliding window's weight and a lockout of an earlier window refuse as
-/// they refuse a `hit`; a pair given twice is an error.
+/// they refuse a `hit`; a refused call leaves no row; a pair given twice is
+/// an error.
 pub async fn all_or_nothing_counts_under_every_limit_or_none_on_either_driver<D: Driver>()
 where
     Lend<D::Conn>: LimitConn,
@@ -248,6 +249,12 @@ where
     let fits = alone.hit_all_or_nothing(&pairs, cost(1)).await.unwrap();
     assert!(fits.is_allowed());
     assert_eq!(seen(fits.as_slice()), [Some(3), Some(3)]);
+    // Refused beside a key never counted: no row is left of it.
+    let frank = Key::opaque("frank");
+    let beside = [(&per_second, &alice), (&per_day, &frank)];
+    let refused = merged.hit_all_or_nothing(&beside, cost(1)).await.unwrap();
+    assert_eq!(seen(refused.as_slice()), [Some(3), Some(0)]);
+    assert!(!counts(&db).await.contains_key(&stored(&per_day, &frank)));
     // Two seconds later the day holds 9 of its 10: it refuses a cost of 3,
     // and the second spends nothing of its 3.
     for day in [6, 9] {

@@ -306,22 +306,14 @@ impl sealed::Sealed for Memory {
             let cost = u32::try_from(pair.n).unwrap_or(u32::MAX);
             decision(Counting::HIT, pair.limit, cost, &after).allowed
         });
-        // Each pair's window is held either way, as `Postgres` holds its row.
-        let n = |pair: &Asked<'_>| if every_one_allows { pair.n } else { 0 };
+        if !every_one_allows {
+            return Ok((before, false));
+        }
         let counted = asked
             .iter()
-            .map(|pair| {
-                self.count_in(
-                    &mut state,
-                    Counting::HIT,
-                    pair.limit,
-                    pair.key,
-                    n(pair),
-                    now,
-                )
-            })
+            .map(|pair| self.count_in(&mut state, Counting::HIT, pair.limit, pair.key, pair.n, now))
             .collect();
-        Ok((counted, every_one_allows))
+        Ok((counted, true))
     }
 
     async fn take_back(
