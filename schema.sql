@@ -799,8 +799,11 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'PK003';
         END IF;
     EXCEPTION WHEN SQLSTATE 'PK003' THEN
-        -- Rolled back: the counts before the call (PL/pgSQL's variables
-        -- keep what they were given in the block).
+        -- Rolled back: nothing of the call is left to make durable, so its
+        -- commit (the block gave the transaction an id) need not wait for
+        -- the WAL flush. The counts before the call: PL/pgSQL's variables
+        -- keep what they were given in the block.
+        PERFORM set_config('synchronous_commit', 'off', true);
         SELECT array_agg(t.count - LEAST(t.add, t.count) ORDER BY t.ord)
         INTO o_counts
         FROM unnest(o_counts, p_adds) WITH ORDINALITY AS t(count, add, ord);
@@ -1459,6 +1462,10 @@ BEGIN
             ' platformkit.platformkit_max_key_bytes(), platformkit.platformkit_max_window_secs(),'
             ' platformkit.platformkit_max_attempts(), platformkit.platformkit_max_lockout_secs(),'
             ' platformkit.platformkit_min_at(), platformkit.platformkit_end_at() TO ' OPERATOR(pg_catalog.||) grantee;
+        -- 2026-12, the same version: the all-or-nothing procedure is new,
+        -- and a role that may run the others may run it.
+        EXECUTE 'GRANT EXECUTE ON PROCEDURE platformkit.platformkit_limit_add_all_or_none TO '
+            OPERATOR(pg_catalog.||) grantee;
     END LOOP;
 END
 $$;

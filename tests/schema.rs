@@ -421,6 +421,40 @@ async fn applying_the_schema_over_an_install_without_the_bound_functions_grants_
     common::db::drop_role(&owner, &admin, &role).await;
 }
 
+/// An install whose limiter role was granted before the all-or-nothing
+/// procedure existed: applying the schema creates it and lets that role run
+/// it, before `grants()` is run again; PUBLIC still may not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_over_an_install_without_all_or_none_lets_its_limiter_run_it() {
+    let db = Server::shared().database(SCHEMA).await;
+    let owner = db.connect().await;
+    let role = format!("{}_limiter", db.name());
+    let admin = db.connect_admin().await;
+    admin
+        .batch_execute(&format!("CREATE ROLE \"{role}\" NOLOGIN"))
+        .await
+        .unwrap();
+    owner
+        .batch_execute("DROP PROCEDURE platformkit.platformkit_limit_add_all_or_none")
+        .await
+        .unwrap();
+    owner
+        .batch_execute(&platformkit_limit::grants(&role))
+        .await
+        .unwrap();
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let may = |grantee: &str| {
+        format!(
+            "SELECT pg_catalog.has_function_privilege('{grantee}', p.oid, 'EXECUTE')::text \
+             FROM pg_catalog.pg_proc AS p \
+             WHERE p.proname = 'platformkit_limit_add_all_or_none'"
+        )
+    };
+    assert_eq!(texts(&admin, &may(&role)).await, ["true"]);
+    assert_eq!(texts(&admin, &may("public")).await, ["false"]);
+    common::db::drop_role(&owner, &admin, &role).await;
+}
+
 /// A direct call of `add_many` (a procedure) or `read_many` (a function)
 /// over `pairs` copies of one pair with a window of `window` seconds, or
 /// of `add_all_or_none` over `pairs` keys of their own

@@ -5,12 +5,14 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use crate::common;
 use common::db::fresh_db;
 use common::verdicts::counts_of;
-use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, Postgres, Reservations};
+use platformkit_limit::{
+    ErrorKind, Key, Limit, Limiter, ManualClock, Memory, Postgres, Reservations,
+};
 use tokio::sync::Mutex;
 
 fn account() -> Key {
@@ -214,6 +216,8 @@ async fn all_or_nothing_in_concurrent_calls_never_passes_a_limit_nor_deadlocks()
     let per_day = Limit::new("api-day", 100_000, Duration::from_secs(86_400)).expect("a limit");
     let other = Limit::new("other", 100_000, Duration::from_secs(86_400)).expect("a limit");
     let client = Key::opaque("client-9");
+    // A pinned clock: the run never crosses an hour's edge.
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
     const TASKS: usize = 8;
     const CALLS: usize = 25;
     let mut tasks = Vec::new();
@@ -223,10 +227,13 @@ async fn all_or_nothing_in_concurrent_calls_never_passes_a_limit_nor_deadlocks()
         let conn = Arc::new(Mutex::new(db.connect().await));
         // A deadlock would be PostgreSQL's 40P01 within a second, a hard
         // error; the budget only bounds the lock waits.
-        let limiter = Limiter::builder(Postgres::new(move || {
-            let conn = conn.clone();
-            async move { Ok::<_, std::convert::Infallible>(conn.lock_owned().await) }
-        }))
+        let limiter = Limiter::builder(
+            Postgres::new(move || {
+                let conn = conn.clone();
+                async move { Ok::<_, std::convert::Infallible>(conn.lock_owned().await) }
+            })
+            .with_clock(clock.clone()),
+        )
         .budget(Duration::from_secs(30))
         .no_refusal_cache()
         .build()
@@ -264,7 +271,7 @@ async fn all_or_nothing_in_concurrent_calls_never_passes_a_limit_nor_deadlocks()
     }
     assert_eq!(allowed, 25, "150 asks, a max of 25: exactly 25 go ahead");
     let hit_all = (TASKS / 4 * CALLS) as u64;
-    let sum = Limiter::new(Postgres::new(db.config()));
+    let sum = Limiter::new(Postgres::new(db.config()).with_clock(clock));
     let pairs = [(&per_hour, &client), (&per_day, &client), (&other, &client)];
     assert_eq!(
         counts_of(&sum, &pairs).await,

@@ -129,9 +129,9 @@ impl<S: Store> Limiter<S> {
     /// in one order whatever the order given, so concurrent calls cannot
     /// deadlock, and each limit is decided on its count under that lock, so
     /// concurrent asks never together go past a limit. The verdicts come
-    /// back in the order given. When one refuses, the others tell what the
-    /// ask found under their limits (allowed, with nothing counted), and
-    /// [`Verdicts::refused_by`] names the refusal. A cost above a pair's
+    /// back in the order given. When one refuses, nothing is counted, and
+    /// each verdict tells what the ask found under its limit (the others
+    /// may allow it); [`Verdicts::refused_by`] names the first refusal. A cost above a pair's
     /// `max`, a refusal the refusal cache answers, an unreachable or a busy
     /// store are as [`hit_all_n`](Limiter::hit_all_n) says; while the store
     /// is unreachable, a limit that
