@@ -139,7 +139,7 @@ impl<S: Store> LimitLayer<S> {
     /// [`hit`](LimitLayer::hit) otherwise: the cost, the tiers, the
     /// answers and the RateLimit fields. Two rules of one limit with the
     /// same key for a request are answered 500
-    /// ([`Rejection::Failed`](crate::layer::Rejection::Failed)): each rule
+    /// ([`Rejection::Failed`]): each rule
     /// is decided by its own count.
     ///
     /// ```
