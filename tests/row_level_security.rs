@@ -19,19 +19,20 @@ use platformkit_limit_testdb::{Server, TestDb};
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
-/// Tables in schema `public` that may stay outside row-level security, each
-/// with the reason. None today: every table of the crate holds keys.
+/// Tables in schemas `public` and `platformkit` that may stay outside
+/// row-level security, each with the reason. None today: every table of the
+/// crate holds keys.
 const EXEMPT: &[(&str, &str)] = &[];
 
-/// Tables in schema `public` without row-level security enabled *and* forced
-/// *and* at least one policy, less the [`EXEMPT`] ones.
+/// Tables in schemas `public` and `platformkit` without row-level security
+/// enabled *and* forced *and* at least one policy, less the [`EXEMPT`] ones.
 async fn unscoped_tables(client: &Client) -> Vec<String> {
     client
         .query(
             "SELECT c.relname::text
              FROM pg_catalog.pg_class AS c
              JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
-             WHERE n.nspname = 'public'
+             WHERE n.nspname IN ('public', 'platformkit')
                AND c.relkind IN ('r', 'p')
                AND NOT (c.relrowsecurity
                         AND c.relforcerowsecurity
@@ -93,6 +94,21 @@ async fn the_scope_check_finds_an_unscoped_table() {
     assert_eq!(
         unscoped_tables(&client).await,
         [
+            "scratch_no_policy",
+            "scratch_not_forced",
+            "scratch_unscoped"
+        ]
+    );
+
+    // In the crate's own schema too, where its table is.
+    client
+        .batch_execute("CREATE TABLE platformkit.scratch_beside (x int)")
+        .await
+        .unwrap();
+    assert_eq!(
+        unscoped_tables(&client).await,
+        [
+            "scratch_beside",
             "scratch_no_policy",
             "scratch_not_forced",
             "scratch_unscoped"
