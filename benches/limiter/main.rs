@@ -17,8 +17,9 @@
 //!   each), over random keys drawn from a million and over one hot key;
 //! - `check_all` and `failed_all` over two limits at once (per account and
 //!   per address), next to `check` and `failed` over one;
-//! - `hit_n` with a cost of 5 (an API call that counts five units), right
-//!   after `hit` and compared to it;
+//! - `hit_n` with a cost of 5 (an API call that counts five units), and
+//!   `hit_all` and `hit_all_or_nothing` over two limits, each right after
+//!   `hit` and compared to it;
 //! - `failed` with `Postgres::with_relaxed_durability`, next to the
 //!   durable default;
 //! - `failed` connecting for each call, and `failed` on `Memory`;
@@ -37,7 +38,11 @@
 //!   sent;
 //! - `purge` at scale ([`purge`](mod@purge)), in a database of its own: a
 //!   million closed windows purged while 16 writers count on the open ones,
-//!   against the same writers alone.
+//!   against the same writers alone;
+//! - a flood of distinct keys ([`distinct`]), in a database of its own: a
+//!   million fresh keys (`BENCH_DISTINCT_KEYS`) written with the defaults
+//!   as fast as they go, the table's bytes per row, then their purge while
+//!   16 writers count, against the same writers alone.
 //!
 //! The limiters of the operations measure the store path: they have neither
 //! the refusal cache nor merging, so every call sends one statement. Only
@@ -58,16 +63,19 @@
 //! cargo bench --bench limiter                  # 5 rounds, several minutes
 //! BENCH_ROUNDS=3 cargo bench --bench limiter   # fewer rounds
 //! BENCH_QUICK=1 cargo bench --bench limiter    # one short round, for CI
+//! BENCH_DISTINCT_KEYS=10000000 cargo bench --bench limiter  # a flood of 10 million keys
 //! ```
 //!
 //! It is a measurement, not a test: targets that do not hold are reported,
 //! and the process still succeeds. The exceptions are the checks of what the
 //! purge left (every closed window gone, every count of the open ones
-//! intact): a wrong answer there is a bug, and fails the process once the
-//! report is written. A floor statement that cannot be cut out of the schema
-//! stops the run before anything is measured.
+//! intact, none of the flood's keys left): a wrong answer there is a bug,
+//! and fails the process once the report is written. A floor statement
+//! that cannot be cut out of the schema stops the run before anything is
+//! measured.
 
 mod attack;
+mod distinct;
 mod flood;
 mod floors;
 mod measure;
@@ -122,6 +130,9 @@ struct Mode {
     /// Open windows written before the purge, and the keys its writers
     /// count on.
     purge_open: u64,
+    /// The distinct keys of the flood purged after it (`BENCH_DISTINCT_KEYS`
+    /// in a full run).
+    distinct_keys: u64,
 }
 
 impl Mode {
@@ -139,6 +150,7 @@ impl Mode {
                 measure: Duration::from_millis(120),
                 purge_closed: 20_000,
                 purge_open: 5_000,
+                distinct_keys: 20_000,
             }
         } else {
             let rounds = std::env::var("BENCH_ROUNDS")
@@ -153,6 +165,11 @@ impl Mode {
                 measure: Duration::from_millis(600),
                 purge_closed: 1_000_000,
                 purge_open: 100_000,
+                distinct_keys: std::env::var("BENCH_DISTINCT_KEYS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n| n > 0)
+                    .unwrap_or(1_000_000),
             }
         }
     }
@@ -327,11 +344,19 @@ async fn run(mode: Mode) -> bool {
         purge_began.elapsed().as_secs_f64()
     );
 
+    eprintln!("a flood of distinct keys, then its purge ...");
+    let distinct_began = Instant::now();
+    let distinct = distinct::run(&server, mode).await;
+    eprintln!(
+        "the flood of distinct keys done in {:.1}s",
+        distinct_began.elapsed().as_secs_f64()
+    );
+
     let targets = targets::all(
         &results,
         &attack_results,
         &flood_results,
-        &purge,
+        (&purge, &distinct),
         random_updates,
         hot_updates,
     );
@@ -345,6 +370,7 @@ async fn run(mode: Mode) -> bool {
         attack: &attack_results,
         flood: &flood_results,
         purge: &purge,
+        distinct: &distinct,
         targets: &targets,
     };
     report.print();

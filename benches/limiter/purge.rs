@@ -85,7 +85,7 @@ impl PurgeReport {
 /// `0..among`, while `phase` runs after a warm-up. Returns what `phase`
 /// returned, and the writers' figures over the calls begun while it ran;
 /// the sample's `calls` counts every call, the warm-up's included.
-async fn while_writing<T>(
+pub(crate) async fn while_writing<T>(
     op: &Op,
     workers: usize,
     among: u64,
@@ -292,7 +292,7 @@ pub(crate) async fn at_scale(server: &Server, mode: Mode) -> PurgeReport {
 
 /// Runs `vacuum`, then a checkpoint, so that the next phase starts with no
 /// dead rows and no dirty pages left over from the one before.
-async fn settle(admin: &Client, vacuum: &str) {
+pub(crate) async fn settle(admin: &Client, vacuum: &str) {
     admin
         .batch_execute(vacuum)
         .await

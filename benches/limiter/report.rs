@@ -276,6 +276,7 @@ pub(crate) struct Report<'a> {
     pub(crate) attack: &'a AttackResults,
     pub(crate) flood: &'a crate::flood::FloodResults,
     pub(crate) purge: &'a PurgeReport,
+    pub(crate) distinct: &'a crate::distinct::DistinctReport,
     pub(crate) targets: &'a [Target],
 }
 
@@ -297,6 +298,8 @@ impl Report<'_> {
         crate::flood::print(self.flood);
         println!();
         crate::purge::print(self.purge);
+        println!();
+        crate::distinct::print(self.distinct);
         println!();
         println!(
             "heap-only (HOT) updates of platformkit.platformkit_limits, from pg_stat_user_tables:"
@@ -570,6 +573,7 @@ impl Report<'_> {
             attack: self.attack.json(),
             flood: self.flood,
             purge: self.purge,
+            distinct: self.distinct,
             capacity: capacity(self.results, self.attack),
             targets: self.targets,
         }
@@ -590,6 +594,7 @@ struct Json<'a> {
     attack: AttackJson<'a>,
     flood: &'a crate::flood::FloodResults,
     purge: &'a PurgeReport,
+    distinct: &'a crate::distinct::DistinctReport,
     capacity: Vec<Capacity>,
     targets: &'a [Target],
 }

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::WIDE;
 use crate::attack::{AttackResults, REFUSED_MAX};
+use crate::distinct::DistinctReport;
 use crate::flood::{FLOODERS, FloodResults};
 use crate::measure::Summary;
 use crate::measure::Updates;
@@ -95,7 +96,7 @@ pub(crate) fn all(
     results: &Results,
     attack: &AttackResults,
     flood: &FloodResults,
-    purge: &PurgeReport,
+    (purge, distinct): (&PurgeReport, &DistinctReport),
     random_updates: Updates,
     hot_updates: Updates,
 ) -> Vec<Target> {
@@ -324,6 +325,31 @@ pub(crate) fn all(
             [purge.open_sum_after as f64],
             Exactly,
             purge.open_sum_before as f64 + purge.writes as f64,
+        )
+        .check(),
+        Target::new(
+            format!(
+                "purge's rows/s after a flood of {} distinct keys",
+                distinct.keys
+            ),
+            "the flood's rows/s written, defaults",
+            [distinct.keeps_up()],
+            AtLeast,
+            10.0,
+        ),
+        Target::new(
+            format!("writers' p99 during the flood's purge ({WIDE} writers, failed)"),
+            "the same writers' p99 alone, as long, after it",
+            [distinct.p99_ratio()],
+            AtMost,
+            1.2,
+        ),
+        Target::new(
+            "rows of the flood of distinct keys left after the purge",
+            "none",
+            [distinct.left as f64],
+            Exactly,
+            0.0,
         )
         .check(),
     ]);
