@@ -21,7 +21,7 @@ use tokio::sync::Mutex;
 
 use crate::measure::Sample;
 use crate::operations::{Pool, What, answered, defaults_limiter, lend, limiter, limiter_op};
-use crate::purge::{settle, while_writing};
+use crate::purge::{drop_unless_owned, settle, while_writing};
 use crate::report::{show_gain, show_ops, show_us};
 use crate::{Mode, WIDE};
 
@@ -181,14 +181,8 @@ pub(crate) async fn run(server: &Server, mode: Mode) -> DistinctReport {
         .unwrap_or_else(|e| panic!("counting the flood's rows left: {e}"))
         .get(0);
 
-    if !server.is_owned() {
-        drop((writers, source, conns, admin));
-        let server_admin = platformkit_limit_testdb::connect(&server.admin_config()).await;
-        let drop_database = format!("DROP DATABASE \"{}\" WITH (FORCE)", db.name());
-        if let Err(e) = server_admin.batch_execute(&drop_database).await {
-            eprintln!("could not drop database {}: {e}", db.name());
-        }
-    }
+    drop((writers, source, conns, admin));
+    drop_unless_owned(server, db.name()).await;
 
     DistinctReport {
         keys: mode.distinct_keys,

@@ -256,16 +256,8 @@ pub(crate) async fn at_scale(server: &Server, mode: Mode) -> PurgeReport {
         .unwrap_or_else(|e| panic!("counting the closed windows left: {e}"))
         .get(0);
 
-    if !server.is_owned() {
-        // A server of one's own goes with its databases; leave no copy of a
-        // million rows on someone else's.
-        drop((writers, source, conns, admin));
-        let server_admin = platformkit_limit_testdb::connect(&server.admin_config()).await;
-        let drop_database = format!("DROP DATABASE \"{}\" WITH (FORCE)", db.name());
-        if let Err(e) = server_admin.batch_execute(&drop_database).await {
-            eprintln!("could not drop database {}: {e}", db.name());
-        }
-    }
+    drop((writers, source, conns, admin));
+    drop_unless_owned(server, db.name()).await;
 
     let mut report = PurgeReport {
         closed: mode.purge_closed,
@@ -288,6 +280,20 @@ pub(crate) async fn at_scale(server: &Server, mode: Mode) -> PurgeReport {
     report.writers_p99_ratio = report.p99_ratio();
     report.intact = report.intact();
     report
+}
+
+/// Drops the database `name` unless the server is the benchmark's own: a
+/// server of one's own goes with its databases; leave no copy of a million
+/// rows on someone else's. Its connections must be dropped first.
+pub(crate) async fn drop_unless_owned(server: &Server, name: &str) {
+    if server.is_owned() {
+        return;
+    }
+    let server_admin = platformkit_limit_testdb::connect(&server.admin_config()).await;
+    let drop_database = format!("DROP DATABASE \"{name}\" WITH (FORCE)");
+    if let Err(e) = server_admin.batch_execute(&drop_database).await {
+        eprintln!("could not drop database {name}: {e}");
+    }
 }
 
 /// Runs `vacuum`, then a checkpoint, so that the next phase starts with no
