@@ -228,6 +228,60 @@ mod tests {
         }
     }
 
+    /// A check of a cost (the verdict of an ask not counted) allows exactly
+    /// what the ask of that cost would, for either strategy, and its
+    /// refusal reopens when an ask of the cost, still uncounted, may go:
+    /// allowed there, refused a microsecond before.
+    #[test]
+    fn a_check_of_a_cost_allows_what_the_ask_would_and_reopens_for_it() {
+        for strategy in [Strategy::Fixed, Strategy::Sliding] {
+            let limit = Limit::builder("api", 10, Duration::from_secs(60))
+                .strategy(strategy)
+                .build()
+                .unwrap();
+            let w = limit.window();
+            let start = UNIX_EPOCH + Duration::from_secs(START);
+            let at = start + Duration::from_secs(20);
+            let read = |prev: u64, count: u64, cost: u32, now: SystemTime| {
+                let counted = Counted {
+                    count,
+                    previous: prev,
+                    locked_until: None,
+                    window_end: start + w,
+                    now,
+                };
+                decide(Counting::CHECK, &limit, cost, &counted)
+            };
+            for (prev, before) in [(0, 8), (6, 5), (10, 9), (3, 10), (10, 0), (0, 0)] {
+                for cost in 1..=10 {
+                    let check = read(prev, before, cost, at);
+                    let ask = ask_at(&limit, prev, before, cost, at);
+                    assert_eq!(
+                        check.is_allowed(),
+                        ask.is_allowed(),
+                        "{strategy:?} {prev} {before} {cost}"
+                    );
+                    if check.is_allowed() {
+                        continue;
+                    }
+                    let reopens = check.reopens_at().unwrap();
+                    if reopens < start + w {
+                        assert!(read(prev, before, cost, reopens).is_allowed());
+                        let early = reopens - Duration::from_micros(1);
+                        if early > at {
+                            assert!(read(prev, before, cost, early).is_refused());
+                        }
+                    } else {
+                        // In the next window: the ask finds `before` as
+                        // the previous window's count.
+                        let ask = ask_at(&limit, prev, before, cost, reopens);
+                        assert!(ask.is_allowed(), "{strategy:?} {prev} {before} {cost}");
+                    }
+                }
+            }
+        }
+    }
+
     /// A cost is decided as that many asks of one in a row, by the last:
     /// an ask of `c` from a count of `b` goes ahead exactly when `b + c`
     /// asks of one would all have.
