@@ -380,27 +380,12 @@ async fn each_bound_is_written_once_in_the_schema_and_is_the_rust_constant() {
 /// routines call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applying_the_schema_over_an_install_without_the_bound_functions_grants_them_on() {
-    let db = Server::shared().database(SCHEMA).await;
-    let owner = db.connect().await;
-    let role = format!("{}_limiter", db.name());
-    let admin = db.connect_admin().await;
-    admin
-        .batch_execute(&format!("CREATE ROLE \"{role}\" NOLOGIN"))
-        .await
-        .unwrap();
-    owner
-        .batch_execute(&platformkit_limit::grants(&role))
-        .await
-        .unwrap();
     let helpers = "platformkit.platformkit_max_budget_ms(), platformkit.platformkit_max_key_bytes(), \
          platformkit.platformkit_max_window_secs(), platformkit.platformkit_max_attempts(), \
          platformkit.platformkit_max_lockout_secs(), platformkit.platformkit_min_at(), \
          platformkit.platformkit_end_at()";
-    owner
-        .batch_execute(&format!("DROP FUNCTION {helpers}"))
-        .await
-        .unwrap();
-    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let (_db, owner, admin, role) =
+        applied_over_an_install_without(&format!("DROP FUNCTION {helpers}")).await;
     let may = texts(
         &admin,
         &format!(
@@ -426,23 +411,10 @@ async fn applying_the_schema_over_an_install_without_the_bound_functions_grants_
 /// it, before `grants()` is run again; PUBLIC still may not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applying_the_schema_over_an_install_without_all_or_none_lets_its_limiter_run_it() {
-    let db = Server::shared().database(SCHEMA).await;
-    let owner = db.connect().await;
-    let role = format!("{}_limiter", db.name());
-    let admin = db.connect_admin().await;
-    admin
-        .batch_execute(&format!("CREATE ROLE \"{role}\" NOLOGIN"))
-        .await
-        .unwrap();
-    owner
-        .batch_execute("DROP PROCEDURE platformkit.platformkit_limit_add_all_or_none")
-        .await
-        .unwrap();
-    owner
-        .batch_execute(&platformkit_limit::grants(&role))
-        .await
-        .unwrap();
-    owner.batch_execute(SCHEMA).await.expect("the migration");
+    let (_db, owner, admin, role) = applied_over_an_install_without(
+        "DROP PROCEDURE platformkit.platformkit_limit_add_all_or_none",
+    )
+    .await;
     let may = |grantee: &str| {
         format!(
             "SELECT pg_catalog.has_function_privilege('{grantee}', p.oid, 'EXECUTE')::text \
@@ -453,6 +425,28 @@ async fn applying_the_schema_over_an_install_without_all_or_none_lets_its_limite
     assert_eq!(texts(&admin, &may(&role)).await, ["true"]);
     assert_eq!(texts(&admin, &may("public")).await, ["false"]);
     common::db::drop_role(&owner, &admin, &role).await;
+}
+
+/// An install from before some routines: `drop` run as the owner, then a
+/// limiter role granted what `grants()` grants there, then the schema
+/// applied over it. Returns the database, the owner's and the admin's
+/// connections, and the role (for `drop_role`).
+async fn applied_over_an_install_without(drop: &str) -> (TestDb, Client, Client, String) {
+    let db = Server::shared().database(SCHEMA).await;
+    let owner = db.connect().await;
+    let role = format!("{}_limiter", db.name());
+    let admin = db.connect_admin().await;
+    admin
+        .batch_execute(&format!("CREATE ROLE \"{role}\" NOLOGIN"))
+        .await
+        .unwrap();
+    owner.batch_execute(drop).await.unwrap();
+    owner
+        .batch_execute(&platformkit_limit::grants(&role))
+        .await
+        .unwrap();
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    (db, owner, admin, role)
 }
 
 /// A direct call of `add_many` (a procedure) or `read_many` (a function)

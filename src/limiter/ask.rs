@@ -36,11 +36,11 @@ impl<S: Store> Limiter<S> {
         let n = u64::from(cost.get());
         // Where each pair's statement got, read if the budget runs out.
         let watches: Vec<Watch> = stored.iter().map(|_| Watch::default()).collect();
-        // Boxed: a store's future (a connection, a statement, a cancel) is
-        // large, and a caller's own future (a service's, a layer's) should
-        // not carry it on the stack.
         // The counts, and whether the call's cost was added (always, but
-        // for an all-or-nothing call that a pair refused).
+        // for an all-or-nothing call that a pair refused). Boxed: a store's
+        // future (a connection, a statement, a cancel) is large, and a
+        // caller's own future (a service's, a layer's) should not carry it
+        // on the stack.
         let counting = Box::pin(async {
             let asked = || -> Vec<Asked<'_>> {
                 stored

@@ -131,10 +131,11 @@ impl<S: Store> Limiter<S> {
     /// concurrent asks never together go past a limit. The verdicts come
     /// back in the order given. When one refuses, nothing is counted, and
     /// each verdict tells what the ask found under its limit (the others
-    /// may allow it); [`Verdicts::refused_by`] names the first refusal. A cost above a pair's
-    /// `max`, a refusal the refusal cache answers, an unreachable or a busy
-    /// store are as [`hit_all_n`](Limiter::hit_all_n) says; while the store
-    /// is unreachable, a limit that
+    /// may allow it); [`Verdicts::refused_by`] names the first refusal.
+    ///
+    /// A cost above a pair's `max`, a refusal the refusal cache answers, an
+    /// unreachable or a busy store are as [`hit_all_n`](Limiter::hit_all_n)
+    /// says; while the store is unreachable, a limit that
     /// [counts locally](crate::WhenUnreachable::CountLocally) counts the ask
     /// under its own limit whatever the others say. The call is a statement
     /// of its own, never merged with other callers' (see the guide's
