@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use platformkit_limit::{Key, Limit, ManualClock, Postgres, SCHEMA, purge};
+use platformkit_limit::{Key, Limit, ManualClock, Postgres, SCHEMA};
 use platformkit_limit_testdb::Server;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::measure::Sample;
-use crate::operations::{Pool, What, answered, defaults_limiter, lend, limiter, limiter_op};
-use crate::purge::{drop_unless_owned, settle, while_writing};
+use crate::operations::{Pool, answered, defaults_limiter};
+use crate::purge::{Beside, beside_writers, drop_unless_owned, settle};
 use crate::report::{show_gain, show_ops, show_us};
 use crate::{Mode, WIDE};
 
@@ -140,38 +140,19 @@ pub(crate) async fn run(server: &Server, mode: Mode) -> DistinctReport {
         "distinct keys: {rows} written in {written_secs:.1}s, {bytes} bytes; purging them ..."
     );
 
-    let writers_limit = Limit::new(
+    let writers = Limit::new(
         WRITERS_LIMIT_NAME,
         Limit::MAX_ATTEMPTS,
         Duration::from_secs(86_400),
     )
     .expect("a valid limit");
-    let limiters = Arc::new(
-        conns
-            .iter()
-            .map(|held| limiter(Postgres::new(lend(Arc::clone(held)))))
-            .collect::<Vec<_>>(),
-    );
-    let writers = limiter_op(limiters, writers_limit, What::Failed);
-    let source = Pool::new(Arc::new(vec![Arc::new(Mutex::new(db.connect().await))]));
-    let ((deleted, took), during) =
-        while_writing(&writers, WIDE, WRITERS_KEYS, mode.warmup, async {
-            let began = Instant::now();
-            let deleted = purge(&source)
-                .await
-                .unwrap_or_else(|e| panic!("purge: {e}"));
-            (deleted, began.elapsed())
-        })
-        .await;
-    settle(&admin, "VACUUM platformkit.platformkit_limits").await;
-    let ((), alone) = while_writing(
-        &writers,
-        WIDE,
-        WRITERS_KEYS,
-        mode.warmup,
-        tokio::time::sleep(took.max(Duration::from_secs(1))),
-    )
-    .await;
+    let Beside {
+        deleted,
+        took,
+        during,
+        alone,
+        ..
+    } = beside_writers(&db, &admin, writers, WRITERS_KEYS, mode.warmup).await;
     let left: i64 = admin
         .query_one(
             "SELECT count(*) FROM platformkit.platformkit_limits WHERE key LIKE $1",
@@ -181,7 +162,7 @@ pub(crate) async fn run(server: &Server, mode: Mode) -> DistinctReport {
         .unwrap_or_else(|e| panic!("counting the flood's rows left: {e}"))
         .get(0);
 
-    drop((writers, source, conns, admin));
+    drop((conns, admin));
     drop_unless_owned(server, db.name()).await;
 
     DistinctReport {

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use platformkit_limit::{Limit, Postgres, PurgeTask, SCHEMA, purge};
-use platformkit_limit_testdb::Server;
+use platformkit_limit_testdb::{Server, TestDb};
 use serde::Serialize;
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
@@ -209,43 +209,13 @@ pub(crate) async fn at_scale(server: &Server, mode: Mode) -> PurgeReport {
     );
     let open_sum_before = open_windows(&admin, open_start).await.1;
 
-    let mut conns = Vec::with_capacity(WIDE);
-    for _ in 0..WIDE {
-        conns.push(Arc::new(Mutex::new(db.connect().await)));
-    }
-    let limiters = Arc::new(
-        conns
-            .iter()
-            .map(|held| limiter(Postgres::new(lend(Arc::clone(held)))))
-            .collect::<Vec<_>>(),
-    );
-    let writers = limiter_op(limiters, open_limit, What::Failed);
-    let source = Pool::new(Arc::new(vec![Arc::new(Mutex::new(db.connect().await))]));
-
-    let ((deleted, took), during) =
-        while_writing(&writers, WIDE, mode.purge_open, mode.warmup, async {
-            let began = Instant::now();
-            let deleted = purge(&source)
-                .await
-                .unwrap_or_else(|e| panic!("purge: {e}"));
-            (deleted, began.elapsed())
-        })
-        .await;
-    eprintln!(
-        "purge: {deleted} rows in {:.1}s; the writers alone for as long ...",
-        took.as_secs_f64()
-    );
-    settle(&admin, "VACUUM platformkit.platformkit_limits").await;
-    let ((), alone) = while_writing(
-        &writers,
-        WIDE,
-        mode.purge_open,
-        mode.warmup,
-        tokio::time::sleep(took),
-    )
-    .await;
-
-    let statements = source.lent();
+    let Beside {
+        deleted,
+        took,
+        during,
+        alone,
+        statements,
+    } = beside_writers(&db, &admin, open_limit, mode.purge_open, mode.warmup).await;
     let (open_rows_after, open_sum_after) = open_windows(&admin, open_start).await;
     let closed_left: i64 = admin
         .query_one(
@@ -256,7 +226,7 @@ pub(crate) async fn at_scale(server: &Server, mode: Mode) -> PurgeReport {
         .unwrap_or_else(|e| panic!("counting the closed windows left: {e}"))
         .get(0);
 
-    drop((writers, source, conns, admin));
+    drop(admin);
     drop_unless_owned(server, db.name()).await;
 
     let mut report = PurgeReport {
@@ -280,6 +250,60 @@ pub(crate) async fn at_scale(server: &Server, mode: Mode) -> PurgeReport {
     report.writers_p99_ratio = report.p99_ratio();
     report.intact = report.intact();
     report
+}
+
+/// What [`beside_writers`] measured.
+pub(crate) struct Beside {
+    /// Rows `purge` said it deleted, and how long it took.
+    pub(crate) deleted: u64,
+    pub(crate) took: Duration,
+    /// The writers while the purge ran, and alone for as long after it.
+    pub(crate) during: Sample,
+    pub(crate) alone: Sample,
+    /// Statements the purge sent: one per batch.
+    pub(crate) statements: u64,
+}
+
+/// Runs [`purge`] on a connection of its own while [`WIDE`] writers run
+/// `failed` under `limit`, each on a held connection of its own, over keys
+/// drawn from `0..among`; then, the table vacuumed and checkpointed, the
+/// same writers alone for as long (a second at least).
+pub(crate) async fn beside_writers(
+    db: &TestDb,
+    admin: &Client,
+    limit: Limit,
+    among: u64,
+    warmup: Duration,
+) -> Beside {
+    let mut limiters = Vec::with_capacity(WIDE);
+    for _ in 0..WIDE {
+        let held = Arc::new(Mutex::new(db.connect().await));
+        limiters.push(limiter(Postgres::new(lend(held))));
+    }
+    let writers = limiter_op(Arc::new(limiters), limit, What::Failed);
+    let source = Pool::new(Arc::new(vec![Arc::new(Mutex::new(db.connect().await))]));
+    let ((deleted, took), during) = while_writing(&writers, WIDE, among, warmup, async {
+        let began = Instant::now();
+        let deleted = purge(&source)
+            .await
+            .unwrap_or_else(|e| panic!("purge: {e}"));
+        (deleted, began.elapsed())
+    })
+    .await;
+    eprintln!(
+        "purge: {deleted} rows in {:.1}s; the writers alone for as long ...",
+        took.as_secs_f64()
+    );
+    settle(admin, "VACUUM platformkit.platformkit_limits").await;
+    let alone_for = tokio::time::sleep(took.max(Duration::from_secs(1)));
+    let ((), alone) = while_writing(&writers, WIDE, among, warmup, alone_for).await;
+    Beside {
+        deleted,
+        took,
+        during,
+        alone,
+        statements: source.lent(),
+    }
 }
 
 /// Drops the database `name` unless the server is the benchmark's own: a
