@@ -1410,9 +1410,17 @@ BEGIN
     IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
+    -- The one plan of the limiter's that reaches rows by their ctid; the
+    -- prologue pins the other switches.
+    PERFORM pg_catalog.set_config('enable_tidscan', 'on', true);
+    -- Each row is deleted where the scan that found and locked it left it,
+    -- by its ctid: no second probe of the primary key's index, whose pages
+    -- (the keys in byte order, written in no order of time) a large table
+    -- no longer holds in memory. The lock keeps the ctid the row's own
+    -- until the DELETE; a row a call holds is skipped, not waited for.
     WITH due AS (
         -- A range of the index platformkit_limits_purge_after.
-        SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
+        SELECT d.ctid AS place FROM platformkit.platformkit_limits AS d
         WHERE d.purge_after < date_part('epoch', statement_timestamp())
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
@@ -1420,15 +1428,14 @@ BEGIN
         -- Windows that end more than 367 days from now, which only a clock
         -- pinned far ahead or a direct insert stores (an infinite end
         -- included): a range of platformkit_limits_window_end.
-        SELECT d.key, d.window_start FROM platformkit.platformkit_limits AS d
+        SELECT d.ctid AS place FROM platformkit.platformkit_limits AS d
         WHERE d.window_end > statement_timestamp()
                             + make_interval(secs => platformkit.platformkit_max_window_secs() + 86400)
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
     )
     DELETE FROM platformkit.platformkit_limits AS l
-    USING (SELECT * FROM due UNION ALL SELECT * FROM ahead LIMIT p_batch) AS doomed
-    WHERE l.key = doomed.key AND l.window_start = doomed.window_start;
+    WHERE l.ctid = ANY (ARRAY(SELECT place FROM due UNION ALL SELECT place FROM ahead LIMIT p_batch));
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
     COMMIT;
 END

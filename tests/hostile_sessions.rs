@@ -641,7 +641,7 @@ async fn a_read_only_default_on_the_primary_counts_and_is_never_read_as_a_standb
 }
 
 /// `enable_indexscan = off`, `enable_bitmapscan = off` and
-/// `enable_nestloop = off` set in a pooled session before the limiter's
+/// `enable_nestloop = off` (and now `enable_tidscan = off`) set in a pooled session before the limiter's
 /// first call made every statement on the table a sequential scan (16 s for
 /// a merged write of 16 pairs over 2 M rows, past any budget, which the
 /// library read as an outage and allowed). The routines pin the planner's
@@ -658,12 +658,24 @@ async fn planner_switches_of_the_session_do_not_turn_the_limiters_plans_into_tab
              SET enable_bitmapscan = off;
              SET enable_indexonlyscan = off;
              SET enable_nestloop = off;
+             SET enable_tidscan = off;
              SET enable_seqscan = on;",
         )
         .await
         .unwrap();
     every_operation_counts_for_real(&db, &held, "planner switches").await;
     assert_index_plans(&plans, "planner switches");
+    // The purge deletes by place even so: with the table's scan pinned off,
+    // no other plan can find a row by its ctid.
+    let plans = plans.lock().unwrap();
+    let delete = plans
+        .iter()
+        .find(|plan| plan.contains("platformkit_limits_purge_after"))
+        .expect("the plan of the purge's DELETE");
+    assert!(
+        delete.contains("Tid Scan on platformkit_limits l"),
+        "planner switches: the purge's DELETE:\n{delete}"
+    );
 }
 
 /// Planner costs set in the session (index pages dearer than any scan of

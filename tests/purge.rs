@@ -300,6 +300,49 @@ async fn purge_reads_only_the_rows_it_deletes_however_many_closed_windows_it_kee
     assert_eq!(stored_rows(&db).await.len(), 20_000);
 }
 
+/// A batch deleted the rows it had found and locked by joining them back to
+/// the table on the primary key: a second probe per row of an index whose
+/// pages, the keys in byte order and written in no order of time, a large
+/// table no longer holds in memory, which halved the purge's rate (see
+/// docs/PERFORMANCE.md, "Purge's rows found again by their place"). Now
+/// each row is deleted where its scan found it, by its ctid, and the
+/// primary key's index is not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_batch_deletes_each_row_where_its_scan_found_it() {
+    let db = fresh_db().await;
+    let mut system = db.connect().await;
+    common::db::old_rows(&mut system, 40).await;
+    system
+        .batch_execute("ANALYZE platformkit.platformkit_limits")
+        .await
+        .unwrap();
+
+    let (held, plans) = explained(&db).await;
+    held.lock()
+        .await
+        .batch_execute("SET auto_explain.log_analyze = on")
+        .await
+        .unwrap();
+    assert_eq!(purge(&lend(Arc::clone(&held))).await.unwrap(), 40);
+    let delete = plans
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|plan| plan.contains("Delete on platformkit_limits"))
+        .expect("the plan of the purge's DELETE")
+        .clone();
+    assert!(
+        !delete.contains("platformkit_limits_pkey"),
+        "the purge found its rows again through the primary key:\n{delete}"
+    );
+    let by_place = delete
+        .lines()
+        .find(|line| line.contains("Tid Scan on platformkit_limits l"))
+        .unwrap_or_else(|| panic!("the purge did not delete its rows by their place:\n{delete}"));
+    assert!(by_place.contains(" rows=40 loops=1)"), "{by_place}");
+    assert_eq!(stored_rows(&db).await, []);
+}
+
 /// A window that ends far ahead, stored through the procedure with a clock
 /// pinned in 2199 or 2150 (inside the bounds the Rust side allows) or by a
 /// direct insert, was never deleted: purge also asked that it had closed.
