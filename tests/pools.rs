@@ -188,7 +188,7 @@ async fn a_prepared_deadpool_pool_prepares_each_statement_once_per_connection() 
     let statements: Vec<&str> = prepared.iter().map(|(s, _)| s.as_str()).collect();
     assert_eq!(statements.len(), 2, "{prepared:?}");
     assert!(statements[0].starts_with("CALL platformkit.platformkit_limit_add("));
-    assert!(statements[1].starts_with("SELECT * FROM platformkit.platformkit_limit_read("));
+    assert!(statements[1].starts_with("SELECT platformkit.platformkit_limit_read("));
     assert_eq!(
         prepared[1].1, 6,
         "the read, prepared once and run six times"

@@ -28,6 +28,7 @@
 pub(crate) mod bb8;
 #[cfg(feature = "deadpool")]
 pub(crate) mod deadpool;
+mod record;
 #[cfg(feature = "sqlx")]
 pub(crate) mod sqlx;
 pub(crate) mod tokio_postgres;

@@ -19,6 +19,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Config, NoTls, Socket};
 
+use super::record::Fields;
 use super::{Columns, Failure, Param, Row, SourceErrors, answer_or_cancel, sealed};
 use crate::LimitConn;
 use crate::error::{Reading, not_an_outage};
@@ -77,10 +78,32 @@ pub(super) async fn cancelling(
         delivered,
     )
     .await;
-    (
-        answer.map(|row| Row(Box::new(row))).map_err(failure),
-        cancelled,
-    )
+    (answer.map_err(failure).and_then(answered), cancelled)
+}
+
+/// The statement's one row as the stores read it: a row whose one column is
+/// a `record` (the readers' answer) reads as that record's fields.
+fn answered(row: tokio_postgres::Row) -> Result<Row, Failure> {
+    match row.columns() {
+        [only] if *only.type_() == Type::RECORD => {
+            let RecordBytes(raw) = column(&row, 0)?;
+            Ok(Row(Box::new(Fields::parse(raw)?)))
+        }
+        _ => Ok(Row(Box::new(row))),
+    }
+}
+
+/// A `record` column's bytes, for [`Fields::parse`].
+struct RecordBytes(Vec<u8>);
+
+impl<'a> FromSql<'a> for RecordBytes {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(RecordBytes(raw.to_vec()))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::RECORD
+    }
 }
 
 /// The parameter as tokio-postgres sends it: a value and its type.

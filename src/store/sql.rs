@@ -44,13 +44,17 @@ pub(crate) const ADD_ALL_OR_NONE: &str = "CALL platformkit.platformkit_limit_add
     p_keys => $1, p_window_secs => $2, p_adds => $3, p_at => $4, p_budget_ms => $5, \
     p_relaxed => $6, p_sliding => $7, p_maxes => $8, p_lockout_secs => $9)";
 
-/// Reads the count of each (key, window) pair; writes nothing.
-pub(crate) const READ_MANY: &str = "SELECT * FROM platformkit.platformkit_limit_read_many(\
+/// Reads the count of each (key, window) pair; writes nothing. Answers
+/// with the function's record (see [`READ`]).
+pub(crate) const READ_MANY: &str = "SELECT platformkit.platformkit_limit_read_many(\
     p_keys => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_maxes => $6, p_lockout_secs => $7)";
 
-/// Reads the key's count in the current window; writes nothing.
-pub(crate) const READ: &str = "SELECT * FROM platformkit.platformkit_limit_read(\
+/// Reads the key's count in the current window; writes nothing. Answers
+/// with the function's record, one column that the driver reads as the row
+/// of its fields (`driver::record`): cheaper for the server than
+/// `SELECT * FROM`, a table-function scan.
+pub(crate) const READ: &str = "SELECT platformkit.platformkit_limit_read(\
     p_key => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_max => $6, p_lockout_secs => $7)";
 

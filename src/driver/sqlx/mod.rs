@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
 use self::timestamptz::Timestamptz;
+use super::record::Fields;
 use super::{Columns, Failure, Param, Row, SourceErrors, sealed};
 use crate::error::{Reading, not_an_outage};
 
@@ -129,7 +130,7 @@ where
             };
         }
         let answer = query.fetch_one(conn).await;
-        (answer.map(|row| Row(Box::new(row))).map_err(failure), None)
+        (answer.map_err(failure).and_then(answered), None)
     }
 
     async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
@@ -221,6 +222,34 @@ pub(super) const ERRORS: SourceErrors = SourceErrors {
         )
     },
 };
+
+/// The statement's one row as the stores read it: a row whose one column is
+/// a `record` (the readers' answer) reads as that record's fields, from its
+/// bytes in binary form, which sqlx asks results in.
+fn answered(row: PgRow) -> Result<Row, Failure> {
+    use sqlx::postgres::PgValueFormat;
+    use sqlx::{Column as _, ValueRef as _};
+    let record = row.columns().len() == 1
+        && row.column(0).type_info().oid()
+            == Some(sqlx::postgres::types::Oid(
+                postgres_types::Type::RECORD.oid(),
+            ));
+    if !record {
+        return Ok(Row(Box::new(row)));
+    }
+    let value = row.try_get_raw(0).map_err(failure)?;
+    if value.is_null() || value.format() != PgValueFormat::Binary {
+        return Err(Failure::new(
+            Reading::Refused,
+            "the answer's record was NULL or not in binary form",
+        ));
+    }
+    let raw = value
+        .as_bytes()
+        .map_err(|e| Failure::new(Reading::Refused, e))?
+        .to_vec();
+    Ok(Row(Box::new(Fields::parse(raw)?)))
+}
 
 /// Reads column `index` of `row` as `T`, through `F`, the type sqlx decodes
 /// (`Timestamptz` for a time).
