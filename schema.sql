@@ -1413,14 +1413,18 @@ BEGIN
     -- The one plan of the limiter's that reaches rows by their ctid; the
     -- prologue pins the other switches.
     PERFORM pg_catalog.set_config('enable_tidscan', 'on', true);
-    -- Each row is deleted where the scan that found and locked it left it,
-    -- by its ctid: no second probe of the primary key's index, whose pages
-    -- (the keys in byte order, written in no order of time) a large table
-    -- no longer holds in memory. The lock keeps the ctid the row's own
-    -- until the DELETE; a row a call holds is skipped, not waited for.
+    -- Each row is deleted by the ctid its locking scan returned: no second
+    -- probe of the primary key's index per row, which halved the batch's
+    -- rate. The lock is what makes the ctid safe: a row this transaction
+    -- holds cannot be updated, deleted or moved by another before the
+    -- DELETE, so the DELETE never follows an update chain to a version it
+    -- did not lock. (A row whose lock followed an update committed after
+    -- the statement's snapshot is locked but not deleted here; a later
+    -- purge takes it.) A row a call holds is skipped, not waited for. ONLY:
+    -- a ctid names a row of one table, never of a table that inherits.
     WITH due AS (
         -- A range of the index platformkit_limits_purge_after.
-        SELECT d.ctid AS place FROM platformkit.platformkit_limits AS d
+        SELECT d.ctid AS place FROM ONLY platformkit.platformkit_limits AS d
         WHERE d.purge_after < date_part('epoch', statement_timestamp())
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
@@ -1428,13 +1432,13 @@ BEGIN
         -- Windows that end more than 367 days from now, which only a clock
         -- pinned far ahead or a direct insert stores (an infinite end
         -- included): a range of platformkit_limits_window_end.
-        SELECT d.ctid AS place FROM platformkit.platformkit_limits AS d
+        SELECT d.ctid AS place FROM ONLY platformkit.platformkit_limits AS d
         WHERE d.window_end > statement_timestamp()
                             + make_interval(secs => platformkit.platformkit_max_window_secs() + 86400)
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
     )
-    DELETE FROM platformkit.platformkit_limits AS l
+    DELETE FROM ONLY platformkit.platformkit_limits AS l
     WHERE l.ctid = ANY (ARRAY(SELECT place FROM due UNION ALL SELECT place FROM ahead LIMIT p_batch));
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
     COMMIT;
