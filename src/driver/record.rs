@@ -13,7 +13,7 @@
 use std::ops::Range;
 use std::time::SystemTime;
 
-use postgres_types::{FromSql, Type};
+use postgres_types::{FromSql, Kind, Type};
 
 use super::{Columns, Failure};
 use crate::error::Reading;
@@ -90,44 +90,83 @@ impl Fields {
         Ok(Fields { raw, fields })
     }
 
-    /// Field `index` as `T`.
-    fn field<'a, T: FromSql<'a>>(&'a self, index: usize) -> Result<T, Failure> {
-        let (ty, value) = self
+    /// Field `index` as `T`, when the field is of type `ty` exactly: a
+    /// `timestamp` never reads as a `timestamptz`, nor a `varchar[]` as a
+    /// `text[]`.
+    fn field<'a, T: FromSql<'a>>(&'a self, index: usize, ty: &Type) -> Result<T, Failure> {
+        let (field_ty, value) = self
             .fields
             .get(index)
             .ok_or_else(|| malformed("fewer fields than the limiter reads"))?;
-        if !T::accepts(ty) {
+        if field_ty != ty {
             return Err(malformed("a field of another type than the limiter reads"));
         }
         let value = value.clone().map(|range| &self.raw[range]);
+        if let (Kind::Array(_), Some(bytes)) = (ty.kind(), value)
+            && !elements_fit(bytes)
+        {
+            return Err(malformed("an array of more elements than its bytes hold"));
+        }
         T::from_sql_nullable(ty, value).map_err(|e| Failure::new(Reading::Refused, e))
     }
 }
 
+/// Whether the array in binary form `bytes` (dimensions, flags, the
+/// element type, then each dimension's length and lower bound) has no more
+/// elements than its bytes can hold, four (a length) each at least: the
+/// decoder sizes its vector by the element count the bytes claim, and a
+/// claim of two billion would abort the process for want of memory.
+fn elements_fit(bytes: &[u8]) -> bool {
+    let word = |at: usize| -> Option<i32> {
+        let word: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+        Some(i32::from_be_bytes(word))
+    };
+    let Some(dimensions) = word(0).and_then(|n| usize::try_from(n).ok()) else {
+        return false;
+    };
+    let Some(header) = dimensions.checked_mul(8).and_then(|n| n.checked_add(12)) else {
+        return false;
+    };
+    let Some(rest) = bytes.len().checked_sub(header) else {
+        return false;
+    };
+    let mut elements: usize = 1;
+    for dimension in 0..dimensions {
+        let Some(len) = word(12 + 8 * dimension).and_then(|n| usize::try_from(n).ok()) else {
+            return false;
+        };
+        let Some(product) = elements.checked_mul(len) else {
+            return false;
+        };
+        elements = product;
+    }
+    dimensions == 0 || elements <= rest / 4
+}
+
 impl Columns for Fields {
     fn boolean(&self, index: usize) -> Result<bool, Failure> {
-        self.field(index)
+        self.field(index, &Type::BOOL)
     }
     fn int8(&self, index: usize) -> Result<i64, Failure> {
-        self.field(index)
+        self.field(index, &Type::INT8)
     }
     fn int8s(&self, index: usize) -> Result<Vec<i64>, Failure> {
-        self.field(index)
+        self.field(index, &Type::INT8_ARRAY)
     }
     fn texts(&self, index: usize) -> Result<Vec<String>, Failure> {
-        self.field(index)
+        self.field(index, &Type::TEXT_ARRAY)
     }
     fn time(&self, index: usize) -> Result<SystemTime, Failure> {
-        self.field(index)
+        self.field(index, &Type::TIMESTAMPTZ)
     }
     fn maybe_time(&self, index: usize) -> Result<Option<SystemTime>, Failure> {
-        self.field(index)
+        self.field(index, &Type::TIMESTAMPTZ)
     }
     fn times(&self, index: usize) -> Result<Vec<SystemTime>, Failure> {
-        self.field(index)
+        self.field(index, &Type::TIMESTAMPTZ_ARRAY)
     }
     fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure> {
-        self.field(index)
+        self.field(index, &Type::TIMESTAMPTZ_ARRAY)
     }
 }
 
@@ -178,6 +217,43 @@ mod tests {
         assert!(fields.int8(1).is_err(), "a field past the last");
         let null = Fields::parse(record(&[(Type::INT8, None)])).unwrap();
         assert!(null.int8(0).is_err(), "a NULL read as a number");
+    }
+
+    #[test]
+    fn a_timestamp_without_time_zone_is_not_read_as_a_time() {
+        let second = 1_000_000i64.to_be_bytes();
+        let fields = Fields::parse(record(&[(Type::TIMESTAMP, Some(&second))])).unwrap();
+        assert!(fields.time(0).is_err());
+        assert!(fields.maybe_time(0).is_err());
+    }
+
+    /// An `int8[]` of one dimension: its length as given, its elements as
+    /// given (each a length and eight bytes).
+    fn int8_array(len: i32, elements: &[i64]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        bytes.extend(1i32.to_be_bytes()); // dimensions
+        bytes.extend(0i32.to_be_bytes()); // no NULLs
+        bytes.extend(Type::INT8.oid().to_be_bytes());
+        bytes.extend(len.to_be_bytes());
+        bytes.extend(1i32.to_be_bytes()); // lower bound
+        for element in elements {
+            bytes.extend(8i32.to_be_bytes());
+            bytes.extend(element.to_be_bytes());
+        }
+        bytes
+    }
+
+    #[test]
+    fn an_array_that_claims_more_elements_than_its_bytes_is_an_error() {
+        let two = int8_array(2, &[4, 5]);
+        let fields = Fields::parse(record(&[(Type::INT8_ARRAY, Some(&two))])).unwrap();
+        assert_eq!(fields.int8s(0).unwrap(), [4, 5]);
+        let claims = int8_array(i32::MAX, &[4, 5]);
+        let fields = Fields::parse(record(&[(Type::INT8_ARRAY, Some(&claims))])).unwrap();
+        assert!(fields.int8s(0).is_err(), "two billion elements in 24 bytes");
+        let negative = int8_array(-1, &[]);
+        let fields = Fields::parse(record(&[(Type::INT8_ARRAY, Some(&negative))])).unwrap();
+        assert!(fields.int8s(0).is_err(), "a negative length");
     }
 
     #[test]
