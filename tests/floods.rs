@@ -714,10 +714,13 @@ async fn connection_slots_all_taken_are_shed_through_an_sqlx_pool_too() {
 
 /// A fresh database with a connection limit of two, both taken (the admin's
 /// session and a flood's connection, held until the second value drops):
-/// every further connection is refused with `53300`.
+/// every further connection is refused with `53300`. Both connect before
+/// the limit is set: a backend of the database's set-up still exiting
+/// once took the flood's slot, and the set-up itself failed with 53300.
 async fn every_slot_taken() -> (TestDb, (tokio_postgres::Client, tokio_postgres::Client)) {
     let db = Server::shared().database(platformkit_limit::SCHEMA).await;
     let admin = db.connect_admin().await;
+    let flood = db.connect().await;
     admin
         .batch_execute(&format!(
             "ALTER DATABASE \"{}\" CONNECTION LIMIT 2",
@@ -725,6 +728,5 @@ async fn every_slot_taken() -> (TestDb, (tokio_postgres::Client, tokio_postgres:
         ))
         .await
         .expect("a connection limit");
-    let flood = db.connect().await;
     (db, (admin, flood))
 }
