@@ -251,7 +251,7 @@ fn scan_of(plan: &str, index: &str) -> String {
 /// purge would never finish. Now the purge reads a range of the index on
 /// the moment each row may go: each batch reads the rows it deletes and no
 /// other, whatever the table holds (shown by the plan's actual rows, as
-/// the limiter's role runs it).
+/// the limiter's role runs it), and deletes each by its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_reads_only_the_rows_it_deletes_however_many_closed_windows_it_keeps() {
     let db = fresh_db().await;
@@ -296,49 +296,24 @@ async fn purge_reads_only_the_rows_it_deletes_however_many_closed_windows_it_kee
         );
         let ahead = scan_of(delete, "platformkit_limits_window_end");
         assert!(ahead.contains(" rows=0 loops=1)"), "{ahead}");
+        // The rows found are deleted where the scan found them, by their
+        // ctid: joined back to the table on the primary key, a second probe
+        // of that index per row halved the purge's rate
+        // (docs/PERFORMANCE.md, "Purge deletes by place").
+        assert!(
+            !delete.contains("platformkit_limits_pkey"),
+            "the purge found its rows again through the primary key:\n{delete}"
+        );
+        let by_place = delete
+            .lines()
+            .find(|line| line.contains("Tid Scan on platformkit_limits l"))
+            .unwrap_or_else(|| panic!("the purge did not delete by place:\n{delete}"));
+        assert!(
+            by_place.contains(&format!(" rows={expected} loops=1)")),
+            "{by_place}"
+        );
     }
     assert_eq!(stored_rows(&db).await.len(), 20_000);
-}
-
-/// A batch deleted the rows it had found and locked by joining them back to
-/// the table on the primary key: a second probe of that index per row,
-/// which halved the purge's rate (docs/PERFORMANCE.md, "Purge deletes by
-/// place"). Now each row is deleted where its scan found it, by its ctid,
-/// and the primary key's index is not read.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_purge_batch_deletes_each_row_where_its_scan_found_it() {
-    let db = fresh_db().await;
-    let mut system = db.connect().await;
-    common::db::old_rows(&mut system, 40).await;
-    system
-        .batch_execute("ANALYZE platformkit.platformkit_limits")
-        .await
-        .unwrap();
-
-    let (held, plans) = explained(&db).await;
-    held.lock()
-        .await
-        .batch_execute("SET auto_explain.log_analyze = on")
-        .await
-        .unwrap();
-    assert_eq!(purge(&lend(Arc::clone(&held))).await.unwrap(), 40);
-    let delete = plans
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|plan| plan.contains("Delete on platformkit_limits"))
-        .expect("the plan of the purge's DELETE")
-        .clone();
-    assert!(
-        !delete.contains("platformkit_limits_pkey"),
-        "the purge found its rows again through the primary key:\n{delete}"
-    );
-    let by_place = delete
-        .lines()
-        .find(|line| line.contains("Tid Scan on platformkit_limits l"))
-        .unwrap_or_else(|| panic!("the purge did not delete its rows by their place:\n{delete}"));
-    assert!(by_place.contains(" rows=40 loops=1)"), "{by_place}");
-    assert_eq!(stored_rows(&db).await, []);
 }
 
 /// A ctid names a row of one table. Had the table's owner made a table
