@@ -64,11 +64,11 @@ BEGIN
     -- EXECUTE: a plain call would be planned, and fail, where the function
     -- does not exist.
     EXECUTE 'SELECT platformkit.platformkit_schema_version()' INTO found;
-    IF found > 1 THEN
+    IF found > 2 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'PK002',
             MESSAGE = pg_catalog.format(
-                'platformkit: the database has schema version %s, newer than this file''s, 1: '
+                'platformkit: the database has schema version %s, newer than this file''s, 2: '
                 'nothing applied; apply the schema of the newer release', found);
     END IF;
 END
@@ -191,6 +191,35 @@ BEGIN
                 ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
                 END) STORED;
     END IF;
+    -- 2026-12-01, version 2: from a table without the column created_at
+    -- (the order of the purge's batches among rows that may go at the same
+    -- moment). Added without rewriting the table: the rows already there
+    -- take -infinity, the rows written after it the moment they are
+    -- written.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid OPERATOR(pg_catalog.=) t
+          AND a.attname OPERATOR(pg_catalog.=) 'created_at'
+          AND NOT a.attisdropped
+    ) THEN
+        ALTER TABLE platformkit.platformkit_limits
+            ADD COLUMN created_at timestamptz NOT NULL DEFAULT '-infinity';
+        ALTER TABLE platformkit.platformkit_limits
+            ALTER COLUMN created_at SET DEFAULT pg_catalog.clock_timestamp();
+    END IF;
+END
+$$;
+
+-- 2026-12-01, version 2: from the purge that took no place to start from
+-- (each batch scanned its index from the start, over every entry the
+-- batches before it had deleted). The procedure now takes and returns
+-- where its batch stopped, so its arguments changed: the old one goes
+-- here. (Its index on purge_after alone goes with the indexes, below.)
+DO $$
+BEGIN
+    IF pg_catalog.to_regprocedure('platformkit.platformkit_limit_purge(bigint, bigint, bigint)') IS NOT NULL THEN
+        DROP PROCEDURE platformkit.platformkit_limit_purge(bigint, bigint, bigint);
+    END IF;
 END
 $$;
 
@@ -202,7 +231,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS inte
     LANGUAGE sql
     IMMUTABLE
     PARALLEL SAFE
-RETURN 1;
+RETURN 2;
 
 -- The bounds the Rust side enforces, each written once: the routines below
 -- check their parameters against these functions, never against the
@@ -279,6 +308,13 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
                       - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)))
         ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
         END) STORED,
+    -- When the row was first written (an update leaves it, so it stays
+    -- heap-only). Rows are written, and so stored, in about this order: it
+    -- orders the rows that may go at the same moment (every row of one
+    -- window) in the purge's index as they lie in the table, and a purge
+    -- batch starts where the one before stopped in that order (see the
+    -- index below).
+    created_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     PRIMARY KEY (key, window_start),
     -- A window purge can always delete: finite, forwards, at most 366 days.
     CONSTRAINT platformkit_limits_window_sane CHECK (
@@ -301,10 +337,27 @@ BEGIN
         CREATE INDEX platformkit_limits_window_end
             ON platformkit.platformkit_limits (window_end);
     END IF;
-    -- The purge's batches are ranges of purge_after.
-    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_after') IS NULL THEN
-        CREATE INDEX platformkit_limits_purge_after
-            ON platformkit.platformkit_limits (purge_after);
+    -- The purge's batches are consecutive ranges of (purge_after,
+    -- created_at), each from where the one before stopped. On a large
+    -- table, build it beforehand without blocking writes (the guide's
+    -- operating section gives the statements); one that a failed build
+    -- left invalid is built again here.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_index AS i
+        WHERE i.indexrelid OPERATOR(pg_catalog.=)
+                  pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order')
+          AND i.indisvalid
+    ) THEN
+        IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NOT NULL THEN
+            DROP INDEX platformkit.platformkit_limits_purge_order;
+        END IF;
+        CREATE INDEX platformkit_limits_purge_order
+            ON platformkit.platformkit_limits (purge_after, created_at);
+    END IF;
+    -- Version 2: the index on purge_after alone, whose place the one above
+    -- took.
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_after') IS NOT NULL THEN
+        DROP INDEX platformkit.platformkit_limits_purge_after;
     END IF;
     IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
             FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
@@ -1344,8 +1397,16 @@ $$;
 -- and more than one window length ago (a sliding window still reads the
 -- window before the current one), skipping rows another transaction holds;
 -- returns how many went. Both scans are index ranges (of purge_after, the
--- moment a row may go, and of window_end), so a batch costs
--- what it deletes, however many closed windows must still be kept. The test
+-- moment a row may go, and of window_end), so a batch costs what it
+-- deletes, however many closed windows must still be kept. A purge's
+-- batches go through the rows due in the order of (purge_after,
+-- created_at): each batch starts where the one before stopped (o_after and
+-- o_created, in epoch seconds; NULL for the first) and returns where it
+-- stopped, so it never steps again over the index entries
+-- of the rows the batches before it deleted, which stay until a VACUUM
+-- (docs/PERFORMANCE.md, "Purge resumes"). A row due behind that place when
+-- the purge passed it (one skipped as held, or one written since with a
+-- window long closed) is the next purge's. The test
 -- is done in epoch seconds (float8), which cannot overflow or fail on any
 -- stored row. A row that breaks the window check (one stored before the
 -- check existed: not finite, backwards or longer than 366 days) goes a day
@@ -1353,9 +1414,17 @@ $$;
 -- pinned far ahead, a direct insert, an infinite end) goes at once.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge(
     p_batch bigint, p_budget_ms bigint,
-    INOUT o_deleted bigint DEFAULT NULL)
+    INOUT o_deleted bigint DEFAULT NULL,
+    INOUT o_after double precision DEFAULT NULL,
+    INOUT o_created double precision DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    -- Where this batch starts, as values the index can start its scan at:
+    -- under row-level security only a comparison of a column with plain
+    -- values (no COALESCE) bounds an index scan.
+    from_after pg_catalog.float8;
+    from_created pg_catalog.timestamptz;
 BEGIN
     -- prologue
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
@@ -1407,9 +1476,12 @@ BEGIN
                 END;
     END IF;
     -- end of prologue
-    IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000 THEN
+    IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000
+       OR (o_after IS NULL) <> (o_created IS NULL) OR o_after = 'NaN' OR o_created = 'NaN' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
+    from_after := COALESCE(o_after, '-Infinity');
+    from_created := COALESCE(to_timestamp(o_created), '-infinity');
     -- The one plan of the limiter's that reaches rows by their ctid; the
     -- prologue pins the other switches.
     PERFORM pg_catalog.set_config('enable_tidscan', 'on', true);
@@ -1423,9 +1495,14 @@ BEGIN
     -- purge takes it.) A row a call holds is skipped, not waited for. ONLY:
     -- a ctid names a row of one table, never of a table that inherits.
     WITH due AS (
-        -- A range of the index platformkit_limits_purge_after.
-        SELECT d.ctid AS place FROM ONLY platformkit.platformkit_limits AS d
+        -- A range of the index platformkit_limits_purge_order, from where
+        -- the batch before stopped (>=: a row there may share the place of
+        -- the last one it found).
+        SELECT d.ctid AS place, d.purge_after, d.created_at
+        FROM ONLY platformkit.platformkit_limits AS d
         WHERE d.purge_after < date_part('epoch', statement_timestamp())
+          AND (d.purge_after, d.created_at) >= (from_after, from_created)
+        ORDER BY d.purge_after, d.created_at
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
     ), ahead AS (
@@ -1437,10 +1514,19 @@ BEGIN
                             + make_interval(secs => platformkit.platformkit_max_window_secs() + 86400)
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM ONLY platformkit.platformkit_limits AS l
+        WHERE l.ctid = ANY (ARRAY(SELECT place FROM due UNION ALL SELECT place FROM ahead LIMIT p_batch))
+        RETURNING 1
+    ), stop AS (
+        -- Where the next batch starts: the last row the scan found.
+        SELECT s.purge_after, date_part('epoch', s.created_at) AS created FROM due AS s
+        ORDER BY s.purge_after DESC, s.created_at DESC
+        LIMIT 1
     )
-    DELETE FROM ONLY platformkit.platformkit_limits AS l
-    WHERE l.ctid = ANY (ARRAY(SELECT place FROM due UNION ALL SELECT place FROM ahead LIMIT p_batch));
-    GET DIAGNOSTICS o_deleted = ROW_COUNT;
+    SELECT (SELECT count(*) FROM gone), COALESCE(stop.purge_after, o_after), COALESCE(stop.created, o_created)
+    INTO o_deleted, o_after, o_created
+    FROM (SELECT) AS one LEFT JOIN stop ON true;
     COMMIT;
 END
 $$;

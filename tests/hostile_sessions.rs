@@ -670,7 +670,7 @@ async fn planner_switches_of_the_session_do_not_turn_the_limiters_plans_into_tab
     let plans = plans.lock().unwrap();
     let delete = plans
         .iter()
-        .find(|plan| plan.contains("platformkit_limits_purge_after"))
+        .find(|plan| plan.contains("platformkit_limits_purge_order"))
         .expect("the plan of the purge's DELETE");
     assert!(
         delete.contains("Tid Scan on platformkit_limits l"),

@@ -289,7 +289,7 @@ async fn purge_reads_only_the_rows_it_deletes_however_many_closed_windows_it_kee
             !delete.contains("Seq Scan") && !delete.contains("Rows Removed by Filter"),
             "the purge read rows it did not delete:\n{delete}"
         );
-        let due = scan_of(delete, "platformkit_limits_purge_after");
+        let due = scan_of(delete, "platformkit_limits_purge_order");
         assert!(
             due.contains(&format!(" rows={expected} loops=1)")),
             "the purge read other rows than the {expected} it deleted: {due}"
@@ -314,6 +314,89 @@ async fn purge_reads_only_the_rows_it_deletes_however_many_closed_windows_it_kee
         );
     }
     assert_eq!(stored_rows(&db).await.len(), 20_000);
+}
+
+/// The rows of one window all may go at the same moment, and the index
+/// keeps the entries of deleted rows until a VACUUM: a batch that scanned
+/// from the start of the index stepped over the entries of every row the
+/// batches before it had deleted, and over ten million rows of one window
+/// purge went at a third of the rate, slower with every batch. Each batch
+/// now starts where the one before stopped: the last batch of a purge
+/// reads as many pages as the first (its plan's buffers, as the limiter's
+/// role runs it), however many rows went before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_purge_batch_starts_where_the_one_before_stopped() {
+    const BATCHES: i64 = 5;
+    let db = fresh_db().await;
+    let mut system = db.connect().await;
+    let batch = i64::from(PurgeTask::BATCH_ROWS);
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT 'old|' || g, now() - interval '3 days', now() - interval '2 days', 1
+         FROM generate_series(1, $1::int8) AS g",
+        &[&(BATCHES * batch)],
+    )
+    .await;
+    system
+        .batch_execute("ANALYZE platformkit.platformkit_limits")
+        .await
+        .unwrap();
+
+    let (held, plans) = explained(&db).await;
+    held.lock()
+        .await
+        .batch_execute("SET auto_explain.log_analyze = on; SET auto_explain.log_buffers = on")
+        .await
+        .unwrap();
+    assert_eq!(
+        purge(&lend(Arc::clone(&held))).await.unwrap(),
+        (BATCHES * batch) as u64
+    );
+    let plans = plans.lock().unwrap();
+    let pages: Vec<u64> = plans
+        .iter()
+        .filter(|plan| plan.contains("Delete on platformkit_limits"))
+        .map(|delete| due_scan_pages(delete))
+        .collect();
+    // The full batches, then one that finds nothing.
+    assert_eq!(pages.len(), BATCHES as usize + 1, "{pages:?}");
+    let (first, last_full) = (pages[0], pages[BATCHES as usize - 1]);
+    assert!(
+        last_full <= first + first / 10,
+        "the last full batch read {last_full} pages, the first {first}: it stepped over \
+         what the batches before it deleted ({pages:?})"
+    );
+    let empty = pages[BATCHES as usize];
+    assert!(
+        empty <= first / 10,
+        "the batch that found nothing read {empty} pages, the first {first} ({pages:?})"
+    );
+}
+
+/// The pages the purge's scan of the rows due read (hit or read), from the
+/// plan of its DELETE: the scan of alias `d` that is not of window_end.
+fn due_scan_pages(plan: &str) -> u64 {
+    let mut lines = plan.lines().skip_while(|line| {
+        !(line.contains("Scan using")
+            && line.contains("on platformkit_limits d")
+            && !line.contains("platformkit_limits_window_end"))
+    });
+    let scan = lines
+        .next()
+        .unwrap_or_else(|| panic!("no scan of the rows due:\n{plan}"));
+    let buffers = lines
+        .take_while(|line| !line.contains("->"))
+        .find(|line| line.trim_start().starts_with("Buffers:"))
+        .unwrap_or_else(|| panic!("no buffers for {scan}:\n{plan}"));
+    buffers
+        .split_whitespace()
+        .filter_map(|word| {
+            word.strip_prefix("hit=")
+                .or_else(|| word.strip_prefix("read="))
+        })
+        .map(|n| n.parse::<u64>().expect("a count of pages"))
+        .sum()
 }
 
 /// A ctid names a row of one table. Had the table's owner made a table

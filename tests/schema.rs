@@ -4,7 +4,7 @@
 //! `public`) moves with its rows, re-applying it queues behind no reader, and
 //! every procedure begins with the same prologue.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common;
 use common::db::texts;
@@ -18,6 +18,10 @@ use tokio_postgres::error::SqlState;
 /// The schema as it was before it moved into `platformkit`: the layout an
 /// existing install has.
 const SCHEMA_IN_PUBLIC: &str = include_str!("fixtures/schema-in-public.sql");
+
+/// The schema of version 1, as released: the install the version 2 upgrade
+/// starts from.
+const SCHEMA_V1: &str = include_str!("fixtures/schema-v1.sql");
 
 /// The longest stored key: the limit's name, `|`, the encoded key.
 const MAX_STORED_KEY_BYTES: usize = Limit::MAX_NAME_BYTES + 1 + Key::MAX_BYTES;
@@ -229,6 +233,13 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
             PurgeTask::BATCH_ROWS + 1
         ),
         "CALL platformkit.platformkit_limit_purge(p_batch => 0, p_budget_ms => 2000)",
+        // Half a place to start from, or one that is not a number.
+        "CALL platformkit.platformkit_limit_purge(p_batch => 10, p_budget_ms => 2000, \
+         o_after => 0, o_created => NULL)",
+        "CALL platformkit.platformkit_limit_purge(p_batch => 10, p_budget_ms => 2000, \
+         o_after => 'NaN', o_created => 0)",
+        "CALL platformkit.platformkit_limit_purge(p_batch => 10, p_budget_ms => 2000, \
+         o_after => 0, o_created => 'NaN')",
         &many("add_many", Limiter::MAX_PAIRS + 1, "60"),
         &many("read_many", Limiter::MAX_PAIRS + 1, "60"),
         &many("add_many", 2, "0"),
@@ -622,6 +633,122 @@ async fn applying_the_schema_over_the_public_layout_keeps_every_row() {
     assert_eq!(verdict.count(), Some(1));
     let moved = keys(&mut owner).await;
     assert!(moved.contains(&("login|open".to_owned(), 4)), "{moved:?}");
+}
+
+/// An install of version 1, whose purge began every batch at the start of
+/// its index, moves to version 2 on re-applying the schema: every row kept
+/// with its count, the column created_at added without rewriting the table
+/// (the rows already there take -infinity), the index on (purge_after,
+/// created_at) in the old index's place, the old purge procedure gone, and
+/// a purge then takes exactly the windows that may go, old rows and new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() {
+    let db = Server::shared().empty_database().await;
+    let mut owner = db.connect().await;
+    owner.batch_execute(SCHEMA_V1).await.expect("version 1");
+    let tx = owner.transaction().await.unwrap();
+    tx.batch_execute(
+        "SET LOCAL platformkit.system = 'on';
+         INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count) VALUES
+           ('login|open', now() - interval '1 minute', now() + interval '1 hour', 4),
+           ('login|closed', now() - interval '3 days', now() - interval '3 days' + interval '60 s', 2),
+           ('login|closed-too', now() - interval '3 days', now() - interval '3 days' + interval '60 s', 3),
+           ('weekly|kept', now() - interval '8 days', now() - interval '1 day 1 hour', 1),
+           ('x|far-ahead', now() + interval '400 days', now() + interval '400 days 1 minute', 1);",
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let table_file = "SELECT relfilenode::text FROM pg_catalog.pg_class
+                      WHERE oid = 'platformkit.platformkit_limits'::regclass";
+    let before = texts(&owner, table_file).await;
+
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    owner.batch_execute(SCHEMA).await.expect("and again");
+    assert_eq!(
+        texts(
+            &owner,
+            "SELECT platformkit.platformkit_schema_version()::text"
+        )
+        .await,
+        ["2"]
+    );
+    assert_eq!(
+        texts(&owner, table_file).await,
+        before,
+        "the table was rewritten"
+    );
+    let indexes = texts(
+        &owner,
+        "SELECT indexrelid::regclass::text || ' ' || pg_catalog.pg_get_indexdef(indexrelid)
+         FROM pg_catalog.pg_index
+         WHERE indrelid = 'platformkit.platformkit_limits'::regclass ORDER BY 1",
+    )
+    .await;
+    assert_eq!(indexes.len(), 3, "{indexes:?}");
+    assert!(
+        indexes[1].starts_with("platformkit.platformkit_limits_purge_order "),
+        "{indexes:?}"
+    );
+    assert!(
+        indexes[1].ends_with("(purge_after, created_at)"),
+        "{indexes:?}"
+    );
+    assert_eq!(
+        texts(
+            &owner,
+            "SELECT pg_catalog.pg_get_function_identity_arguments(oid) FROM pg_catalog.pg_proc
+             WHERE proname = 'platformkit_limit_purge'",
+        )
+        .await,
+        [
+            "IN p_batch bigint, IN p_budget_ms bigint, INOUT o_deleted bigint, \
+          INOUT o_after double precision, INOUT o_created double precision"
+        ]
+    );
+    let tx = owner.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL platformkit.system = 'on'")
+        .await
+        .unwrap();
+    let old_rows: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM platformkit.platformkit_limits WHERE created_at = '-infinity'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    tx.commit().await.unwrap();
+    assert_eq!(old_rows, 5, "the rows from before the upgrade");
+
+    // The purge of a replica still on version 1, which names two
+    // arguments, runs the new procedure from the index's start.
+    let deleted: i64 = owner
+        .query_one(
+            "CALL platformkit.platformkit_limit_purge(p_batch => 5000, p_budget_ms => 2000)",
+            &[],
+        )
+        .await
+        .expect("version 1's purge")
+        .get(0);
+    assert_eq!(deleted, 3, "the closed minutes and the window far ahead");
+
+    // A row written after the upgrade, in a window long closed, goes too.
+    let limiter = Limiter::new(Postgres::new(db.config()).with_clock(ManualClock::new(
+        SystemTime::now() - Duration::from_secs(3 * 86_400),
+    )));
+    let login = Limit::new("login", 5, Duration::from_secs(60)).unwrap();
+    limiter.failed(&login, &Key::opaque("after")).await.unwrap();
+    assert_eq!(
+        purge(&db.config()).await.unwrap(),
+        1,
+        "the row written after"
+    );
+    let kept = keys(&mut owner).await;
+    assert_eq!(
+        kept,
+        [("login|open".to_owned(), 4), ("weekly|kept".to_owned(), 1)]
+    );
 }
 
 /// The upgrades spell the window check and the column `purge_after` again,
@@ -1063,7 +1190,7 @@ async fn applying_the_schema_over_an_install_without_purge_after_adds_it_to_ever
     let mut owner = db.connect().await;
     owner
         .batch_execute(
-            "DROP INDEX platformkit.platformkit_limits_purge_after;
+            "DROP INDEX platformkit.platformkit_limits_purge_order;
              ALTER TABLE platformkit.platformkit_limits DROP COLUMN purge_after;",
         )
         .await
@@ -1091,7 +1218,7 @@ async fn applying_the_schema_over_an_install_without_purge_after_adds_it_to_ever
         indexes,
         [
             "platformkit.platformkit_limits_pkey",
-            "platformkit.platformkit_limits_purge_after",
+            "platformkit.platformkit_limits_purge_order",
             "platformkit.platformkit_limits_window_end",
         ]
     );

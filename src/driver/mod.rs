@@ -90,6 +90,8 @@ pub(crate) mod sealed {
         Bool(bool),
         /// `timestamptz`, `NULL` for `None`
         Timestamptz(Option<SystemTime>),
+        /// `double precision`, `NULL` for `None`
+        Float8(Option<f64>),
         /// `text[]`
         TextArray(&'a [&'a str]),
         /// `int8[]`
@@ -121,6 +123,8 @@ pub(crate) mod sealed {
         fn times(&self, index: usize) -> Result<Vec<SystemTime>, Failure>;
         /// `timestamptz[]`, `NULL`s allowed
         fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure>;
+        /// `double precision`, or `NULL`
+        fn maybe_float8(&self, index: usize) -> Result<Option<f64>, Failure>;
     }
 
     /// A driver's error, read where it happened into the terms the

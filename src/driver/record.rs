@@ -168,6 +168,9 @@ impl Columns for Fields {
     fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure> {
         self.field(index, &Type::TIMESTAMPTZ_ARRAY)
     }
+    fn maybe_float8(&self, index: usize) -> Result<Option<f64>, Failure> {
+        self.field(index, &Type::FLOAT8)
+    }
 }
 
 #[cfg(test)]

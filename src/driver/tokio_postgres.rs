@@ -113,6 +113,7 @@ pub(super) fn typed<'a>(param: &'a Param<'a>) -> (&'a (dyn ToSql + Sync), Type) 
         Param::Int8(n) => (n, Type::INT8),
         Param::Bool(b) => (b, Type::BOOL),
         Param::Timestamptz(at) => (at, Type::TIMESTAMPTZ),
+        Param::Float8(x) => (x, Type::FLOAT8),
         Param::TextArray(texts) => (texts, Type::TEXT_ARRAY),
         Param::Int8Array(ns) => (ns, Type::INT8_ARRAY),
         Param::BoolArray(bs) => (bs, Type::BOOL_ARRAY),
@@ -152,6 +153,9 @@ impl Columns for tokio_postgres::Row {
         column(self, index)
     }
     fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure> {
+        column(self, index)
+    }
+    fn maybe_float8(&self, index: usize) -> Result<Option<f64>, Failure> {
         column(self, index)
     }
 }

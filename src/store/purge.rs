@@ -6,10 +6,11 @@ use std::time::Duration;
 use snafu::ensure;
 
 use crate::call::Call;
+use crate::driver::Row;
 use crate::error::InvalidOptionSnafu;
 use crate::operation::Operation;
 use crate::store::budget::Budget;
-use crate::store::sql;
+use crate::store::sql::{self, PurgePlace};
 use crate::store::statement::{call, deleted};
 use crate::{Error, LimitConn, metric};
 
@@ -38,9 +39,17 @@ use crate::{Error, LimitConn, metric};
 /// ```
 pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
     let mut total = 0;
+    // Each batch starts where the one before stopped: from the start of
+    // the index every time, a batch stepped over the entries of every row
+    // the batches before it had deleted (docs/PERFORMANCE.md, "Purge
+    // resumes").
+    let mut from = None;
     loop {
-        let deleted = match purge_batch(conns).await {
-            Ok(deleted) => deleted,
+        let deleted = match purge_batch(conns, from).await {
+            Ok((deleted, stopped)) => {
+                from = stopped;
+                deleted
+            }
             Err(e) => {
                 metric::purge_failed();
                 crate::trace::purge_failed(total, &e);
@@ -56,7 +65,11 @@ pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
     }
 }
 
-async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
+/// One batch from `from`: how many rows went, and where it stopped.
+async fn purge_batch<C: LimitConn>(
+    conns: &C,
+    from: Option<PurgePlace>,
+) -> Result<(u64, Option<PurgePlace>), Error> {
     let purge = Call::start(Operation::Purge, PurgeTask::BATCH_BUDGET);
     purge
         .within(async {
@@ -68,11 +81,25 @@ async fn purge_batch<C: LimitConn>(conns: &C) -> Result<u64, Error> {
             let batch = sql::PurgeBatch {
                 batch: i64::from(PurgeTask::BATCH_ROWS),
                 budget_ms: budget.server_ms,
+                from,
             };
             let row = call(&mut conn, Operation::Purge, batch.statement(), budget).await?;
-            deleted(&row, Operation::Purge)
+            Ok((deleted(&row, Operation::Purge)?, stopped(&row)?))
         })
         .await
+}
+
+/// Where the batch that answered `row` stopped: `NULL`, `NULL` before any
+/// row was found.
+fn stopped(row: &Row) -> Result<Option<PurgePlace>, Error> {
+    let read = |index| {
+        row.maybe_float8(index)
+            .map_err(|e| e.into_error(Operation::Purge, false))
+    };
+    Ok(match (read(1)?, read(2)?) {
+        (Some(after), Some(created)) => Some(PurgePlace { after, created }),
+        _ => None,
+    })
 }
 
 /// A tokio task that runs [`purge`] on a schedule until it is stopped: for a

@@ -22,7 +22,7 @@ pub(crate) const SCHEMA: &str = include_str!("../../schema.sql");
 /// returns in a database it was applied to. Raised by one, together with
 /// the function's body, whenever a release changes `schema.sql` (its header
 /// says how).
-pub(crate) const SCHEMA_VERSION: u32 = 1;
+pub(crate) const SCHEMA_VERSION: u32 = 2;
 
 /// Adds `p_add` to the key's count in the current window. Returns the count,
 /// the window's end, the time, the previous window's count and the end of a
@@ -76,9 +76,11 @@ pub(crate) const RESET: &str = "CALL platformkit.platformkit_limit_reset(\
 
 /// Deletes at most `p_batch` rows whose window closed more than 24 hours
 /// ago and more than one window length ago, skipping rows another
-/// transaction holds. Returns how many rows went.
-pub(crate) const PURGE_BATCH: &str =
-    "CALL platformkit.platformkit_limit_purge(p_batch => $1, p_budget_ms => $2)";
+/// transaction holds, from the place `o_after`, `o_created` where the
+/// batch before stopped (`NULL` for the first). Returns how many rows went
+/// and where this batch stopped.
+pub(crate) const PURGE_BATCH: &str = "CALL platformkit.platformkit_limit_purge(\
+    p_batch => $1, p_budget_ms => $2, o_after => $3, o_created => $4)";
 
 /// One statement ready to send: its text, and its parameters in the order
 /// of its `$n`. Each procedure's arguments are a struct below, so the order
@@ -328,13 +330,28 @@ impl Reset<'_> {
 pub(crate) struct PurgeBatch {
     pub(crate) batch: i64,
     pub(crate) budget_ms: i64,
+    pub(crate) from: Option<PurgePlace>,
+}
+
+/// Where a purge batch stopped, in the order it goes through the rows due
+/// (`purge_after`, then `created_at` in epoch seconds): where the next
+/// batch of the same purge starts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct PurgePlace {
+    pub(crate) after: f64,
+    pub(crate) created: f64,
 }
 
 impl PurgeBatch {
-    pub(crate) fn statement(&self) -> Statement<'static, 2> {
+    pub(crate) fn statement(&self) -> Statement<'static, 4> {
         Statement {
             sql: PURGE_BATCH,
-            params: [Param::Int8(self.batch), Param::Int8(self.budget_ms)],
+            params: [
+                Param::Int8(self.batch),
+                Param::Int8(self.budget_ms),
+                Param::Float8(self.from.map(|place| place.after)),
+                Param::Float8(self.from.map(|place| place.created)),
+            ],
         }
     }
 }

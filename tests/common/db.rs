@@ -419,7 +419,8 @@ pub async fn explained(db: &TestDb) -> (Arc<Mutex<Client>>, Plans) {
                 .batch_execute(
                     "GRANT SET ON PARAMETER session_preload_libraries,
                          auto_explain.log_min_duration, auto_explain.log_nested_statements,
-                         auto_explain.log_level, auto_explain.log_analyze
+                         auto_explain.log_level, auto_explain.log_analyze,
+                         auto_explain.log_buffers
                      TO limit_tenant",
                 )
                 .await

@@ -124,6 +124,7 @@ where
                 Param::Int8(n) => query.bind(n),
                 Param::Bool(b) => query.bind(b),
                 Param::Timestamptz(at) => query.bind(at.map(Timestamptz)),
+                Param::Float8(x) => query.bind(x),
                 Param::TextArray(texts) => query.bind(texts),
                 Param::Int8Array(ns) => query.bind(ns),
                 Param::BoolArray(bs) => query.bind(bs),
@@ -288,5 +289,8 @@ impl Columns for PgRow {
         column(self, index, |ts: Vec<Option<Timestamptz>>| {
             ts.into_iter().map(|t| t.map(|t| t.0)).collect()
         })
+    }
+    fn maybe_float8(&self, index: usize) -> Result<Option<f64>, Failure> {
+        column(self, index, |x: Option<f64>| x)
     }
 }
