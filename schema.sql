@@ -192,9 +192,8 @@ BEGIN
                 END) STORED;
     END IF;
     -- 2026-12-01, version 2: from a table without the column created_at
-    -- (the order of the purge's batches among rows that may go at the same
-    -- moment). Added without rewriting the table: the rows already there
-    -- take -infinity, the rows written after it the moment they are
+    -- (see the table). Added without rewriting the table: the rows already
+    -- there take -infinity, the rows written after it the moment they are
     -- written.
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_attribute AS a
@@ -206,19 +205,6 @@ BEGIN
             ADD COLUMN created_at timestamptz NOT NULL DEFAULT '-infinity';
         ALTER TABLE platformkit.platformkit_limits
             ALTER COLUMN created_at SET DEFAULT pg_catalog.clock_timestamp();
-    END IF;
-END
-$$;
-
--- 2026-12-01, version 2: from the purge that took no place to start from
--- (each batch scanned its index from the start, over every entry the
--- batches before it had deleted). The procedure now takes and returns
--- where its batch stopped, so its arguments changed: the old one goes
--- here. (Its index on purge_after alone goes with the indexes, below.)
-DO $$
-BEGIN
-    IF pg_catalog.to_regprocedure('platformkit.platformkit_limit_purge(bigint, bigint, bigint)') IS NOT NULL THEN
-        DROP PROCEDURE platformkit.platformkit_limit_purge(bigint, bigint, bigint);
     END IF;
 END
 $$;
@@ -309,11 +295,8 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
         ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
         END) STORED,
     -- When the row was first written (an update leaves it, so it stays
-    -- heap-only). Rows are written, and so stored, in about this order: it
-    -- orders the rows that may go at the same moment (every row of one
-    -- window) in the purge's index as they lie in the table, and a purge
-    -- batch starts where the one before stopped in that order (see the
-    -- index below).
+    -- heap-only): the order of the purge's batches among the rows that may
+    -- go at the same moment (see platformkit_limit_purge_from).
     created_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     PRIMARY KEY (key, window_start),
     -- A window purge can always delete: finite, forwards, at most 366 days.
@@ -337,22 +320,29 @@ BEGIN
         CREATE INDEX platformkit_limits_window_end
             ON platformkit.platformkit_limits (window_end);
     END IF;
-    -- The purge's batches are consecutive ranges of (purge_after,
-    -- created_at), each from where the one before stopped. On a large
-    -- table, build it beforehand without blocking writes (the guide's
-    -- operating section gives the statements); one that a failed build
-    -- left invalid is built again here.
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_index AS i
-        WHERE i.indexrelid OPERATOR(pg_catalog.=)
-                  pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order')
-          AND i.indisvalid
-    ) THEN
-        IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NOT NULL THEN
-            DROP INDEX platformkit.platformkit_limits_purge_order;
-        END IF;
+    -- The ranges purge's batches read (see platformkit_limit_purge_from),
+    -- in place of version 1's index on purge_after alone. On a large
+    -- table, build it beforehand without holding the limiter's calls (the
+    -- guide's Purge section gives the statements). One of that name that
+    -- is not this index, or not valid (a build that failed, or one still
+    -- running), is the operator's to drop: dropping it here would wait
+    -- for a build in progress and hold every call meanwhile.
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NULL THEN
         CREATE INDEX platformkit_limits_purge_order
             ON platformkit.platformkit_limits (purge_after, created_at);
+    ELSIF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_index AS i
+        WHERE i.indexrelid OPERATOR(pg_catalog.=) 'platformkit.platformkit_limits_purge_order'::pg_catalog.regclass
+          AND i.indisvalid
+          AND pg_catalog.pg_get_indexdef(i.indexrelid) OPERATOR(pg_catalog.=)
+              'CREATE INDEX platformkit_limits_purge_order ON platformkit.platformkit_limits USING btree (purge_after, created_at)'
+    ) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PK003',
+            MESSAGE = 'platformkit: the index platformkit.platformkit_limits_purge_order is not valid or is not '
+                      'the schema''s (purge_after, created_at): nothing applied; drop it '
+                      '(DROP INDEX CONCURRENTLY platformkit.platformkit_limits_purge_order) once no build of it '
+                      'is running, then apply the schema again';
     END IF;
     -- Version 2: the index on purge_after alone, whose place the one above
     -- took.
@@ -1393,26 +1383,127 @@ BEGIN
 END
 $$;
 
+-- Version 1's purge, unchanged, for the replicas of a release before
+-- version 2 during a rolling deploy: their calls, prepared or not, keep
+-- naming it, and it stays the same routine (its grants and any plan a
+-- replica cached stay good). It deletes what platformkit_limit_purge_from,
+-- below, deletes, but each of its batches scans from the start of the
+-- index. The crate calls platformkit_limit_purge_from; this one goes in a
+-- later version.
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge(
+    p_batch bigint, p_budget_ms bigint,
+    INOUT o_deleted bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- prologue
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
+            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
+                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
+                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
+                END;
+    END IF;
+    COMMIT;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
+            pg_catalog.set_config('platformkit.system', 'on', true),
+            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
+            pg_catalog.set_config('row_security', 'on', true),
+            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
+            pg_catalog.set_config('synchronous_commit', 'on', true),
+            pg_catalog.set_config('enable_seqscan', 'off', true),
+            pg_catalog.set_config('enable_indexscan', 'on', true),
+            pg_catalog.set_config('enable_bitmapscan', 'off', true),
+            pg_catalog.set_config('enable_nestloop', 'on', true),
+            pg_catalog.set_config('seq_page_cost', '1', true),
+            pg_catalog.set_config('random_page_cost', '4', true),
+            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
+            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
+            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
+            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
+            pg_catalog.set_config('jit', 'off', true);
+    -- Every lock wait of the call together within the budget: a quarter
+    -- each, for the at most four waits of one row's upsert.
+    PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
+    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
+       OR (current_setting('statement_timeout') <> '0'
+           AND current_setting('statement_timeout')::interval
+               <= p_budget_ms * interval '1 millisecond')
+       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
+           AND current_setting('transaction_timeout', true)::interval
+               <= p_budget_ms * interval '1 millisecond')
+       OR (current_setting('default_transaction_isolation') = 'serializable'
+           AND current_setting('default_transaction_read_only') = 'on'
+           AND current_setting('default_transaction_deferrable') = 'on')
+       OR current_setting('transaction_read_only') <> 'off' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
+            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
+                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
+                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
+                END;
+    END IF;
+    -- end of prologue
+    IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    -- The one plan of the limiter's that reaches rows by their ctid; the
+    -- prologue pins the other switches.
+    PERFORM pg_catalog.set_config('enable_tidscan', 'on', true);
+    -- Each row is deleted by the ctid its locking scan returned: no second
+    -- probe of the primary key's index per row, which halved the batch's
+    -- rate. The lock is what makes the ctid safe: a row this transaction
+    -- holds cannot be updated, deleted or moved by another before the
+    -- DELETE, so the DELETE never follows an update chain to a version it
+    -- did not lock. (A row whose lock followed an update committed after
+    -- the statement's snapshot is locked but not deleted here; a later
+    -- purge takes it.) A row a call holds is skipped, not waited for. ONLY:
+    -- a ctid names a row of one table, never of a table that inherits.
+    WITH due AS (
+        -- A range of the index platformkit_limits_purge_order.
+        SELECT d.ctid AS place FROM ONLY platformkit.platformkit_limits AS d
+        WHERE d.purge_after < date_part('epoch', statement_timestamp())
+        LIMIT p_batch
+        FOR UPDATE SKIP LOCKED
+    ), ahead AS (
+        -- Windows that end more than 367 days from now, which only a clock
+        -- pinned far ahead or a direct insert stores (an infinite end
+        -- included): a range of platformkit_limits_window_end.
+        SELECT d.ctid AS place FROM ONLY platformkit.platformkit_limits AS d
+        WHERE d.window_end > statement_timestamp()
+                            + make_interval(secs => platformkit.platformkit_max_window_secs() + 86400)
+        LIMIT p_batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM ONLY platformkit.platformkit_limits AS l
+    WHERE l.ctid = ANY (ARRAY(SELECT place FROM due UNION ALL SELECT place FROM ahead LIMIT p_batch));
+    GET DIAGNOSTICS o_deleted = ROW_COUNT;
+    COMMIT;
+END
+$$;
+
 -- Deletes at most p_batch rows whose window closed more than 24 hours ago
 -- and more than one window length ago (a sliding window still reads the
 -- window before the current one), skipping rows another transaction holds;
--- returns how many went. Both scans are index ranges (of purge_after, the
--- moment a row may go, and of window_end), so a batch costs what it
--- deletes, however many closed windows must still be kept. A purge's
+-- returns how many went, and where it stopped. Both scans are index ranges
+-- (of (purge_after, created_at), and of window_end), so a batch costs what
+-- it deletes, however many closed windows must still be kept. A purge's
 -- batches go through the rows due in the order of (purge_after,
--- created_at): each batch starts where the one before stopped (o_after and
--- o_created, in epoch seconds; NULL for the first) and returns where it
--- stopped, so it never steps again over the index entries
--- of the rows the batches before it deleted, which stay until a VACUUM
--- (docs/PERFORMANCE.md, "Purge resumes"). A row due behind that place when
--- the purge passed it (one skipped as held, or one written since with a
--- window long closed) is the next purge's. The test
+-- created_at), each starting where the one before stopped (o_after and
+-- o_created, in epoch seconds; NULL for the first), so none steps again
+-- over the index entries of the rows the batches before it deleted, which
+-- stay until a VACUUM; rows written before version 2 all have created_at
+-- -infinity and still tie (docs/PERFORMANCE.md, "Purge resumes"). A row
+-- due behind that place when the purge passed it (one skipped as held, or
+-- one written since with a window long closed) is the next purge's. The test
 -- is done in epoch seconds (float8), which cannot overflow or fail on any
 -- stored row. A row that breaks the window check (one stored before the
 -- check existed: not finite, backwards or longer than 366 days) goes a day
 -- after it closes, and a row ending more than 367 days from now (a clock
 -- pinned far ahead, a direct insert, an infinite end) goes at once.
-CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge(
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge_from(
     p_batch bigint, p_budget_ms bigint,
     INOUT o_deleted bigint DEFAULT NULL,
     INOUT o_after double precision DEFAULT NULL,
@@ -1480,8 +1571,12 @@ BEGIN
        OR (o_after IS NULL) <> (o_created IS NULL) OR o_after = 'NaN' OR o_created = 'NaN' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
+    -- A place past either end of the timestamps (one a far-off created_at
+    -- rounds to in float8) starts at that end: never an error.
     from_after := COALESCE(o_after, '-Infinity');
-    from_created := COALESCE(to_timestamp(o_created), '-infinity');
+    from_created := CASE WHEN o_created IS NULL OR o_created < -210866803200 THEN '-infinity'
+                         WHEN o_created >= 9224318016000 THEN 'infinity'
+                         ELSE to_timestamp(o_created) END;
     -- The one plan of the limiter's that reaches rows by their ctid; the
     -- prologue pins the other switches.
     PERFORM pg_catalog.set_config('enable_tidscan', 'on', true);
@@ -1496,8 +1591,7 @@ BEGIN
     -- a ctid names a row of one table, never of a table that inherits.
     WITH due AS (
         -- A range of the index platformkit_limits_purge_order, from where
-        -- the batch before stopped (>=: a row there may share the place of
-        -- the last one it found).
+        -- the batch before stopped (>=: rows may share a place).
         SELECT d.ctid AS place, d.purge_after, d.created_at
         FROM ONLY platformkit.platformkit_limits AS d
         WHERE d.purge_after < date_part('epoch', statement_timestamp())
@@ -1562,6 +1656,10 @@ BEGIN
         -- 2026-12, the same version: the all-or-nothing procedure is new,
         -- and a role that may run the others may run it.
         EXECUTE 'GRANT EXECUTE ON PROCEDURE platformkit.platformkit_limit_add_all_or_none TO '
+            OPERATOR(pg_catalog.||) grantee;
+        -- 2026-12-01, version 2: the purge that starts where its batch
+        -- before stopped is new, and so is a role's right to run it.
+        EXECUTE 'GRANT EXECUTE ON PROCEDURE platformkit.platformkit_limit_purge_from TO '
             OPERATOR(pg_catalog.||) grantee;
     END LOOP;
 END

@@ -374,6 +374,28 @@ async fn each_purge_batch_starts_where_the_one_before_stopped() {
     );
 }
 
+/// Rows may share a place in the purge's order: every row written before
+/// schema version 2 has created_at -infinity, and every row of one window
+/// one purge_after. A batch that stopped inside such a group starts the
+/// next one at the same place, so the group's other rows go in the same
+/// purge, not the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_takes_every_row_of_a_place_that_rows_share() {
+    let db = fresh_db().await;
+    let mut system = db.connect().await;
+    let shared = 2 * i64::from(PurgeTask::BATCH_ROWS) + 10;
+    as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count, created_at)
+         SELECT 'old|' || g, now() - interval '3 days', now() - interval '2 days', 1, '-infinity'
+         FROM generate_series(1, $1::int8) AS g",
+        &[&shared],
+    )
+    .await;
+    assert_eq!(purge(&db.config()).await.unwrap(), shared as u64);
+    assert!(stored_rows(&db).await.is_empty(), "rows left behind");
+}
+
 /// The pages the purge's scan of the rows due read (hit or read), from the
 /// plan of its DELETE: the scan of alias `d` that is not of window_end.
 fn due_scan_pages(plan: &str) -> u64 {

@@ -233,12 +233,17 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
             PurgeTask::BATCH_ROWS + 1
         ),
         "CALL platformkit.platformkit_limit_purge(p_batch => 0, p_budget_ms => 2000)",
+        &format!(
+            "CALL platformkit.platformkit_limit_purge_from(p_batch => {}, p_budget_ms => 2000)",
+            PurgeTask::BATCH_ROWS + 1
+        ),
+        "CALL platformkit.platformkit_limit_purge_from(p_batch => 0, p_budget_ms => 2000)",
         // Half a place to start from, or one that is not a number.
-        "CALL platformkit.platformkit_limit_purge(p_batch => 10, p_budget_ms => 2000, \
+        "CALL platformkit.platformkit_limit_purge_from(p_batch => 10, p_budget_ms => 2000, \
          o_after => 0, o_created => NULL)",
-        "CALL platformkit.platformkit_limit_purge(p_batch => 10, p_budget_ms => 2000, \
+        "CALL platformkit.platformkit_limit_purge_from(p_batch => 10, p_budget_ms => 2000, \
          o_after => 'NaN', o_created => 0)",
-        "CALL platformkit.platformkit_limit_purge(p_batch => 10, p_budget_ms => 2000, \
+        "CALL platformkit.platformkit_limit_purge_from(p_batch => 10, p_budget_ms => 2000, \
          o_after => 0, o_created => 'NaN')",
         &many("add_many", Limiter::MAX_PAIRS + 1, "60"),
         &many("read_many", Limiter::MAX_PAIRS + 1, "60"),
@@ -288,6 +293,11 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
     let accepted = [
         &format!(
             "CALL platformkit.platformkit_limit_purge(p_batch => {}, p_budget_ms => 2000)",
+            PurgeTask::BATCH_ROWS
+        ),
+        &format!(
+            "CALL platformkit.platformkit_limit_purge_from(p_batch => {}, p_budget_ms => 2000, \
+             o_after => '-Infinity', o_created => 'Infinity')",
             PurgeTask::BATCH_ROWS
         ),
         &many("add_many", Limiter::MAX_PAIRS, "60"),
@@ -639,13 +649,20 @@ async fn applying_the_schema_over_the_public_layout_keeps_every_row() {
 /// its index, moves to version 2 on re-applying the schema: every row kept
 /// with its count, the column created_at added without rewriting the table
 /// (the rows already there take -infinity), the index on (purge_after,
-/// created_at) in the old index's place, the old purge procedure gone, and
-/// a purge then takes exactly the windows that may go, old rows and new.
+/// created_at) in the old index's place. Version 1's purge stays what it
+/// was, the same routine, so a replica still on version 1 runs its purge
+/// even through a statement it prepared before; the limiter's role may run
+/// the new purge without running grants() again, and it takes exactly the
+/// windows that may go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() {
     let db = Server::shared().empty_database().await;
     let mut owner = db.connect().await;
     owner.batch_execute(SCHEMA_V1).await.expect("version 1");
+    owner
+        .batch_execute(&platformkit_limit::grants("limit_tenant"))
+        .await
+        .expect("version 1's grants");
     let tx = owner.transaction().await.unwrap();
     tx.batch_execute(
         "SET LOCAL platformkit.system = 'on';
@@ -661,7 +678,19 @@ async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() 
     tx.commit().await.unwrap();
     let table_file = "SELECT relfilenode::text FROM pg_catalog.pg_class
                       WHERE oid = 'platformkit.platformkit_limits'::regclass";
-    let before = texts(&owner, table_file).await;
+    let old_purge =
+        "SELECT oid::text FROM pg_catalog.pg_proc WHERE proname = 'platformkit_limit_purge'";
+    let before = (
+        texts(&owner, table_file).await,
+        texts(&owner, old_purge).await,
+    );
+    // A replica of version 1 with its purge prepared, as deadpool's
+    // Prepared and sqlx prepare theirs.
+    let replica = db.connect_tenant().await;
+    let version_1_purge = replica
+        .prepare("CALL platformkit.platformkit_limit_purge(p_batch => $1, p_budget_ms => $2)")
+        .await
+        .unwrap();
 
     owner.batch_execute(SCHEMA).await.expect("the migration");
     owner.batch_execute(SCHEMA).await.expect("and again");
@@ -674,9 +703,12 @@ async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() 
         ["2"]
     );
     assert_eq!(
-        texts(&owner, table_file).await,
+        (
+            texts(&owner, table_file).await,
+            texts(&owner, old_purge).await
+        ),
         before,
-        "the table was rewritten"
+        "the table was rewritten, or version 1's purge made again"
     );
     let indexes = texts(
         &owner,
@@ -687,24 +719,9 @@ async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() 
     .await;
     assert_eq!(indexes.len(), 3, "{indexes:?}");
     assert!(
-        indexes[1].starts_with("platformkit.platformkit_limits_purge_order "),
+        indexes[1].starts_with("platformkit.platformkit_limits_purge_order ")
+            && indexes[1].ends_with("(purge_after, created_at)"),
         "{indexes:?}"
-    );
-    assert!(
-        indexes[1].ends_with("(purge_after, created_at)"),
-        "{indexes:?}"
-    );
-    assert_eq!(
-        texts(
-            &owner,
-            "SELECT pg_catalog.pg_get_function_identity_arguments(oid) FROM pg_catalog.pg_proc
-             WHERE proname = 'platformkit_limit_purge'",
-        )
-        .await,
-        [
-            "IN p_batch bigint, IN p_budget_ms bigint, INOUT o_deleted bigint, \
-          INOUT o_after double precision, INOUT o_created double precision"
-        ]
     );
     let tx = owner.transaction().await.unwrap();
     tx.batch_execute("SET LOCAL platformkit.system = 'on'")
@@ -721,26 +738,24 @@ async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() 
     tx.commit().await.unwrap();
     assert_eq!(old_rows, 5, "the rows from before the upgrade");
 
-    // The purge of a replica still on version 1, which names two
-    // arguments, runs the new procedure from the index's start.
-    let deleted: i64 = owner
-        .query_one(
-            "CALL platformkit.platformkit_limit_purge(p_batch => 5000, p_budget_ms => 2000)",
-            &[],
-        )
+    let deleted: i64 = replica
+        .query_one(&version_1_purge, &[&5000_i64, &2000_i64])
         .await
-        .expect("version 1's purge")
+        .expect("version 1's purge, prepared before the upgrade")
         .get(0);
     assert_eq!(deleted, 3, "the closed minutes and the window far ahead");
 
-    // A row written after the upgrade, in a window long closed, goes too.
-    let limiter = Limiter::new(Postgres::new(db.config()).with_clock(ManualClock::new(
-        SystemTime::now() - Duration::from_secs(3 * 86_400),
-    )));
+    // A row written after the upgrade, in a window long closed, goes too,
+    // through the new purge, as the limiter's role.
+    let limiter = Limiter::new(
+        Postgres::new(db.tenant_config()).with_clock(ManualClock::new(
+            SystemTime::now() - Duration::from_secs(3 * 86_400),
+        )),
+    );
     let login = Limit::new("login", 5, Duration::from_secs(60)).unwrap();
     limiter.failed(&login, &Key::opaque("after")).await.unwrap();
     assert_eq!(
-        purge(&db.config()).await.unwrap(),
+        purge(&db.tenant_config()).await.unwrap(),
         1,
         "the row written after"
     );
@@ -749,6 +764,89 @@ async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() 
         kept,
         [("login|open".to_owned(), 4), ("weekly|kept".to_owned(), 1)]
     );
+}
+
+/// An index named as the purge's that is not the schema's, or that a
+/// build left invalid (a failed `CREATE INDEX CONCURRENTLY`, or one still
+/// running), is the operator's to drop: applying the schema refuses with
+/// PK003 and changes nothing, instead of dropping it (which would wait for a
+/// build in progress and hold every call behind it) or using it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_over_an_index_of_the_purges_name_that_is_not_its_own_refuses() {
+    let db = Server::shared().database(SCHEMA).await;
+    let owner = db.connect().await;
+    owner
+        .batch_execute(
+            "DROP INDEX platformkit.platformkit_limits_purge_order;
+             BEGIN;
+             SET LOCAL platformkit.system = 'on';
+             INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+             SELECT 'login|' || g, now() - interval '1 minute', now() + interval '1 hour', 1
+             FROM generate_series(1, 2) AS g;
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+    // Two rows share purge_after: the unique build fails and leaves its
+    // index invalid.
+    let failed = owner
+        .batch_execute(
+            "CREATE UNIQUE INDEX CONCURRENTLY platformkit_limits_purge_order
+             ON platformkit.platformkit_limits (purge_after)",
+        )
+        .await;
+    assert_eq!(
+        failed.unwrap_err().code(),
+        Some(&SqlState::UNIQUE_VIOLATION)
+    );
+    let refused = owner.batch_execute(SCHEMA).await.unwrap_err();
+    assert_eq!(
+        refused.code().map(SqlState::code),
+        Some("PK003"),
+        "{refused}"
+    );
+
+    // A valid index of that name on other columns.
+    owner
+        .batch_execute(
+            "DROP INDEX platformkit.platformkit_limits_purge_order;
+             CREATE INDEX platformkit_limits_purge_order
+             ON platformkit.platformkit_limits (purge_after)",
+        )
+        .await
+        .unwrap();
+    let refused = owner.batch_execute(SCHEMA).await.unwrap_err();
+    assert_eq!(
+        refused.code().map(SqlState::code),
+        Some("PK003"),
+        "{refused}"
+    );
+    assert_eq!(
+        texts(
+            &owner,
+            "SELECT pg_catalog.pg_get_indexdef('platformkit.platformkit_limits_purge_order'::regclass)",
+        )
+        .await,
+        ["CREATE INDEX platformkit_limits_purge_order ON platformkit.platformkit_limits USING btree (purge_after)"],
+        "nothing applied"
+    );
+
+    // Built as the guide says, it is the schema's own.
+    owner
+        .batch_execute("DROP INDEX platformkit.platformkit_limits_purge_order")
+        .await
+        .unwrap();
+    owner
+        .batch_execute(
+            "CREATE INDEX CONCURRENTLY platformkit_limits_purge_order
+             ON platformkit.platformkit_limits (purge_after, created_at)",
+        )
+        .await
+        .unwrap();
+    owner
+        .batch_execute(SCHEMA)
+        .await
+        .expect("the schema's own index");
 }
 
 /// The upgrades spell the window check and the column `purge_after` again,
@@ -950,7 +1048,11 @@ fn every_procedure_begins_with_the_same_prologue() {
         .split("CREATE OR REPLACE PROCEDURE")
         .skip(1)
         .collect();
-    assert_eq!(procedures.len(), 6, "the writers, and purge");
+    assert_eq!(
+        procedures.len(),
+        7,
+        "the writers, purge, and version 1's purge"
+    );
     same_prologue(&procedures, "-- prologue\n", "-- end of prologue\n");
     for procedure in &procedures {
         let name = procedure.split('(').next().unwrap_or_default().trim();

@@ -39,10 +39,8 @@ use crate::{Error, LimitConn, metric};
 /// ```
 pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
     let mut total = 0;
-    // Each batch starts where the one before stopped: from the start of
-    // the index every time, a batch stepped over the entries of every row
-    // the batches before it had deleted (docs/PERFORMANCE.md, "Purge
-    // resumes").
+    // Each batch starts where the one before stopped (docs/PERFORMANCE.md,
+    // "Purge resumes").
     let mut from = None;
     loop {
         let deleted = match purge_batch(conns, from).await {

@@ -79,7 +79,7 @@ pub(crate) const RESET: &str = "CALL platformkit.platformkit_limit_reset(\
 /// transaction holds, from the place `o_after`, `o_created` where the
 /// batch before stopped (`NULL` for the first). Returns how many rows went
 /// and where this batch stopped.
-pub(crate) const PURGE_BATCH: &str = "CALL platformkit.platformkit_limit_purge(\
+pub(crate) const PURGE_BATCH: &str = "CALL platformkit.platformkit_limit_purge_from(\
     p_batch => $1, p_budget_ms => $2, o_after => $3, o_created => $4)";
 
 /// One statement ready to send: its text, and its parameters in the order

@@ -129,7 +129,11 @@ impl<C: LimitConn> Postgres<C> {
     /// database whose schema is newer than this crate's
     /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION) (SQLSTATE `PK002`), left as
     /// it is, so that a replica of the release before, starting during a
-    /// rolling deploy, cannot put its routines back over the newer ones.
+    /// rolling deploy, cannot put its routines back over the newer ones; or
+    /// an index named `platformkit_limits_purge_order` that is not valid or
+    /// not the schema's (`PK003`: one an operator's `CREATE INDEX
+    /// CONCURRENTLY` left, or is still building; nothing applied, the
+    /// guide's [Purge](crate::guide#purge) section says what to do).
     pub async fn migrate(&self) -> Result<(), Error> {
         let operation = Operation::Migrate;
         let mut conn = self
