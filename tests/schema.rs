@@ -1038,6 +1038,44 @@ async fn reapplying_the_schema_waits_for_no_reader() {
     long_read.rollback().await.unwrap();
 }
 
+/// A routine's variables have schema-qualified types. A `DECLARE` is read
+/// when the routine is compiled, under the caller's `search_path`, before
+/// the prologue pins it: an unqualified `timestamptz` there was a pg_temp
+/// domain of the caller's, whose `CHECK` ran the caller's code inside the
+/// limiter's transaction (`temporary_types_named_as_the_prologues_types_never_run_inside_the_limiters_calls`
+/// runs one).
+#[test]
+fn every_routines_variables_have_schema_qualified_types() {
+    let mut declared = 0;
+    for routine in SCHEMA.split("CREATE OR REPLACE ").skip(1) {
+        if !(routine.starts_with("PROCEDURE") || routine.starts_with("FUNCTION")) {
+            continue;
+        }
+        let name = routine.split('(').next().unwrap_or_default();
+        let Some((_, body)) = routine.split_once("AS $$\n") else {
+            continue;
+        };
+        let body = body.split("\n$$;").next().unwrap_or_default();
+        let Some(variables) = body.strip_prefix("DECLARE\n") else {
+            continue;
+        };
+        let variables = variables.split("\nBEGIN").next().unwrap_or_default();
+        for line in variables
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with("--"))
+        {
+            let ty = line.split_whitespace().nth(1).unwrap_or_default();
+            assert!(ty.starts_with("pg_catalog."), "{name}: {line}");
+            declared += 1;
+        }
+    }
+    assert!(
+        declared >= 10,
+        "only {declared} variables read: the split no longer finds them"
+    );
+}
+
 /// Every procedure begins with the same prologue, word for word: the
 /// guarantees it carries (never inside a caller's transaction, search_path
 /// pinned, budget checked, the switch for this transaction only) hold for
