@@ -723,19 +723,13 @@ async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() 
             && indexes[1].ends_with("(purge_after, created_at)"),
         "{indexes:?}"
     );
-    let tx = owner.transaction().await.unwrap();
-    tx.batch_execute("SET LOCAL platformkit.system = 'on'")
-        .await
-        .unwrap();
-    let old_rows: i64 = tx
-        .query_one(
-            "SELECT count(*) FROM platformkit.platformkit_limits WHERE created_at = '-infinity'",
-            &[],
-        )
-        .await
-        .unwrap()
+    let old_rows: i64 = common::db::as_system(
+        &mut owner,
+        "SELECT count(*) FROM platformkit.platformkit_limits WHERE created_at = '-infinity'",
+        &[],
+    )
+    .await[0]
         .get(0);
-    tx.commit().await.unwrap();
     assert_eq!(old_rows, 5, "the rows from before the upgrade");
 
     let deleted: i64 = replica
