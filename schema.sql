@@ -13,8 +13,10 @@
 -- Safe to apply twice, and safe to apply over the earlier layout (table and
 -- procedures in `public`): the table moves with its rows, the old procedures
 -- go. Needs PostgreSQL 14 or newer. Apply it as the role that should own the
--- table (the migration role); then grant the limiter's role what
--- `platformkit_limit::grants(role)` prints:
+-- table (the migration role), as one transaction that stops at the first
+-- error (`Postgres::migrate` sends it so; with psql,
+-- `psql -1 -v ON_ERROR_STOP=1 -f schema.sql`); then grant the limiter's role
+-- what `platformkit_limit::grants(role)` prints:
 --
 --   GRANT USAGE ON SCHEMA platformkit TO app;
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits TO app;
@@ -70,6 +72,53 @@ BEGIN
             MESSAGE = pg_catalog.format(
                 'platformkit: the database has schema version %s, newer than this file''s, 2: '
                 'nothing applied; apply the schema of the newer release', found);
+    END IF;
+END
+$$;
+
+-- What this file would have to replace and must not is refused before
+-- anything changes, so that a refusal leaves the database as it was even
+-- where the file goes statement by statement (psql without -1, which
+-- commits each statement before the next; the top of this file says how to
+-- apply it): an index of the
+-- purge's name that is not valid (a build that failed, or one still
+-- running) or not the schema's, which is the operator's to drop, since
+-- dropping it here would wait for a build in progress and hold every call
+-- meanwhile; and a column created_at that is not the schema's.
+DO $$
+DECLARE
+    v_definition pg_catalog.text;
+BEGIN
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NOT NULL THEN
+        -- The table's name in it is always qualified, whatever the
+        -- session's search_path.
+        SELECT pg_catalog.pg_get_indexdef(i.indexrelid) INTO v_definition
+        FROM pg_catalog.pg_index AS i
+        WHERE i.indexrelid OPERATOR(pg_catalog.=) 'platformkit.platformkit_limits_purge_order'::pg_catalog.regclass
+          AND i.indisvalid;
+        IF v_definition IS DISTINCT FROM
+           'CREATE INDEX platformkit_limits_purge_order ON platformkit.platformkit_limits USING btree (purge_after, created_at)' THEN
+            RAISE EXCEPTION USING
+                ERRCODE = 'PK004',
+                MESSAGE = 'platformkit: the index platformkit.platformkit_limits_purge_order is not valid or is not '
+                          'the schema''s (purge_after, created_at): nothing applied; if a build of it is still '
+                          'running, wait for it; otherwise drop it (DROP INDEX CONCURRENTLY '
+                          'platformkit.platformkit_limits_purge_order); then apply the schema again';
+        END IF;
+    END IF;
+    IF EXISTS (
+        SELECT 1 FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('platformkit.platformkit_limits')
+          AND a.attname OPERATOR(pg_catalog.=) 'created_at'
+          AND NOT a.attisdropped
+          AND NOT (a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.timestamptz'::pg_catalog.regtype
+                   AND a.attnotnull
+                   AND a.attgenerated OPERATOR(pg_catalog.=) '')
+    ) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PK004',
+            MESSAGE = 'platformkit: the column platformkit.platformkit_limits.created_at is not the schema''s '
+                      '(timestamptz NOT NULL, not generated): nothing applied; drop it, then apply the schema again';
     END IF;
 END
 $$;
@@ -139,6 +188,8 @@ $$;
 DO $$
 DECLARE
     t pg_catalog.regclass := pg_catalog.to_regclass('platformkit.platformkit_limits');
+    v_path pg_catalog.text := pg_catalog.current_setting('search_path');
+    v_default pg_catalog.text;
 BEGIN
     IF t IS NULL THEN
         RETURN; -- a new install: the table below is created as it is
@@ -203,6 +254,22 @@ BEGIN
     ) THEN
         ALTER TABLE platformkit.platformkit_limits
             ADD COLUMN created_at timestamptz NOT NULL DEFAULT '-infinity';
+    END IF;
+    -- The column's default, set apart from the column: an install that
+    -- added the column beforehand (the guide's Purge section) and whose
+    -- second step did not take gets it here, or every row after would
+    -- take -infinity too. Read with a search_path that names no schema of
+    -- the database's, where no function of that name can make it read
+    -- otherwise.
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid) INTO v_default
+    FROM pg_catalog.pg_attrdef AS d
+    JOIN pg_catalog.pg_attribute AS a
+      ON a.attrelid OPERATOR(pg_catalog.=) d.adrelid AND a.attnum OPERATOR(pg_catalog.=) d.adnum
+    WHERE d.adrelid OPERATOR(pg_catalog.=) t
+      AND a.attname OPERATOR(pg_catalog.=) 'created_at';
+    PERFORM pg_catalog.set_config('search_path', v_path, true);
+    IF v_default IS DISTINCT FROM 'clock_timestamp()' THEN
         ALTER TABLE platformkit.platformkit_limits
             ALTER COLUMN created_at SET DEFAULT pg_catalog.clock_timestamp();
     END IF;
@@ -323,26 +390,11 @@ BEGIN
     -- The ranges purge's batches read (see platformkit_limit_purge_from),
     -- in place of version 1's index on purge_after alone. On a large
     -- table, build it beforehand without holding the limiter's calls (the
-    -- guide's Purge section gives the statements). One of that name that
-    -- is not this index, or not valid (a build that failed, or one still
-    -- running), is the operator's to drop: dropping it here would wait
-    -- for a build in progress and hold every call meanwhile.
+    -- guide's Purge section gives the statements); one of that name that
+    -- is not this index was refused at the top of this file.
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NULL THEN
         CREATE INDEX platformkit_limits_purge_order
             ON platformkit.platformkit_limits (purge_after, created_at);
-    ELSIF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_index AS i
-        WHERE i.indexrelid OPERATOR(pg_catalog.=) 'platformkit.platformkit_limits_purge_order'::pg_catalog.regclass
-          AND i.indisvalid
-          AND pg_catalog.pg_get_indexdef(i.indexrelid) OPERATOR(pg_catalog.=)
-              'CREATE INDEX platformkit_limits_purge_order ON platformkit.platformkit_limits USING btree (purge_after, created_at)'
-    ) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'PK003',
-            MESSAGE = 'platformkit: the index platformkit.platformkit_limits_purge_order is not valid or is not '
-                      'the schema''s (purge_after, created_at): nothing applied; drop it '
-                      '(DROP INDEX CONCURRENTLY platformkit.platformkit_limits_purge_order) once no build of it '
-                      'is running, then apply the schema again';
     END IF;
     -- Version 2: the index on purge_after alone, whose place the one above
     -- took.

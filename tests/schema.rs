@@ -763,7 +763,7 @@ async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() 
 /// An index named as the purge's that is not the schema's, or that a
 /// build left invalid (a failed `CREATE INDEX CONCURRENTLY`, or one still
 /// running), is the operator's to drop: applying the schema refuses with
-/// PK003 and changes nothing, instead of dropping it (which would wait for a
+/// PK004 and changes nothing, instead of dropping it (which would wait for a
 /// build in progress and hold every call behind it) or using it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applying_the_schema_over_an_index_of_the_purges_name_that_is_not_its_own_refuses() {
@@ -796,7 +796,7 @@ async fn applying_the_schema_over_an_index_of_the_purges_name_that_is_not_its_ow
     let refused = owner.batch_execute(SCHEMA).await.unwrap_err();
     assert_eq!(
         refused.code().map(SqlState::code),
-        Some("PK003"),
+        Some("PK004"),
         "{refused}"
     );
 
@@ -812,7 +812,7 @@ async fn applying_the_schema_over_an_index_of_the_purges_name_that_is_not_its_ow
     let refused = owner.batch_execute(SCHEMA).await.unwrap_err();
     assert_eq!(
         refused.code().map(SqlState::code),
-        Some("PK003"),
+        Some("PK004"),
         "{refused}"
     );
     assert_eq!(
@@ -841,6 +841,152 @@ async fn applying_the_schema_over_an_index_of_the_purges_name_that_is_not_its_ow
         .batch_execute(SCHEMA)
         .await
         .expect("the schema's own index");
+}
+
+/// psql applies the file a statement at a time unless told `-1`: a refusal
+/// still leaves the database as it was, because what the file would have to
+/// replace is refused before anything changes (here over version 1, where
+/// the column and the version would otherwise be committed before the index
+/// is looked at).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_with_psql_a_statement_at_a_time_over_an_index_not_its_own_changes_nothing()
+ {
+    let db = Server::shared().empty_database().await;
+    let owner = db.connect().await;
+    owner.batch_execute(SCHEMA_V1).await.expect("version 1");
+    owner
+        .batch_execute(
+            "CREATE INDEX platformkit_limits_purge_order
+             ON platformkit.platformkit_limits (purge_after)",
+        )
+        .await
+        .unwrap();
+    let state = "SELECT platformkit.platformkit_schema_version()::text
+                 UNION ALL
+                 SELECT a.attname::text FROM pg_catalog.pg_attribute AS a
+                 WHERE a.attrelid = 'platformkit.platformkit_limits'::regclass
+                   AND a.attname = 'created_at'
+                 UNION ALL
+                 SELECT c.relname::text FROM pg_catalog.pg_class AS c
+                 WHERE c.relname LIKE 'platformkit_limits_purge%' ORDER BY 1";
+    let before = texts(&owner, state).await;
+    assert_eq!(
+        before,
+        [
+            "1",
+            "platformkit_limits_purge_after",
+            "platformkit_limits_purge_order"
+        ]
+    );
+
+    let psql = Server::shared()
+        .bin_dir()
+        .map_or_else(|| "psql".into(), |dir| dir.join("psql"));
+    // The file SCHEMA is, as an operator would apply it.
+    let out = std::process::Command::new(psql)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/schema.sql"))
+        .arg("-d")
+        .arg(db.url())
+        .output()
+        .expect("psql");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "psql applied it: {stderr}");
+    assert!(stderr.contains("nothing applied"), "{stderr}");
+    assert_eq!(texts(&owner, state).await, before, "something was applied");
+}
+
+/// What the file reads back of its own objects reads the same whatever the
+/// session's search_path: a role whose search_path names the schema
+/// `platformkit` first applies the schema again on every start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_again_where_the_session_searches_platformkit_first_succeeds() {
+    let db = Server::shared().database(SCHEMA).await;
+    let owner = db.connect().await;
+    owner
+        .batch_execute("SET search_path = platformkit, public")
+        .await
+        .unwrap();
+    owner.batch_execute(SCHEMA).await.expect("applied again");
+    owner.batch_execute(SCHEMA).await.expect("and again");
+}
+
+/// The guide adds created_at beforehand in two steps, the column and then its
+/// default. Where the second did not take, the schema sets the default, so
+/// that rows written after it take the moment they are written; a column of
+/// that name that is not the schema's is refused before anything changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_the_schema_over_a_created_at_without_its_default_sets_it_and_refuses_another_column()
+ {
+    let default = "SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid)
+                   FROM pg_catalog.pg_attrdef AS d
+                   JOIN pg_catalog.pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                   WHERE d.adrelid = 'platformkit.platformkit_limits'::regclass
+                     AND a.attname = 'created_at'";
+    let db = Server::shared().empty_database().await;
+    let mut owner = db.connect().await;
+    owner.batch_execute(SCHEMA_V1).await.expect("version 1");
+    owner
+        .batch_execute(
+            "ALTER TABLE platformkit.platformkit_limits
+             ADD COLUMN created_at timestamptz NOT NULL DEFAULT '-infinity'",
+        )
+        .await
+        .unwrap();
+    owner.batch_execute(SCHEMA).await.expect("the migration");
+    assert_eq!(texts(&owner, default).await, ["clock_timestamp()"]);
+    owner
+        .batch_execute(
+            "BEGIN;
+             SET LOCAL platformkit.system = 'on';
+             INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+             VALUES ('login|after', now(), now() + interval '1 minute', 1);
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+    let rows = common::db::as_system(
+        &mut owner,
+        "SELECT isfinite(created_at) FROM platformkit.platformkit_limits
+         WHERE key = 'login|after'",
+        &[],
+    )
+    .await;
+    assert_eq!(
+        rows.iter().map(|row| row.get(0)).collect::<Vec<bool>>(),
+        [true],
+        "a row written after the upgrade took -infinity"
+    );
+
+    for column in [
+        "timestamp NOT NULL DEFAULT '-infinity'",
+        "timestamptz DEFAULT '-infinity'",
+    ] {
+        let db = Server::shared().empty_database().await;
+        let owner = db.connect().await;
+        owner.batch_execute(SCHEMA_V1).await.expect("version 1");
+        owner
+            .batch_execute(&format!(
+                "ALTER TABLE platformkit.platformkit_limits ADD COLUMN created_at {column}"
+            ))
+            .await
+            .unwrap();
+        let refused = owner.batch_execute(SCHEMA).await.unwrap_err();
+        assert_eq!(
+            refused.code().map(SqlState::code),
+            Some("PK004"),
+            "{column}: {refused}"
+        );
+        assert_eq!(
+            texts(
+                &owner,
+                "SELECT platformkit.platformkit_schema_version()::text"
+            )
+            .await,
+            ["1"],
+            "{column}"
+        );
+    }
 }
 
 /// The upgrades spell the window check and the column `purge_after` again,

@@ -67,6 +67,11 @@ pub struct Error(Inner);
 /// | `PK001` | a session setting the limiter refuses | Misconfigured |
 /// | `22023` | invalid_parameter_value | Query |
 ///
+/// The schema's refusals of a [`migrate`](crate::Postgres::migrate) are
+/// among those: `PK002`, the database's schema is newer than this crate's,
+/// and `PK004`, an index or column of the schema's name that is not the
+/// schema's.
+///
 /// `25006` is what a hot standby answers: the primary is not where the
 /// connection source pointed (a standby, or an old primary during a
 /// failover), so the store is unreachable and the limit's

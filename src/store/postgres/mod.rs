@@ -131,9 +131,10 @@ impl<C: LimitConn> Postgres<C> {
     /// it is, so that a replica of the release before, starting during a
     /// rolling deploy, cannot put its routines back over the newer ones; or
     /// an index named `platformkit_limits_purge_order` that is not valid or
-    /// not the schema's (`PK003`: one an operator's `CREATE INDEX
-    /// CONCURRENTLY` left, or is still building; nothing applied, the
-    /// guide's [Purge](crate::guide#purge) section says what to do).
+    /// not the schema's, or a column `created_at` that is not the schema's
+    /// (`PK004`: an index an operator's `CREATE INDEX CONCURRENTLY` left,
+    /// or is still building; nothing applied, the guide's
+    /// [Purge](crate::guide#purge) section says what to do).
     pub async fn migrate(&self) -> Result<(), Error> {
         let operation = Operation::Migrate;
         let mut conn = self
