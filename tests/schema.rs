@@ -879,21 +879,105 @@ async fn applying_the_schema_with_psql_a_statement_at_a_time_over_an_index_not_i
         ]
     );
 
-    let psql = Server::shared()
-        .bin_dir()
-        .map_or_else(|| "psql".into(), |dir| dir.join("psql"));
-    // The file SCHEMA is, as an operator would apply it.
-    let out = std::process::Command::new(psql)
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/schema.sql"))
-        .arg("-d")
-        .arg(db.url())
-        .output()
-        .expect("psql");
+    let out = psql(&db, SCHEMA);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "psql applied it: {stderr}");
     assert!(stderr.contains("nothing applied"), "{stderr}");
     assert_eq!(texts(&owner, state).await, before, "something was applied");
+}
+
+/// Runs `sql` through psql as the database's owner, as an operator runs a
+/// file: no psqlrc, stopping at the first error, and each statement
+/// committed before the next (no `-1`).
+fn psql(db: &TestDb, sql: &str) -> std::process::Output {
+    let file = std::env::temp_dir().join(format!("{}.sql", db.name()));
+    std::fs::write(&file, sql).unwrap();
+    let program = Server::shared()
+        .bin_dir()
+        .map_or_else(|| "psql".into(), |dir| dir.join("psql"));
+    let out = std::process::Command::new(program)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
+        .arg(&file)
+        .arg("-d")
+        .arg(db.url())
+        .output()
+        .expect("psql");
+    let _ = std::fs::remove_file(&file);
+    out
+}
+
+/// The guide's steps for upgrading a large table to version 2 beforehand,
+/// as the guide writes them, run by psql over version 1 with rows: the
+/// schema then applies over them without rewriting the table, and the table
+/// has the indexes and the column default a fresh install has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guides_steps_for_a_large_table_upgrade_it_as_written() {
+    const GUIDE: &str = include_str!("../src/guide/operating.md");
+    let steps = GUIDE
+        .split_once("**Upgrading a large table to schema version 2.**")
+        .and_then(|(_, after)| after.split_once("```sql\n"))
+        .and_then(|(_, block)| block.split_once("```"))
+        .map(|(sql, _)| sql)
+        .expect("the guide's steps");
+    let shape = "SELECT pg_catalog.pg_get_indexdef(indexrelid)
+                 FROM pg_catalog.pg_index
+                 WHERE indrelid = 'platformkit.platformkit_limits'::regclass
+                 UNION ALL
+                 SELECT 'created_at DEFAULT ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid)
+                 FROM pg_catalog.pg_attrdef AS d
+                 JOIN pg_catalog.pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                 WHERE d.adrelid = 'platformkit.platformkit_limits'::regclass
+                   AND a.attname = 'created_at'
+                 ORDER BY 1";
+    let fresh = Server::shared().database(SCHEMA).await;
+    let fresh = texts(&fresh.connect().await, shape).await;
+
+    let db = Server::shared().empty_database().await;
+    let mut owner = db.connect().await;
+    owner.batch_execute(SCHEMA_V1).await.expect("version 1");
+    owner
+        .batch_execute(
+            "BEGIN;
+             SET LOCAL platformkit.system = 'on';
+             INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+             SELECT 'login|' || g, now() - interval '1 minute', now() + interval '1 hour', g
+             FROM generate_series(1, 100) AS g;
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+    let table_file = "SELECT relfilenode::text FROM pg_catalog.pg_class
+                      WHERE oid = 'platformkit.platformkit_limits'::regclass";
+    let before = texts(&owner, table_file).await;
+
+    let out = psql(&db, steps);
+    assert!(
+        out.status.success(),
+        "the guide's steps: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    owner
+        .batch_execute(SCHEMA)
+        .await
+        .expect("the schema after them");
+    assert_eq!(texts(&owner, shape).await, fresh);
+    assert_eq!(texts(&owner, table_file).await, before, "rewritten");
+    let total: i64 = common::db::as_system(
+        &mut owner,
+        "SELECT sum(count)::bigint FROM platformkit.platformkit_limits",
+        &[],
+    )
+    .await[0]
+        .get(0);
+    assert_eq!(total, 5050, "a count lost");
+    assert_eq!(
+        texts(
+            &owner,
+            "SELECT platformkit.platformkit_schema_version()::text"
+        )
+        .await,
+        ["2"]
+    );
 }
 
 /// What the file reads back of its own objects reads the same whatever the
