@@ -79,12 +79,12 @@ $$;
 -- What this file would have to replace and must not is refused before
 -- anything changes, so that a refusal leaves the database as it was even
 -- where the file goes statement by statement (psql without -1, which
--- commits each statement before the next; the top of this file says how to
--- apply it): an index of the
--- purge's name that is not valid (a build that failed, or one still
--- running) or not the schema's, which is the operator's to drop, since
--- dropping it here would wait for a build in progress and hold every call
--- meanwhile; and a column created_at that is not the schema's.
+-- commits each statement before the next; the top of this file says how
+-- to apply it): an index of the purge's name that is not valid (a build
+-- that failed, or one still running) or not the schema's, which is the
+-- operator's to drop, since dropping it here would wait for a build in
+-- progress and hold every call meanwhile; and a column created_at that is
+-- not the schema's.
 DO $$
 DECLARE
     v_definition pg_catalog.text;
@@ -96,7 +96,7 @@ BEGIN
         FROM pg_catalog.pg_index AS i
         WHERE i.indexrelid OPERATOR(pg_catalog.=) 'platformkit.platformkit_limits_purge_order'::pg_catalog.regclass
           AND i.indisvalid;
-        IF v_definition IS DISTINCT FROM
+        IF v_definition IS NULL OR NOT v_definition OPERATOR(pg_catalog.=)
            'CREATE INDEX platformkit_limits_purge_order ON platformkit.platformkit_limits USING btree (purge_after, created_at)' THEN
             RAISE EXCEPTION USING
                 ERRCODE = 'PK004',
@@ -269,7 +269,7 @@ BEGIN
     WHERE d.adrelid OPERATOR(pg_catalog.=) t
       AND a.attname OPERATOR(pg_catalog.=) 'created_at';
     PERFORM pg_catalog.set_config('search_path', v_path, true);
-    IF v_default IS DISTINCT FROM 'clock_timestamp()' THEN
+    IF v_default IS NULL OR NOT v_default OPERATOR(pg_catalog.=) 'clock_timestamp()' THEN
         ALTER TABLE platformkit.platformkit_limits
             ALTER COLUMN created_at SET DEFAULT pg_catalog.clock_timestamp();
     END IF;
