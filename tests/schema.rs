@@ -676,12 +676,10 @@ async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() 
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    let table_file = "SELECT relfilenode::text FROM pg_catalog.pg_class
-                      WHERE oid = 'platformkit.platformkit_limits'::regclass";
     let old_purge =
         "SELECT oid::text FROM pg_catalog.pg_proc WHERE proname = 'platformkit_limit_purge'";
     let before = (
-        texts(&owner, table_file).await,
+        texts(&owner, TABLE_FILE).await,
         texts(&owner, old_purge).await,
     );
     // A replica of version 1 with its purge prepared, as deadpool's
@@ -697,7 +695,7 @@ async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() 
     assert_eq!(schema_version(&owner).await, 2);
     assert_eq!(
         (
-            texts(&owner, table_file).await,
+            texts(&owner, TABLE_FILE).await,
             texts(&owner, old_purge).await
         ),
         before,
@@ -869,6 +867,18 @@ async fn applying_the_schema_with_psql_a_statement_at_a_time_over_an_index_not_i
     assert_eq!(texts(&owner, state).await, before, "something was applied");
 }
 
+/// The file the table's rows are in: the same before and after an upgrade
+/// that does not rewrite it.
+const TABLE_FILE: &str = "SELECT relfilenode::text FROM pg_catalog.pg_class
+                          WHERE oid = 'platformkit.platformkit_limits'::regclass";
+
+/// The default of the column created_at, as PostgreSQL writes it back.
+const CREATED_AT_DEFAULT: &str = "SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid)
+     FROM pg_catalog.pg_attrdef AS d
+     JOIN pg_catalog.pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+     WHERE d.adrelid = 'platformkit.platformkit_limits'::regclass
+       AND a.attname = 'created_at'";
+
 /// The schema version the database says it has.
 async fn schema_version(client: &Client) -> i32 {
     common::db::one_i64(
@@ -925,18 +935,15 @@ async fn the_guides_steps_for_a_large_table_upgrade_it_as_written() {
         .and_then(|(_, block)| block.split_once("```"))
         .map(|(sql, _)| sql)
         .expect("the guide's steps");
-    let shape = "SELECT pg_catalog.pg_get_indexdef(indexrelid)
-                 FROM pg_catalog.pg_index
-                 WHERE indrelid = 'platformkit.platformkit_limits'::regclass
-                 UNION ALL
-                 SELECT 'created_at DEFAULT ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid)
-                 FROM pg_catalog.pg_attrdef AS d
-                 JOIN pg_catalog.pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-                 WHERE d.adrelid = 'platformkit.platformkit_limits'::regclass
-                   AND a.attname = 'created_at'
-                 ORDER BY 1";
+    let shape = format!(
+        "SELECT pg_catalog.pg_get_indexdef(indexrelid) FROM pg_catalog.pg_index
+         WHERE indrelid = 'platformkit.platformkit_limits'::regclass
+         UNION ALL
+         SELECT 'created_at DEFAULT ' || ({CREATED_AT_DEFAULT})
+         ORDER BY 1"
+    );
     let fresh = Server::shared().database(SCHEMA).await;
-    let fresh = texts(&fresh.connect().await, shape).await;
+    let fresh = texts(&fresh.connect().await, &shape).await;
 
     let db = Server::shared().empty_database().await;
     let owner = db.connect().await;
@@ -952,9 +959,7 @@ async fn the_guides_steps_for_a_large_table_upgrade_it_as_written() {
         )
         .await
         .unwrap();
-    let table_file = "SELECT relfilenode::text FROM pg_catalog.pg_class
-                      WHERE oid = 'platformkit.platformkit_limits'::regclass";
-    let before = texts(&owner, table_file).await;
+    let before = texts(&owner, TABLE_FILE).await;
 
     let out = psql(&db, steps);
     assert!(
@@ -966,8 +971,8 @@ async fn the_guides_steps_for_a_large_table_upgrade_it_as_written() {
         .batch_execute(SCHEMA)
         .await
         .expect("the schema after them");
-    assert_eq!(texts(&owner, shape).await, fresh);
-    assert_eq!(texts(&owner, table_file).await, before, "rewritten");
+    assert_eq!(texts(&owner, &shape).await, fresh);
+    assert_eq!(texts(&owner, TABLE_FILE).await, before, "rewritten");
     // Read as the superuser, whom row-level security does not hold.
     let total = common::db::one_i64(
         &db.connect_admin().await,
@@ -979,21 +984,6 @@ async fn the_guides_steps_for_a_large_table_upgrade_it_as_written() {
     assert_eq!(schema_version(&owner).await, 2);
 }
 
-/// What the file reads back of its own objects reads the same whatever the
-/// session's search_path: a role whose search_path names the schema
-/// `platformkit` first applies the schema again on every start.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_again_where_the_session_searches_platformkit_first_succeeds() {
-    let db = Server::shared().database(SCHEMA).await;
-    let owner = db.connect().await;
-    owner
-        .batch_execute("SET search_path = platformkit, public")
-        .await
-        .unwrap();
-    owner.batch_execute(SCHEMA).await.expect("applied again");
-    owner.batch_execute(SCHEMA).await.expect("and again");
-}
-
 /// The guide adds created_at beforehand in two steps, the column and then its
 /// default. Where the second did not take, the schema sets the default, so
 /// that rows written after it take the moment they are written; a column of
@@ -1001,11 +991,6 @@ async fn applying_the_schema_again_where_the_session_searches_platformkit_first_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applying_the_schema_over_a_created_at_without_its_default_sets_it_and_refuses_another_column()
  {
-    let default = "SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid)
-                   FROM pg_catalog.pg_attrdef AS d
-                   JOIN pg_catalog.pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-                   WHERE d.adrelid = 'platformkit.platformkit_limits'::regclass
-                     AND a.attname = 'created_at'";
     let db = Server::shared().empty_database().await;
     let mut owner = db.connect().await;
     owner.batch_execute(SCHEMA_V1).await.expect("version 1");
@@ -1017,21 +1002,15 @@ async fn applying_the_schema_over_a_created_at_without_its_default_sets_it_and_r
         .await
         .unwrap();
     owner.batch_execute(SCHEMA).await.expect("the migration");
-    assert_eq!(texts(&owner, default).await, ["clock_timestamp()"]);
-    owner
-        .batch_execute(
-            "BEGIN;
-             SET LOCAL platformkit.system = 'on';
-             INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
-             VALUES ('login|after', now(), now() + interval '1 minute', 1);
-             COMMIT;",
-        )
-        .await
-        .unwrap();
+    assert_eq!(
+        texts(&owner, CREATED_AT_DEFAULT).await,
+        ["clock_timestamp()"]
+    );
     let rows = common::db::as_system(
         &mut owner,
-        "SELECT isfinite(created_at) FROM platformkit.platformkit_limits
-         WHERE key = 'login|after'",
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         VALUES ('login|after', now(), now() + interval '1 minute', 1)
+         RETURNING isfinite(created_at)",
         &[],
     )
     .await;
@@ -1226,26 +1205,34 @@ async fn the_table_refuses_a_window_purge_could_not_delete() {
 
 /// Re-applying the schema when nothing changes takes no lock on the table:
 /// behind a long reader (a pg_dump, a report) it does not queue, so it does
-/// not queue every limiter call behind itself either.
+/// not queue every limiter call behind itself either. Whatever the session's
+/// search_path: one that finds a function `clock_timestamp` of its own
+/// before pg_catalog's must not make the column's default read as another,
+/// and be set again on every start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reapplying_the_schema_waits_for_no_reader() {
-    let db = Server::shared().database(SCHEMA).await;
-    let mut reader = db.connect().await;
-    let long_read = reader.transaction().await.unwrap();
-    long_read
-        .batch_execute("SELECT count(*) FROM platformkit.platformkit_limits")
-        .await
-        .unwrap();
-    let migrator = db.connect().await;
-    migrator
-        .batch_execute("SET lock_timeout = '2s'")
-        .await
-        .unwrap();
-    migrator
-        .batch_execute(SCHEMA)
-        .await
-        .expect("the re-apply waited for the reader's lock");
-    long_read.rollback().await.unwrap();
+    for session in [
+        "",
+        "CREATE FUNCTION public.clock_timestamp() RETURNS timestamptz LANGUAGE sql RETURN now();
+         SET search_path = platformkit, public, pg_catalog;",
+    ] {
+        let db = Server::shared().database(SCHEMA).await;
+        let mut reader = db.connect().await;
+        let long_read = reader.transaction().await.unwrap();
+        long_read
+            .batch_execute("SELECT count(*) FROM platformkit.platformkit_limits")
+            .await
+            .unwrap();
+        let migrator = db.connect().await;
+        migrator
+            .batch_execute(&format!("{session} SET lock_timeout = '2s'"))
+            .await
+            .unwrap();
+        migrator.batch_execute(SCHEMA).await.unwrap_or_else(|e| {
+            panic!("the re-apply waited for the reader's lock ({session}): {e}")
+        });
+        long_read.rollback().await.unwrap();
+    }
 }
 
 /// A routine's variables have schema-qualified types. A `DECLARE` is read
