@@ -50,7 +50,45 @@
 -- one routine) can collide in the catalog. The lock is the transaction's, so
 -- it holds when the file goes as one script (one simple-query message, as
 -- Postgres::migrate sends it) or inside a migration tool's transaction.
-SELECT pg_catalog.pg_advisory_xact_lock(31643310761011572); -- the bytes of 'pklimit'
+-- Any login may take any advisory lock, so the wait is bounded (the setting
+-- platformkit.migrate_lock_wait, 30 s when unset): past it, nothing is
+-- applied and the error (PK005) names who holds the key, so that a session
+-- holding it can fail a start-up but never hang one.
+DO $$
+DECLARE
+    v_setting pg_catalog.text := pg_catalog.current_setting('platformkit.migrate_lock_wait', true);
+    v_wait pg_catalog.interval := CASE
+        WHEN v_setting IS NULL OR v_setting OPERATOR(pg_catalog.=) '' THEN '30s'::pg_catalog.interval
+        ELSE v_setting::pg_catalog.interval END;
+    v_until pg_catalog.timestamptz := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) v_wait;
+    v_holders pg_catalog.text;
+BEGIN
+    -- 31643310761011572, the bytes of 'pklimit'.
+    WHILE NOT pg_catalog.pg_try_advisory_xact_lock(31643310761011572) LOOP
+        IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>=) v_until THEN
+            SELECT pg_catalog.string_agg(pg_catalog.format('pid %s (role %s)', l.pid, a.usename), ', ')
+            INTO v_holders
+            FROM pg_catalog.pg_locks AS l
+            LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) l.pid
+            WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+              AND l.database OPERATOR(pg_catalog.=) (
+                  SELECT d.oid FROM pg_catalog.pg_database AS d
+                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+              AND l.classid OPERATOR(pg_catalog.=) 7367532::pg_catalog.oid
+              AND l.objid OPERATOR(pg_catalog.=) 1768778100::pg_catalog.oid
+              AND l.objsubid OPERATOR(pg_catalog.=) 1::pg_catalog.int2;
+            RAISE EXCEPTION USING
+                ERRCODE = 'PK005',
+                MESSAGE = pg_catalog.format(
+                    'platformkit: the schema''s lock (advisory key 31643310761011572) was held past %s '
+                    'by %s: nothing applied; end that session (or REVOKE EXECUTE on the advisory lock '
+                    'functions FROM PUBLIC), then apply the schema again',
+                    v_wait, COALESCE(v_holders, 'a session that has let it go since'));
+        END IF;
+        PERFORM pg_catalog.pg_sleep(0.05);
+    END LOOP;
+END
+$$;
 
 -- A database whose schema is newer than this file's is left as it is: a
 -- replica of the release before, starting during a rolling deploy, must not

@@ -10,7 +10,6 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::metric::{self, Outcome, Source};
 use crate::operation::Operation;
-use crate::store::Phase;
 use crate::store::sealed::Sealed;
 use crate::trace::Decided;
 use crate::{Error, Limit, WhenUnreachable};
@@ -33,11 +32,6 @@ impl Call {
         }
     }
 
-    /// When the call began.
-    pub(crate) fn started(&self) -> Instant {
-        self.started
-    }
-
     /// When the budget runs out.
     pub(crate) fn deadline(&self) -> Instant {
         self.started + self.budget
@@ -49,36 +43,32 @@ impl Call {
         &self,
         work: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        self.within_or(work, |_| true).await
+        timeout_at(self.deadline(), work)
+            .await
+            .unwrap_or_else(|_| Err(Error::out_of_budget(self.operation, self.budget)))
     }
 
-    /// Runs `work`, a call to `store`, within the budget: running out of it
-    /// is [`Timeout`](crate::ErrorKind::Timeout) if the store is down by
-    /// what it heard while this call waited and how far its statement got
-    /// (`phase`, read then), else
-    /// [`Overloaded`](crate::ErrorKind::Overloaded); `work` is dropped.
+    /// Runs `work`, a call to `store`, within the budget, unless the latest
+    /// probe found the store down ([`ErrorKind::Connect`](crate::ErrorKind::Connect)
+    /// at once). A call that got no answer (its budget ran out, its
+    /// connection failed without the server saying why) is unreachable
+    /// only if a probe of the server finds it down; else it is
+    /// [`Overloaded`](crate::ErrorKind::Overloaded), shed (the guide's
+    /// [down or overloaded](crate::guide#down-or-overloaded)).
     pub(crate) async fn within_store<T, S: Sealed>(
         &self,
         store: &S,
-        phase: impl FnOnce() -> Phase,
         work: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        self.within_or(work, |since| store.down_since(since, phase()))
-            .await
-    }
-
-    async fn within_or<T>(
-        &self,
-        work: impl Future<Output = Result<T, Error>>,
-        down: impl FnOnce(Instant) -> bool,
-    ) -> Result<T, Error> {
-        match timeout_at(self.deadline(), work).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::out_of_budget(
-                self.operation,
-                self.budget,
-                down(self.started),
-            )),
+        if store.down_before().await {
+            return Err(Error::down(self.operation));
+        }
+        match self.within(work).await {
+            Err(e) if e.is_unreachable() => {
+                let down = store.down_after(&e).await;
+                Err(e.probed(self.operation, down))
+            }
+            answered => answered,
         }
     }
 

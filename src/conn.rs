@@ -69,19 +69,23 @@ pub trait LimitConn: Send + Sync + 'static {
     /// Lends one connection for one call.
     fn conn(&self) -> impl Future<Output = Result<Self::Conn, Self::Error>> + Send;
 
-    /// Whether every connection the source can lend is lent out now: a pool
-    /// at its size with none idle (`Some(true)`), or a source that would
-    /// open one (`Some(false)`: a pool below its size, a source that
-    /// connects for each call); `None` (the default) when the source cannot
-    /// tell.
-    ///
-    /// When a call's budget runs out while it waits for [`conn`](Self::conn)
-    /// and PostgreSQL answered nothing meanwhile, a source that would open a
-    /// connection is waiting on the server, which is then read as down; a
-    /// saturated one is waiting on its own connections, which is load (the
+    /// Opens a connection of its own to the server the source lends from,
+    /// outside any pool and its retries, and closes it: the store's probe
+    /// of whether the server is down, asked when a call got no answer (the
     /// guide's [down or overloaded](crate::guide#down-or-overloaded)).
-    fn saturated(&self) -> Option<bool> {
-        None
+    /// `Some(Ok(()))` when the server completed the startup, the driver's
+    /// error when it did not; the store reads the error (any SQLSTATE but
+    /// the server going away is an answer) and bounds the wait.
+    ///
+    /// The default, `None`, is a source that cannot open a connection of
+    /// its own (one that lends a held connection): the store then never
+    /// reads the server as down, so a call that got no answer is shed,
+    /// never failed open, unless its connection was refused at the
+    /// transport. Give such a store a probe with
+    /// [`Postgres::with_probe`](crate::Postgres::with_probe). Every source
+    /// this crate implements has one.
+    fn probe(&self) -> impl Future<Output = Option<Result<(), BoxError>>> + Send {
+        std::future::ready(None)
     }
 }
 

@@ -70,6 +70,13 @@ pub const PURGE_FAILURES_TOTAL: &str = "platformkit_limit_purge_failures_total";
 /// it shows the database load the refusal cache saved.
 pub const STATEMENTS_TOTAL: &str = "platformkit_limit_statements_total";
 
+/// Counter of probes of the server (a fresh connection's startup, asked
+/// when a call got no answer), by what they found: `up` or `down`.
+pub const PROBES_TOTAL: &str = "platformkit_limit_probes_total";
+
+/// The label of [`PROBES_TOTAL`]: `up` or `down`.
+pub const LABEL_FOUND: &str = "found";
+
 /// Label: the limit's name.
 pub const LABEL_LIMIT: &str = "limit";
 /// Label: the operation: `check`, `failed`, `hit`, `reserve`, `reset`,
@@ -144,6 +151,11 @@ pub fn describe() {
         Unit::Count,
         "Purge runs that failed before finishing."
     );
+    describe_counter!(
+        PROBES_TOTAL,
+        Unit::Count,
+        "Probes of the server after a call got no answer, by what they found (up, down)."
+    );
 }
 
 /// Who answered a call.
@@ -189,6 +201,11 @@ pub(crate) fn purged(rows: u64) {
 
 pub(crate) fn purge_failed() {
     counter!(PURGE_FAILURES_TOTAL).increment(1);
+}
+
+pub(crate) fn probed(down: bool) {
+    let found = if down { "down" } else { "up" };
+    counter!(PROBES_TOTAL, LABEL_FOUND => found).increment(1);
 }
 
 pub(crate) fn statement_sent(operation: Operation) {

@@ -10,7 +10,7 @@ use crate::decide::{Counted, decision};
 use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
 use crate::operation::{Counting, Operation};
-use crate::store::{Phase, Progress, Store};
+use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter};
 
 /// A key's state under a limit, read from the store without counting:
@@ -148,20 +148,11 @@ impl<S: Store> Limiter<S> {
     pub async fn status(&self, limit: &Limit, key: &Key) -> Result<KeyStatus, Error> {
         let stored = stored(limit.name(), key);
         let call = Call::start(Operation::Check, self.budget());
-        let progress = Progress::default();
         let store = self.store();
         let counted = call
             .within_store(
                 store,
-                || progress.phase(),
-                store.count(
-                    Counting::CHECK,
-                    limit,
-                    &stored,
-                    0,
-                    call.deadline(),
-                    &progress,
-                ),
+                store.count(Counting::CHECK, limit, &stored, 0, call.deadline()),
             )
             .await?;
         Ok(KeyStatus::decided(limit, &stored, &counted))
@@ -217,7 +208,6 @@ impl<S: Store> Limiter<S> {
         let listed = call
             .within_store(
                 store,
-                || Phase::Queued,
                 store.refused(limit, &prefix, at_most, call.deadline()),
             )
             .await?;

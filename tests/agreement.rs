@@ -405,7 +405,10 @@ fn play_local(case: &Case) -> Result<(), TestCaseError> {
     let own = case.limits(&fx.case_prefix("local"), WhenUnreachable::CountLocally);
     let keys = case.keys();
     let clock = case.clock();
-    let gone = || async { Err::<Box<Client>, _>(std::io::Error::other("the database is gone")) };
+    // Nothing listens at the database's address: down, with no probe.
+    let gone = || async {
+        Err::<Box<Client>, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+    };
     let down = Limiter::builder(Postgres::new(gone).with_clock(clock.clone()))
         .no_refusal_cache()
         .build()

@@ -187,7 +187,8 @@ fn switchable(db: &TestDb) -> (impl LimitConn + 'static, Arc<AtomicBool>) {
         let down = flag.load(Ordering::SeqCst);
         async move {
             if down {
-                return Err(std::io::Error::other("the database is down").into());
+                // Nothing listens at its address: down, with no probe.
+                return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
             }
             let conn: Result<_, platformkit_limit::BoxError> =
                 platformkit_limit::LimitConn::conn(&config)

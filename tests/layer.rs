@@ -631,7 +631,8 @@ impl LimitConn for Down {
     type Error = std::io::Error;
 
     async fn conn(&self) -> Result<Self::Conn, Self::Error> {
-        Err(std::io::Error::other("the database is down"))
+        // Nothing listens at its address: down, with no probe.
+        Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
     }
 }
 

@@ -70,8 +70,9 @@ async fn a_pool_is_a_connection_source<C: LimitConn>(db: &TestDb, pool: C, pid: 
 }
 
 /// With the pool's only connection held elsewhere, a call ends within the
-/// budget, allowed because the store is unreachable. (For deadpool and sqlx,
-/// `tests/drivers/faults.rs`: `an_exhausted_pool_is_unreachable_within_the_budget`.)
+/// budget, shed: the server answers the probe (bb8's dedicated connection).
+/// (For deadpool and sqlx, `tests/drivers/faults.rs`:
+/// `an_exhausted_pool_is_shed_within_the_budget`.)
 async fn an_exhausted_pool_ends_within_the_budget<C: LimitConn>(pool: C) {
     let limit = Limit::new("pool", 2, Duration::from_secs(60)).expect("a limit");
     let limiter = Limiter::builder(Postgres::new(pool))
@@ -86,10 +87,10 @@ async fn an_exhausted_pool_ends_within_the_budget<C: LimitConn>(pool: C) {
     )
     .await;
     let verdict = verdict.expect("a verdict");
-    assert!(verdict.is_allowed() && verdict.is_unreachable());
+    assert!(verdict.is_refused() && verdict.is_shed(), "{verdict:?}");
     assert_eq!(
-        verdict.unreachable().map(|e| e.kind()),
-        Some(ErrorKind::Timeout)
+        verdict.shed().map(|e| e.kind()),
+        Some(ErrorKind::Overloaded)
     );
     assert!(took >= BUDGET, "gave up early, after {took:?}");
 }

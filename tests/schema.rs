@@ -1619,6 +1619,49 @@ async fn replicas_migrating_at_once_on_an_empty_database_all_succeed() {
         .expect("a second start");
 }
 
+/// A login granted nothing may take any advisory lock, the schema's too:
+/// `migrate` then waits at most `platformkit.migrate_lock_wait` and fails
+/// with `PK005`, naming the session that holds it, never hangs a
+/// replica's start-up; once that session lets go, it applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_hold_on_the_schemas_lock_fails_migrate_within_its_bound_naming_the_holder() {
+    let db = Server::shared().empty_database().await;
+    let stranger = platformkit_limit_testdb::connect(&db.stranger_config()).await;
+    let pid: i32 = stranger
+        .query_one(
+            "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock(31643310761011572)) AS taken",
+            &[],
+        )
+        .await
+        .expect("a stranger takes the schema's lock")
+        .get(0);
+    let held = common::db::hold(&db.config()).await;
+    held.lock()
+        .await
+        .batch_execute("SET platformkit.migrate_lock_wait = '1s'")
+        .await
+        .expect("a short bound");
+    let store = Postgres::new(common::db::lend(held.clone()));
+    let started = std::time::Instant::now();
+    let err = store.migrate().await.expect_err("the lock is held");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "waited {:?}",
+        started.elapsed()
+    );
+    assert_eq!(err.code().map(SqlState::code), Some("PK005"), "{err:?}");
+    let said = format!("{:?}", err);
+    assert!(
+        said.contains(&format!("pid {pid} (role limit_stranger)")),
+        "{said}"
+    );
+    drop(stranger);
+    store
+        .migrate()
+        .await
+        .expect("applied once the lock is free");
+}
+
 /// A role that may not create the schema gets a typed error naming the
 /// step, never a panic or a half-applied schema it then runs on.
 #[tokio::test]

@@ -29,6 +29,8 @@ mod callers_transaction;
 mod cli;
 mod configuration;
 mod dashboards;
+#[cfg(all(feature = "sqlx", feature = "deadpool", feature = "bb8"))]
+mod down_or_up;
 #[cfg(all(feature = "sqlx", feature = "deadpool"))]
 mod drivers;
 mod failover;

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::common;
-use common::db::{counts_by_key, fresh_db, hold, nothing_listens, on_held, stored};
+use common::db::{counts_by_key, fresh_db, hold, lend, nothing_listens, stored};
 use common::metrics::Recorded;
-use common::{BUDGET, SLACK, assert_counted, limit, timed};
+use common::{BUDGET, PROBE, SLACK, assert_counted, assert_shed, limit, timed};
 use metrics_util::debugging::DebuggingRecorder;
 use platformkit_limit::{
     ErrorKind, Key, Limit, LimitConn, Limiter, ManualClock, Postgres, SCHEMA, Store, Verdict,
@@ -130,16 +130,26 @@ async fn a_server_that_never_answers_is_unreachable_within_the_budget() {
     let login = limit("login", 3);
     let alice = Key::email("alice@example.com");
 
-    for _ in 0..2 {
-        let what = "a server that never answers";
-        let (verdict, took) = timed(BUDGET + SLACK, what, limiter.check(&login, &alice)).await;
-        assert_unreachable(&verdict.unwrap(), ErrorKind::Timeout, what);
-        assert!(took >= BUDGET - Duration::from_millis(50), "took {took:?}");
-    }
+    // The first call waits its budget, then for the probe: no answer
+    // within the probe's bound either, so down.
+    let what = "a server that never answers";
+    let (verdict, took) = timed(BUDGET + PROBE + SLACK, what, limiter.check(&login, &alice)).await;
+    assert_unreachable(&verdict.unwrap(), ErrorKind::Timeout, what);
+    assert!(
+        took >= BUDGET + PROBE - Duration::from_millis(50),
+        "took {took:?}"
+    );
+    // While that answer stands, calls are answered at once: none waits its
+    // budget (the breaker).
+    let what = "a call after the probe found it down";
+    let (verdict, took) = timed(BUDGET, what, limiter.check(&login, &alice)).await;
+    assert_unreachable(&verdict.unwrap(), ErrorKind::Connect, what);
+    assert!(took < BUDGET, "waited {took:?}");
     silent.abort();
 
     let recorded = Recorded::take(&snapshotter);
     assert_eq!(recorded.calls("login", "check", "unreachable"), 2);
+    assert_eq!(recorded.probes("down"), 1, "one probe for both calls");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,7 +161,12 @@ async fn a_stopped_server_is_unreachable_and_the_counts_are_there_when_it_is_bac
         .build()
         .unwrap();
     let held = hold(&db.config()).await;
-    let held_limiter = on_held(&held, BUDGET);
+    // A held connection cannot open one of its own: the store is given a
+    // probe (without it, a call on it that got no answer is shed).
+    let held_limiter = Limiter::builder(Postgres::new(lend(held.clone())).with_probe(db.config()))
+        .budget(BUDGET)
+        .build()
+        .unwrap();
     let login = limit("login", 5);
     let alice = Key::email("alice@example.com");
     assert_eq!(
@@ -169,6 +184,8 @@ async fn a_stopped_server_is_unreachable_and_the_counts_are_there_when_it_is_bac
     assert_unreachable(&verdict.unwrap(), ErrorKind::Connect, what);
 
     tokio::task::block_in_place(|| server.pg_ctl(&["start", "-w"]));
+    // The server is back: calls count again within one probe interval.
+    tokio::time::sleep(PROBE).await;
     let verdict = limiter.failed(&login, &alice).await.unwrap();
     assert!(!verdict.is_unreachable(), "{:?}", verdict.unreachable());
     assert_eq!(
@@ -328,11 +345,12 @@ async fn a_connection_source_that_errors_is_unreachable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_source_that_never_yields_ends_within_the_budget() {
+async fn a_connection_source_that_never_yields_is_shed_unless_a_probe_finds_the_server_down() {
     let login = limit("login", 3);
     let alice = Key::email("alice@example.com");
 
-    // A source that never hands over a connection.
+    // A source that never hands over a connection, and cannot probe: no
+    // evidence of an outage, so shed within the budget, never allowed.
     let never = || std::future::pending::<Result<Box<Client>, Infallible>>();
     let limiter = Limiter::builder(Postgres::new(never))
         .budget(BUDGET)
@@ -341,20 +359,32 @@ async fn a_connection_source_that_never_yields_ends_within_the_budget() {
     for op in ["check", "failed", "hit"] {
         let call = operate(&limiter, op, &login, &alice);
         let (verdict, took) = timed(BUDGET + SLACK, op, call).await;
-        assert_unreachable(&verdict.unwrap(), ErrorKind::Timeout, op);
+        assert_shed(&verdict.unwrap(), op);
         assert!(took >= BUDGET, "{op} gave up early, after {took:?}");
     }
     let (reset, _) = timed(BUDGET + SLACK, "reset", limiter.reset(&login, &alice)).await;
-    assert_eq!(reset.unwrap_err().kind(), ErrorKind::Timeout);
+    assert_eq!(reset.unwrap_err().kind(), ErrorKind::Overloaded);
 
-    // An exhausted pool: its one connection is taken by someone else.
+    // The same source given a probe of an address nothing listens at: down.
+    let limiter = Limiter::builder(Postgres::new(never).with_probe(nothing_listens()))
+        .budget(BUDGET)
+        .build()
+        .unwrap();
+    let (verdict, _) = timed(BUDGET + SLACK, "probed", limiter.hit(&login, &alice)).await;
+    assert_unreachable(&verdict.unwrap(), ErrorKind::Timeout, "probed");
+
+    // An exhausted pool: its one connection is taken by someone else, and
+    // the server answers a probe: load, shed.
     let db = fresh_db().await;
     let held = hold(&db.config()).await;
-    let limiter = on_held(&held, BUDGET);
+    let limiter = Limiter::builder(Postgres::new(lend(held.clone())).with_probe(db.config()))
+        .budget(BUDGET)
+        .build()
+        .unwrap();
     let taken = held.lock().await;
     let what = "an exhausted pool";
     let (verdict, _) = timed(BUDGET + SLACK, what, limiter.failed(&login, &alice)).await;
-    assert_unreachable(&verdict.unwrap(), ErrorKind::Timeout, what);
+    assert_shed(&verdict.unwrap(), what);
     drop(taken);
 
     // Once the connection is back, calls are counted again; the one that

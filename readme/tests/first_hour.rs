@@ -59,8 +59,10 @@ async fn first_hour(seen: &Seen) {
     assert!(fail_open.contains("limit=\"login\""), "{fail_open}");
     assert!(!fail_open.contains("carol"), "{fail_open}");
 
-    // The database is back; alice is still locked out until support acts.
+    // The database is back; within one probe interval (a second) calls
+    // count again, and alice is still locked out until support acts.
     server.pg_ctl(&["start", "-w"]);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let still = post_login(&service, alice, GOOD).await;
     assert_eq!(still.status(), StatusCode::TOO_MANY_REQUESTS);
 

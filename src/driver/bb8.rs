@@ -7,8 +7,8 @@ use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::Socket;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 
-use super::SourceErrors;
 use crate::LimitConn;
+use crate::error::BoxError;
 
 /// ```no_run
 /// # async fn demo(pool: bb8::Pool<bb8_postgres::PostgresConnectionManager<tokio_postgres::NoTls>>) {
@@ -32,17 +32,13 @@ where
     async fn conn(&self) -> Result<Self::Conn, Self::Error> {
         self.get_owned().await
     }
-}
 
-/// How bb8's errors read in a connection source's chain: a wait for a
-/// connection that ran out is a wait (its backend's errors are
-/// tokio-postgres's).
-pub(super) const ERRORS: SourceErrors = SourceErrors {
-    refused_while_up: |_| None,
-    waited_for_pool: |error| {
-        matches!(
-            error.downcast_ref::<bb8::RunError<tokio_postgres::Error>>(),
-            Some(bb8::RunError::TimedOut)
-        )
-    },
-};
+    /// A dedicated connection, outside the pool and its retries.
+    async fn probe(&self) -> Option<Result<(), BoxError>> {
+        let started = async {
+            let client = self.dedicated_connection().await?;
+            super::tokio_postgres::started(&client).await
+        };
+        Some(started.await)
+    }
+}

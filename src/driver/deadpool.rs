@@ -9,6 +9,7 @@
 //! again. A statement still unanswered at the cancel mark is sent a cancel
 //! request, as on any tokio-postgres connection.
 
+use std::future::Future;
 use std::ops::Deref;
 
 use postgres_types::{ToSql, Type};
@@ -17,8 +18,9 @@ use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
 use super::tokio_postgres::{cancelling, failure, typed};
-use super::{Failure, Param, Row, SourceErrors, sealed};
+use super::{Failure, Param, Row, sealed};
 use crate::LimitConn;
+use crate::error::BoxError;
 
 /// A connection borrowed from a [`deadpool_postgres::Pool`] for one call;
 /// back in the pool when dropped.
@@ -51,9 +53,19 @@ impl LimitConn for deadpool_postgres::Pool {
         self.get().await.map(DeadpoolConn)
     }
 
-    fn saturated(&self) -> Option<bool> {
-        Some(saturated(self))
+    fn probe(&self) -> impl Future<Output = Option<Result<(), BoxError>>> + Send {
+        probe(self)
     }
+}
+
+/// A connection the pool's manager opens outside the pool and its limits.
+async fn probe(pool: &deadpool_postgres::Pool) -> Option<Result<(), BoxError>> {
+    use deadpool::managed::Manager as _;
+    let started = async {
+        let client = pool.manager().create().await?;
+        super::tokio_postgres::started(&client).await
+    };
+    Some(started.await)
 }
 
 /// A deadpool pool, or one of its connections, on which the limiter
@@ -110,12 +122,6 @@ impl LimitConn for deadpool_postgres::Pool {
 #[derive(Clone, Debug)]
 pub struct Prepared<T>(pub T);
 
-/// Whether the pool is at its size with no connection idle.
-fn saturated(pool: &deadpool_postgres::Pool) -> bool {
-    let status = pool.status();
-    status.size >= status.max_size && status.available == 0
-}
-
 #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
 impl LimitConn for Prepared<deadpool_postgres::Pool> {
     type Conn = Prepared<deadpool_postgres::Object>;
@@ -125,8 +131,8 @@ impl LimitConn for Prepared<deadpool_postgres::Pool> {
         self.0.get().await.map(Prepared)
     }
 
-    fn saturated(&self) -> Option<bool> {
-        Some(saturated(&self.0))
+    fn probe(&self) -> impl Future<Output = Option<Result<(), BoxError>>> + Send {
+        probe(&self.0)
     }
 }
 
@@ -139,12 +145,11 @@ where
         sql: &'static str,
         params: &'a [Param<'a>; N],
         cancel_at: Instant,
-        delivered: &'a (dyn Fn() + Sync),
     ) -> (Result<Row, Failure>, Option<Instant>) {
         let wrapper: &deadpool_postgres::ClientWrapper = &self.0;
         let typed: [(&(dyn ToSql + Sync), Type); N] = std::array::from_fn(|i| typed(&params[i]));
         let answer = prepared_row(wrapper, &wrapper.statement_cache, sql, &typed);
-        cancelling(wrapper, answer, cancel_at, delivered).await
+        cancelling(wrapper, answer, cancel_at).await
     }
 
     async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
@@ -187,18 +192,3 @@ async fn prepared_row<const N: usize>(
     }
     answer
 }
-
-/// How deadpool's errors read in a connection source's chain: a wait for a
-/// connection that ran out is a wait (its backend's errors are
-/// tokio-postgres's, further down the chain).
-pub(super) const ERRORS: SourceErrors = SourceErrors {
-    refused_while_up: |_| None,
-    waited_for_pool: |error| {
-        matches!(
-            error.downcast_ref::<deadpool_postgres::PoolError>(),
-            Some(deadpool_postgres::PoolError::Timeout(
-                deadpool_postgres::TimeoutType::Wait
-            ))
-        )
-    },
-};

@@ -22,7 +22,8 @@
 // `store::sql`) with typed parameters and read its one row; and, on
 // failure, say what went wrong in terms the one SQLSTATE table reads (a
 // code, or the connection being gone). Cancelling on the server near the
-// deadline is done by the drivers that can.
+// deadline is done by the drivers that can. Each source opens a connection
+// of its own for the store's probe (`LimitConn::probe`).
 
 #[cfg(feature = "bb8")]
 pub(crate) mod bb8;
@@ -169,7 +170,6 @@ pub(crate) mod sealed {
             sql: &'static str,
             params: &'a [Param<'a>; N],
             cancel_at: Instant,
-            delivered: &'a (dyn Fn() + Sync),
         ) -> impl Future<Output = (Result<Row, Failure>, Option<Instant>)> + Send + 'a;
 
         /// Runs `script`, several statements with no parameters, as one
@@ -199,16 +199,52 @@ impl std::ops::Deref for Row {
 /// a driver's error in its chain shows a server that is up and refused
 /// ([`refused_while_up`], the first link that does).
 pub(crate) fn connect_error(operation: Operation, source: BoxError) -> Error {
-    let mut refused_by = None;
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
-    while let Some(error) = cause {
-        refused_by = refused_while_up(error);
-        if refused_by.is_some() {
-            break;
-        }
-        cause = error.source();
-    }
+    let refused_by = chain(&*source).find_map(refused_while_up);
     Error::connect(operation, source, refused_by)
+}
+
+/// Whether `error`, a probe's failure to start a connection, shows a
+/// server that answered: a refusal with a SQLSTATE other than the server
+/// going away (`53300` every slot taken, `28P01` a wrong password), or an
+/// authentication the driver could not complete. No answer at the
+/// transport, and a server that says it is starting, shutting down or in
+/// recovery (`57P03`, `57P01`), did not.
+pub(crate) fn server_answered(error: &(dyn std::error::Error + 'static)) -> bool {
+    chain(error).any(|link| refused_while_up(link).is_some())
+}
+
+/// Whether `error`'s chain shows the server's address refusing the
+/// connection at the transport: nothing listens there, so it is down.
+pub(crate) fn refused_at_transport(error: &(dyn std::error::Error + 'static)) -> bool {
+    chain(error).any(|link| {
+        link.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
+/// What a probe asks once connected: whether the server is a hot standby
+/// (in recovery). An older server (before PostgreSQL 14) refuses the name
+/// (`42704`): an answer all the same.
+pub(crate) const IN_RECOVERY: &str = "SHOW in_hot_standby";
+
+/// A probe's connection reached a hot standby: a server in recovery,
+/// down as a primary.
+#[derive(Debug)]
+pub(crate) struct InRecovery;
+
+impl std::fmt::Display for InRecovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the server is a hot standby (in recovery), not a primary")
+    }
+}
+
+impl std::error::Error for InRecovery {}
+
+/// `error` and its sources, in order.
+fn chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(error), |e| e.source())
 }
 
 /// Whether `error`, one link of a connection source's error chain, shows a
@@ -216,37 +252,18 @@ pub(crate) fn connect_error(operation: Operation, source: BoxError) -> Error {
 /// misconfiguration, or the server out of a resource, class `53`), and with
 /// which SQLSTATE: `None` when it does not (or is no driver's error).
 fn refused_while_up(error: &(dyn std::error::Error + 'static)) -> Option<Option<SqlState>> {
-    DRIVERS
-        .iter()
-        .find_map(|driver| (driver.refused_while_up)(error))
+    DRIVERS.iter().find_map(|driver| driver(error))
 }
 
-/// Whether `error`, a connection source's error, is a pool that gave up
-/// waiting for one of its connections to come back: a wait, not an outage
-/// (the guide's [down or overloaded](crate::guide#down-or-overloaded)). A
-/// pool that could not connect is not a wait.
-pub(crate) fn waited_for_pool(error: &(dyn std::error::Error + 'static)) -> bool {
-    DRIVERS.iter().any(|driver| (driver.waited_for_pool)(error))
-}
-
-/// What a driver reads in a connection source's error, each function given
-/// one link of its chain and answering for the driver's own error types
-/// only (`None` or `false` for any other).
-pub(crate) struct SourceErrors {
-    /// Whether the link shows a server that is up and refused, with its
-    /// SQLSTATE (see [`connect_error`]).
-    pub(crate) refused_while_up: fn(&(dyn std::error::Error + 'static)) -> Option<Option<SqlState>>,
-    /// Whether the link is the driver's pool giving up its wait.
-    pub(crate) waited_for_pool: fn(&(dyn std::error::Error + 'static)) -> bool,
-}
+/// What a driver reads in one link of a connection source's error chain,
+/// for its own error types only (`None` for any other): whether it shows a
+/// server that is up and refused, with its SQLSTATE (see [`connect_error`]).
+pub(crate) type SourceErrors = fn(&(dyn std::error::Error + 'static)) -> Option<Option<SqlState>>;
 
 /// Every driver built in: the one list a new driver joins.
+/// (deadpool's and bb8's errors carry tokio-postgres's as their sources.)
 const DRIVERS: &[SourceErrors] = &[
     self::tokio_postgres::ERRORS,
-    #[cfg(feature = "deadpool")]
-    self::deadpool::ERRORS,
-    #[cfg(feature = "bb8")]
-    self::bb8::ERRORS,
     #[cfg(feature = "sqlx")]
     self::sqlx::ERRORS,
 ];
@@ -254,29 +271,19 @@ const DRIVERS: &[SourceErrors] = &[
 /// Awaits `answer`; if it is still pending at `cancel_at`, starts `cancel`
 /// once and awaits both: the cancel request is finished before the answer
 /// is returned. Returns the answer and, when a cancel request was delivered
-/// (`cancel` answers whether it was), when it was; `delivered` is told at
-/// once, before the answer (which may never come): the server accepted a
-/// connection and read the request, so it is up.
+/// (`cancel` answers whether it was), when it was.
 pub(crate) async fn answer_or_cancel<F: Future, C: Future<Output = bool>>(
     answer: F,
     cancel_at: Instant,
     cancel: impl FnOnce() -> C,
-    delivered: &(dyn Fn() + Sync),
 ) -> (F::Output, Option<Instant>) {
     tokio::pin!(answer);
     tokio::select! {
         biased;
         answer = &mut answer => (answer, None),
         () = tokio::time::sleep_until(cancel_at) => {
-            let delivered = async {
-                let landed = cancel().await;
-                if landed {
-                    delivered();
-                }
-                landed.then(Instant::now)
-            };
-            let (answer, delivered) = tokio::join!(answer, delivered);
-            (answer, delivered)
+            let delivered = async { cancel().await.then(Instant::now) };
+            tokio::join!(answer, delivered)
         }
     }
 }

@@ -17,12 +17,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{Client, Config, NoTls, Socket};
+use tokio_postgres::{Client, Config, NoTls, SimpleQueryMessage, Socket};
 
 use super::record::Fields;
 use super::{Columns, Failure, Param, Row, SourceErrors, answer_or_cancel, sealed};
 use crate::LimitConn;
-use crate::error::{Reading, not_an_outage};
+use crate::error::{BoxError, Reading, not_an_outage};
 
 impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
     async fn send<'a, const N: usize>(
@@ -30,17 +30,10 @@ impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
         sql: &'static str,
         params: &'a [Param<'a>; N],
         cancel_at: Instant,
-        delivered: &'a (dyn Fn() + Sync),
     ) -> (Result<Row, Failure>, Option<Instant>) {
         let client: &Client = self;
         let typed: [(&(dyn ToSql + Sync), Type); N] = std::array::from_fn(|i| typed(&params[i]));
-        cancelling(
-            client,
-            client.query_typed_one(sql, &typed),
-            cancel_at,
-            delivered,
-        )
-        .await
+        cancelling(client, client.query_typed_one(sql, &typed), cancel_at).await
     }
 
     async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
@@ -55,28 +48,21 @@ impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
 }
 
 /// Awaits `answer`, the statement's one row on `client`, and sends a
-/// cancel request if it is unanswered at `cancel_at` (telling `delivered`
-/// when the server took it).
+/// cancel request if it is unanswered at `cancel_at`.
 pub(super) async fn cancelling(
     client: &Client,
     answer: impl Future<Output = Result<tokio_postgres::Row, tokio_postgres::Error>>,
     cancel_at: Instant,
-    delivered: &(dyn Fn() + Sync),
 ) -> (Result<Row, Failure>, Option<Instant>) {
-    let (answer, cancelled) = answer_or_cancel(
-        answer,
-        cancel_at,
-        || {
-            // What psql's Ctrl-C sends, over a new connection without TLS; sent
-            // while this call still holds the connection, so it can only reach
-            // this statement (or, on a connection's first call through
-            // `Prepared`, its Parse), and finished before the connection is
-            // handed back.
-            let token = client.cancel_token();
-            async move { token.cancel_query(tokio_postgres::NoTls).await.is_ok() }
-        },
-        delivered,
-    )
+    let (answer, cancelled) = answer_or_cancel(answer, cancel_at, || {
+        // What psql's Ctrl-C sends, over a new connection without TLS; sent
+        // while this call still holds the connection, so it can only reach
+        // this statement (or, on a connection's first call through
+        // `Prepared`, its Parse), and finished before the connection is
+        // handed back.
+        let token = client.cancel_token();
+        async move { token.cancel_query(tokio_postgres::NoTls).await.is_ok() }
+    })
     .await;
     (answer.map_err(failure).and_then(answered), cancelled)
 }
@@ -161,13 +147,10 @@ impl Columns for tokio_postgres::Row {
 }
 
 /// How tokio-postgres errors read in a connection source's chain.
-pub(super) const ERRORS: SourceErrors = SourceErrors {
-    refused_while_up: |error| {
-        error
-            .downcast_ref::<tokio_postgres::Error>()
-            .and_then(refused_while_up)
-    },
-    waited_for_pool: |_| false,
+pub(super) const ERRORS: SourceErrors = |error| {
+    error
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(refused_while_up)
 };
 
 /// How the SQLSTATE table reads a tokio-postgres error: by its code; without
@@ -216,9 +199,8 @@ impl LimitConn for Config {
         connect(self, NoTls)
     }
 
-    /// Never: each call opens a connection of its own.
-    fn saturated(&self) -> Option<bool> {
-        Some(false)
+    async fn probe(&self) -> Option<Result<(), BoxError>> {
+        Some(async { started(&*connect(self, NoTls).await?).await }.await)
     }
 }
 
@@ -259,10 +241,25 @@ where
         connect(&self.config, self.tls.clone())
     }
 
-    /// Never: each call opens a connection of its own.
-    fn saturated(&self) -> Option<bool> {
-        Some(false)
+    async fn probe(&self) -> Option<Result<(), BoxError>> {
+        let connected = async { started(&*connect(&self.config, self.tls.clone()).await?).await };
+        Some(connected.await)
     }
+}
+
+/// The end of a probe's startup on `client`, a connection it opened: the
+/// server's `in_hot_standby` (PostgreSQL 14 and later), read by a `SHOW`,
+/// which takes no snapshot; through a pooler that answered the startup for
+/// the server, it is the server that answers.
+pub(super) async fn started(client: &Client) -> Result<(), BoxError> {
+    let shown = client.simple_query(super::IN_RECOVERY).await?;
+    let on = shown
+        .iter()
+        .any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0) == Some("on")));
+    if on {
+        return Err(super::InRecovery.into());
+    }
+    Ok(())
 }
 
 async fn connect<T>(config: &Config, tls: T) -> Result<Connected, tokio_postgres::Error>

@@ -12,41 +12,47 @@ use super::{BoxError, Error, ErrorKind, Inner};
 use crate::operation::Operation;
 
 impl Error {
-    /// The error of a call whose budget ran out:
-    /// [`ErrorKind::Timeout`] when the store is
-    /// down by what this process heard of it, else
-    /// [`ErrorKind::Overloaded`].
-    pub(crate) fn out_of_budget(operation: Operation, budget: Duration, down: bool) -> Self {
-        if down {
-            Error(Inner::Timeout { operation, budget })
-        } else {
-            Error(Inner::Shed { operation, budget })
-        }
+    /// The error of a call whose budget ran out with no answer: unreachable
+    /// until a probe finds the server up ([`Error::probed`]).
+    pub(crate) fn out_of_budget(operation: Operation, budget: Duration) -> Self {
+        Error(Inner::Timeout { operation, budget })
     }
 
-    /// Whether this is a budget that ran out (down or overloaded, by what
-    /// was heard), as [`Error::out_of_budget`] makes it.
-    pub(crate) fn is_out_of_budget(&self) -> bool {
-        matches!(&self.0, Inner::Timeout { .. } | Inner::Shed { .. })
+    /// The error of a call not tried: the latest probe found the server
+    /// down.
+    pub(crate) fn down(operation: Operation) -> Self {
+        Error(Inner::Down { operation })
+    }
+
+    /// This error, of a call that got no answer, once a probe of the server
+    /// found it `down` or not: unchanged if down (or not unreachable), else
+    /// shed ([`ErrorKind::Overloaded`]), with this error as its cause.
+    pub(crate) fn probed(self, operation: Operation, down: bool) -> Self {
+        if down || !self.is_unreachable() {
+            return self;
+        }
+        Error(Inner::Shed {
+            operation,
+            source: Box::new(self),
+        })
+    }
+
+    /// Whether the connection was refused at the transport: nothing listens
+    /// at the server's address.
+    pub(crate) fn refused_at_transport(&self) -> bool {
+        match &self.0 {
+            Inner::Connect { source, .. } | Inner::Driver { source, .. } => {
+                crate::driver::refused_at_transport(&**source)
+            }
+            Inner::Merged { source, .. } => source.refused_at_transport(),
+            _ => false,
+        }
     }
 
     /// Whether this is a statement answered after this call's own cancel
     /// request: it did its work, late.
     pub(crate) fn answered_after_cancel(&self) -> bool {
         matches!(&self.0, Inner::AnsweredAfterCancel { .. })
-    }
-
-    /// Whether PostgreSQL answered this (with a SQLSTATE), so that it was up
-    /// when the call failed.
-    pub(crate) fn answered(&self) -> bool {
-        match &self.0 {
-            Inner::AnsweredAfterCancel { .. } => true,
-            Inner::Driver {
-                fault: Fault::ConnectionLost,
-                ..
-            } => false,
-            _ => self.code().is_some(),
-        }
     }
 
     /// A connection source's failure: unreachable, unless a driver's error

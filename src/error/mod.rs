@@ -68,8 +68,9 @@ pub struct Error(Inner);
 /// | `22023` | invalid_parameter_value | Query |
 ///
 /// The schema's refusals of a [`migrate`](crate::Postgres::migrate) are
-/// among those: `PK002`, the database's schema is newer than this crate's,
-/// and `PK004`, an index or column of the schema's name that is not the
+/// among those: `PK002`, the database's schema is newer than this crate's;
+/// `PK005`, the schema's lock held by another session past its bound (the
+/// error names it); and `PK004`, an index or column of the schema's name that is not the
 /// schema's.
 ///
 /// `25006` is what a hot standby answers: the primary is not where the
@@ -79,22 +80,21 @@ pub struct Error(Inner);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// No connection could be had, or it was lost during the call: the
-    /// connection source failed, the server refused or dropped the
-    /// connection, is shutting down, or is a standby. The store is
-    /// unreachable.
+    /// No connection could be had, or it was lost during the call, and a
+    /// probe found the server down: refused at the transport, shutting
+    /// down, starting, or a standby; or the latest probe found it down and
+    /// the call was answered at once, not tried. The store is unreachable.
     Connect,
-    /// The call's budget ran out and PostgreSQL gave no answer meanwhile: a
-    /// statement of this call went unanswered, or nothing this process sent
-    /// was answered and its latest news of the server was a failure. The
-    /// store is unreachable.
+    /// The call's budget ran out with no answer, and a probe found the
+    /// server down (no answer within its bound either). The store is
+    /// unreachable.
     Timeout,
-    /// The store is up and could not answer this call within its budget
-    /// because of load: the call waited for a connection or behind this
-    /// limiter's other statements while PostgreSQL answered them, the
-    /// server answered this call's own cancel request, or it is out of a
-    /// resource (`53`: connection slots, memory). Never an allow: the
-    /// limiter sheds the call, a refusal
+    /// The store is up and could not answer this call within its budget:
+    /// the call got no answer (a full pool, a queue, a stalled or killed
+    /// backend, a wait for a safe snapshot) and the server answered a probe
+    /// meanwhile; or the server answered this call's own cancel request,
+    /// or is out of a resource (`53`: connection slots, memory). Never an
+    /// allow: the limiter sheds the call, a refusal
     /// ([`Verdict::is_shed`](crate::Verdict::is_shed)).
     Overloaded,
     /// PostgreSQL refused the limiter's statement: a misconfiguration such as
@@ -154,14 +154,21 @@ pub(crate) enum Inner {
         budget: Duration,
     },
 
+    /// A call that got no answer, on a server a probe found up.
     #[snafu(display(
-        "{operation}: not answered within the budget of {budget:?}, waiting while PostgreSQL \
-         answered other calls (load, not an outage)"
+        "{operation}: shed: no answer for this call, but PostgreSQL answered a probe of the \
+         server (load, or a fault of this call's connection, not an outage)"
     ))]
     Shed {
         operation: Operation,
-        budget: Duration,
+        source: Box<Error>,
     },
+
+    #[snafu(display(
+        "{operation}: not tried: the latest probe found PostgreSQL down (answered at once until \
+         a probe finds it up)"
+    ))]
+    Down { operation: Operation },
 
     /// An answer that came after this call's own cancel request: the budget
     /// ran out, whatever the answer says. (A commit waiting for a synchronous
@@ -206,7 +213,7 @@ impl Error {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match &self.0 {
-            Inner::Connect { .. } => ErrorKind::Connect,
+            Inner::Connect { .. } | Inner::Down { .. } => ErrorKind::Connect,
             Inner::Driver { fault, .. } => fault.kind(),
             Inner::Timeout { .. } => ErrorKind::Timeout,
             Inner::Shed { .. } | Inner::AnsweredAfterCancel { .. } | Inner::Abandoned => {

@@ -12,7 +12,7 @@ use crate::decide::{Counted, decide};
 use crate::metric::Outcome;
 use crate::operation::Counting;
 use crate::permit::CountedIn;
-use crate::store::{Asked, Phase, Progress, Store, Watch};
+use crate::store::{Asked, Store};
 use crate::{Error, Limit, Limiter, Verdict, WhenUnreachable};
 
 impl<S: Store> Limiter<S> {
@@ -31,11 +31,8 @@ impl<S: Store> Limiter<S> {
         // A subset of `run_all`'s pairs, never none: `watches[0]` is there.
         debug_assert!(!stored.is_empty(), "a statement for no pairs");
         debug_assert_eq!(stored.len(), refreshes.len(), "one claim per pair");
-        let started = call.started();
         let deadline = call.deadline();
         let n = u64::from(cost.get());
-        // Where each pair's statement got, read if the budget runs out.
-        let watches: Vec<Watch> = stored.iter().map(|_| Watch::default()).collect();
         // The counts, and whether the call's cost was added (always, but
         // for an all-or-nothing call that a pair refused). Boxed: a store's
         // future (a connection, a statement, a cancel) is large, and a
@@ -49,43 +46,24 @@ impl<S: Store> Limiter<S> {
                     .collect()
             };
             match (&self.merging, stored) {
-                _ if op.all_or_nothing() => {
-                    let progress = Progress::default();
-                    watches[0].follow(&progress, deadline);
-                    self.store
-                        .count_all_or_none(&asked(), deadline, &progress)
-                        .await
-                }
+                _ if op.all_or_nothing() => self.store.count_all_or_none(&asked(), deadline).await,
                 (Some(merging), _) if op.adds() => merging
-                    .add_all(&self.store, op, stored, n, (started, deadline), &watches)
+                    .add_all(&self.store, op, stored, n, deadline)
                     .await
                     .map(|counted| (after_the_call(stored, counted), true)),
-                (_, [(limit, key)]) => {
-                    let progress = Progress::default();
-                    watches[0].follow(&progress, deadline);
-                    self.store
-                        .count(op, limit, key, n, deadline, &progress)
-                        .await
-                        .map(|counted| (vec![counted], true))
-                }
-                _ => {
-                    let progress = Progress::default();
-                    watches[0].follow(&progress, deadline);
-                    self.store
-                        .count_many(op, &asked(), deadline, &progress)
-                        .await
-                        .map(|counted| (counted, true))
-                }
+                (_, [(limit, key)]) => self
+                    .store
+                    .count(op, limit, key, n, deadline)
+                    .await
+                    .map(|counted| (vec![counted], true)),
+                _ => self
+                    .store
+                    .count_many(op, &asked(), deadline)
+                    .await
+                    .map(|counted| (counted, true)),
             }
         });
-        let phase = || {
-            watches
-                .iter()
-                .map(|watch| watch.phase_for(deadline))
-                .max()
-                .unwrap_or(Phase::Queued)
-        };
-        match call.within_store(&*self.store, phase, counting).await {
+        match call.within_store(&*self.store, counting).await {
             Ok((counted, added)) => {
                 // Every store, and merging, answers one count per pair, in
                 // order (`Postgres` errs otherwise): no pair goes undecided.

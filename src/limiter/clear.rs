@@ -6,8 +6,8 @@ use std::num::NonZeroU32;
 use crate::call::Call;
 use crate::operation::Operation;
 use crate::permit::CountedIn;
+use crate::store::Store;
 use crate::store::sealed::Sealed as _;
-use crate::store::{Phase, Store};
 use crate::{Error, Limit, Limiter};
 
 impl<S: Store> Limiter<S> {
@@ -20,7 +20,6 @@ impl<S: Store> Limiter<S> {
         let result = call
             .within_store(
                 &*self.store,
-                || Phase::Queued,
                 Box::pin(self.store.reset(key, call.deadline())),
             )
             .await
@@ -46,7 +45,6 @@ impl<S: Store> Limiter<S> {
             CountedIn::Store { window_start } => call
                 .within_store(
                     &*self.store,
-                    || Phase::Queued,
                     Box::pin(self.store.take_back(key, window_start, n, call.deadline())),
                 )
                 .await

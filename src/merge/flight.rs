@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use super::{Answer, Caller, Queue, Shared, abandoned};
 use crate::decide::Counted;
 use crate::operation::Counting;
-use crate::store::{Asked, Progress, sealed::Sealed};
-use crate::{Error, Limit, Limiter};
+use crate::store::{Asked, sealed::Sealed};
+use crate::{Limit, Limiter};
 
 /// One key of a statement: its callers, in order of arrival.
 struct Member {
@@ -59,7 +59,7 @@ impl<S: Sealed> Flight<S> {
         };
         loop {
             let answers = self.send(op, deadline).await;
-            let told = self.answer(op, answers);
+            let told = self.answer(answers);
             let next = self.take(None);
             let Some(next) = next else {
                 self.store = None;
@@ -153,10 +153,6 @@ impl<S: Sealed> Flight<S> {
             let abandoned = abandoned();
             return vec![Err(abandoned); self.members.len()];
         };
-        let progress = Progress::default();
-        for caller in self.members.iter().flat_map(|member| &member.callers) {
-            caller.watch.follow(&progress, deadline);
-        }
         // `take` keeps a statement to `Limiter::MAX_PAIRS` keys, each its
         // own: a key is ready at most once and never while in flight, so
         // one flight at a time sends it. `add_many` relies on it: a key
@@ -172,14 +168,7 @@ impl<S: Sealed> Flight<S> {
         let n = |member: &Member| member.callers.iter().map(|c| c.cost).sum::<u64>();
         if let [member] = &self.members[..] {
             let counted = store
-                .count(
-                    op,
-                    &member.limit,
-                    &member.key,
-                    n(member),
-                    deadline,
-                    &progress,
-                )
+                .count(op, &member.limit, &member.key, n(member), deadline)
                 .await;
             return vec![counted.map_err(Arc::new)];
         }
@@ -192,7 +181,7 @@ impl<S: Sealed> Flight<S> {
                 n: n(member),
             })
             .collect();
-        match store.count_many(op, &asked, deadline, &progress).await {
+        match store.count_many(op, &asked, deadline).await {
             Ok(counted) if counted.len() == self.members.len() => {
                 counted.into_iter().map(Ok).collect()
             }
@@ -208,13 +197,7 @@ impl<S: Sealed> Flight<S> {
     /// Each member's callers with their answers, each its own position's
     /// count, to be told; the keys whose callers came while it was in
     /// flight are queued again.
-    ///
-    /// A statement whose own budget ran out (the latest of its callers') is
-    /// read for each caller as of when that caller began: what the store
-    /// heard since then, and how far its statement got (sent and
-    /// unanswered, or still waiting for a connection), as the caller itself
-    /// reads it when its own budget runs out first.
-    fn answer(&mut self, op: Counting, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
+    fn answer(&mut self, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
         // One answer per member (`send` answers so), or a member's callers
         // would be dropped untold.
         debug_assert_eq!(answers.len(), self.members.len(), "one answer per key");
@@ -226,16 +209,7 @@ impl<S: Sealed> Flight<S> {
             let mut after: u64 = member.callers.iter().map(|c| c.cost).sum();
             for caller in member.callers {
                 after -= caller.cost;
-                let answer = match &answer {
-                    Err(e) if e.is_out_of_budget() => Err(Arc::new(Error::out_of_budget(
-                        op.operation(),
-                        caller.deadline.saturating_duration_since(caller.since),
-                        self.store.as_deref().is_some_and(|store| {
-                            store.down_since(caller.since, caller.watch.phase_for(caller.deadline))
-                        }),
-                    ))),
-                    answer => answer.clone().map(|counted| at_position(counted, after)),
-                };
+                let answer = answer.clone().map(|counted| at_position(counted, after));
                 told.push((caller, answer));
             }
             let Queue { keys, ready, .. } = &mut *queue;
@@ -262,7 +236,7 @@ impl<S: Sealed> Drop for Flight<S> {
             let abandoned = abandoned();
             // The operation names only an out-of-budget answer, and these
             // are not: any counting operation does.
-            let told = self.answer(Counting::FAILED, vec![Err(abandoned); self.members.len()]);
+            let told = self.answer(vec![Err(abandoned); self.members.len()]);
             tell(told);
         }
         if !self.holding {

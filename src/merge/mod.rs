@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::decide::Counted;
 use crate::error::{AbandonedSnafu, MergedSnafu};
 use crate::operation::Counting;
-use crate::store::{Progress, Watch, sealed::Sealed};
+use crate::store::sealed::Sealed;
 use crate::{Error, Limit};
 
 /// Merging, for one limiter.
@@ -77,12 +77,8 @@ struct Waiting {
 
 /// A caller waiting for its count.
 struct Caller {
-    /// When its call began, and its deadline.
-    since: Instant,
     deadline: Instant,
     tx: oneshot::Sender<Answer>,
-    /// Where the caller reads how far its statement got.
-    watch: Watch,
     /// What its call adds: its cost (1 but for `hit_n` and `reserve_n`).
     cost: u64,
 }
@@ -134,28 +130,19 @@ impl Merging {
         op: Counting,
         pairs: &[(&Limit, String)],
         cost: u64,
-        (since, deadline): (Instant, Instant),
-        watches: &[Watch],
+        deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
         // Only writes merge (the limiter sends a `check` alone): a flight
-        // adds each caller's cost. One watch per pair, or a pair would go
-        // unqueued.
+        // adds each caller's cost.
         debug_assert!(op.adds(), "only writes merge");
-        debug_assert_eq!(pairs.len(), watches.len(), "one watch per pair");
         let operation = op.operation();
-        let waits = self.queue(store, op, pairs, cost, (since, deadline), watches);
+        let waits = self.queue(store, op, pairs, cost, deadline);
         let mut counted = Vec::with_capacity(waits.len());
-        for ((wait, (limit, key)), watch) in waits.into_iter().zip(pairs).zip(watches) {
+        for (wait, (limit, key)) in waits.into_iter().zip(pairs) {
             let rx = match wait {
                 Wait::Merged(rx) => rx,
                 Wait::Alone => {
-                    let progress = Progress::default();
-                    watch.follow(&progress, deadline);
-                    counted.push(
-                        store
-                            .count(op, limit, key, cost, deadline, &progress)
-                            .await?,
-                    );
+                    counted.push(store.count(op, limit, key, cost, deadline).await?);
                     continue;
                 }
             };
@@ -183,8 +170,7 @@ impl Merging {
         op: Counting,
         pairs: &[(&Limit, String)],
         cost: u64,
-        (since, deadline): (Instant, Instant),
-        watches: &[Watch],
+        deadline: Instant,
     ) -> Vec<Wait> {
         let mut waits = Vec::with_capacity(pairs.len());
         let mut start = false;
@@ -193,7 +179,7 @@ impl Merging {
         let mut first = Vec::new();
         {
             let mut queue = self.shared.lock();
-            for ((limit, key), watch) in pairs.iter().zip(watches) {
+            for (limit, key) in pairs {
                 if queue
                     .keys
                     .get(key)
@@ -204,13 +190,7 @@ impl Merging {
                 }
                 let (tx, rx) = oneshot::channel();
                 waits.push(Wait::Merged(rx));
-                let caller = Caller {
-                    since,
-                    deadline,
-                    tx,
-                    watch: watch.clone(),
-                    cost,
-                };
+                let caller = Caller { deadline, tx, cost };
                 if let Some(waiting) = queue.keys.get_mut(key) {
                     // Queued already, or in flight: it is queued again when
                     // its statement returns.

@@ -1,36 +1,59 @@
-//! What this process last heard from PostgreSQL: the line between a server
-//! that is down and one that is busy (the guide's
-//! [down or overloaded](crate::guide#down-or-overloaded)).
+//! What a store knows of its server: whether it is down, as the latest
+//! probe found it (the guide's
+//! [down or overloaded](crate::guide#down-or-overloaded)), and about how
+//! long a round trip takes.
 //!
-//! A call whose budget runs out is answered by what the store heard while
-//! the call waited: if PostgreSQL answered any of this store's statements
-//! since the call began, the server is up and the call waited because of
-//! load (a full pool, a queue of merged writes, a slow shared statement):
-//! it is shed. If nothing was answered since, the server is down when this
-//! call's own statement went unanswered, when its connection source was
-//! opening a connection, when this store has never been answered, or when
-//! its latest news of the server is a failure (a lost connection, a
-//! statement with no answer at all).
+//! A call that got no answer (its budget ran out, or its connection failed
+//! without the server saying why) is not read as an outage by itself: the
+//! store asks the server, with a fresh connection's startup through the
+//! source's own [`LimitConn::probe`](crate::LimitConn::probe). An answer of any kind is a server
+//! that is up, and the call is shed; no answer at the transport, or a server
+//! that says it is starting, shutting down or in recovery, is down. One
+//! probe at a time per store, and its answer stands for [`STANDS`]; while
+//! it says down, calls are answered at once (a breaker), and a call that
+//! finds it aged asks again.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The latest answer from the server and the latest failure to get one, as
-/// microseconds since `base` plus one (0: never).
+use crate::error::BoxError;
+
+/// How long a probe's answer stands for every call of the store: at most
+/// one probe per store per this much time, and the longest a call is read
+/// as down after the server is back.
+pub(crate) const STANDS: Duration = Duration::from_secs(1);
+
+/// How long a probe waits for the server's answer before it reads the
+/// server as down: many round trips of a distant link, and more than a
+/// busy server takes to start a backend.
+pub(crate) const PROBE_BOUND: Duration = Duration::from_secs(1);
+
+/// What a store knows of its server.
 #[derive(Debug)]
 pub(crate) struct Health {
     base: Instant,
-    answered: AtomicU64,
-    failed: AtomicU64,
+    probe: Mutex<Probed>,
+    /// Woken when a probe in flight is answered (or dropped).
+    answered: Notify,
     /// About the link's round trip: the shortest answered statement of the
     /// last two windows of [`RTT_WINDOW`] (a statement's time includes the
     /// server's own work and waits, so never less than the round trip; the
     /// shortest of recent ones is the closest to it, and a flood of slow
     /// ones does not raise it while a fast one comes now and then).
     rtt: Mutex<Shortest>,
+}
+
+/// The latest probe's answer, and whether one is in flight.
+#[derive(Debug, Default)]
+struct Probed {
+    /// When the latest probe was answered, and whether it found the server
+    /// down.
+    latest: Option<(Instant, bool)>,
+    asking: bool,
 }
 
 /// How long a shortest round trip is kept: two windows of this.
@@ -48,29 +71,77 @@ impl Default for Health {
     fn default() -> Self {
         Health {
             base: Instant::now(),
-            answered: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
+            probe: Mutex::default(),
+            answered: Notify::new(),
             rtt: Mutex::default(),
         }
     }
 }
 
+/// What a call does before it tries the server.
+enum Before {
+    /// Try it.
+    Go,
+    /// The latest probe found the server down and still stands, or another
+    /// call is asking again: answer at once.
+    Down,
+    /// The latest probe found the server down and has aged: ask again.
+    Ask,
+}
+
 impl Health {
-    fn stamp(&self, at: Instant) -> u64 {
-        let micros = at.saturating_duration_since(self.base).as_micros();
-        u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1
+    /// Whether the server is down for a call about to try it: the latest
+    /// probe found it so and that answer stands, or another call's probe
+    /// is asking again. A call that finds a "down" that has aged probes
+    /// (and waits for that answer, at most [`PROBE_BOUND`]).
+    pub(crate) async fn down_before(&self, ask: impl Future<Output = Startup>) -> bool {
+        let before = {
+            let probed = self.probed();
+            match probed.latest {
+                None | Some((_, false)) => Before::Go,
+                Some((at, true)) if at.elapsed() < STANDS || probed.asking => Before::Down,
+                Some(_) => Before::Ask,
+            }
+        };
+        match before {
+            Before::Go => false,
+            Before::Down => true,
+            Before::Ask => self.down(ask).await,
+        }
     }
 
-    /// PostgreSQL answered a statement (a row, or an error with a SQLSTATE).
-    pub(crate) fn answered(&self) {
-        self.answered
-            .fetch_max(self.stamp(Instant::now()), Ordering::Relaxed);
+    /// Whether the server is down, for a call that got no answer: the
+    /// answer of the latest probe if it stands, else of one that `ask`s
+    /// now (one at a time: a call that finds one in flight waits for its
+    /// answer; `ask` is dropped unpolled).
+    pub(crate) async fn down(&self, ask: impl Future<Output = Startup>) -> bool {
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            let mine = {
+                let mut probed = self.probed();
+                match probed.latest {
+                    Some((at, down)) if at.elapsed() < STANDS => return down,
+                    _ if probed.asking => false,
+                    _ => {
+                        probed.asking = true;
+                        true
+                    }
+                }
+            };
+            if mine {
+                let asking = Asking(self);
+                let down = read(tokio::time::timeout(PROBE_BOUND, ask).await);
+                asking.answered(down);
+                return down;
+            }
+            answered.await;
+        }
     }
 
-    /// A connection failed or was lost, or a statement got no answer at all.
-    pub(crate) fn failed(&self) {
-        self.failed
-            .fetch_max(self.stamp(Instant::now()), Ordering::Relaxed);
+    fn probed(&self) -> std::sync::MutexGuard<'_, Probed> {
+        self.probe.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// An answered statement took `took`, from sending to its answer.
@@ -97,17 +168,41 @@ impl Health {
         let since = Instant::now().saturating_duration_since(self.base);
         u64::try_from(since.as_nanos() / RTT_WINDOW.as_nanos()).unwrap_or(u64::MAX)
     }
+}
 
-    /// Whether the server is down, by what was heard, for a call that began
-    /// at `since` and ran out of budget without an answer of its own:
-    /// nothing was answered since, and either nothing ever was, the latest
-    /// news is a failure, or the call itself is evidence (`own`: its own
-    /// statement went unanswered, or its connection source was opening a
-    /// connection).
-    pub(crate) fn down_since(&self, since: Instant, own: bool) -> bool {
-        let answered = self.answered.load(Ordering::Relaxed);
-        let failed = self.failed.load(Ordering::Relaxed);
-        answered < self.stamp(since) && (answered == 0 || failed >= answered || own)
+/// What a probe heard: `None` from a source that cannot open a connection
+/// of its own; else whether the server completed a startup, or the
+/// driver's error.
+pub(crate) type Startup = Option<Result<(), BoxError>>;
+
+/// Whether a probe's answer (`Err`: none within [`PROBE_BOUND`]) is a
+/// server that is down: no answer at the transport, or one that says it is
+/// starting, shutting down or in recovery. A source that cannot probe is
+/// never read as down.
+fn read(heard: Result<Startup, tokio::time::error::Elapsed>) -> bool {
+    let down = match heard {
+        Err(_) => true,
+        Ok(None | Some(Ok(()))) => false,
+        Ok(Some(Err(error))) => !crate::driver::server_answered(&*error),
+    };
+    crate::metric::probed(down);
+    down
+}
+
+/// A probe in flight: its answer is recorded, and whoever waits is woken,
+/// also when the call that asks is dropped before the answer.
+struct Asking<'a>(&'a Health);
+
+impl Asking<'_> {
+    fn answered(self, down: bool) {
+        self.0.probed().latest = Some((Instant::now(), down));
+    }
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.0.probed().asking = false;
+        self.0.answered.notify_waiters();
     }
 }
 
@@ -129,55 +224,113 @@ impl Shortest {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
 
+    /// A probe that counts how often it was asked and answers `heard`
+    /// after `takes`.
+    async fn asked(count: &AtomicUsize, takes: Duration, heard: Startup) -> Startup {
+        count.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(takes).await;
+        heard
+    }
+
+    fn refused() -> Startup {
+        Some(Err(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )
+        .into()))
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_server_is_down_only_when_nothing_was_answered_while_the_call_waited() {
+    async fn one_probe_at_a_time_answers_every_call_and_its_answer_stands_a_while() {
         let health = Health::default();
-        let start = Instant::now();
-        tokio::time::advance(Duration::from_millis(1)).await;
+        let count = AtomicUsize::new(0);
+        let calls =
+            (0..1000).map(|_| health.down(asked(&count, Duration::from_millis(5), Some(Ok(())))));
+        let answers = futures::future::join_all(calls).await;
         assert!(
-            health.down_since(start, false),
-            "never answered: no sign it is up"
+            answers.iter().all(|down| !down),
+            "an answered startup is up"
+        );
+        assert_eq!(
+            count.load(Ordering::Relaxed),
+            1,
+            "one probe for 1,000 calls"
         );
 
-        health.answered();
-        tokio::time::advance(Duration::from_millis(1)).await;
-        let later = Instant::now();
-        assert!(
-            !health.down_since(start, false),
-            "answered while the call waited"
-        );
-        assert!(
-            !health.down_since(later, false),
-            "answered before, and no failure since: a wait is load"
-        );
+        tokio::time::advance(STANDS / 2).await;
+        assert!(!health.down(asked(&count, Duration::ZERO, refused())).await);
+        assert_eq!(count.load(Ordering::Relaxed), 1, "the answer stands");
 
-        tokio::time::advance(Duration::from_millis(1)).await;
-        health.failed();
-        assert!(
-            health.down_since(later, false),
-            "the latest news of the server is a failure"
-        );
-        assert!(
-            !health.down_since(start, false),
-            "but it answered after `start`"
-        );
+        tokio::time::advance(STANDS).await;
+        assert!(health.down(asked(&count, Duration::ZERO, refused())).await);
+        assert_eq!(count.load(Ordering::Relaxed), 2, "aged: asked again");
+    }
 
-        tokio::time::advance(Duration::from_millis(1)).await;
-        health.answered();
-        assert!(!health.down_since(later, false), "answered again");
+    #[tokio::test(start_paused = true)]
+    async fn no_answer_within_the_bound_is_down_and_a_source_that_cannot_probe_is_never() {
+        let health = Health::default();
+        let count = AtomicUsize::new(0);
+        assert!(
+            health
+                .down(asked(&count, PROBE_BOUND * 2, Some(Ok(()))))
+                .await,
+            "no answer within the bound"
+        );
+        tokio::time::advance(STANDS).await;
+        assert!(!health.down(asked(&count, Duration::ZERO, None)).await);
+    }
 
-        tokio::time::advance(Duration::from_millis(1)).await;
-        let last = Instant::now();
+    #[tokio::test(start_paused = true)]
+    async fn while_down_calls_are_answered_at_once_and_one_probe_per_interval_looks_for_the_way_back()
+     {
+        let health = Health::default();
+        let count = AtomicUsize::new(0);
         assert!(
-            !health.down_since(last, false),
-            "a wait after an answer is load"
+            !health
+                .down_before(asked(&count, Duration::ZERO, refused()))
+                .await
         );
+        assert_eq!(count.load(Ordering::Relaxed), 0, "nothing heard: go");
+
+        assert!(health.down(asked(&count, Duration::ZERO, refused())).await);
+        for _ in 0..100 {
+            assert!(
+                health
+                    .down_before(asked(&count, Duration::ZERO, Some(Ok(()))))
+                    .await
+            );
+        }
+        assert_eq!(count.load(Ordering::Relaxed), 1, "answered at once");
+
+        tokio::time::advance(STANDS).await;
         assert!(
-            health.down_since(last, true),
-            "but not when the call's own statement went unanswered"
+            !health
+                .down_before(asked(&count, Duration::ZERO, Some(Ok(()))))
+                .await,
+            "aged: the call that finds it asks, and the first answer ends it"
         );
+        assert_eq!(count.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_dropped_mid_flight_lets_the_next_call_ask() {
+        let health = Health::default();
+        let count = AtomicUsize::new(0);
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(1),
+            health.down(asked(&count, Duration::from_secs(5), Some(Ok(())))),
+        )
+        .await;
+        assert!(dropped.is_err());
+        assert!(
+            !health
+                .down(asked(&count, Duration::ZERO, Some(Ok(()))))
+                .await
+        );
+        assert_eq!(count.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test(start_paused = true)]

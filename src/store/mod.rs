@@ -13,8 +13,6 @@ pub(crate) mod sql;
 pub(crate) mod statement;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use tokio::time::Instant;
@@ -44,79 +42,6 @@ pub struct Asked<'a> {
     pub n: u64,
 }
 
-/// How far a store's call got, as the store reports it: read when a
-/// caller's budget runs out before the answer, to tell a server that is
-/// down from one that is busy (the guide's
-/// [down or overloaded](crate::guide#down-or-overloaded)). Shared by the
-/// callers of a merged statement.
-#[derive(Clone, Debug, Default)]
-pub struct Progress(Arc<AtomicU8>);
-
-/// A step of [`Progress`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Phase {
-    /// Not begun: queued behind this limiter's other statements.
-    Queued,
-    /// Asking the connection source for a connection.
-    Connecting,
-    /// The statement was sent, and is not answered yet.
-    Sent,
-    /// The statement was sent and is not answered yet, and the server took
-    /// this call's cancel request: it accepted a connection and read the
-    /// request, so it is up, whatever becomes of the statement.
-    CancelDelivered,
-}
-
-impl Progress {
-    /// The step reached.
-    pub(crate) fn phase(&self) -> Phase {
-        match self.0.load(Ordering::Relaxed) {
-            0 => Phase::Queued,
-            1 => Phase::Connecting,
-            2 => Phase::Sent,
-            _ => Phase::CancelDelivered,
-        }
-    }
-
-    /// Notes that the call reached `phase`.
-    pub(crate) fn reached(&self, phase: Phase) {
-        let step = match phase {
-            Phase::Queued => 0,
-            Phase::Connecting => 1,
-            Phase::Sent => 2,
-            Phase::CancelDelivered => 3,
-        };
-        self.0.store(step, Ordering::Relaxed);
-    }
-}
-
-/// Where a caller reads the progress of the statement that carries its
-/// count, and that statement's deadline: a merged caller's is set when a
-/// flight takes it.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Watch(Arc<OnceLock<(Progress, Instant)>>);
-
-impl Watch {
-    /// Follows `progress`, the statement this caller is in, which runs
-    /// until `deadline`.
-    pub(crate) fn follow(&self, progress: &Progress, deadline: Instant) {
-        let _ = self.0.set((progress.clone(), deadline));
-    }
-
-    /// The step reached, for a caller whose budget ends at `deadline`:
-    /// [`Phase::Queued`] until a statement is begun, and while it is sent
-    /// with budget left after this caller's (it may still be answered).
-    pub(crate) fn phase_for(&self, deadline: Instant) -> Phase {
-        match self.0.get() {
-            None => Phase::Queued,
-            Some((progress, until)) => match progress.phase() {
-                Phase::Sent | Phase::CancelDelivered if *until > deadline => Phase::Queued,
-                phase => phase,
-            },
-        }
-    }
-}
-
 pub(crate) mod sealed {
     use super::*;
 
@@ -126,15 +51,18 @@ pub(crate) mod sealed {
         /// the system's. The refusal cache runs on it.
         fn local_now(&self) -> SystemTime;
 
-        /// Whether the store is down, by what it heard, for a call that
-        /// began at `since` and ran out of budget with its statement at
-        /// `phase` (the guide's
+        /// Whether the store is down for a call about to try it: the
+        /// latest probe found it down (the guide's
         /// [down or overloaded](crate::guide#down-or-overloaded)).
-        fn down_since(&self, since: Instant, phase: Phase) -> bool;
+        fn down_before(&self) -> impl Future<Output = bool> + Send;
+
+        /// Whether the store is down for a call that got no answer
+        /// (`error`, which [`Error::is_unreachable`] reads so): a probe of
+        /// the server says.
+        fn down_after(&self, error: &Error) -> impl Future<Output = bool> + Send;
 
         /// Runs one counting operation for the stored key `key` under
-        /// `limit`, finishing by `deadline`; a write adds `n`. How far it
-        /// got goes to `progress`.
+        /// `limit`, finishing by `deadline`; a write adds `n`.
         fn count(
             &self,
             op: Counting,
@@ -142,7 +70,6 @@ pub(crate) mod sealed {
             key: &str,
             n: u64,
             deadline: Instant,
-            progress: &Progress,
         ) -> impl Future<Output = Result<Counted, Error>> + Send;
 
         /// Runs one counting operation over several (limit, stored key)
@@ -153,7 +80,6 @@ pub(crate) mod sealed {
             op: Counting,
             asked: &[Asked<'_>],
             deadline: Instant,
-            progress: &Progress,
         ) -> impl Future<Output = Result<Vec<Counted>, Error>> + Send;
 
         /// Adds each pair's `n` in one statement only if every pair's ask
@@ -166,7 +92,6 @@ pub(crate) mod sealed {
             &self,
             asked: &[Asked<'_>],
             deadline: Instant,
-            progress: &Progress,
         ) -> impl Future<Output = Result<(Vec<Counted>, bool), Error>> + Send;
 
         /// Takes `n` back from the stored key's count in the window that

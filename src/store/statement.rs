@@ -8,7 +8,6 @@ use crate::error::AnsweredAfterCancelSnafu;
 use crate::operation::Operation;
 use crate::store::budget::{self, Budget};
 use crate::store::sql::Statement;
-use crate::store::{Phase, Progress};
 use crate::{Error, ErrorKind};
 
 /// Sends one statement on `session` and returns its one row.
@@ -42,27 +41,9 @@ pub(crate) async fn call<S: Session, const N: usize>(
     statement: Statement<'_, N>,
     budget: Budget,
 ) -> Result<Row, Error> {
-    send(session, operation, statement, budget, &Progress::default()).await
-}
-
-/// As [`call`], noting in `progress` when the statement is on its way.
-pub(crate) async fn send<S: Session, const N: usize>(
-    session: &mut S,
-    operation: Operation,
-    statement: Statement<'_, N>,
-    budget: Budget,
-    progress: &Progress,
-) -> Result<Row, Error> {
     crate::metric::statement_sent(operation);
-    progress.reached(Phase::Sent);
-    let delivered = || progress.reached(Phase::CancelDelivered);
     let (answer, cancelled) = session
-        .send(
-            statement.sql,
-            &statement.params,
-            budget.cancel_at,
-            &delivered,
-        )
+        .send(statement.sql, &statement.params, budget.cancel_at)
         .await;
     let cancel_sent = cancelled.is_some();
     if let Some(delivered) = cancelled

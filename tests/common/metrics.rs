@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use metrics_util::debugging::{DebugValue, Snapshotter};
 use platformkit_limit::metric::{
-    CALL_DURATION_SECONDS, CALLS_TOTAL, LABEL_LIMIT, LABEL_OPERATION, LABEL_OUTCOME, LABEL_SOURCE,
+    CALL_DURATION_SECONDS, CALLS_TOTAL, LABEL_FOUND, LABEL_LIMIT, LABEL_OPERATION, LABEL_OUTCOME,
+    LABEL_SOURCE, PROBES_TOTAL,
 };
 
 /// What a [`DebuggingRecorder`](metrics_util::debugging::DebuggingRecorder)
@@ -17,6 +18,8 @@ pub struct Recorded {
     /// Samples of `platformkit_limit_call_duration_seconds` by
     /// `(limit, operation)`.
     pub durations: BTreeMap<(String, String), usize>,
+    /// `platformkit_limit_probes_total` by what the probes found.
+    pub probes: BTreeMap<String, u64>,
     /// Every label of every series, as `(name, value)`.
     pub labels: Vec<(String, String)>,
 }
@@ -60,10 +63,18 @@ impl Recorded {
                         .entry((label(LABEL_LIMIT), label(LABEL_OPERATION)))
                         .or_default() += samples.len();
                 }
+                (PROBES_TOTAL, DebugValue::Counter(n)) => {
+                    recorded.probes.insert(label(LABEL_FOUND), n);
+                }
                 _ => {}
             }
         }
         recorded
+    }
+
+    /// How many probes found the server `found` (`up` or `down`).
+    pub fn probes(&self, found: &str) -> u64 {
+        self.probes.get(found).copied().unwrap_or(0)
     }
 
     pub fn calls(&self, limit: &str, operation: &str, outcome: &str) -> u64 {

@@ -36,6 +36,10 @@ pub const LONG_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 /// The budget of the tests that make the store unreachable.
 pub const BUDGET: Duration = Duration::from_millis(500);
 
+/// How long a probe's answer stands, and the most a probe waits for the
+/// server: the guide's "down or overloaded" gives both as one second.
+pub const PROBE: Duration = Duration::from_millis(1000);
+
 /// How much longer than its budget an unreachable call may take: scheduling
 /// on a busy machine, not a speed target. A call that ignored its budget
 /// would take as long as the fault lasts (forever, for a silent server, a

@@ -1,4 +1,6 @@
-//! Unreachable: allowed, loudly, within the budget.
+//! Down or not: a call that got no answer is allowed (loudly, within the
+//! budget) only when a probe of the server finds it down; a connection
+//! killed or terminated on a server that answers the probe is shed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use super::{
 use crate::common::db::{fresh_db, lock_row, nothing_listens, stored, terminate_backend};
 use crate::common::faults::kill_while_it_waits_on_a_lock;
 use crate::common::metrics::Recorded;
-use crate::common::{BUDGET, SLACK, limit, timed};
+use crate::common::{BUDGET, SLACK, assert_shed, limit, timed};
 
 /// Nothing listens where the source points: every call is allowed,
 /// unreachable, within the budget; a reset is an unreachable error. Each is
@@ -54,9 +56,10 @@ pub async fn nothing_listening_is_unreachable_within_the_budget<D: Driver>() {
     }
 }
 
-/// A connection terminated between two calls: the next call is allowed,
-/// unreachable (`Connect`), within the budget.
-pub async fn a_terminated_connection_is_unreachable<D: Driver>()
+/// A connection terminated between two calls (`57P01`, which a role that
+/// may signal the limiter's backends can send): the server answers a
+/// probe, so the next call is shed, never allowed.
+pub async fn a_terminated_connection_is_shed_while_the_server_is_up<D: Driver>()
 where
     Lend<D::Conn>: LimitConn,
 {
@@ -75,7 +78,7 @@ where
 
     let what = "a call on a terminated connection";
     let (verdict, _) = timed(BUDGET + SLACK, what, limiter.failed(&login, &alice)).await;
-    assert_unreachable(&verdict.unwrap(), &[ErrorKind::Connect], what);
+    assert_shed(&verdict.unwrap(), what);
     assert_eq!(
         counts(&db).await,
         BTreeMap::from([(stored(&login, &alice), 1)])
@@ -83,8 +86,8 @@ where
 }
 
 /// A connection killed while its call waits on a row lock: the call ends at
-/// once, allowed, unreachable (`Connect`), long before its budget, and is
-/// counted as `unreachable`, never as an error.
+/// once, long before its budget, shed (the server answers a probe), and is
+/// counted as `shed`, never as an error or an allow.
 pub async fn a_connection_killed_mid_call_ends_at_once<D: Driver>()
 where
     Lend<D::Conn>: LimitConn,
@@ -108,7 +111,7 @@ where
     let what = "a call whose backend was killed";
     let call = limiter.failed(&login, &alice);
     let verdict = kill_while_it_waits_on_a_lock(&admin, pid, KILL_BUDGET, what, call).await;
-    assert_unreachable(&verdict.unwrap(), &[ErrorKind::Connect], what);
+    assert_shed(&verdict.unwrap(), what);
     locker.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(
         counts(&db).await,
@@ -117,14 +120,16 @@ where
     );
     let recorded = Recorded::take(&snapshotter);
     assert_eq!(recorded.calls("login", "failed", "allowed"), 1);
-    assert_eq!(recorded.calls("login", "failed", "unreachable"), 1);
+    assert_eq!(recorded.calls("login", "failed", "shed"), 1);
+    assert_eq!(recorded.calls("login", "failed", "unreachable"), 0);
     assert_eq!(recorded.calls("login", "failed", "error"), 0);
+    assert_eq!(recorded.probes("up"), 1);
 }
 
-/// A pool of one whose connection is held elsewhere: the call is allowed,
-/// unreachable (`Timeout`), once the budget is spent, never a hang; once
-/// the connection is back, calls count again.
-pub async fn an_exhausted_pool_is_unreachable_within_the_budget<D: Driver>() {
+/// A pool of one whose connection is held elsewhere: load, so the call is
+/// shed once the budget is spent, never allowed and never a hang; once the
+/// connection is back, calls count again.
+pub async fn an_exhausted_pool_is_shed_within_the_budget<D: Driver>() {
     let db = fresh_db().await;
     let pool = D::pool(&db.config(), 1).await;
     let limiter = Limiter::builder(Postgres::new(pool.clone()))
@@ -137,7 +142,7 @@ pub async fn an_exhausted_pool_is_unreachable_within_the_budget<D: Driver>() {
     let taken = D::take(&pool).await;
     let what = "an exhausted pool";
     let (verdict, took) = timed(BUDGET + SLACK, what, limiter.failed(&login, &alice)).await;
-    assert_unreachable(&verdict.unwrap(), &[ErrorKind::Timeout], what);
+    assert_shed(&verdict.unwrap(), what);
     assert!(took >= BUDGET, "gave up early, after {took:?}");
     drop(taken);
 

@@ -111,7 +111,6 @@ where
         params: &'a [Param<'a>; N],
         // sqlx keeps the cancel key private: nothing to cancel with.
         _cancel_at: Instant,
-        _delivered: &'a (dyn Fn() + Sync),
     ) -> (Result<Row, Failure>, Option<Instant>) {
         let conn: &mut PgConnection = (*self.0).as_mut();
         if let Err(e) = settle(conn).await {
@@ -207,21 +206,10 @@ fn failure(error: sqlx::Error) -> Failure {
 }
 
 /// How sqlx errors read in a connection source's chain.
-pub(super) const ERRORS: SourceErrors = SourceErrors {
-    refused_while_up: |error| {
-        if let Some(pool::Refused(code)) = error.downcast_ref() {
-            return Some(Some(code.clone()));
-        }
-        error
-            .downcast_ref::<sqlx::Error>()
-            .and_then(refused_while_up)
-    },
-    waited_for_pool: |error| {
-        matches!(
-            error.downcast_ref::<sqlx::Error>(),
-            Some(sqlx::Error::PoolTimedOut)
-        )
-    },
+pub(super) const ERRORS: SourceErrors = |error| {
+    error
+        .downcast_ref::<sqlx::Error>()
+        .and_then(refused_while_up)
 };
 
 /// The statement's one row as the stores read it: a row whose one column is

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::clock::{Clock, from_micros, micros_since_epoch};
 use crate::decide::{Counted, decision, window_of};
 use crate::operation::Counting;
-use crate::store::{Asked, Phase, Progress, Store, sealed};
+use crate::store::{Asked, Store, sealed};
 use crate::{Error, Limit, ManualClock, Strategy};
 
 /// The in-process fake: the same behaviour as [`Postgres`](crate::Postgres),
@@ -251,7 +251,11 @@ impl sealed::Sealed for Memory {
     }
 
     /// A wait in front of `Memory` is this process's own load: never down.
-    fn down_since(&self, _since: Instant, _phase: Phase) -> bool {
+    async fn down_before(&self) -> bool {
+        false
+    }
+
+    async fn down_after(&self, _error: &Error) -> bool {
         false
     }
 
@@ -262,7 +266,6 @@ impl sealed::Sealed for Memory {
         key: &str,
         n: u64,
         _deadline: Instant,
-        _progress: &Progress,
     ) -> Result<Counted, Error> {
         // The fake is unbounded: there is always room.
         let now = micros_since_epoch(self.clock.local_now());
@@ -274,7 +277,6 @@ impl sealed::Sealed for Memory {
         op: Counting,
         asked: &[Asked<'_>],
         _deadline: Instant,
-        _progress: &Progress,
     ) -> Result<Vec<Counted>, Error> {
         // The fake is unbounded: there is always room.
         let now = micros_since_epoch(self.clock.local_now());
@@ -289,7 +291,6 @@ impl sealed::Sealed for Memory {
         &self,
         asked: &[Asked<'_>],
         _deadline: Instant,
-        _progress: &Progress,
     ) -> Result<(Vec<Counted>, bool), Error> {
         // The fake is unbounded: there is always room.
         let now = micros_since_epoch(self.clock.local_now());

@@ -14,7 +14,7 @@ use crate::error::UnexpectedSnafu;
 use crate::operation::{Counting, Operation};
 use crate::store::sql;
 use crate::store::statement::deleted;
-use crate::store::{Asked, Phase, Progress, sealed};
+use crate::store::{Asked, sealed};
 use crate::{Error, Limit, LimitConn, Strategy};
 
 impl<C: LimitConn> sealed::Sealed for Postgres<C> {
@@ -22,8 +22,15 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         self.clock.local_now()
     }
 
-    fn down_since(&self, since: Instant, phase: Phase) -> bool {
-        self.down(since, phase)
+    async fn down_before(&self) -> bool {
+        self.health.down_before(self.ask_server()).await
+    }
+
+    async fn down_after(&self, error: &Error) -> bool {
+        if error.refused_at_transport() {
+            return true;
+        }
+        self.health.down(self.ask_server()).await
     }
 
     async fn count(
@@ -33,7 +40,6 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         key: &str,
         n: u64,
         deadline: Instant,
-        progress: &Progress,
     ) -> Result<Counted, Error> {
         let operation = op.operation();
         // A pinned clock out of bounds is refused before a connection is taken.
@@ -44,8 +50,8 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let lockout = i64::try_from(limit.lockout_secs()).expect("at most a day");
         let since = Instant::now();
         let row = self
-            .within(operation, deadline, since, progress, async {
-                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+            .within(operation, deadline, since, async {
+                let (mut conn, budget) = self.session(operation, since, deadline).await?;
                 if op.adds() {
                     let add = sql::Add {
                         key,
@@ -58,7 +64,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                         max,
                         lockout_secs: lockout,
                     };
-                    self.call(&mut conn, operation, add.statement(), budget, progress)
+                    self.call(&mut conn, operation, add.statement(), budget)
                         .await
                 } else {
                     let read = sql::Read {
@@ -70,7 +76,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                         max,
                         lockout_secs: lockout,
                     };
-                    self.call(&mut conn, operation, read.statement(), budget, progress)
+                    self.call(&mut conn, operation, read.statement(), budget)
                         .await
                 }
             })
@@ -95,7 +101,6 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         op: Counting,
         asked: &[Asked<'_>],
         deadline: Instant,
-        progress: &Progress,
     ) -> Result<Vec<Counted>, Error> {
         let operation = op.operation();
         let pinned = self.pinned()?;
@@ -103,8 +108,8 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let previous = pairs.sliding.iter().any(|&sliding| sliding);
         let since = Instant::now();
         let row = self
-            .within(operation, deadline, since, progress, async {
-                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+            .within(operation, deadline, since, async {
+                let (mut conn, budget) = self.session(operation, since, deadline).await?;
                 if op.adds() {
                     let add = sql::AddMany {
                         keys: &pairs.keys,
@@ -117,7 +122,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                         maxes: &pairs.maxes,
                         lockout_secs: &pairs.lockouts,
                     };
-                    self.call(&mut conn, operation, add.statement(), budget, progress)
+                    self.call(&mut conn, operation, add.statement(), budget)
                         .await
                 } else {
                     let read = sql::ReadMany {
@@ -129,7 +134,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                         maxes: &pairs.maxes,
                         lockout_secs: &pairs.lockouts,
                     };
-                    self.call(&mut conn, operation, read.statement(), budget, progress)
+                    self.call(&mut conn, operation, read.statement(), budget)
                         .await
                 }
             })
@@ -141,15 +146,14 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         &self,
         asked: &[Asked<'_>],
         deadline: Instant,
-        progress: &Progress,
     ) -> Result<(Vec<Counted>, bool), Error> {
         let operation = Counting::HIT_ALL_OR_NOTHING.operation();
         let pinned = self.pinned()?;
         let pairs = Pairs::of(asked);
         let since = Instant::now();
         let row = self
-            .within(operation, deadline, since, progress, async {
-                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+            .within(operation, deadline, since, async {
+                let (mut conn, budget) = self.session(operation, since, deadline).await?;
                 let add = sql::AddAllOrNone {
                     keys: &pairs.keys,
                     window_secs: &pairs.windows,
@@ -161,7 +165,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     maxes: &pairs.maxes,
                     lockout_secs: &pairs.lockouts,
                 };
-                self.call(&mut conn, operation, add.statement(), budget, progress)
+                self.call(&mut conn, operation, add.statement(), budget)
                     .await
             })
             .await?;
@@ -179,10 +183,9 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     ) -> Result<u64, Error> {
         let operation = Operation::TakeBack;
         let since = Instant::now();
-        let progress = &Progress::default();
         let row = self
-            .within(operation, deadline, since, progress, async {
-                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+            .within(operation, deadline, since, async {
+                let (mut conn, budget) = self.session(operation, since, deadline).await?;
                 let take_back = sql::TakeBack {
                     key,
                     window_start,
@@ -190,14 +193,8 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     budget_ms: budget.server_ms,
                     relaxed: self.relaxed,
                 };
-                self.call(
-                    &mut conn,
-                    operation,
-                    take_back.statement(),
-                    budget,
-                    progress,
-                )
-                .await
+                self.call(&mut conn, operation, take_back.statement(), budget)
+                    .await
             })
             .await?;
         deleted(&row, Operation::TakeBack)
@@ -213,10 +210,9 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let operation = Operation::RefusedKeys;
         let pinned = self.pinned()?;
         let since = Instant::now();
-        let progress = &Progress::default();
         let row = self
-            .within(operation, deadline, since, progress, async {
-                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+            .within(operation, deadline, since, async {
+                let (mut conn, budget) = self.session(operation, since, deadline).await?;
                 let list = sql::List {
                     prefix,
                     window_secs: i64::try_from(limit.window_secs()).expect("at most 366 days"),
@@ -227,7 +223,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     lockout_secs: i64::try_from(limit.lockout_secs()).expect("at most a day"),
                     at_most: i64::try_from(at_most).unwrap_or(i64::MAX),
                 };
-                self.call(&mut conn, operation, list.statement(), budget, progress)
+                self.call(&mut conn, operation, list.statement(), budget)
                     .await
             })
             .await?;
@@ -269,16 +265,15 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
         let operation = Operation::Reset;
         let since = Instant::now();
-        let progress = &Progress::default();
         let row = self
-            .within(operation, deadline, since, progress, async {
-                let (mut conn, budget) = self.session(operation, since, deadline, progress).await?;
+            .within(operation, deadline, since, async {
+                let (mut conn, budget) = self.session(operation, since, deadline).await?;
                 let reset = sql::Reset {
                     key,
                     budget_ms: budget.server_ms,
                     relaxed: self.relaxed,
                 };
-                self.call(&mut conn, operation, reset.statement(), budget, progress)
+                self.call(&mut conn, operation, reset.statement(), budget)
                     .await
             })
             .await?;

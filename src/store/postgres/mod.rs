@@ -18,11 +18,11 @@ use crate::clock::Clock;
 use crate::driver::{Row, Session};
 use crate::error::InvalidOptionSnafu;
 use crate::operation::Operation;
+use crate::store::Store;
 use crate::store::budget::{self, Budget};
-use crate::store::health::Health;
+use crate::store::health::{Health, Startup};
 use crate::store::sql::{self, Statement};
-use crate::store::statement::send;
-use crate::store::{Phase, Progress, Store};
+use crate::store::statement::call;
 use crate::{Error, LimitConn, ManualClock};
 
 /// The real store: each key's count in each window is a row of
@@ -54,8 +54,19 @@ pub struct Postgres<C> {
     conns: C,
     clock: Clock,
     relaxed: bool,
-    /// What this store last heard from the server: down, or overloaded.
+    /// What this store knows of the server: down, and the round trip.
     health: Health,
+    /// The probe given to the store, in place of the source's own.
+    probe: Option<Probe>,
+}
+
+/// A probe given to the store: a connection source's, boxed.
+struct Probe(Box<dyn Fn() -> futures::future::BoxFuture<'static, Startup> + Send + Sync>);
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Probe")
+    }
 }
 
 impl<C: LimitConn> Postgres<C> {
@@ -66,7 +77,39 @@ impl<C: LimitConn> Postgres<C> {
             clock: Clock::Store,
             relaxed: false,
             health: Health::default(),
+            probe: None,
         }
+    }
+
+    /// Probes the server through `source` (its
+    /// [`LimitConn::probe`]) instead of the connection source's own: for a
+    /// source that lends a held connection and cannot open one of its own,
+    /// which is otherwise never read as down (every call that got no
+    /// answer is shed).
+    ///
+    /// ```no_run
+    /// use platformkit_limit::Postgres;
+    /// use std::sync::Arc;
+    /// use tokio::sync::Mutex;
+    ///
+    /// # fn demo(client: tokio_postgres::Client) {
+    /// let held = Arc::new(Mutex::new(client));
+    /// let config: tokio_postgres::Config = "host=db user=app dbname=app".parse().unwrap();
+    /// let store = Postgres::new(move || {
+    ///     let held = held.clone();
+    ///     async move { Ok::<_, std::convert::Infallible>(held.lock_owned().await) }
+    /// })
+    /// .with_probe(config);
+    /// # let _ = store;
+    /// # }
+    /// ```
+    pub fn with_probe<P: LimitConn>(mut self, source: P) -> Self {
+        let source = std::sync::Arc::new(source);
+        self.probe = Some(Probe(Box::new(move || {
+            let source = source.clone();
+            Box::pin(async move { source.probe().await })
+        })));
+        self
     }
 
     /// Reads the time from `clock` instead of the database: for tests that
@@ -105,7 +148,11 @@ impl<C: LimitConn> Postgres<C> {
     ///
     /// The script waits for its locks as a migration does (it takes the
     /// table's strongest lock only when it changes the table), so it has
-    /// no budget: run it before serving.
+    /// no budget: run it before serving. Replicas starting at once take
+    /// turns on one advisory lock, waited for at most
+    /// `platformkit.migrate_lock_wait` (a setting of the session, 30 s when
+    /// unset): any login may take that lock, and one that holds it makes
+    /// `migrate` fail with `PK005`, naming it, never hang.
     ///
     /// ```no_run
     /// use platformkit_limit::{Limiter, Postgres};
@@ -134,7 +181,8 @@ impl<C: LimitConn> Postgres<C> {
     /// not the schema's, or a column `created_at` that is not the schema's
     /// (`PK004`: an index an operator's `CREATE INDEX CONCURRENTLY` left,
     /// or is still building; nothing applied, the guide's
-    /// [Purge](crate::guide#purge) section says what to do).
+    /// [Purge](crate::guide#purge) section says what to do); or the schema's
+    /// lock held past its bound (`PK005`, naming the session).
     pub async fn migrate(&self) -> Result<(), Error> {
         let operation = Operation::Migrate;
         let mut conn = self
@@ -167,35 +215,12 @@ impl<C: LimitConn> Postgres<C> {
         Ok(Some(pinned))
     }
 
-    /// A connection for one call. A source that fails is a failure heard
-    /// from the server unless the server answered its refusal; a pool that
-    /// gave up waiting for one of its connections is a wait, read as any
-    /// call's budget running out (see [`Health`]).
-    async fn connection(
-        &self,
-        operation: Operation,
-        since: Instant,
-        progress: &Progress,
-    ) -> Result<C::Conn, Error> {
-        progress.reached(Phase::Connecting);
-        self.conns.conn().await.map_err(|e| {
-            let source = e.into();
-            if crate::driver::waited_for_pool(&*source) {
-                let waited = Instant::now().saturating_duration_since(since);
-                return Error::out_of_budget(
-                    operation,
-                    waited,
-                    self.down(since, Phase::Connecting),
-                );
-            }
-            let error = crate::driver::connect_error(operation, source);
-            if error.answered() {
-                self.health.answered();
-            } else {
-                self.health.failed();
-            }
-            error
-        })
+    /// A connection for one call.
+    async fn connection(&self, operation: Operation) -> Result<C::Conn, Error> {
+        self.conns
+            .conn()
+            .await
+            .map_err(|e| crate::driver::connect_error(operation, e.into()))
     }
 
     /// A connection for one call and the budget left on it, unless the
@@ -207,9 +232,8 @@ impl<C: LimitConn> Postgres<C> {
         operation: Operation,
         since: Instant,
         deadline: Instant,
-        progress: &Progress,
     ) -> Result<(C::Conn, Budget), Error> {
-        let conn = self.connection(operation, since, progress).await?;
+        let conn = self.connection(operation).await?;
         let rtt = self.health.round_trip();
         let left = deadline.saturating_duration_since(Instant::now());
         // The split counts at most a quarter of what is left: a measure too
@@ -218,94 +242,56 @@ impl<C: LimitConn> Postgres<C> {
         let budget = Budget::until(deadline, rtt.min(left / 4));
         if left < rtt + budget::LEAST_SERVER || Instant::now() >= budget.send_by {
             let waited = Instant::now().saturating_duration_since(since);
-            return Err(Error::out_of_budget(
-                operation,
-                waited,
-                self.down(since, Phase::Connecting),
-            ));
+            return Err(Error::out_of_budget(operation, waited));
         }
         Ok((conn, budget))
     }
 
-    /// Whether the server is down, for a call that began at `since` and ran
-    /// out of budget at `phase`: its statement sent and unanswered, or
-    /// waiting for a connection from a source that was opening one, is
-    /// evidence of its own (see [`Health`]).
-    fn down(&self, since: Instant, phase: Phase) -> bool {
-        let own = match phase {
-            Phase::Queued => false,
-            Phase::Connecting => self.conns.saturated() == Some(false),
-            Phase::Sent => true,
-            // The server took this call's cancel: up, and too slow.
-            Phase::CancelDelivered => return false,
-        };
-        self.health.down_since(since, own)
-    }
-
-    /// Runs `work` (a connection, then one statement through [`call`](crate::store::statement::call)) until
-    /// `deadline`. A budget that runs out with this call's statement sent
-    /// and unanswered is a statement with no answer at all; either way, the
-    /// store's health says whether the server was down or busy.
+    /// Runs `work` (a connection, then one statement through
+    /// [`call`]) until `deadline`.
     async fn within<T>(
         &self,
         operation: Operation,
         deadline: Instant,
         since: Instant,
-        progress: &Progress,
         work: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        match timeout_at(deadline, work).await {
-            Ok(result) => result,
-            Err(_) => {
-                let phase = progress.phase();
-                match phase {
-                    Phase::Sent => self.health.failed(),
-                    Phase::CancelDelivered => self.health.answered(),
-                    Phase::Queued | Phase::Connecting => {}
-                }
-                let budget = deadline.saturating_duration_since(since);
-                let budget =
-                    Duration::from_millis(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX));
-                Err(Error::out_of_budget(
-                    operation,
-                    budget,
-                    self.down(since, phase),
-                ))
-            }
+        timeout_at(deadline, work).await.unwrap_or_else(|_| {
+            let budget = deadline.saturating_duration_since(since);
+            let budget =
+                Duration::from_millis(u64::try_from(budget.as_millis()).unwrap_or(u64::MAX));
+            Err(Error::out_of_budget(operation, budget))
+        })
+    }
+
+    /// Asks the server, as [`LimitConn::probe`] does: through the probe
+    /// given to the store, else the connection source's own.
+    async fn ask_server(&self) -> Startup {
+        match &self.probe {
+            Some(Probe(probe)) => probe().await,
+            None => self.conns.probe().await,
         }
     }
-}
 
-impl<C: LimitConn> Postgres<C> {
-    /// Sends one statement through [`call`](crate::store::statement::call), and notes what the server did:
-    /// an answer (a row, or an error with a SQLSTATE), or a failure.
+    /// Sends one statement through [`call`],
+    /// and notes how long an answered one took.
     async fn call<S: Session, const N: usize>(
         &self,
         session: &mut S,
         operation: Operation,
         statement: Statement<'_, N>,
         budget: Budget,
-        progress: &Progress,
     ) -> Result<Row, Error> {
         let sent = Instant::now();
-        let answer = send(session, operation, statement, budget, progress).await;
+        let answer = call(session, operation, statement, budget).await;
         match &answer {
-            Ok(_) => {
-                self.health.answered();
-                self.health.took(sent.elapsed());
-            }
-            // An error the server answered says it is up; its time says
-            // nothing of the link (a lock wait, a cancel), except for a
-            // statement that did its work and was answered after this
-            // call's cancel, whose time keeps the measure from staying
-            // above what the link gives.
-            Err(e) if e.answered() => {
-                self.health.answered();
-                if e.answered_after_cancel() {
-                    self.health.took(sent.elapsed());
-                }
-            }
-            Err(_) => self.health.failed(),
+            Ok(_) => self.health.took(sent.elapsed()),
+            // An error's time says nothing of the link (a lock wait, a
+            // cancel), except for a statement that did its work and was
+            // answered after this call's cancel, whose time keeps the
+            // measure from staying above what the link gives.
+            Err(e) if e.answered_after_cancel() => self.health.took(sent.elapsed()),
+            Err(_) => {}
         }
         answer
     }

@@ -1,0 +1,583 @@
+//! "Down" is what the server says to a probe, the same on every driver: the
+//! guide's "down or overloaded" table, row by row, on each connection
+//! source a service plugs in (tokio-postgres connecting for each call,
+//! deadpool, bb8, sqlx's `PgPool`, and a held sqlx connection given a
+//! probe).
+//!
+//! Each fault is caused as the attacker would cause it, with the role they
+//! would have: a login granted nothing (`limit_stranger`) holds every
+//! connection slot or a serializable read-write transaction; the limiter's
+//! own role (or the database owner) sets transaction defaults; the
+//! superuser stops a backend or the server. While the server answers, no
+//! call is ever allowed uncounted; once it is down, the limit's
+//! `WhenUnreachable` answers, at once after the first probe.
+
+use std::time::Duration;
+
+use platformkit_limit::{
+    ErrorKind, Key, Limit, LimitConn, Limiter, Postgres, SCHEMA, Verdict, WhenUnreachable,
+};
+use platformkit_limit_testdb::{Options, Server, TestDb};
+use sqlx::Connection as _;
+use tokio::sync::Mutex;
+use tokio::task::block_in_place;
+use tokio::time::Instant;
+use tokio_postgres::Config;
+
+use crate::common::{self, BUDGET, PROBE, SLACK, timed};
+
+/// A connection source a service plugs in, made for a database.
+trait Source: 'static {
+    type Conns: LimitConn;
+
+    /// A cold source: it has lent no connection yet.
+    async fn conns(config: &Config, size: u32) -> Self::Conns;
+
+    /// The store over it, as the service would build it.
+    fn store(conns: Self::Conns, _config: &Config) -> Postgres<Self::Conns> {
+        Postgres::new(conns)
+    }
+}
+
+/// tokio-postgres, a connection for each call.
+struct PerCall;
+
+impl Source for PerCall {
+    type Conns = Config;
+
+    async fn conns(config: &Config, _size: u32) -> Config {
+        config.clone()
+    }
+}
+
+struct Deadpool;
+
+impl Source for Deadpool {
+    type Conns = deadpool_postgres::Pool;
+
+    async fn conns(config: &Config, size: u32) -> deadpool_postgres::Pool {
+        let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+        deadpool_postgres::Pool::builder(manager)
+            .max_size(size as usize)
+            .build()
+            .expect("a deadpool pool")
+    }
+}
+
+struct Bb8;
+
+impl Source for Bb8 {
+    type Conns = bb8::Pool<bb8_postgres::PostgresConnectionManager<tokio_postgres::NoTls>>;
+
+    async fn conns(config: &Config, size: u32) -> Self::Conns {
+        let manager =
+            bb8_postgres::PostgresConnectionManager::new(config.clone(), tokio_postgres::NoTls);
+        // bb8's defaults: it retries a refused connection in silence.
+        bb8::Pool::builder()
+            .max_size(size)
+            .min_idle(Some(0))
+            .build_unchecked(manager)
+    }
+}
+
+struct SqlxPool;
+
+impl Source for SqlxPool {
+    type Conns = sqlx::PgPool;
+
+    async fn conns(config: &Config, size: u32) -> sqlx::PgPool {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .min_connections(0)
+            .connect_lazy_with(sqlx_options(config))
+    }
+}
+
+/// One sqlx connection the service holds, lent to one call at a time; it
+/// cannot open a connection of its own, so its store is given the probe of
+/// a pool with the same options.
+struct SqlxHeld;
+
+type HeldSqlx = std::sync::Arc<Mutex<Option<sqlx::PgConnection>>>;
+
+impl Source for SqlxHeld {
+    type Conns = HeldLender;
+
+    async fn conns(config: &Config, _size: u32) -> HeldLender {
+        HeldLender {
+            held: HeldSqlx::default(),
+            options: sqlx_options(config),
+        }
+    }
+
+    fn store(conns: HeldLender, config: &Config) -> Postgres<HeldLender> {
+        let probe = sqlx::PgPool::connect_lazy_with(sqlx_options(config));
+        Postgres::new(conns).with_probe(probe)
+    }
+}
+
+/// Lends the held connection, connecting it on first use and again when
+/// it no longer answers, as a service that holds one must.
+struct HeldLender {
+    held: HeldSqlx,
+    options: sqlx::postgres::PgConnectOptions,
+}
+
+impl LimitConn for HeldLender {
+    type Conn = platformkit_limit::driver::SqlxConn<
+        tokio::sync::OwnedMappedMutexGuard<Option<sqlx::PgConnection>, sqlx::PgConnection>,
+    >;
+    type Error = sqlx::Error;
+
+    async fn conn(&self) -> Result<Self::Conn, sqlx::Error> {
+        let mut held = self.held.clone().lock_owned().await;
+        if let Some(conn) = held.as_mut()
+            && conn.ping().await.is_err()
+        {
+            *held = None;
+        }
+        if held.is_none() {
+            *held = Some(sqlx::PgConnection::connect_with(&self.options).await?);
+        }
+        Ok(platformkit_limit::driver::SqlxConn(
+            tokio::sync::OwnedMutexGuard::map(held, |held| {
+                held.as_mut().expect("connected just above")
+            }),
+        ))
+    }
+}
+
+fn sqlx_options(config: &Config) -> sqlx::postgres::PgConnectOptions {
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+    };
+    let mut options = sqlx::postgres::PgConnectOptions::new()
+        .host(&host)
+        .port(config.get_ports()[0])
+        .username(config.get_user().expect("a user"))
+        .database(config.get_dbname().expect("a database"));
+    if let Some(password) = config.get_password() {
+        options = options.password(std::str::from_utf8(password).expect("a text password"));
+    }
+    options
+}
+
+/// A limiter over a cold `S` for `db` (as `config`), with [`BUDGET`].
+async fn cold<S: Source>(config: &Config, size: u32) -> Limiter<Postgres<S::Conns>> {
+    let store = S::store(S::conns(config, size).await, config);
+    Limiter::builder(store)
+        .budget(BUDGET)
+        .build()
+        .expect("a budget")
+}
+
+/// `login` (max 1) with alice's key at max, counted by another replica.
+async fn at_max(db: &TestDb) -> (Limit, Key) {
+    let login = common::limit("login", 1);
+    let alice = Key::email("alice@example.com");
+    let replica = Limiter::new(Postgres::new(db.config()));
+    let verdict = replica.failed(&login, &alice).await.expect("a verdict");
+    assert_eq!(verdict.count(), Some(1), "alice at max");
+    (login, alice)
+}
+
+/// hit, failed and check of `key`, at max under `limit`, each refused
+/// (counted, shed, or a misconfiguration the call reports), never allowed
+/// and never read as an outage, within the budget (and a probe).
+async fn never_allowed<C: LimitConn>(
+    limiter: &Limiter<Postgres<C>>,
+    limit: &Limit,
+    key: &Key,
+    what: &str,
+) {
+    for op in ["hit", "failed", "check"] {
+        let call = async {
+            match op {
+                "hit" => limiter.hit(limit, key).await,
+                "failed" => limiter.failed(limit, key).await,
+                _ => limiter.check(limit, key).await,
+            }
+        };
+        let (answer, _) = timed(BUDGET + PROBE + SLACK, what, call).await;
+        match answer {
+            Ok(verdict) => assert!(
+                verdict.is_refused() && !verdict.is_unreachable(),
+                "{what}: {op} of a key at max: {verdict:?}"
+            ),
+            Err(e) => assert!(
+                !e.is_unreachable() && e.kind() == ErrorKind::Misconfigured,
+                "{what}: {op}: {e:?}"
+            ),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Up: the server answers the probe, so nothing is allowed
+// ---------------------------------------------------------------------------
+
+/// Where the three transaction defaults that make every transaction wait
+/// for a safe snapshot are set.
+#[derive(Clone, Copy, Debug)]
+enum Defaults {
+    /// `ALTER ROLE`, as the limiter's role may do to itself.
+    Role,
+    /// `ALTER DATABASE`, as the database owner may.
+    Database,
+}
+
+/// SERIALIZABLE, READ ONLY and DEFERRABLE by default for the limiter's role
+/// or database, while a login granted nothing holds a serializable
+/// read-write transaction in another database: every transaction of the
+/// limiter's waits for a safe snapshot, before any line of its routine
+/// runs. Load the attacker caused: shed, never allowed.
+async fn serializable_defaults_with_a_strangers_transaction<S: Source>(defaults: Defaults) {
+    let db = Server::shared().database(SCHEMA).await;
+    let (login, alice) = at_max(&db).await;
+    let target = match defaults {
+        Defaults::Role => format!("ROLE limit_owner IN DATABASE \"{}\"", db.name()),
+        Defaults::Database => format!("DATABASE \"{}\"", db.name()),
+    };
+    db.connect()
+        .await
+        .batch_execute(&format!(
+            "ALTER {target} SET default_transaction_isolation = 'serializable';
+             ALTER {target} SET default_transaction_read_only = on;
+             ALTER {target} SET default_transaction_deferrable = on;"
+        ))
+        .await
+        .expect("the defaults, as the owner sets them");
+    let mut elsewhere = db.stranger_config();
+    elsewhere.dbname("postgres");
+    let stranger = platformkit_limit_testdb::connect(&elsewhere).await;
+    stranger
+        .batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE READ WRITE; SELECT 1")
+        .await
+        .expect("a stranger's serializable transaction");
+
+    let limiter = cold::<S>(&db.config(), 2).await;
+    never_allowed(&limiter, &login, &alice, &format!("{defaults:?} defaults")).await;
+    drop(stranger);
+}
+
+/// The same three defaults set by the service's own code on its pooled
+/// connection (a pool of one, so the limiter gets that connection).
+async fn serializable_defaults_set_on_a_pooled_connection<S: Source>()
+where
+    S::Conns: Clone,
+{
+    let db = Server::shared().database(SCHEMA).await;
+    let (login, alice) = at_max(&db).await;
+    let limiter = cold::<S>(&db.config(), 1).await;
+    // The service's own query: one check through the pool opens its one
+    // connection; the service then sets the defaults on a connection of
+    // its own pool, the same one.
+    let _ = limiter.check(&login, &Key::opaque("warm")).await;
+    set_defaults_on_the_pooled_connection::<S>(limiter.store().conns()).await;
+    let mut elsewhere = db.stranger_config();
+    elsewhere.dbname("postgres");
+    let stranger = platformkit_limit_testdb::connect(&elsewhere).await;
+    stranger
+        .batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE READ WRITE; SELECT 1")
+        .await
+        .expect("a stranger's serializable transaction");
+    never_allowed(
+        &limiter,
+        &login,
+        &alice,
+        "defaults SET on a pooled connection",
+    )
+    .await;
+    drop(stranger);
+}
+
+const SERIALIZABLE_DEFAULTS: &str = "SET default_transaction_isolation = 'serializable';
+     SET default_transaction_read_only = on;
+     SET default_transaction_deferrable = on;";
+
+async fn set_defaults_on_the_pooled_connection<S: Source>(conns: &S::Conns) {
+    let any: &dyn std::any::Any = conns;
+    if let Some(pool) = any.downcast_ref::<deadpool_postgres::Pool>() {
+        let conn = pool.get().await.expect("the pooled connection");
+        conn.batch_execute(SERIALIZABLE_DEFAULTS)
+            .await
+            .expect("the defaults");
+    } else if let Some(pool) = any.downcast_ref::<sqlx::PgPool>() {
+        let mut conn = pool.acquire().await.expect("the pooled connection");
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(SERIALIZABLE_DEFAULTS))
+            .await
+            .expect("the defaults");
+    } else if let Some(pool) = any.downcast_ref::<<Bb8 as Source>::Conns>() {
+        let conn = pool.get().await.expect("the pooled connection");
+        conn.batch_execute(SERIALIZABLE_DEFAULTS)
+            .await
+            .expect("the defaults");
+    } else {
+        panic!("not a pool");
+    }
+}
+
+/// A fresh database whose every connection slot is taken by a login granted
+/// nothing (its connection limit is two: the superuser's and the
+/// stranger's, both held until the second value drops): every further
+/// connection is refused with `53300`.
+async fn every_slot_taken_by_a_stranger()
+-> (TestDb, (tokio_postgres::Client, tokio_postgres::Client)) {
+    let db = Server::shared().database(SCHEMA).await;
+    let admin = db.connect_admin().await;
+    let stranger = platformkit_limit_testdb::connect(&db.stranger_config()).await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" CONNECTION LIMIT 2",
+            db.name()
+        ))
+        .await
+        .expect("a connection limit");
+    (db, (admin, stranger))
+}
+
+/// Every connection slot held by a login granted nothing, on a replica that
+/// starts during the flood (a cold source that was never answered): the
+/// server refuses each connection with `53300` (bb8 and sqlx retry it in
+/// silence), and answers the probe so: shed, never allowed.
+async fn every_slot_taken_on_a_cold_replica<S: Source>() {
+    let (db, taken) = every_slot_taken_by_a_stranger().await;
+    let limiter = cold::<S>(&db.config(), 2).await;
+    let login = common::limit("login", 1);
+    for n in 0..3 {
+        let key = Key::email(&format!("user{n}@example.com"));
+        let (verdict, _) = timed(
+            BUDGET + PROBE + SLACK,
+            "every slot taken",
+            limiter.hit(&login, &key),
+        )
+        .await;
+        common::assert_shed(&verdict.expect("a verdict"), "every slot taken");
+    }
+    drop(taken);
+}
+
+/// A backend stopped (SIGSTOP) while it holds the limiter's pooled
+/// connection: its calls get no answer; the server answers the probe, so
+/// they are shed, never allowed.
+async fn a_stopped_backend<S: Source>() {
+    let db = Server::shared().database(SCHEMA).await;
+    let (login, alice) = at_max(&db).await;
+    let limiter = cold::<S>(&db.config(), 1).await;
+    let _ = limiter.check(&login, &Key::opaque("warm")).await;
+    let admin = db.connect_admin().await;
+    let pids: Vec<i32> = admin
+        .query(
+            "SELECT pid FROM pg_catalog.pg_stat_activity
+             WHERE datname = $1 AND usename = 'limit_owner' AND pid <> pg_backend_pid()",
+            &[&db.name()],
+        )
+        .await
+        .expect("the limiter's backends")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    for pid in &pids {
+        signal("STOP", *pid);
+    }
+    never_allowed(&limiter, &login, &alice, "a stopped backend").await;
+    for pid in &pids {
+        signal("CONT", *pid);
+    }
+}
+
+fn signal(name: &str, pid: i32) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// The limiter's pooled backend terminated (`57P01`, as a role that may
+/// signal it can): the server is up, so the call is counted on a new
+/// connection or shed, never allowed uncounted.
+async fn a_terminated_backend<S: Source>() {
+    let db = Server::shared().database(SCHEMA).await;
+    let (login, alice) = at_max(&db).await;
+    let limiter = cold::<S>(&db.config(), 1).await;
+    let _ = limiter.check(&login, &Key::opaque("warm")).await;
+    db.connect_admin()
+        .await
+        .batch_execute(&format!(
+            "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
+             WHERE datname = '{}' AND usename = 'limit_owner' AND pid <> pg_backend_pid()",
+            db.name()
+        ))
+        .await
+        .expect("terminated");
+    never_allowed(&limiter, &login, &alice, "a terminated backend").await;
+}
+
+/// A link with a 50 ms round trip: every call is counted, none read as an
+/// outage.
+async fn a_distant_server<S: Source>() {
+    let db = Server::shared().database(SCHEMA).await;
+    let (login, alice) = at_max(&db).await;
+    let server = db.config();
+    let port = server.get_ports().first().copied().expect("a port");
+    let proxy = common::latency::Delayed::to(port, Duration::from_millis(25)).await;
+    let mut config = Config::new();
+    config
+        .host("127.0.0.1")
+        .port(proxy.port)
+        .user(server.get_user().expect("a user"))
+        .dbname(server.get_dbname().expect("a database"));
+    if let Some(password) = server.get_password() {
+        config.password(password);
+    }
+    let store = S::store(S::conns(&config, 2).await, &config);
+    let limiter = Limiter::builder(store)
+        .budget(Duration::from_secs(2))
+        .build()
+        .expect("a budget");
+    never_allowed(&limiter, &login, &alice, "a 50 ms round trip").await;
+    let bob = Key::email("bob@example.com");
+    let verdict = limiter.failed(&login, &bob).await.expect("a verdict");
+    common::assert_counted(&verdict, "a call over a 50 ms round trip");
+}
+
+// ---------------------------------------------------------------------------
+// Down: no answer at the transport; then the breaker
+// ---------------------------------------------------------------------------
+
+/// The server stopped: the first call is answered by its limit's
+/// `WhenUnreachable` once the probe finds no answer; while that answer
+/// stands, every call is answered at once (none waits its budget); once the
+/// server is back, calls count again within one probe interval, and the
+/// count from before is there.
+async fn a_stopped_then_restarted_server<S: Source>() {
+    let server = block_in_place(|| Server::start(Options::default()));
+    let db = server.database(SCHEMA).await;
+    let login = common::limit("login", 5);
+    let strict = Limit::builder("strict", 5, common::LONG_WINDOW)
+        .when_unreachable(WhenUnreachable::Refuse)
+        .build()
+        .expect("a limit");
+    let alice = Key::email("alice@example.com");
+    let limiter = cold::<S>(&db.config(), 2).await;
+    let verdict = limiter.failed(&login, &alice).await.expect("a verdict");
+    common::assert_counted(&verdict, "before the stop");
+
+    block_in_place(|| server.pg_ctl(&["stop", "-m", "fast", "-w"]));
+    let (verdict, _) = timed(
+        BUDGET + PROBE + SLACK,
+        "the first call after the stop",
+        limiter.failed(&login, &alice),
+    )
+    .await;
+    assert_down(&verdict.expect("a verdict"), true, "the first call");
+    // Answered at once: a call that waited its budget would take BUDGET.
+    for n in 0..20 {
+        let started = Instant::now();
+        let verdict = limiter.failed(&strict, &alice).await.expect("a verdict");
+        assert_down(&verdict, false, "a call while down");
+        assert!(
+            started.elapsed() < BUDGET,
+            "call {n} waited {:?} while the server was known down",
+            started.elapsed()
+        );
+    }
+
+    block_in_place(|| server.pg_ctl(&["start", "-w"]));
+    tokio::time::sleep(PROBE).await;
+    let (verdict, _) = timed(
+        BUDGET + PROBE + SLACK,
+        "after the restart",
+        limiter.failed(&login, &alice),
+    )
+    .await;
+    let verdict = verdict.expect("a verdict");
+    common::assert_counted(&verdict, "within one probe interval of the restart");
+    assert_eq!(verdict.count(), Some(2), "the count outlived the stop");
+    drop(limiter);
+    block_in_place(|| drop(server));
+}
+
+#[track_caller]
+fn assert_down(verdict: &Verdict, allowed: bool, what: &str) {
+    assert!(
+        verdict.is_unreachable() && verdict.is_allowed() == allowed,
+        "{what}: expected unreachable and allowed = {allowed}, got {verdict:?}"
+    );
+}
+
+macro_rules! on_every_source {
+    ($($source:ident: $name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn serializable_defaults_of_the_role_and_a_strangers_transaction_are_never_allowed() {
+                serializable_defaults_with_a_strangers_transaction::<$source>(Defaults::Role).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn serializable_defaults_of_the_database_and_a_strangers_transaction_are_never_allowed() {
+                serializable_defaults_with_a_strangers_transaction::<$source>(Defaults::Database).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn every_slot_taken_by_a_stranger_is_shed_on_a_cold_replica() {
+                every_slot_taken_on_a_cold_replica::<$source>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_stopped_backend_is_never_allowed() {
+                a_stopped_backend::<$source>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_terminated_backend_is_never_allowed() {
+                a_terminated_backend::<$source>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_50_ms_round_trip_is_counted() {
+                a_distant_server::<$source>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_stopped_server_is_answered_at_once_after_the_first_probe_and_counts_again_once_back() {
+                a_stopped_then_restarted_server::<$source>().await;
+            }
+        }
+    )*};
+}
+
+on_every_source! {
+    PerCall: on_tokio_postgres,
+    Deadpool: on_deadpool,
+    Bb8: on_bb8,
+    SqlxPool: on_sqlx_pool,
+    SqlxHeld: on_sqlx_held,
+}
+
+macro_rules! on_every_pool {
+    ($($source:ident: $name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn serializable_defaults_set_on_a_pooled_connection_are_never_allowed() {
+                serializable_defaults_set_on_a_pooled_connection::<$source>().await;
+            }
+        }
+    )*};
+}
+
+mod pooled {
+    use super::*;
+
+    on_every_pool! {
+        Deadpool: on_deadpool,
+        Bb8: on_bb8,
+        SqlxPool: on_sqlx_pool,
+    }
+}
