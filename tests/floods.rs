@@ -607,6 +607,115 @@ async fn a_botnet_of_fresh_addresses_is_counted_never_read_as_an_outage() {
     tokio::task::block_in_place(|| drop((db, server)));
 }
 
+/// A deadpool pool that tracks how many of its connections are lent at
+/// once, and the most ever.
+struct Tracked {
+    pool: deadpool_postgres::Pool,
+    now: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+/// A connection of [`Tracked`], given back (and uncounted) when dropped.
+struct TrackedConn {
+    conn: <deadpool_postgres::Pool as LimitConn>::Conn,
+    now: Arc<AtomicUsize>,
+}
+
+impl std::ops::Deref for TrackedConn {
+    type Target = tokio_postgres::Client;
+
+    fn deref(&self) -> &tokio_postgres::Client {
+        &self.conn
+    }
+}
+
+impl Drop for TrackedConn {
+    fn drop(&mut self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl LimitConn for Tracked {
+    type Conn = TrackedConn;
+    type Error = deadpool_postgres::PoolError;
+
+    async fn conn(&self) -> Result<TrackedConn, Self::Error> {
+        let conn = self.pool.conn().await?;
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        Ok(TrackedConn {
+            conn,
+            now: self.now.clone(),
+        })
+    }
+}
+
+/// 3,000 concurrent all-or-nothing calls (an API's quota, two limits) on
+/// fresh keys through a pool of 8, on a server with slow commits: they are
+/// never merged, so each waits for one of the writes' places in the
+/// limiter, and the burst never holds more of the pool than the writes
+/// may (one statement in flight, the default); an ordinary user's `hit`
+/// meanwhile is served and counted, and no call is read as an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_all_or_nothing_calls_waits_in_the_limiter_and_an_ordinary_user_is_served() {
+    const BURST: usize = 3_000;
+    let server = slow_commits();
+    let db = with_slow_commits(&server).await;
+    let manager = deadpool_postgres::Manager::new(db.config(), tokio_postgres::NoTls);
+    let most = Arc::new(AtomicUsize::new(0));
+    let source = Tracked {
+        pool: deadpool_postgres::Pool::builder(manager)
+            .max_size(8)
+            .build()
+            .expect("a pool"),
+        now: Arc::new(AtomicUsize::new(0)),
+        most: most.clone(),
+    };
+    let limiter = Arc::new(
+        Limiter::builder(Postgres::new(source))
+            .budget(FLOOD_BUDGET)
+            .build()
+            .expect("a limiter"),
+    );
+    let per_second = limit("api-second", 20);
+    let per_day = limit("api-day", 10_000);
+    let burst: Vec<_> = (0..BURST)
+        .map(|n| {
+            let (limiter, per_second, per_day) =
+                (limiter.clone(), per_second.clone(), per_day.clone());
+            tokio::spawn(async move {
+                let client = Key::opaque(&format!("client-{n}"));
+                let pairs = [(&per_second, &client), (&per_day, &client)];
+                limiter
+                    .hit_all_or_nothing(&pairs, NonZeroU32::MIN)
+                    .await
+                    .expect("verdicts")
+            })
+        })
+        .collect();
+    sleep(Duration::from_millis(50)).await;
+    let user = limiter
+        .hit(&limit("search", 100), &Key::opaque("an ordinary user"))
+        .await
+        .expect("a verdict");
+    assert!(
+        !user.is_shed() && !user.is_unreachable() && user.count() == Some(1),
+        "the ordinary user during the burst: {user:?}"
+    );
+    for (n, task) in burst.into_iter().enumerate() {
+        let verdicts = task.await.expect("a task");
+        assert!(
+            !verdicts.is_unreachable(),
+            "burst call {n} read as an outage: {verdicts:?}"
+        );
+    }
+    // The burst's one place, and the ordinary user's statement.
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 2, "{most} connections of the pool lent at once");
+    drop(limiter);
+    tokio::task::block_in_place(|| drop((db, server)));
+}
+
 /// A database whose connection slots are all taken (here its connection
 /// limit, as a flood of logins, with or without grants, takes them: both
 /// are `53300`, too many connections) is up and out of a resource: a

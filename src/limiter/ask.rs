@@ -46,6 +46,11 @@ impl<S: Store> Limiter<S> {
                     .collect()
             };
             match (&self.merging, stored) {
+                (Some(merging), _) if op.all_or_nothing() => {
+                    let asked = asked();
+                    let statement = self.store.count_all_or_none(&asked, deadline);
+                    merging.in_turn(statement).await
+                }
                 _ if op.all_or_nothing() => self.store.count_all_or_none(&asked(), deadline).await,
                 (Some(merging), _) if op.adds() => merging
                     .add_all(&self.store, op, stored, n, deadline)

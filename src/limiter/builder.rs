@@ -170,7 +170,9 @@ impl<S: Store> LimiterBuilder<S> {
     /// statement with every write waiting with it. Fewer places make larger
     /// shared statements (less database CPU and fewer commits per call), more
     /// places shorter waits; the guide's [merging](crate::guide#merging)
-    /// section has the trade and the figures.
+    /// section has the trade and the figures. All-or-nothing writes, never
+    /// merged, have as many places of their own: a burst of them waits for
+    /// those in the limiter, never on the pool.
     pub fn writes_in_flight(mut self, places: usize) -> Self {
         self.writes_in_flight = places;
         self

@@ -21,6 +21,7 @@
 mod flight;
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use snafu::ResultExt;
@@ -37,6 +38,10 @@ use crate::{Error, Limit};
 #[derive(Debug)]
 pub(crate) struct Merging {
     shared: Arc<Shared>,
+    /// The places of all-or-nothing statements, which are never merged:
+    /// as many as the writes have, so that a burst of them waits here, in
+    /// the limiter, and never holds more of the pool than the writes may.
+    alone: tokio::sync::Semaphore,
 }
 
 /// What the callers and the flights of one limiter share.
@@ -107,7 +112,16 @@ impl Merging {
                 places,
                 queue: Mutex::default(),
             }),
+            alone: tokio::sync::Semaphore::new(places),
         }
+    }
+
+    /// Runs `statement`, one that is never merged (an all-or-nothing
+    /// write), once one of its places is free: the wait, in order of
+    /// arrival, counts against the caller's budget.
+    pub(crate) async fn in_turn<T>(&self, statement: impl Future<Output = T>) -> T {
+        let _place = self.alone.acquire().await;
+        statement.await
     }
 
     /// How many statements of writes may be in flight at once.
