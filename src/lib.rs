@@ -130,7 +130,7 @@ pub const SCHEMA_VERSION: u32 = store::sql::SCHEMA_VERSION;
 #[cfg(feature = "internal-checks")]
 #[doc(hidden)]
 pub mod internal {
-    pub use crate::key::{decode, normalize_identity};
+    pub use crate::key::{decode, is_default_ignorable, normalize_identity};
 
     /// The properties the fuzz targets check, runnable on stable.
     pub mod checks {

@@ -1,10 +1,12 @@
 //! Keys, without a database: the key encoding (golden vectors and
-//! properties) and the bound on the work a key does. What `Limit::new` and
-//! the builders refuse is in `tests/configuration.rs`.
+//! properties), the bound on the work a key does, and the spellings of one
+//! address or name that are one key. What `Limit::new` and the builders
+//! refuse is in `tests/configuration.rs`.
 
 use std::net::IpAddr;
+use std::sync::OnceLock;
 
-use platformkit_limit::internal::decode;
+use platformkit_limit::internal::{decode, is_default_ignorable};
 use platformkit_limit::{ErrorKind, Key};
 use proptest::prelude::*;
 
@@ -51,6 +53,27 @@ fn reference_encoding(parts: &[String]) -> String {
 
 fn is_lower_hex(s: &str) -> bool {
     s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Whether `c` is a `Default_Ignorable_Code_Point` as `regex-syntax`'s
+/// Unicode tables say: the reference for the crate's own table.
+fn unicode_default_ignorable(c: char) -> bool {
+    static RANGES: OnceLock<Vec<(char, char)>> = OnceLock::new();
+    let ranges = RANGES.get_or_init(|| {
+        let hir = regex_syntax::parse(r"\p{Default_Ignorable_Code_Point}")
+            .expect("a Unicode property regex");
+        match hir.kind() {
+            regex_syntax::hir::HirKind::Class(regex_syntax::hir::Class::Unicode(class)) => class
+                .ranges()
+                .iter()
+                .map(|r| (r.start(), r.end()))
+                .collect(),
+            other => panic!("not a class of characters: {other:?}"),
+        }
+    });
+    ranges
+        .iter()
+        .any(|&(first, last)| (first..=last).contains(&c))
 }
 
 // ---------------------------------------------------------------------------
@@ -481,13 +504,15 @@ proptest! {
 
 /// The keys as they were before the bound, kept as the reference: the
 /// encoding of every part whole, digested over all of it when too long, and
-/// addresses and names normalized whole.
+/// addresses and names normalized whole (with default-ignorable code points
+/// dropped, as keys drop them since).
 mod before_the_bound {
     use platformkit_limit::Key;
     use sha2::{Digest, Sha256};
     use unicode_normalization::UnicodeNormalization;
 
-    /// Trims, applies NFKC and full case folding, until nothing changes.
+    /// Trims, drops default-ignorable code points, applies NFKC and full
+    /// case folding, until nothing changes.
     pub fn normalize_identity(input: &str) -> String {
         let trimmed = input.trim();
         if trimmed.is_ascii() {
@@ -495,7 +520,11 @@ mod before_the_bound {
         }
         let mut current = trimmed.to_owned();
         for _ in 0..8 {
-            let nfkc: String = current.nfkc().collect();
+            let kept: String = current
+                .chars()
+                .filter(|&c| !super::unicode_default_ignorable(c))
+                .collect();
+            let nfkc: String = kept.nfkc().collect();
             let folded = caseless::default_case_fold_str(&nfkc);
             let next: String = folded.nfkc().collect::<String>().trim().to_owned();
             if next == current {
@@ -564,7 +593,8 @@ fn identity_char() -> impl Strategy<Value = char> {
             'a', 'Z', '@', '.', ' ', '\t', '\u{a0}', '\u{3000}', '|', '\\', '~', '\0', '\u{85}',
             '\u{fdfa}', '\u{fdfb}', '\u{3300}', '\u{fb03}', '\u{1e9e}', '\u{390}', '\u{130}',
             '\u{1f82}', '\u{a8}', '\u{308}', '\u{304}', '\u{301}', '\u{345}', '\u{1100}',
-            '\u{1161}', '\u{11a8}', 'Ω', 'ß', 'İ', 'ﬁ', 'Ａ', '😀',
+            '\u{1161}', '\u{11a8}', 'Ω', 'ß', 'İ', 'ﬁ', 'Ａ', '😀', '\u{ad}', '\u{200b}',
+            '\u{2066}', '\u{feff}', '\u{e0041}',
         ]),
     ]
 }
@@ -602,6 +632,18 @@ fn first_chars(s: &str, n: usize) -> &str {
 /// The parts' characters, each `|` between them counted as one.
 fn input_chars(parts: &[String]) -> usize {
     parts.iter().map(|p| p.chars().count()).sum::<usize>() + parts.len().saturating_sub(1)
+}
+
+/// The characters of an address or a name that count toward the bound:
+/// those between the white space and default-ignorable code points at
+/// either end, the default-ignorable ones not counted.
+fn identity_chars(input: &str) -> usize {
+    let skipped = |c: char| c.is_whitespace() || unicode_default_ignorable(c);
+    input
+        .trim_matches(skipped)
+        .chars()
+        .filter(|&c| !unicode_default_ignorable(c))
+        .count()
 }
 
 proptest! {
@@ -660,7 +702,7 @@ proptest! {
             prop_assert!(decode(&before).is_none(), "parts past the bound had an undigested key");
         }
         let email = Key::email(&input);
-        if input.trim().chars().count() <= Key::MAX_INPUT_CHARS {
+        if identity_chars(&input) <= Key::MAX_INPUT_CHARS {
             prop_assert_eq!(email.as_str(), before_the_bound::email(&input));
         } else {
             prop_assert!(email.is_digested());
@@ -744,10 +786,12 @@ fn a_cut_key_is_never_the_key_of_an_input_within_the_bound() {
 /// Unicode scalar value: a canonical decomposition has at most 4
 /// characters, so composition puts at most 4 into one; case folding never
 /// lowers the number of characters of the compatibility decomposition; no
-/// character but white space decomposes to white space alone; NFKC expands
-/// a character to at most 18, case folding to at most 3. And the inputs
-/// that shorten most under normalization still do not fit once past the
-/// bound.
+/// character but white space decomposes to white space alone; no character
+/// decomposes or folds into a default-ignorable code point unless it is
+/// one (so the characters the bound counts are never dropped); NFKC
+/// expands a character to at most 18, case folding to at most 3. And the
+/// inputs that shorten most under normalization still do not fit once
+/// past the bound.
 #[test]
 fn the_bound_rests_on_factors_that_hold_for_every_character() {
     use unicode_normalization::UnicodeNormalization;
@@ -769,6 +813,16 @@ fn the_bound_rests_on_factors_that_hold_for_every_character() {
             assert!(
                 one.nfkd().any(|d| !d.is_whitespace()),
                 "U+{:04X} decomposes to white space alone",
+                u32::from(c)
+            );
+        }
+        if !is_default_ignorable(c) {
+            assert!(
+                !one.nfkd()
+                    .chain(one.nfkc())
+                    .chain(folded.nfkd())
+                    .any(is_default_ignorable),
+                "U+{:04X} decomposes or folds into a default-ignorable code point",
                 u32::from(c)
             );
         }
@@ -818,4 +872,198 @@ fn an_operators_key_is_the_services_key() {
         let err = parsed(bad).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidKey, "{bad:?}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// Spellings of one identity, one key
+// ---------------------------------------------------------------------------
+
+/// Default-ignorable code points a form carries unseen: zero-width space,
+/// soft hyphen, byte order mark, word joiner, zero-width joiner, combining
+/// grapheme joiner, a variation selector.
+const ZERO_WIDTH: [char; 7] = [
+    '\u{200B}', '\u{00AD}', '\u{FEFF}', '\u{2060}', '\u{200D}', '\u{034F}', '\u{FE0F}',
+];
+
+/// The bidirectional controls, default-ignorable too: the marks, the
+/// embeddings and overrides, the isolates.
+const BIDI_CONTROLS: [char; 11] = [
+    '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}', '\u{2066}',
+    '\u{2067}', '\u{2068}', '\u{2069}',
+];
+
+/// A default-ignorable code point: mostly the ones above, else any, as
+/// `regex-syntax`'s Unicode tables (through proptest) list them, apart
+/// from the crate's own table.
+fn default_ignorable() -> impl Strategy<Value = char> {
+    let any = proptest::string::string_regex(r"\p{Default_Ignorable_Code_Point}")
+        .expect("a Unicode property regex")
+        .prop_map(|s| s.chars().next().expect("one character"));
+    prop_oneof![
+        2 => prop::sample::select(ZERO_WIDTH.to_vec()),
+        2 => prop::sample::select(BIDI_CONTROLS.to_vec()),
+        1 => any,
+    ]
+}
+
+/// Each of the characters a form carries unseen, anywhere in an address,
+/// once or between every two characters, is dropped: the address's key,
+/// and the name's.
+#[test]
+fn each_zero_width_character_anywhere_in_an_address_is_dropped() {
+    each_anywhere_is_dropped(&ZERO_WIDTH);
+}
+
+/// So is each bidirectional control (the marks, embeddings, overrides and
+/// isolates), which can make an address read as another.
+#[test]
+fn each_bidirectional_control_anywhere_in_an_address_is_dropped() {
+    each_anywhere_is_dropped(&BIDI_CONTROLS);
+}
+
+fn each_anywhere_is_dropped(ignorables: &[char]) {
+    let base = "alice@example.com";
+    let (email, user) = (Key::email(base), Key::username(base));
+    assert_eq!(email.as_str(), "email|alice@example.com");
+    for &c in ignorables {
+        let mut spellings: Vec<String> = (0..=base.len())
+            .map(|at| {
+                let mut s = base.to_owned();
+                s.insert(at, c);
+                s
+            })
+            .collect();
+        spellings.push(base.chars().flat_map(|b| [c, b]).chain([c]).collect());
+        for spelling in &spellings {
+            let shown = format!("U+{:04X} in {spelling:?}", u32::from(c));
+            assert_eq!(Key::email(spelling), email, "{shown}");
+            assert_eq!(Key::username(spelling), user, "{shown}");
+        }
+    }
+}
+
+/// An address of default-ignorable code points alone is the empty address,
+/// as one of white space alone is: `email|`.
+#[test]
+fn an_address_of_default_ignorables_alone_is_the_empty_address() {
+    let empty = Key::email("");
+    assert_eq!(empty.as_str(), "email|");
+    assert_eq!(Key::email("   "), empty);
+    for only in [
+        "\u{200B}",
+        "\u{FEFF}\u{2066}\u{00AD}",
+        " \u{200D} \u{202E} ",
+    ] {
+        assert_eq!(Key::email(only), empty, "{only:?}");
+        assert_eq!(Key::username(only), Key::username(""), "{only:?}");
+    }
+}
+
+/// The crate's table of default-ignorable code points is Unicode's
+/// property, over every scalar value (as `regex-syntax` has it).
+#[test]
+fn the_default_ignorable_table_is_unicodes_property() {
+    for c in (0..=0x10ffff).filter_map(char::from_u32) {
+        assert_eq!(
+            is_default_ignorable(c),
+            unicode_default_ignorable(c),
+            "U+{:04X}",
+            u32::from(c)
+        );
+    }
+}
+
+/// An identity and the same with default-ignorable code points inserted
+/// anywhere.
+fn sprinkled(
+    base: impl Strategy<Value = String>,
+    ignorables: std::ops::RangeInclusive<usize>,
+) -> impl Strategy<Value = (String, String)> {
+    (
+        base,
+        prop::collection::vec(
+            (any::<prop::sample::Index>(), default_ignorable()),
+            ignorables,
+        ),
+    )
+        .prop_map(|(base, ignorables)| {
+            let mut chars: Vec<char> = base.chars().collect();
+            for (at, c) in ignorables {
+                chars.insert(at.index(chars.len() + 1), c);
+            }
+            (base, chars.into_iter().collect())
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Default-ignorable code points inserted anywhere into any address or
+    /// name leave its key.
+    #[test]
+    fn default_ignorables_sprinkled_into_an_identity_leave_its_key(
+        (base, spelling) in sprinkled(identity(0..=40), 1..=6),
+    ) {
+        prop_assert_eq!(Key::email(&spelling), Key::email(&base));
+        prop_assert_eq!(Key::username(&spelling), Key::username(&base));
+        let normalized = platformkit_limit::internal::normalize_identity(&spelling);
+        prop_assert!(!normalized.chars().any(is_default_ignorable), "{normalized:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        // Each case normalizes about 1600 characters twice.
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Default-ignorable code points do not count toward the bound: around
+    /// it, inserted anywhere, they leave the key, cut or not.
+    #[test]
+    fn default_ignorables_do_not_count_toward_the_bound(
+        (base, spelling) in sprinkled(
+            prop_oneof![
+                identity(Key::MAX_INPUT_CHARS - 8..=Key::MAX_INPUT_CHARS + 8),
+                narrow_identity(Key::MAX_INPUT_CHARS - 8..=Key::MAX_INPUT_CHARS + 8),
+            ],
+            1..=40,
+        ),
+    ) {
+        prop_assert_eq!(Key::email(&spelling), Key::email(&base));
+        prop_assert_eq!(Key::username(&spelling), Key::username(&base));
+    }
+}
+
+/// However many default-ignorable code points, wherever: a key steps over
+/// them (one test a character, nothing kept), drops them, and is not cut
+/// by them; 1600 characters with one between each two are the key of the
+/// 1600 characters, and 1601 are cut as 1601 are.
+#[test]
+fn default_ignorables_however_many_leave_the_key_and_never_cut_it() {
+    let alice = Key::email("alice@example.com");
+    let many = repeat('\u{200B}', 1 << 18);
+    for spelling in [
+        format!("{many}alice@example.com"),
+        format!("alice@{many}example.com"),
+        format!("alice@example.com{many}"),
+        format!("{many} \u{FEFF} Alice@Example.com \u{2060}{many} "),
+    ] {
+        assert_eq!(Key::email(&spelling), alice);
+    }
+    assert!(!alice.is_digested());
+
+    let n = Key::MAX_INPUT_CHARS;
+    let interleaved = |k: usize| "a\u{200B}".repeat(k);
+    assert_eq!(Key::email(&interleaved(n)), Key::email(&repeat('a', n)));
+    assert_eq!(
+        Key::email(&interleaved(n + 1)),
+        Key::email(&repeat('a', n + 1))
+    );
+    assert_ne!(Key::email(&interleaved(n)), Key::email(&interleaved(n + 1)));
 }

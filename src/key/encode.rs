@@ -75,7 +75,7 @@ impl Encoder {
 
 /// At most the first `n` characters of `s`, the rest, and how many
 /// characters the first part has; reads no further than character `n + 1`.
-pub(super) fn take_chars(s: &str, n: usize) -> (&str, &str, usize) {
+fn take_chars(s: &str, n: usize) -> (&str, &str, usize) {
     let mut read = 0;
     for (i, _) in s.char_indices() {
         if read == n {

@@ -9,11 +9,13 @@ use unicode_normalization::UnicodeNormalization;
 use snafu::ensure;
 
 mod encode;
+mod ignorable;
 mod operator;
 
 #[cfg(any(feature = "internal-checks", feature = "admin"))]
 pub use self::encode::decode;
-use self::encode::{Encoder, take_chars, unescaped_tilde};
+use self::encode::{Encoder, unescaped_tilde};
+pub use self::ignorable::is_default_ignorable;
 
 use crate::Error;
 use crate::error::InvalidKeySnafu;
@@ -40,7 +42,7 @@ use crate::error::InvalidKeySnafu;
 /// |---|---|---|
 /// | [`Key::new`] | the parts, escaped and joined | nothing |
 /// | [`Key::opaque`] | `id\|<id>` | nothing |
-/// | [`Key::email`] | `email\|<address>` | trims white space; NFKC and full case folding, to a fixed point |
+/// | [`Key::email`] | `email\|<address>` | trims white space; drops default-ignorable code points; NFKC and full case folding, to a fixed point |
 /// | [`Key::username`] | `user\|<name>` | as `email` |
 /// | [`Key::ip`], [`Key::ip_grouped`] | `ip\|<address or network>` | IPv4-mapped IPv6 to IPv4; other IPv6 to its /64 (or the prefix given) |
 ///
@@ -75,35 +77,40 @@ use crate::error::InvalidKeySnafu;
 ///
 /// A key reads at most [`Key::MAX_INPUT_CHARS`] characters of its input
 /// (of the parts together, each `|` between them counted as one; of an
-/// address or a name, after its leading white space), so normalizing and
-/// encoding cost what that prefix costs, however long the input; past it,
-/// [`Key::email`] and [`Key::username`] only step over the white space at
-/// either end (one test a character, nothing allocated), to trim it as
-/// before. An input with more is *cut*: its key
-/// is the digest form above, always, over the encoding of what was read
-/// followed by a NUL byte (which no encoding contains), so it is never the
-/// key of an input that was not cut. Two inputs cut alike, the same first
+/// address or a name, after its leading white space, the default-ignorable
+/// code points it drops not counted), so normalizing and encoding cost what
+/// that prefix costs, however long the input; beyond it, [`Key::email`] and
+/// [`Key::username`] only step over the white space at either end and the
+/// default-ignorable code points anywhere (one test a character, nothing
+/// kept), to trim and drop them as they would anyway. An input with more is
+/// *cut*: its key is the digest form above, always, over the encoding of
+/// what was read followed by a NUL byte (which no encoding contains), so it
+/// is never the key of an input that was not cut. Two inputs cut alike, the same first
 /// [`Key::MAX_INPUT_CHARS`] characters, are one key whatever follows. White
-/// space after the prefix and nothing else is no cut: [`Key::email`] and
-/// [`Key::username`] trim it, as they trim any input.
+/// space and default-ignorable code points after the prefix, and nothing
+/// else, are no cut: [`Key::email`] and [`Key::username`] trim and drop
+/// them, as they do in any input.
 ///
 /// Every input within the bound (at most [`Key::MAX_INPUT_CHARS`]
-/// characters, counted as above) has the key it had before the bound, and
-/// so does every input whose key was not digested:
+/// characters, counted as above) has the key it would have without the
+/// bound, and so does every input whose key without the bound is not
+/// digested:
 ///
 /// - [`Key::new`] and [`Key::opaque`] write at least one byte per character,
-///   so an input past the bound is over [`Key::MAX_BYTES`] and was digested
-///   already.
+///   so an input past the bound is over [`Key::MAX_BYTES`] and would be
+///   digested anyway.
 /// - [`Key::email`] and [`Key::username`] normalize, and normalization can
 ///   shorten: canonical composition puts up to 4 characters into one (the
 ///   longest canonical decomposition, as of `U+1F82`), and NFKC, case
 ///   folding and the repeated rounds compose no further than that, since
 ///   neither lowers the number of characters of the full compatibility
-///   decomposition. So an address of `n` characters normalizes to at least
-///   `(n - 288) / 4` characters (288: what the trims of the at most 8 rounds
-///   can take, at most 18 characters at each end a round), and one of more
-///   than 1064 characters to more than the 194 bytes an undigested
-///   `email|…` key has room for. The bound, 1600, leaves a margin over that.
+///   decomposition; and no character decomposes or folds into a
+///   default-ignorable code point unless it is one, so none of the
+///   characters counted is dropped. So an address of `n` characters
+///   (counted as above) normalizes to at least `(n - 288) / 4` characters
+///   (288: what the trims of the at most 8 rounds can take, at most 18
+///   characters at each end a round), and one of more than 1064 characters
+///   to more than the 194 bytes an undigested `email|…` key has room for. The bound, 1600, leaves a margin over that.
 /// - The cost of the prefix is bounded too: NFKC expands a character to at
 ///   most 18 (`U+FDFA`), and full case folding to at most 3.
 ///
@@ -174,24 +181,33 @@ impl Key {
     /// An email address, normalized so that one mailbox's spellings are one
     /// key: `email|<normalized>`.
     ///
-    /// Normalization: surrounding white space is trimmed; the address is put
-    /// in Unicode normalization form KC and case-folded (full Unicode case
-    /// folding, so `Alice@Example.COM`, `ALICE@example.com` and the
-    /// full-width `ＡＬＩＣＥ@example.com` are one key), repeated until it no
-    /// longer changes.
+    /// Normalization: surrounding white space is trimmed; default-ignorable
+    /// code points (zero-width spaces and joiners, the soft hyphen, the byte
+    /// order mark, variation selectors, bidirectional controls: characters
+    /// that show as nothing) are dropped; the address is put in Unicode
+    /// normalization form KC and case-folded (full Unicode case folding, so
+    /// `Alice@Example.COM`, `ALICE@example.com` and the full-width
+    /// `ＡＬＩＣＥ@example.com` are one key), repeated until it no longer
+    /// changes. So case, width and compatibility forms, and invisible
+    /// characters, are one key; an address of invisible characters alone is
+    /// the empty address.
     ///
     /// Not folded, because they are different mailboxes at some providers:
     /// dots in the local part (`a.lice@` is not `alice@`), plus tags
     /// (`alice+x@` is not `alice@`), and an internationalized domain in
-    /// Unicode versus its Punycode (`xn--`) form. Homoglyphs from other
-    /// scripts (a Cyrillic `а` for a Latin `a`) are different characters and
-    /// stay different keys. The address is not validated: any string is a
-    /// key.
+    /// Unicode versus its Punycode (`xn--`) form. Accents (`alicé`) and
+    /// homoglyphs from other scripts (a Cyrillic `а` for a Latin `a`) are
+    /// different characters and stay different keys. A collation may equate
+    /// more than this: ICU's case-insensitive one also ignores control
+    /// characters and many combining marks, so where the account lookup
+    /// uses one, key by the account it finds. The address is not
+    /// validated: any string is a key.
     ///
     /// ```
     /// use platformkit_limit::Key;
     ///
     /// assert_eq!(Key::email(" Alice@Example.COM "), Key::email("alice@example.com"));
+    /// assert_eq!(Key::email("alice@exam\u{200B}ple.com"), Key::email("alice@example.com"));
     /// assert_eq!(Key::email("alice@example.com").as_str(), "email|alice@example.com");
     /// assert_ne!(Key::email("alice+x@example.com"), Key::email("alice@example.com"));
     /// ```
@@ -200,13 +216,16 @@ impl Key {
     }
 
     /// A username, normalized as [`Key::email`] normalizes an address:
-    /// trimmed, NFKC, case-folded. `user|<normalized>`.
+    /// trimmed, default-ignorable code points dropped, NFKC, case-folded;
+    /// so case, width and compatibility forms and invisible characters are
+    /// one key, accents and homoglyphs are not. `user|<normalized>`.
     ///
     /// ```
     /// use platformkit_limit::Key;
     ///
     /// assert_eq!(Key::username("Straße"), Key::username("STRASSE"));
     /// assert_eq!(Key::username("ﬁona").as_str(), "user|fiona");
+    /// assert_eq!(Key::username("\u{202E}fiona\u{2066}"), Key::username("fiona"));
     /// ```
     pub fn username(name: &str) -> Self {
         Self::normalized("user", name)
@@ -272,13 +291,29 @@ impl Key {
 
     /// `kind|<the normalized input>`, normalizing at most
     /// [`Key::MAX_INPUT_CHARS`] characters of the input after its leading
-    /// white space; cut when anything but white space follows them.
+    /// white space, default-ignorable code points dropped and not counted;
+    /// cut when anything but white space and those follows them.
     fn normalized(kind: &str, input: &str) -> Self {
-        let (head, rest, _) = take_chars(input.trim_start(), Key::MAX_INPUT_CHARS);
-        let cut = !rest.trim_end().is_empty();
+        let skipped = |c: char| c.is_whitespace() || is_default_ignorable(c);
+        let mut head = String::new();
+        let mut rest = "";
+        let mut read = 0;
+        let input = input.trim_start_matches(skipped);
+        for (i, c) in input.char_indices() {
+            if is_default_ignorable(c) {
+                continue;
+            }
+            if read == Key::MAX_INPUT_CHARS {
+                rest = &input[i..];
+                break;
+            }
+            head.push(c);
+            read += 1;
+        }
+        let cut = !rest.trim_end_matches(skipped).is_empty();
         let mut encoder = Encoder::default();
         encoder.whole(kind);
-        encoder.whole(&normalize_identity(head));
+        encoder.whole(&normalize_identity(&head));
         encoder.finish(cut)
     }
 
@@ -299,11 +334,14 @@ impl fmt::Debug for Key {
     }
 }
 
-/// Trims, applies NFKC and full case folding, until nothing changes.
+/// Trims, drops default-ignorable code points, applies NFKC and full case
+/// folding, until nothing changes.
 ///
 /// One round of NFKC and case folding is not always closed (folding can
 /// produce a sequence that NFKC composes differently), so the rounds repeat
-/// until a fixed point; in practice that is one or two.
+/// until a fixed point; in practice that is one or two. Each round drops
+/// default-ignorable code points first, and NFKC and folding never make one
+/// of another character, so none is left. ASCII has none.
 #[doc(hidden)]
 pub fn normalize_identity(input: &str) -> String {
     let trimmed = input.trim();
@@ -312,7 +350,11 @@ pub fn normalize_identity(input: &str) -> String {
     }
     let mut current = trimmed.to_owned();
     for _ in 0..8 {
-        let nfkc: String = current.nfkc().collect();
+        let kept: String = current
+            .chars()
+            .filter(|&c| !is_default_ignorable(c))
+            .collect();
+        let nfkc: String = kept.nfkc().collect();
         let folded = caseless::default_case_fold_str(&nfkc);
         let next: String = folded.nfkc().collect::<String>().trim().to_owned();
         if next == current {
