@@ -1,7 +1,8 @@
-//! Keys, without a database: the key encoding (golden vectors and
-//! properties), the bound on the work a key does, and the spellings of one
-//! address or name that are one key. What `Limit::new` and the builders
-//! refuse is in `tests/configuration.rs`.
+//! Keys: the key encoding (golden vectors and properties), the bound on the
+//! work a key does, and the spellings of one address or name that are one
+//! key (against a real server: what its case-insensitive collation
+//! equates). What `Limit::new` and the builders refuse is in
+//! `tests/configuration.rs`.
 
 use std::net::IpAddr;
 use std::sync::OnceLock;
@@ -875,7 +876,7 @@ fn an_operators_key_is_the_services_key() {
 }
 
 // ---------------------------------------------------------------------------
-// Spellings of one identity, one key
+// Spellings of one identity: what an account lookup equates, one key
 // ---------------------------------------------------------------------------
 
 /// Default-ignorable code points a form carries unseen: zero-width space,
@@ -904,6 +905,61 @@ fn default_ignorable() -> impl Strategy<Value = char> {
         2 => prop::sample::select(BIDI_CONTROLS.to_vec()),
         1 => any,
     ]
+}
+
+/// `c` in one of the forms a key unifies with it, chosen by `form`: itself,
+/// either case, full-width, circled, mathematical bold, the Kelvin sign
+/// for a `k`. A form `c` has none of is `c`.
+fn form_of(c: char, form: u8) -> char {
+    let single = |s: String| -> Option<char> {
+        let mut chars = s.chars();
+        let first = chars.next()?;
+        chars.next().is_none().then_some(first)
+    };
+    let upper = single(c.to_uppercase().collect()).unwrap_or(c);
+    let lower = single(c.to_lowercase().collect()).unwrap_or(c);
+    let offset = |from: char, to: u32| char::from_u32(u32::from(c) - u32::from(from) + to);
+    let other = match form {
+        1 => Some(upper),
+        2 => Some(lower),
+        3 | 4 if ('!'..='~').contains(&c) => {
+            let c = if form == 4 { upper } else { c };
+            char::from_u32(u32::from(c) - 0x21 + 0xFF01)
+        }
+        5 if c.is_ascii_lowercase() => offset('a', 0x24D0),
+        5 if c.is_ascii_uppercase() => offset('A', 0x24B6),
+        6 if c.is_ascii_lowercase() => offset('a', 0x1D41A),
+        6 if c.is_ascii_uppercase() => offset('A', 0x1D400),
+        6 if c.is_ascii_digit() => offset('0', 0x1D7CE),
+        7 if c.eq_ignore_ascii_case(&'k') => Some('\u{212A}'),
+        _ => None,
+    };
+    other.unwrap_or(c)
+}
+
+/// A spelling of `base` that the key promises is `base`: each character
+/// in one of its forms ([`form_of`]), and up to 5 default-ignorable code
+/// points anywhere, the ends included.
+fn spelling_of(base: &'static str) -> impl Strategy<Value = String> {
+    let n = base.chars().count();
+    (
+        prop::collection::vec(0_u8..10, n),
+        prop::collection::vec((0..=n, default_ignorable()), 0..=5),
+    )
+        .prop_map(move |(forms, ignorables)| {
+            let mut out: Vec<char> = base
+                .chars()
+                .zip(forms)
+                .map(|(c, form)| form_of(c, form))
+                .collect();
+            // From the back, so that each index is still where it was meant.
+            let mut ignorables = ignorables;
+            ignorables.sort_by_key(|&(at, _)| std::cmp::Reverse(at));
+            for (at, c) in ignorables {
+                out.insert(at, c);
+            }
+            out.into_iter().collect()
+        })
 }
 
 /// Each of the characters a form carries unseen, anywhere in an address,
@@ -1066,4 +1122,111 @@ fn default_ignorables_however_many_leave_the_key_and_never_cut_it() {
         Key::email(&repeat('a', n + 1))
     );
     assert_ne!(Key::email(&interleaved(n)), Key::email(&interleaved(n + 1)));
+}
+
+/// Addresses and names to spell: ASCII ones, one with the characters an
+/// address is made of (`.`, `+`, `_`, `-`, digits), a `k` for the Kelvin
+/// sign, and a Greek name whose final sigma folds.
+const IDENTITIES: [&str; 6] = [
+    "alice@example.com",
+    "bob.smith+tag@mail.example.org",
+    "kelvin_99-x@example.net",
+    "alice",
+    "Fiona",
+    "Σίσυφος",
+];
+
+/// What PostgreSQL's documented case-insensitive ICU collation
+/// (`und-u-ks-level2`, nondeterministic), as many accounts tables use,
+/// says is one address or one name, is one [`Key::email`] and one
+/// [`Key::username`]: over spellings in every case, width and
+/// compatibility form, with default-ignorable code points (zero-width,
+/// bidirectional controls) anywhere. Else each spelling that finds the
+/// account is a count of its own, and a limit of 5 guesses is 5 per
+/// spelling. The server compares every pair of spellings in one statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spellings_a_case_insensitive_collation_equates_are_one_key() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    const PER_IDENTITY: usize = 150;
+
+    let db = platformkit_limit_testdb::Server::shared()
+        .empty_database()
+        .await;
+    let client = db.connect().await;
+    // Fails, and so does the test, on a server built without ICU.
+    client
+        .batch_execute(
+            "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', \
+             deterministic = false)",
+        )
+        .await
+        .expect("creating PostgreSQL's case-insensitive ICU collation");
+
+    let mut runner = TestRunner::deterministic();
+    let mut spellings: Vec<String> = Vec::new();
+    for base in IDENTITIES {
+        spellings.push(base.to_owned());
+        let strategy = spelling_of(base);
+        for _ in 0..PER_IDENTITY {
+            let tree = strategy.new_tree(&mut runner).expect("a spelling");
+            spellings.push(tree.current());
+        }
+    }
+    let rows = client
+        .query(
+            "SELECT a.i, b.i \
+             FROM unnest($1::text[]) WITH ORDINALITY AS a(s, i) \
+             JOIN unnest($1::text[]) WITH ORDINALITY AS b(s, i) \
+               ON a.i < b.i AND a.s = b.s COLLATE ci",
+            &[&spellings],
+        )
+        .await
+        .expect("comparing every pair of spellings");
+    let equated: Vec<(usize, usize)> = rows
+        .iter()
+        .map(|row| {
+            let at = |col: usize| usize::try_from(row.get::<_, i64>(col) - 1).expect("an index");
+            (at(0), at(1))
+        })
+        .collect();
+
+    // Not vacuous: the server equates each identity with most of its
+    // spellings (not all: it does not ignore every default-ignorable code
+    // point, the Hangul fillers and unassigned tags among them).
+    for (i, base) in IDENTITIES.iter().enumerate() {
+        let at = i * (PER_IDENTITY + 1);
+        let with_base = equated.iter().filter(|&&(a, _)| a == at).count();
+        assert!(
+            with_base >= PER_IDENTITY / 2,
+            "the server equates only {with_base} of {PER_IDENTITY} spellings with {base:?}"
+        );
+    }
+
+    let mut apart = Vec::new();
+    for &(a, b) in &equated {
+        let (a, b) = (spellings[a].as_str(), spellings[b].as_str());
+        for (what, key) in [
+            ("email", Key::email as fn(&str) -> Key),
+            ("username", Key::username),
+        ] {
+            let (ka, kb) = (key(a), key(b));
+            if ka != kb {
+                apart.push(format!(
+                    "{what}: the server equates {a:?} and {b:?}, keys {:?} and {:?}",
+                    ka.as_str(),
+                    kb.as_str()
+                ));
+            }
+        }
+    }
+    assert!(
+        apart.is_empty(),
+        "{} of {} pairs the server equates are two keys (email and username counted \
+         apart); the first:\n{}",
+        apart.len(),
+        2 * equated.len(),
+        apart[..apart.len().min(5)].join("\n")
+    );
 }
