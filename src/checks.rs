@@ -7,7 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::key::{decode, normalize_identity};
+use crate::key::{decode, is_default_ignorable, normalize_identity};
 use crate::{Key, Limit, Limiter, ManualClock, Memory};
 
 /// Splits fuzz input into key parts: parts are separated by the byte `0xFF`
@@ -68,8 +68,9 @@ fn assert_safe(key: &Key) {
     );
 }
 
-/// Email and username normalization: idempotent, and ASCII case variants
-/// agree.
+/// Email and username normalization: a fixed point (idempotent) with no
+/// default-ignorable code point in it, the same without the input's
+/// default-ignorable code points, and ASCII case variants agree.
 pub fn identity_normalization(data: &[u8]) {
     let input = String::from_utf8_lossy(data);
     let once = normalize_identity(&input);
@@ -77,6 +78,19 @@ pub fn identity_normalization(data: &[u8]) {
         normalize_identity(&once),
         once,
         "normalization is idempotent"
+    );
+    assert!(
+        !once.chars().any(is_default_ignorable),
+        "normalization leaves no default-ignorable code point"
+    );
+    let visible: String = input
+        .chars()
+        .filter(|&c| !is_default_ignorable(c))
+        .collect();
+    assert_eq!(
+        normalize_identity(&visible),
+        once,
+        "default-ignorable code points change nothing"
     );
     // Past the bound a key is of the first characters it read, so the key of
     // the normalized form is the input's only while neither is cut.
