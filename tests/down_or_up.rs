@@ -581,3 +581,157 @@ mod pooled {
         SqlxPool: on_sqlx_pool,
     }
 }
+
+// ---------------------------------------------------------------------------
+// Over TLS: the cancel request cannot go (tokio-postgres sends it without
+// TLS, which `sslmode=require` refuses), so only the probe tells
+// ---------------------------------------------------------------------------
+
+/// A server of its own with TLS on (a certificate for 127.0.0.1, from a
+/// certificate authority of the test's), and a source that connects for each call over TLS,
+/// requiring it, with rustls.
+async fn over_tls(
+    server: &Server,
+) -> (
+    TestDb,
+    platformkit_limit::driver::Connect<tokio_postgres_rustls::MakeRustlsConnect>,
+) {
+    let db = server.database(SCHEMA).await;
+    let admin = db.connect_admin().await;
+    // Run by the server, in its data directory, as its own user: the key
+    // is the server's, readable by it alone.
+    for step in [
+        "COPY (SELECT 1) TO PROGRAM 'exec 2>/dev/null; \
+         openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca \
+             -keyout ca.key -out ca.crt \
+         && openssl req -newkey rsa:2048 -nodes -subj /CN=localhost \
+             -keyout server.key -out server.csr \
+         && echo subjectAltName=IP:127.0.0.1 > server.ext \
+         && openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+             -days 1 -extfile server.ext -out server.crt \
+         && chmod 600 server.key'",
+        "ALTER SYSTEM SET ssl = on",
+        "SELECT pg_catalog.pg_reload_conf()",
+    ] {
+        admin
+            .batch_execute(step)
+            .await
+            .unwrap_or_else(|e| panic!("{step}: {e:?}"));
+    }
+    let started = Instant::now();
+    loop {
+        let ssl: String = admin
+            .query_one("SHOW ssl", &[])
+            .await
+            .expect("SHOW ssl")
+            .get(0);
+        if ssl == "on" {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "TLS still off");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pem: String = admin
+        .query_one("SELECT pg_catalog.pg_read_file('ca.crt')", &[])
+        .await
+        .expect("the certificate")
+        .get(0);
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("a PEM"))
+        .expect("a root");
+    let tls = trusting(roots);
+    let mut config = db.config();
+    config.ssl_mode(tokio_postgres::config::SslMode::Require);
+    let conns = platformkit_limit::driver::Connect::new(
+        config,
+        tokio_postgres_rustls::MakeRustlsConnect::new(tls),
+    );
+    (db, conns)
+}
+
+/// A rustls client that trusts `roots`, with ring as its provider.
+#[expect(
+    deprecated,
+    reason = "ring's provider lacks post-quantum key exchange, which a test on loopback does not need"
+)]
+fn trusting(roots: rustls::RootCertStore) -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth()
+}
+
+mod on_tokio_postgres_over_tls {
+    use super::*;
+
+    /// A certificate the connector refuses is the server answering: a
+    /// misconfiguration, loud, never read as an outage.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_certificate_the_connector_refuses_is_a_misconfiguration_never_an_allow() {
+        let server = block_in_place(|| Server::start(Options::default()));
+        let (db, _) = over_tls(&server).await;
+        let trusts_nothing = trusting(rustls::RootCertStore::empty());
+        let mut config = db.config();
+        config.ssl_mode(tokio_postgres::config::SslMode::Require);
+        let conns = platformkit_limit::driver::Connect::new(
+            config,
+            tokio_postgres_rustls::MakeRustlsConnect::new(trusts_nothing),
+        );
+        let limiter = Limiter::builder(Postgres::new(conns))
+            .budget(BUDGET)
+            .build()
+            .expect("a budget");
+        let login = common::limit("login", 1);
+        let err = limiter
+            .failed(&login, &Key::email("alice@example.com"))
+            .await
+            .expect_err("a misconfiguration");
+        assert_eq!(err.kind(), ErrorKind::Misconfigured, "{err:?}");
+        drop((limiter, db));
+        block_in_place(|| drop(server));
+    }
+
+    /// Calls count over TLS; under the serializable defaults, with a
+    /// stranger's serializable transaction, each call waits past its
+    /// budget and its cancel request cannot go: the server answers the
+    /// probe (over TLS), so the call is shed, never allowed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serializable_defaults_of_the_role_and_a_strangers_transaction_are_never_allowed() {
+        let server = block_in_place(|| Server::start(Options::default()));
+        let (db, conns) = over_tls(&server).await;
+        let limiter = Limiter::builder(Postgres::new(conns))
+            .budget(BUDGET)
+            .build()
+            .expect("a budget");
+        let login = common::limit("login", 1);
+        let alice = Key::email("alice@example.com");
+        let verdict = limiter.failed(&login, &alice).await.expect("a verdict");
+        common::assert_counted(&verdict, "a call over TLS");
+
+        db.connect_admin()
+            .await
+            .batch_execute(&format!(
+                "ALTER ROLE limit_owner IN DATABASE \"{db}\" SET default_transaction_isolation = 'serializable';
+                 ALTER ROLE limit_owner IN DATABASE \"{db}\" SET default_transaction_read_only = on;
+                 ALTER ROLE limit_owner IN DATABASE \"{db}\" SET default_transaction_deferrable = on;",
+                db = db.name()
+            ))
+            .await
+            .expect("the defaults");
+        let mut elsewhere = db.stranger_config();
+        elsewhere.dbname("postgres");
+        let stranger = platformkit_limit_testdb::connect(&elsewhere).await;
+        stranger
+            .batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE READ WRITE; SELECT 1")
+            .await
+            .expect("a stranger's serializable transaction");
+        never_allowed(&limiter, &login, &alice, "over TLS").await;
+        drop((stranger, limiter, db));
+        block_in_place(|| drop(server));
+    }
+}

@@ -42,7 +42,9 @@
 //! - a flood of distinct keys ([`distinct`]), in a database of its own: a
 //!   million fresh keys (`BENCH_DISTINCT_KEYS`) written with the defaults
 //!   as fast as they go, the table's bytes per row, then their purge while
-//!   16 writers count, against the same writers alone.
+//!   16 writers count, against the same writers alone;
+//! - a real outage ([`outage`]), on a server of its own, stopped and
+//!   started again, on each driver built in.
 //!
 //! The limiters of the operations measure the store path: they have neither
 //! the refusal cache nor merging, so every call sends one statement. Only
@@ -80,6 +82,7 @@ mod flood;
 mod floors;
 mod measure;
 mod operations;
+mod outage;
 mod prepared;
 mod purge;
 mod report;
@@ -352,7 +355,15 @@ async fn run(mode: Mode) -> bool {
         distinct_began.elapsed().as_secs_f64()
     );
 
-    let targets = targets::all(
+    eprintln!("a real outage on each driver ...");
+    let outage_began = Instant::now();
+    let outages = outage::run(mode).await;
+    eprintln!(
+        "the outages done in {:.1}s",
+        outage_began.elapsed().as_secs_f64()
+    );
+
+    let mut targets = targets::all(
         &results,
         &attack_results,
         &flood_results,
@@ -360,6 +371,7 @@ async fn run(mode: Mode) -> bool {
         random_updates,
         hot_updates,
     );
+    targets.extend(targets::outage(&outages));
     let report = report::Report {
         mode,
         machine: &machine,
@@ -374,6 +386,7 @@ async fn run(mode: Mode) -> bool {
         targets: &targets,
     };
     report.print();
+    outage::print(&outages);
     report.write_json();
     eprintln!("done in {:.1}s", began.elapsed().as_secs_f64());
     targets

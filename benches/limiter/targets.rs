@@ -87,6 +87,50 @@ impl Target {
     }
 }
 
+/// The outage's targets, for each driver: a call answered at once once a
+/// probe found the server down (p99 at most 50 ms), at most a probe a
+/// second, every call unreachable (a check), and counting again within a
+/// probe interval (and a call) of the server's return.
+pub(crate) fn outage(outages: &[crate::outage::Outage]) -> Vec<Target> {
+    use Comparison::{AtMost, Exactly};
+    let mut targets = Vec::new();
+    for o in outages {
+        let driver = o.driver;
+        targets.push(Target::new(
+            format!("outage: a call's p99 (ms) once a probe found it down, {driver}"),
+            "the budget (2,000 ms) a call waited before",
+            [o.p99_ms],
+            AtMost,
+            50.0,
+        ));
+        targets.push(Target::new(
+            format!("outage: probes a second while down, {driver}"),
+            "one probe per store per second",
+            [o.probes as f64 / o.down_secs],
+            AtMost,
+            1.0,
+        ));
+        targets.push(
+            Target::new(
+                format!("outage: calls not answered unreachable while down, {driver}"),
+                "none",
+                [o.not_unreachable as f64],
+                Exactly,
+                0.0,
+            )
+            .check(),
+        );
+        targets.push(Target::new(
+            format!("outage: from the server's return to a counted call (ms), {driver}"),
+            "one probe interval (1,000 ms) and a call",
+            [o.back_ms],
+            AtMost,
+            1_100.0,
+        ));
+    }
+    targets
+}
+
 /// The floor of `failed` and `hit`.
 const UPSERT_FLOOR: &str = "upsert alone: platformkit_limit_add's statement, prepared";
 /// The floor of `check`.

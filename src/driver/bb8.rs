@@ -33,11 +33,18 @@ where
         self.get_owned().await
     }
 
-    /// A dedicated connection, outside the pool and its retries.
+    /// A dedicated connection, outside the pool and its retries; on a
+    /// server that answered, it goes to the pool (while a server is down,
+    /// bb8 backs its own reconnects off up to half its connection timeout,
+    /// so that a pool could otherwise stay empty seconds after the server is
+    /// back).
     async fn probe(&self) -> Option<Result<(), BoxError>> {
         let started = async {
             let client = self.dedicated_connection().await?;
-            super::tokio_postgres::started(&client).await
+            super::tokio_postgres::started(&client).await?;
+            // A full pool gives it back, and it closes.
+            let _ = self.add(client);
+            Ok(())
         };
         Some(started.await)
     }

@@ -180,6 +180,9 @@ fn refused_while_up(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
                 "invalid configuration",
                 "invalid connection string",
                 "authentication error",
+                // The server answered, with a certificate the connector
+                // refused (or refused the connector's).
+                "error performing TLS handshake",
             ]
             .iter()
             .any(|kind| message.starts_with(kind))
