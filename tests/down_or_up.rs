@@ -37,6 +37,12 @@ trait Source: 'static {
     fn store(conns: Self::Conns, _config: &Config) -> Postgres<Self::Conns> {
         Postgres::new(conns)
     }
+
+    /// The service's own code sets [`SERIALIZABLE_DEFAULTS`] on a pooled
+    /// connection (a pool of one: the limiter's).
+    async fn set_defaults(_conns: &Self::Conns) {
+        unimplemented!("not a pool")
+    }
 }
 
 /// tokio-postgres, a connection for each call.
@@ -62,6 +68,13 @@ impl Source for Deadpool {
             .build()
             .expect("a deadpool pool")
     }
+
+    async fn set_defaults(pool: &deadpool_postgres::Pool) {
+        let conn = pool.get().await.expect("the pooled connection");
+        conn.batch_execute(SERIALIZABLE_DEFAULTS)
+            .await
+            .expect("the defaults");
+    }
 }
 
 struct Bb8;
@@ -78,6 +91,13 @@ impl Source for Bb8 {
             .min_idle(Some(0))
             .build_unchecked(manager)
     }
+
+    async fn set_defaults(pool: &Self::Conns) {
+        let conn = pool.get().await.expect("the pooled connection");
+        conn.batch_execute(SERIALIZABLE_DEFAULTS)
+            .await
+            .expect("the defaults");
+    }
 }
 
 struct SqlxPool;
@@ -90,6 +110,13 @@ impl Source for SqlxPool {
             .max_connections(size)
             .min_connections(0)
             .connect_lazy_with(sqlx_options(config))
+    }
+
+    async fn set_defaults(pool: &sqlx::PgPool) {
+        let mut conn = pool.acquire().await.expect("the pooled connection");
+        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(SERIALIZABLE_DEFAULTS))
+            .await
+            .expect("the defaults");
     }
 }
 
@@ -147,20 +174,52 @@ impl LimitConn for HeldLender {
     }
 }
 
-fn sqlx_options(config: &Config) -> sqlx::postgres::PgConnectOptions {
-    let host = match &config.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(host) => host.clone(),
-        tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+/// `sqlx_options(config)` for the sqlx crate `$sqlx`: its connection
+/// options for the same server, user and database.
+macro_rules! sqlx_options_of {
+    ($sqlx:ident) => {
+        fn sqlx_options(config: &Config) -> $sqlx::postgres::PgConnectOptions {
+            let host = match &config.get_hosts()[0] {
+                tokio_postgres::config::Host::Tcp(host) => host.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            let mut options = $sqlx::postgres::PgConnectOptions::new()
+                .host(&host)
+                .port(config.get_ports()[0])
+                .username(config.get_user().expect("a user"))
+                .database(config.get_dbname().expect("a database"));
+            if let Some(password) = config.get_password() {
+                options = options.password(std::str::from_utf8(password).expect("a text password"));
+            }
+            options
+        }
     };
-    let mut options = sqlx::postgres::PgConnectOptions::new()
-        .host(&host)
-        .port(config.get_ports()[0])
-        .username(config.get_user().expect("a user"))
-        .database(config.get_dbname().expect("a database"));
-    if let Some(password) = config.get_password() {
-        options = options.password(std::str::from_utf8(password).expect("a text password"));
+}
+
+sqlx_options_of!(sqlx);
+
+/// sqlx 0.9's `PgPool` (feature `sqlx-09`).
+#[cfg(feature = "sqlx-09")]
+struct SqlxPool09;
+
+#[cfg(feature = "sqlx-09")]
+impl Source for SqlxPool09 {
+    type Conns = sqlx_09::PgPool;
+
+    async fn conns(config: &Config, size: u32) -> sqlx_09::PgPool {
+        sqlx_options_of!(sqlx_09);
+        sqlx_09::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .min_connections(0)
+            .connect_lazy_with(sqlx_options(config))
     }
-    options
+
+    async fn set_defaults(pool: &sqlx_09::PgPool) {
+        let mut conn = pool.acquire().await.expect("the pooled connection");
+        sqlx_09::Executor::execute(&mut *conn, sqlx_09::raw_sql(SERIALIZABLE_DEFAULTS))
+            .await
+            .expect("the defaults");
+    }
 }
 
 /// A limiter over a cold `S` for `db` (as `config`), with [`BUDGET`].
@@ -263,10 +322,7 @@ async fn serializable_defaults_with_a_strangers_transaction<S: Source>(defaults:
 
 /// The same three defaults set by the service's own code on its pooled
 /// connection (a pool of one, so the limiter gets that connection).
-async fn serializable_defaults_set_on_a_pooled_connection<S: Source>()
-where
-    S::Conns: Clone,
-{
+async fn serializable_defaults_set_on_a_pooled_connection<S: Source>() {
     let db = Server::shared().database(SCHEMA).await;
     let (login, alice) = at_max(&db).await;
     let limiter = cold::<S>(&db.config(), 1).await;
@@ -274,7 +330,7 @@ where
     // connection; the service then sets the defaults on a connection of
     // its own pool, the same one.
     let _ = limiter.check(&login, &Key::opaque("warm")).await;
-    set_defaults_on_the_pooled_connection::<S>(limiter.store().conns()).await;
+    S::set_defaults(limiter.store().conns()).await;
     let mut elsewhere = db.stranger_config();
     elsewhere.dbname("postgres");
     let stranger = platformkit_limit_testdb::connect(&elsewhere).await;
@@ -295,28 +351,6 @@ where
 const SERIALIZABLE_DEFAULTS: &str = "SET default_transaction_isolation = 'serializable';
      SET default_transaction_read_only = on;
      SET default_transaction_deferrable = on;";
-
-async fn set_defaults_on_the_pooled_connection<S: Source>(conns: &S::Conns) {
-    let any: &dyn std::any::Any = conns;
-    if let Some(pool) = any.downcast_ref::<deadpool_postgres::Pool>() {
-        let conn = pool.get().await.expect("the pooled connection");
-        conn.batch_execute(SERIALIZABLE_DEFAULTS)
-            .await
-            .expect("the defaults");
-    } else if let Some(pool) = any.downcast_ref::<sqlx::PgPool>() {
-        let mut conn = pool.acquire().await.expect("the pooled connection");
-        sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(SERIALIZABLE_DEFAULTS))
-            .await
-            .expect("the defaults");
-    } else if let Some(pool) = any.downcast_ref::<<Bb8 as Source>::Conns>() {
-        let conn = pool.get().await.expect("the pooled connection");
-        conn.batch_execute(SERIALIZABLE_DEFAULTS)
-            .await
-            .expect("the defaults");
-    } else {
-        panic!("not a pool");
-    }
-}
 
 /// A fresh database whose every connection slot is taken by a login granted
 /// nothing (its connection limit is two: the superuser's and the
@@ -580,6 +614,16 @@ mod pooled {
         Bb8: on_bb8,
         SqlxPool: on_sqlx_pool,
     }
+
+    #[cfg(feature = "sqlx-09")]
+    on_every_pool! {
+        SqlxPool09: on_sqlx_09_pool,
+    }
+}
+
+#[cfg(feature = "sqlx-09")]
+on_every_source! {
+    SqlxPool09: on_sqlx_09_pool,
 }
 
 // ---------------------------------------------------------------------------

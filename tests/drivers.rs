@@ -246,6 +246,16 @@ macro_rules! on_each_driver {
                 }
             )*
         }
+
+        #[cfg(feature = "sqlx-09")]
+        mod on_sqlx_09 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$module::$name::<super::driver::sqlx09::Sqlx>().await;
+                }
+            )*
+        }
     };
 }
 

@@ -10,8 +10,22 @@
 //!   [`DeadpoolConn`]; [`Prepared`] prepares each statement once per
 //!   connection;
 //! - bb8 (feature `bb8`): bb8's pool of tokio-postgres connections;
-//! - sqlx (feature `sqlx`): `sqlx::PgPool`, and [`SqlxConn`] over any sqlx
-//!   PostgreSQL connection.
+//! - sqlx (feature `sqlx` for sqlx 0.8, `sqlx-09` for 0.9; both may be
+//!   on): each version's `PgPool`, and [`SqlxConn`] over any sqlx
+//!   PostgreSQL connection of either.
+//!
+//! ```no_run
+//! # #[cfg(feature = "sqlx")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use platformkit_limit::{Limiter, Postgres};
+//!
+//! let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
+//! // The service's own pool: no second one for the limiter.
+//! let limiter = Limiter::new(Postgres::new(pool.clone()));
+//! # let _ = limiter;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! Each call borrows one pooled connection and returns it idle. The pool's
 //! own wait counts against the call's budget: a full pool sheds the call
@@ -30,13 +44,13 @@ pub(crate) mod bb8;
 #[cfg(feature = "deadpool")]
 pub(crate) mod deadpool;
 mod record;
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "sqlx", feature = "sqlx-09"))]
 pub(crate) mod sqlx;
 pub(crate) mod tokio_postgres;
 
 #[cfg(feature = "deadpool")]
 pub use self::deadpool::{DeadpoolConn, Prepared};
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "sqlx", feature = "sqlx-09"))]
 pub use self::sqlx::SqlxConn;
 pub use self::tokio_postgres::{Connect, Connected};
 
@@ -265,7 +279,9 @@ pub(crate) type SourceErrors = fn(&(dyn std::error::Error + 'static)) -> Option<
 const DRIVERS: &[SourceErrors] = &[
     self::tokio_postgres::ERRORS,
     #[cfg(feature = "sqlx")]
-    self::sqlx::ERRORS,
+    self::sqlx::v08::ERRORS,
+    #[cfg(feature = "sqlx-09")]
+    self::sqlx::v09::ERRORS,
 ];
 
 /// Awaits `answer`; if it is still pending at `cancel_at`, starts `cancel`

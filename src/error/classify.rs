@@ -198,7 +198,7 @@ pub(crate) enum Reading {
     Lost,
     /// No SQLSTATE, and the driver refused its own configuration.
     #[cfg_attr(
-        not(feature = "sqlx"),
+        not(any(feature = "sqlx", feature = "sqlx-09")),
         expect(dead_code, reason = "tokio-postgres says so only when connecting")
     )]
     Misconfigured,

@@ -9,11 +9,8 @@ use std::sync::Arc;
 
 use deadpool_postgres::ClientWrapper;
 use platformkit_limit::LimitConn;
-use platformkit_limit::driver::{Prepared, SqlxConn};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgConnection, PgPool, Row as _};
+use platformkit_limit::driver::Prepared;
 use tokio::sync::{Mutex, OwnedMutexGuard};
-use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, SimpleQueryMessage};
 
 /// What a test needs of a driver: its connections, a pool of them, and plain
@@ -145,69 +142,18 @@ impl Driver for TokioPostgresPrepared {
     }
 }
 
-/// sqlx: `PgConnection`s in a `SqlxConn`, `PgPool`.
-pub struct Sqlx;
-
-/// sqlx's connection options for the same server, user and database.
-fn sqlx_options(config: &Config) -> PgConnectOptions {
-    let mut options = PgConnectOptions::new_without_pgpass()
-        .port(config.get_ports().first().copied().unwrap_or(5432))
-        .username(config.get_user().expect("a user"))
-        .database(config.get_dbname().expect("a database"));
-    options = match config.get_hosts().first().expect("a host") {
-        Host::Tcp(host) => options.host(host),
-        Host::Unix(path) => options.socket(path),
-    };
-    if let Some(password) = config.get_password() {
-        options = options.password(std::str::from_utf8(password).expect("a UTF-8 password"));
-    }
-    options.disable_statement_logging()
+// sqlx, once for each version a feature names, with `sqlx` naming that
+// version's crate.
+pub mod sqlx08 {
+    use ::sqlx;
+    include!("sqlx_driver.rs");
 }
-
-impl Driver for Sqlx {
-    const CANCELS: bool = false;
-    const PREPARES: bool = true;
-    const NAMES_PER_CONNECTION: bool = true;
-    type Conn = PgConnection;
-    type Pool = PgPool;
-    type Source = PgPool;
-
-    async fn connect(config: &Config) -> PgConnection {
-        sqlx_options(config)
-            .connect()
-            .await
-            .expect("an sqlx connection")
-    }
-
-    async fn pool(config: &Config, size: u32) -> PgPool {
-        PgPoolOptions::new()
-            .max_connections(size)
-            .connect_lazy_with(sqlx_options(config))
-    }
-
-    async fn take(pool: &PgPool) -> Box<dyn Any + Send> {
-        Box::new(pool.acquire().await.expect("a pooled connection"))
-    }
-
-    fn source(config: &Config) -> PgPool {
-        PgPoolOptions::new()
-            .max_connections(4)
-            .connect_lazy_with(sqlx_options(config))
-    }
-
-    async fn simple(conn: &mut PgConnection, sql: &str) -> Result<Option<String>, String> {
-        // (sqlx 0.8's `RawSql::fetch_optional` fails on no rows.)
-        let rows = sqlx::raw_sql(sql)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| format!("{e:?}"))?;
-        // The simple protocol answers in text, whatever the column's type.
-        Ok(rows.first().and_then(|row| {
-            row.try_get_unchecked::<Option<String>, _>(0)
-                .expect("a text value")
-        }))
-    }
+#[cfg(feature = "sqlx-09")]
+pub mod sqlx09 {
+    use ::sqlx_09 as sqlx;
+    include!("sqlx_driver.rs");
 }
+pub use sqlx08::Sqlx;
 
 /// One connection the test holds, lent to one call at a time, as a
 /// framework holds the connection of a request.
@@ -218,7 +164,7 @@ pub async fn hold<D: Driver>(config: &Config) -> Held<D> {
 }
 
 /// A connection source that lends one held connection.
-pub struct Lend<T>(Arc<Mutex<T>>);
+pub struct Lend<T>(pub(super) Arc<Mutex<T>>);
 
 impl LimitConn for Lend<Client> {
     type Conn = OwnedMutexGuard<Client>;
@@ -235,15 +181,6 @@ impl LimitConn for Lend<ClientWrapper> {
 
     async fn conn(&self) -> Result<Self::Conn, Infallible> {
         Ok(Prepared(Arc::clone(&self.0).lock_owned().await))
-    }
-}
-
-impl LimitConn for Lend<PgConnection> {
-    type Conn = SqlxConn<OwnedMutexGuard<PgConnection>>;
-    type Error = Infallible;
-
-    async fn conn(&self) -> Result<Self::Conn, Infallible> {
-        Ok(SqlxConn(Arc::clone(&self.0).lock_owned().await))
     }
 }
 

@@ -1,25 +1,18 @@
 //! `timestamptz` is read and written here (microseconds since 2000-01-01,
 //! as PostgreSQL's binary format has it, converted exactly as tokio-postgres
 //! converts a [`SystemTime`]), so the feature needs neither sqlx's `chrono`
-//! nor its `time` feature.
+//! nor its `time` feature. The conversion is here; each sqlx version's
+//! `Type`, `Encode` and `Decode` are in `version.rs`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use sqlx::encode::IsNull;
-use sqlx::error::BoxDynError;
-use sqlx::postgres::types::Oid;
-use sqlx::postgres::{
-    PgArgumentBuffer, PgHasArrayType, PgTypeInfo, PgValueFormat, PgValueRef, Postgres,
-};
-use sqlx::{Decode, Encode, Type};
 
 /// A `timestamptz`, in PostgreSQL's binary format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Timestamptz(pub(crate) SystemTime);
 
 /// `timestamptz`'s OID, and its array's: fixed for every server.
-const TIMESTAMPTZ_OID: Oid = Oid(1184);
-const TIMESTAMPTZ_ARRAY_OID: Oid = Oid(1185);
+pub(super) const TIMESTAMPTZ_OID: u32 = 1184;
+pub(super) const TIMESTAMPTZ_ARRAY_OID: u32 = 1185;
 
 /// 2000-01-01 00:00:00 UTC, PostgreSQL's epoch, in seconds since the Unix
 /// epoch.
@@ -30,7 +23,7 @@ const NSEC_PER_USEC: u64 = 1_000;
 impl Timestamptz {
     /// Microseconds since PostgreSQL's epoch, truncated toward it, as
     /// tokio-postgres writes a `SystemTime`.
-    fn micros(self) -> i64 {
+    pub(super) fn micros(self) -> i64 {
         let epoch = UNIX_EPOCH + Duration::from_secs(POSTGRES_EPOCH_SECS);
         let to_usec =
             |d: Duration| d.as_secs() * USEC_PER_SEC + u64::from(d.subsec_nanos()) / NSEC_PER_USEC;
@@ -46,7 +39,7 @@ impl Timestamptz {
 
     /// The time `micros` after PostgreSQL's epoch, as tokio-postgres reads
     /// it.
-    fn from_micros(micros: i64) -> Timestamptz {
+    pub(super) fn from_micros(micros: i64) -> Timestamptz {
         let epoch = UNIX_EPOCH + Duration::from_secs(POSTGRES_EPOCH_SECS);
         let magnitude = micros.unsigned_abs();
         let offset = Duration::new(
@@ -58,46 +51,6 @@ impl Timestamptz {
         } else {
             epoch + offset
         })
-    }
-}
-
-impl Type<Postgres> for Timestamptz {
-    fn type_info() -> PgTypeInfo {
-        PgTypeInfo::with_oid(TIMESTAMPTZ_OID)
-    }
-}
-
-impl PgHasArrayType for Timestamptz {
-    fn array_type_info() -> PgTypeInfo {
-        PgTypeInfo::with_oid(TIMESTAMPTZ_ARRAY_OID)
-    }
-}
-
-impl Encode<'_, Postgres> for Timestamptz {
-    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
-        buf.extend_from_slice(&self.micros().to_be_bytes());
-        Ok(IsNull::No)
-    }
-
-    fn size_hint(&self) -> usize {
-        8
-    }
-}
-
-impl<'r> Decode<'r, Postgres> for Timestamptz {
-    fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
-        match value.format() {
-            PgValueFormat::Binary => {
-                let bytes: [u8; 8] = value
-                    .as_bytes()?
-                    .try_into()
-                    .map_err(|_| "a timestamptz is 8 bytes")?;
-                Ok(Timestamptz::from_micros(i64::from_be_bytes(bytes)))
-            }
-            // Bound statements answer in binary; text would depend on the
-            // session's DateStyle.
-            PgValueFormat::Text => Err("a timestamptz answered as text".into()),
-        }
     }
 }
 

@@ -1,0 +1,311 @@
+// One sqlx version's driver, included by `mod.rs` once for each sqlx
+// version a feature names, with `sqlx` naming that version's crate: the
+// connection lent, the pool and its probe, and how errors, rows and
+// `timestamptz` read.
+
+use std::time::SystemTime;
+
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnection, PgRow, Postgres};
+use sqlx::{Executor, Row as _};
+use tokio_postgres::error::SqlState;
+
+use crate::driver::record::Fields;
+use crate::driver::sqlx::SqlxConn;
+use crate::driver::sqlx::timestamptz::{TIMESTAMPTZ_ARRAY_OID, TIMESTAMPTZ_OID, Timestamptz};
+use crate::driver::{Columns, Failure, Param, Row, SourceErrors};
+use crate::error::{Reading, not_an_outage};
+
+/// The connection lent, as sqlx's `PgConnection`.
+impl crate::driver::sqlx::lent::Lent for PgConnection {
+    async fn send<'a, const N: usize>(
+        &'a mut self,
+        sql: &'static str,
+        params: &'a [Param<'a>; N],
+    ) -> Result<Row, Failure> {
+        let conn = self;
+        settle(conn).await.map_err(failure)?;
+        let mut query = sqlx::query(sql);
+        for param in params {
+            query = match *param {
+                Param::Text(text) => query.bind(text),
+                Param::Int8(n) => query.bind(n),
+                Param::Bool(b) => query.bind(b),
+                Param::Timestamptz(at) => query.bind(at.map(Timestamptz)),
+                Param::Float8(x) => query.bind(x),
+                Param::TextArray(texts) => query.bind(texts),
+                Param::Int8Array(ns) => query.bind(ns),
+                Param::BoolArray(bs) => query.bind(bs),
+            };
+        }
+        let answer = query.fetch_one(conn).await;
+        answer.map_err(failure).and_then(answered)
+    }
+
+    async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
+        let conn = self;
+        settle(conn).await.map_err(failure)?;
+        conn.execute(sqlx::raw_sql(script))
+            .await
+            .map(drop)
+            .map_err(failure)
+    }
+
+    async fn rollback(&mut self) {
+        let _ = self.execute("ROLLBACK").await;
+    }
+}
+
+/// The connection lent as a pool's `PoolConnection`.
+impl crate::driver::sqlx::lent::Lent for PoolConnection<Postgres> {
+    fn send<'a, const N: usize>(
+        &'a mut self,
+        sql: &'static str,
+        params: &'a [Param<'a>; N],
+    ) -> impl std::future::Future<Output = Result<Row, Failure>> + Send + 'a {
+        crate::driver::sqlx::lent::Lent::send(self.as_mut(), sql, params)
+    }
+
+    fn script(
+        &mut self,
+        script: &'static str,
+    ) -> impl std::future::Future<Output = Result<(), Failure>> + Send + '_ {
+        crate::driver::sqlx::lent::Lent::script(self.as_mut(), script)
+    }
+
+    fn rollback(&mut self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        crate::driver::sqlx::lent::Lent::rollback(self.as_mut())
+    }
+}
+
+/// Reads what the connection still owes a statement given up before its
+/// answer came (a call dropped at its budget, or by its caller), so that
+/// the answer is not taken for the next statement's: sqlx hands a late
+/// error to whichever statement reads next. An error read here is the
+/// given-up statement's and is dropped; reading goes on to its
+/// ReadyForQuery. Nothing is sent, and nothing waits when nothing is owed.
+/// The call's deadline bounds the wait. See the guide's
+/// [drivers](crate::guide#drivers) section.
+async fn settle(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    loop {
+        // `flush` is sqlx's `wait_until_ready`: it reads up to the
+        // ReadyForQuery of every Sync sent, returning the first error it
+        // reads; each round reads at least one message.
+        match sqlx::Connection::flush(&mut *conn).await {
+            Err(sqlx::Error::Database(_)) => continue,
+            settled => return settled,
+        }
+    }
+}
+
+/// How the SQLSTATE table reads an sqlx error: a database error by its
+/// code; an I/O or TLS error, or a pool that is closed or timed out, as the
+/// connection gone; a refused configuration as a misconfiguration; anything
+/// else (a protocol error, a value that does not decode) as a hard error.
+fn reading(error: &sqlx::Error) -> Reading {
+    match error {
+        sqlx::Error::Database(e) => match e.code() {
+            Some(code) => Reading::Answered(SqlState::from_code(&code)),
+            None => Reading::Refused,
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Reading::Lost,
+        sqlx::Error::Configuration(_) => Reading::Misconfigured,
+        _ => Reading::Refused,
+    }
+}
+
+/// Whether a connection attempt failed for a reason an outage does not
+/// explain (a refused configuration, or the server refusing with a SQLSTATE
+/// that is not it going away: a misconfiguration, or it out of a resource),
+/// and its SQLSTATE.
+fn refused_while_up(error: &sqlx::Error) -> Option<Option<SqlState>> {
+    match reading(error) {
+        Reading::Answered(code) => not_an_outage(&code).then_some(Some(code)),
+        Reading::Misconfigured => Some(None),
+        Reading::Lost | Reading::Refused => None,
+    }
+}
+
+/// An sqlx error, as the stores take it.
+fn failure(error: sqlx::Error) -> Failure {
+    Failure::new(reading(&error), error)
+}
+
+/// How sqlx errors read in a connection source's chain.
+pub(crate) const ERRORS: SourceErrors = |error| {
+    error
+        .downcast_ref::<sqlx::Error>()
+        .and_then(refused_while_up)
+};
+
+/// The statement's one row as the stores read it: a row whose one column is
+/// a `record` (the readers' answer) reads as that record's fields, from its
+/// bytes in binary form, which sqlx asks results in.
+fn answered(row: PgRow) -> Result<Row, Failure> {
+    use sqlx::postgres::PgValueFormat;
+    use sqlx::{Column as _, ValueRef as _};
+    let record = row.columns().len() == 1
+        && row.column(0).type_info().oid()
+            == Some(sqlx::postgres::types::Oid(
+                postgres_types::Type::RECORD.oid(),
+            ));
+    if !record {
+        return Ok(Row(Box::new(row)));
+    }
+    let value = row.try_get_raw(0).map_err(failure)?;
+    if value.is_null() || value.format() != PgValueFormat::Binary {
+        return Err(Failure::new(
+            Reading::Refused,
+            "the answer's record was NULL or not in binary form",
+        ));
+    }
+    let raw = value
+        .as_bytes()
+        .map_err(|e| Failure::new(Reading::Refused, e))?
+        .to_vec();
+    Ok(Row(Box::new(Fields::parse(raw)?)))
+}
+
+/// Reads column `index` of `row` as `T`, through `F`, the type sqlx decodes
+/// (`Timestamptz` for a time).
+fn column<'r, F, T>(row: &'r PgRow, index: usize, into: impl FnOnce(F) -> T) -> Result<T, Failure>
+where
+    F: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    row.try_get::<F, _>(index).map(into).map_err(failure)
+}
+
+impl Columns for PgRow {
+    fn boolean(&self, index: usize) -> Result<bool, Failure> {
+        column(self, index, |b: bool| b)
+    }
+    fn int8(&self, index: usize) -> Result<i64, Failure> {
+        column(self, index, |n: i64| n)
+    }
+    fn int8s(&self, index: usize) -> Result<Vec<i64>, Failure> {
+        column(self, index, |ns: Vec<i64>| ns)
+    }
+    fn texts(&self, index: usize) -> Result<Vec<String>, Failure> {
+        column(self, index, |texts: Vec<String>| texts)
+    }
+    fn time(&self, index: usize) -> Result<SystemTime, Failure> {
+        column(self, index, |t: Timestamptz| t.0)
+    }
+    fn maybe_time(&self, index: usize) -> Result<Option<SystemTime>, Failure> {
+        column(self, index, |t: Option<Timestamptz>| t.map(|t| t.0))
+    }
+    fn times(&self, index: usize) -> Result<Vec<SystemTime>, Failure> {
+        column(self, index, |ts: Vec<Timestamptz>| {
+            ts.into_iter().map(|t| t.0).collect()
+        })
+    }
+    fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure> {
+        column(self, index, |ts: Vec<Option<Timestamptz>>| {
+            ts.into_iter().map(|t| t.map(|t| t.0)).collect()
+        })
+    }
+    fn maybe_float8(&self, index: usize) -> Result<Option<f64>, Failure> {
+        column(self, index, |x: Option<f64>| x)
+    }
+}
+
+// The pool.
+
+use sqlx::Connection as _;
+use sqlx::postgres::PgPool;
+
+use crate::LimitConn;
+use crate::error::BoxError;
+
+/// Each call borrows one connection from the pool and gives it back idle.
+/// The pool's wait counts against the call's budget. (The example is the
+/// [`driver`](crate::driver) module's.)
+impl LimitConn for PgPool {
+    type Conn = SqlxConn<sqlx::pool::PoolConnection<Postgres>>;
+    type Error = sqlx::Error;
+
+    async fn conn(&self) -> Result<Self::Conn, sqlx::Error> {
+        // Not `try_acquire`: it skips the pool's check of an idle connection
+        // (`test_before_acquire`), and would lend one the server closed.
+        self.acquire().await.map(SqlxConn)
+    }
+
+    /// A connection of its own, made with the pool's options, outside the
+    /// pool and its retries (sqlx's pool retries a refused connection in
+    /// silence until its acquire timeout).
+    async fn probe(&self) -> Option<Result<(), BoxError>> {
+        let started = async {
+            let mut conn = PgConnection::connect_with(&self.connect_options()).await?;
+            let shown = in_hot_standby(&mut conn).await;
+            let _ = conn.close().await;
+            if shown? {
+                return Err(crate::driver::InRecovery.into());
+            }
+            Ok::<_, BoxError>(())
+        };
+        Some(started.await)
+    }
+}
+
+/// Whether the server of `conn` is a hot standby, as it says.
+async fn in_hot_standby(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    let shown = conn
+        .fetch_all(sqlx::raw_sql(crate::driver::IN_RECOVERY))
+        .await?;
+    Ok(shown
+        .iter()
+        .any(|row| row.try_get::<String, _>(0).is_ok_and(|on| on == "on")))
+}
+
+// `timestamptz`, in PostgreSQL's binary format.
+
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgTypeInfo, PgValueFormat, PgValueRef};
+use sqlx::{Decode, Encode, Type};
+
+impl Type<Postgres> for Timestamptz {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(TIMESTAMPTZ_OID))
+    }
+}
+
+impl PgHasArrayType for Timestamptz {
+    fn array_type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(TIMESTAMPTZ_ARRAY_OID))
+    }
+}
+
+impl Encode<'_, Postgres> for Timestamptz {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        buf.extend_from_slice(&self.micros().to_be_bytes());
+        Ok(IsNull::No)
+    }
+
+    fn size_hint(&self) -> usize {
+        8
+    }
+}
+
+impl<'r> Decode<'r, Postgres> for Timestamptz {
+    fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
+        match value.format() {
+            PgValueFormat::Binary => {
+                let bytes: [u8; 8] = value
+                    .as_bytes()?
+                    .try_into()
+                    .map_err(|_| "a timestamptz is 8 bytes")?;
+                Ok(Timestamptz::from_micros(i64::from_be_bytes(bytes)))
+            }
+            // Bound statements answer in binary; text would depend on the
+            // session's DateStyle.
+            PgValueFormat::Text => Err("a timestamptz answered as text".into()),
+        }
+    }
+}
+
