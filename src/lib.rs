@@ -57,16 +57,14 @@
 //!   keys read from the request head, in front of any `http` service (axum,
 //!   tonic, hyper); the [guide](guide#behind-a-tower-layer) says what it does;
 //! - `axum`: `tower`, and `layer::client_ip` also reads axum's
-//!   `ConnectInfo<SocketAddr>`;
-//! - `admin`: `axum`, and `admin::router`, an HTML page for support staff
-//!   (who a limit refuses, a key's status, Unlock) to mount behind the
-//!   service's own authentication.
+//!   `ConnectInfo<SocketAddr>`.
+//!
+//! The admin page for support staff and the operator's tool are crates of
+//! their own over this one's public API: `platformkit-limit-admin` and
+//! `platformkit-limit-cli`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 
-#[cfg(feature = "admin")]
-#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
-pub mod admin;
 mod cache;
 mod call;
 #[cfg(feature = "internal-checks")]

@@ -16,8 +16,6 @@
 
 mod common;
 
-#[cfg(feature = "admin")]
-mod admin;
 mod agreement;
 mod attempts;
 #[cfg(feature = "axum")]
@@ -25,8 +23,6 @@ mod axum_form_login;
 mod budget;
 mod bursts;
 mod callers_transaction;
-#[cfg(feature = "cli")]
-mod cli;
 mod configuration;
 mod dashboards;
 #[cfg(all(feature = "sqlx", feature = "deadpool", feature = "bb8"))]

@@ -239,6 +239,24 @@ impl Error {
         self.kind() == ErrorKind::Overloaded
     }
 
+    /// An option that makes no sense ([`ErrorKind::InvalidOption`]): for
+    /// the crates built on this one (the admin page, the operator's tool)
+    /// to refuse their own options with the crate's error.
+    ///
+    /// ```
+    /// use platformkit_limit::{Error, ErrorKind};
+    ///
+    /// let err = Error::invalid_option("secret", "at least 32 bytes");
+    /// assert_eq!(err.kind(), ErrorKind::InvalidOption);
+    /// assert_eq!(err.to_string(), "invalid option secret: at least 32 bytes");
+    /// ```
+    pub fn invalid_option(option: &'static str, reason: impl Into<String>) -> Error {
+        Error(Inner::InvalidOption {
+            option,
+            reason: reason.into(),
+        })
+    }
+
     /// The SQLSTATE PostgreSQL answered with, if it answered with one,
     /// whatever the driver.
     pub fn code(&self) -> Option<&SqlState> {

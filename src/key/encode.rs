@@ -175,7 +175,6 @@ pub(super) fn unescaped_tilde(encoded: &str) -> Option<usize> {
 /// Splits an undigested encoding back into its parts; `None` for a digested
 /// or malformed one. The inverse of the encoding, for tests, fuzzing and
 /// [`Key::from_encoded`].
-#[cfg(any(feature = "internal-checks", feature = "admin"))]
 #[doc(hidden)]
 pub fn decode(encoded: &str) -> Option<Vec<String>> {
     let mut parts = vec![String::new()];
@@ -203,7 +202,6 @@ pub fn decode(encoded: &str) -> Option<Vec<String>> {
 }
 
 /// The value of a lowercase hex digit: the encoding writes no other.
-#[cfg(any(feature = "internal-checks", feature = "admin"))]
 pub(super) fn lower_hex(c: char) -> Option<u32> {
     match c {
         '0'..='9' | 'a'..='f' => c.to_digit(16),

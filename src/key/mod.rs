@@ -12,7 +12,7 @@ mod encode;
 mod ignorable;
 mod operator;
 
-#[cfg(any(feature = "internal-checks", feature = "admin"))]
+#[cfg(feature = "internal-checks")]
 pub use self::encode::decode;
 use self::encode::{Encoder, unescaped_tilde};
 pub use self::ignorable::is_default_ignorable;

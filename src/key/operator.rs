@@ -1,15 +1,13 @@
-//! A [`Key`] as an operator types it (`kind:value`), and, for the admin
-//! page, a stored key back as the [`Key`] it is.
+//! A [`Key`] as an operator types it (`kind:value`), and a stored key back
+//! as the [`Key`] it is (for the operator's tools).
 
 use std::net::IpAddr;
 
 use super::Key;
-#[cfg(feature = "admin")]
 use super::encode::{decode, escape_into, unescaped_tilde};
 use crate::Error;
 use crate::error::InvalidKeySnafu;
 
-#[cfg(feature = "admin")]
 impl Key {
     /// The key whose encoding is `encoded` (a stored key without its
     /// limit's name, as [`KeyStatus::key`](crate::KeyStatus::key) shows
@@ -20,7 +18,15 @@ impl Key {
     /// digits, at most [`Key::MAX_BYTES`] long. (A digest cannot be
     /// checked against an input it hides; its shape can.) So no text gives
     /// a key the encoding cannot give, and the encoding stays injective.
-    pub(crate) fn from_encoded(encoded: &str) -> Option<Key> {
+    ///
+    /// ```
+    /// use platformkit_limit::Key;
+    ///
+    /// let alice = Key::email("Alice@Example.com");
+    /// assert_eq!(Key::from_encoded(alice.as_str()), Some(alice));
+    /// assert_eq!(Key::from_encoded("email|a~b"), None);
+    /// ```
+    pub fn from_encoded(encoded: &str) -> Option<Key> {
         if encoded.len() > Key::MAX_BYTES {
             return None;
         }
@@ -96,7 +102,7 @@ impl std::str::FromStr for Key {
     }
 }
 
-#[cfg(all(test, feature = "admin"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -2,7 +2,7 @@
 //! few keys refused already.
 //!
 //! ```text
-//! cargo run --example admin --features admin   # on 127.0.0.1:3000
+//! cargo run -p platformkit-limit-admin --example admin   # on 127.0.0.1:3000
 //! open http://127.0.0.1:3000/support/limits/login
 //! ```
 //!
@@ -20,7 +20,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::response::Redirect;
 use axum::routing::get;
-use platformkit_limit::{Key, Limit, Limiter, Postgres, admin};
+use platformkit_limit::{Key, Limit, Limiter, Postgres};
+use platformkit_limit_admin as admin;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

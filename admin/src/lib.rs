@@ -1,6 +1,7 @@
-//! An admin page for support staff (feature `admin`): who each limit
+//! An admin page for support staff, over
+//! [platformkit-limit](platformkit_limit)'s public API: who each limit
 //! refuses now, one key's status, and an **Unlock** button that
-//! [`reset`](crate::Limiter::reset)s a key. Plain server-rendered HTML, no
+//! [`reset`](platformkit_limit::Limiter::reset)s a key. Plain server-rendered HTML, no
 //! JavaScript, in an axum [`Router`](axum::Router) for the service to
 //! mount.
 //!
@@ -31,7 +32,7 @@
 //! |---|---|
 //! | `GET /` | the limits: name, max, window, lockout |
 //! | `GET /{limit}` | who the limit refuses now, newest first (at most [`Admin::LISTED_KEYS`]), with counts, window end, reopening and lockout |
-//! | `GET /{limit}?key=email:alice@example.com` | the same, and one key's status; staff type keys as `email:…`, `user:…`, `ip:…` or `id:…` ([`Key::email`](crate::Key::email), [`username`](crate::Key::username), [`ip`](crate::Key::ip), [`opaque`](crate::Key::opaque)) |
+//! | `GET /{limit}?key=email:alice@example.com` | the same, and one key's status; staff type keys as `email:…`, `user:…`, `ip:…` or `id:…` ([`Key::email`](platformkit_limit::Key::email), [`username`](platformkit_limit::Key::username), [`ip`](platformkit_limit::Key::ip), [`opaque`](platformkit_limit::Key::opaque)) |
 //! | `POST /{limit}/unlock` | resets the key of the form (`key`, `token`), then a 303 back to the limit's page |
 //!
 //! A store that cannot answer is a page that says so (503 when it is
@@ -42,7 +43,8 @@
 //! use std::time::Duration;
 //!
 //! use axum::Router;
-//! use platformkit_limit::{Limit, Limiter, Postgres, admin};
+//! use platformkit_limit::{Limit, Limiter, Postgres};
+//! use platformkit_limit_admin as admin;
 //!
 //! # async fn serve(config: tokio_postgres::Config) -> Result<(), Box<dyn std::error::Error>> {
 //! let limiter = Arc::new(Limiter::new(Postgres::new(config)));
@@ -74,11 +76,8 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
-use snafu::ensure;
-
-use crate::error::InvalidOptionSnafu;
-use crate::store::Store;
-use crate::{Error, Limit, Limiter};
+use platformkit_limit::Store;
+use platformkit_limit::{Error, Limit, Limiter};
 
 use self::csrf::Guard;
 
@@ -86,7 +85,7 @@ use self::csrf::Guard;
 /// secret of its unlock tokens. [`router`] is `Admin::new(…).router()`.
 ///
 /// ```
-/// use platformkit_limit::admin::Admin;
+/// use platformkit_limit_admin::Admin;
 /// use platformkit_limit::{ErrorKind, Limit, Limiter, Memory};
 /// use std::time::Duration;
 ///
@@ -155,7 +154,7 @@ impl<S: Store> Admin<S> {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) when
+    /// [`ErrorKind::InvalidOption`](platformkit_limit::ErrorKind::InvalidOption) when
     /// two limits have one name, a limit is named `.` or `..` (no page can
     /// have that name in its path), the secret is shorter than
     /// [`Admin::MIN_SECRET_BYTES`], or none was given and the operating
@@ -163,30 +162,27 @@ impl<S: Store> Admin<S> {
     pub fn router(self) -> Result<axum::Router, Error> {
         let mut names = HashSet::new();
         for limit in &self.limits {
-            ensure!(
-                names.insert(limit.name()),
-                InvalidOptionSnafu {
-                    option: "limits",
-                    reason: format!("two limits are named {:?}", limit.name()),
-                }
-            );
-            ensure!(
-                !matches!(limit.name(), "." | ".."),
-                InvalidOptionSnafu {
-                    option: "limits",
-                    reason: format!("a limit named {:?} cannot have a page", limit.name()),
-                }
-            );
+            if !names.insert(limit.name()) {
+                return Err(Error::invalid_option(
+                    "limits",
+                    format!("two limits are named {:?}", limit.name()),
+                ));
+            }
+            if matches!(limit.name(), "." | "..") {
+                return Err(Error::invalid_option(
+                    "limits",
+                    format!("a limit named {:?} cannot have a page", limit.name()),
+                ));
+            }
         }
         let guard = match self.secret {
             Some(secret) => {
-                ensure!(
-                    secret.len() >= Self::MIN_SECRET_BYTES,
-                    InvalidOptionSnafu {
-                        option: "secret",
-                        reason: format!("at least {} bytes", Self::MIN_SECRET_BYTES),
-                    }
-                );
+                if secret.len() < Self::MIN_SECRET_BYTES {
+                    return Err(Error::invalid_option(
+                        "secret",
+                        format!("at least {} bytes", Self::MIN_SECRET_BYTES),
+                    ));
+                }
                 Guard::new(&secret)
             }
             None => Guard::random()?,

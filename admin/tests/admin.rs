@@ -1,4 +1,4 @@
-//! The admin page (feature `admin`), over HTTP against a real server: a
+//! The admin page, over HTTP against a real server: a
 //! limit's page lists exactly its refused keys; a lookup shows a key's
 //! count; Unlock with the page's token and same-origin header fields
 //! resets the key (a digested one too) and answers 303; a cross-site POST
@@ -10,13 +10,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common;
+/// The suite's database helpers, shared with the library's tests.
+#[path = "../../tests/common/db.rs"]
+#[allow(dead_code, reason = "the suite's helpers; these tests use a few")]
+mod db;
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::db::{fresh_db, nothing_listens};
-use common::{PATIENT, limit};
-use platformkit_limit::{Key, Limit, Limiter, Memory, Postgres, admin};
+use db::{fresh_db, nothing_listens};
+use platformkit_limit::{Key, Limit, Limiter, Memory, Postgres};
+use platformkit_limit_admin as admin;
 use tower::ServiceExt;
 
 type PgLimiter = Limiter<Postgres<tokio_postgres::Config>>;
@@ -618,4 +622,12 @@ async fn an_unreachable_store_is_a_page_that_says_so() {
 
     let index = get(&app, MOUNT).await;
     assert_eq!(index.status, StatusCode::OK, "the index needs no store");
+}
+
+/// The budget of calls that must be counted (the suite's `PATIENT`).
+const PATIENT: Duration = Duration::from_secs(10);
+
+/// A limit over a window no test straddles.
+fn limit(name: &str, max: u32) -> Limit {
+    Limit::new(name, max, Duration::from_secs(30 * 24 * 60 * 60)).expect("a valid limit")
 }

@@ -9,8 +9,7 @@ use http::HeaderMap;
 use http::header::{HOST, ORIGIN};
 use sha2::Sha256;
 
-use crate::Error;
-use crate::error::InvalidOptionSnafu;
+use platformkit_limit::Error;
 
 /// The key of the unlock tokens: an HMAC-SHA256 of the limit's name and
 /// the key, which only a page this router rendered carries.
@@ -59,12 +58,9 @@ impl Guard {
     pub(super) fn random() -> Result<Guard, Error> {
         let mut secret = [0u8; 32];
         getrandom::fill(&mut secret).map_err(|e| {
-            Error::from(
-                InvalidOptionSnafu {
-                    option: "secret",
-                    reason: format!("the operating system gave no random bytes ({e}); give one"),
-                }
-                .build(),
+            Error::invalid_option(
+                "secret",
+                format!("the operating system gave no random bytes ({e}); give one"),
             )
         })?;
         Ok(Guard::new(&secret))

@@ -1,4 +1,4 @@
-//! The operator's tool, `platformkit-limit` (feature `cli`), run as a
+//! The operator's tool, `platformkit-limit`, run as a
 //! binary against a real server: `migrate` applies the schema and the
 //! grants, `status` reads a key, `reset` unlocks it (the key normalized as
 //! the service normalizes it), `locked` lists who is refused, `purge`
@@ -6,10 +6,14 @@
 //! errors with their exit codes.
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
-use crate::common;
-use common::db::fresh_db;
-use common::{LONG_WINDOW, limit};
+/// The suite's database helpers, shared with the library's tests.
+#[path = "../../tests/common/db.rs"]
+#[allow(dead_code, reason = "the suite's helpers; these tests use a few")]
+mod db;
+
+use db::fresh_db;
 use platformkit_limit::{Key, Limiter, Postgres};
 use platformkit_limit_testdb::{Server, TestDb};
 
@@ -138,7 +142,7 @@ async fn status_locked_and_reset_of_a_locked_out_key() {
 async fn purge_says_how_many_rows_went() {
     let db = fresh_db().await;
     let mut system = db.connect().await;
-    common::db::old_rows(&mut system, 7).await;
+    db::old_rows(&mut system, 7).await;
     let out = tool(Some(&db), &["purge"]);
     assert_exit(&out, 0, "purge");
     assert_eq!(stdout(&out), "purged 7 rows\n");
@@ -210,4 +214,12 @@ async fn errors_are_clear_with_their_exit_codes() {
     let out = tool(None, &["--help"]);
     assert_exit(&out, 0, "--help");
     assert!(stdout(&out).contains("email:alice@example.com"));
+}
+
+/// A window no test straddles (the suite's `LONG_WINDOW`).
+const LONG_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+/// A limit over [`LONG_WINDOW`].
+fn limit(name: &str, max: u32) -> platformkit_limit::Limit {
+    platformkit_limit::Limit::new(name, max, LONG_WINDOW).expect("a valid limit")
 }

@@ -1,7 +1,7 @@
 //! `platformkit-limit`: the operator's tool. Applies the schema and the
 //! grants, reads a key's state, unlocks a key, lists who a limit refuses,
 //! and purges closed windows, on the database `DATABASE_URL` names.
-//! Built with the feature `cli` only.
+//! The crate platformkit-limit-cli, over the library's public API.
 
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

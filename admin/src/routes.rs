@@ -15,8 +15,8 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 
-use crate::store::Store;
-use crate::{Error, Key, Limit, Limiter};
+use platformkit_limit::Store;
+use platformkit_limit::{Error, Key, Limit, Limiter};
 
 use super::csrf::Guard;
 use super::render::{self, LimitPage, Lookup, Notice};

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{Key, KeyStatus, Limit, Strategy};
+use platformkit_limit::{Key, KeyStatus, Limit, Strategy};
 
 use super::csrf::Guard;
 use super::time::{at_and_in, span, utc};
