@@ -70,7 +70,6 @@ mod call;
 #[cfg(feature = "internal-checks")]
 mod checks;
 mod clock;
-mod conn;
 mod decide;
 pub mod driver;
 mod error;
@@ -85,24 +84,23 @@ mod limiter;
 mod merge;
 pub mod metric;
 mod operation;
-mod permit;
+mod purge;
 mod status;
 mod store;
 mod trace;
 mod verdict;
 
 pub use crate::clock::ManualClock;
-pub use crate::conn::LimitConn;
+pub use crate::driver::LimitConn;
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::Key;
 pub use crate::limit::{Limit, LimitBuilder, OnSuccess, Strategy, WhenUnreachable};
-pub use crate::limiter::{Limiter, LimiterBuilder};
-pub use crate::permit::{Permit, Permits, Reservation, Reservations};
+pub use crate::limiter::{Limiter, LimiterBuilder, Permit, Permits, Reservation, Reservations};
+pub use crate::purge::{PurgeTask, purge};
 pub use crate::status::KeyStatus;
 pub use crate::store::Store;
 pub use crate::store::memory::Memory;
 pub use crate::store::postgres::Postgres;
-pub use crate::store::purge::{PurgeTask, purge};
 pub use crate::store::sql::grants;
 pub use crate::verdict::{Verdict, Verdicts};
 

@@ -76,6 +76,10 @@ pub(crate) const FLOOD_SPAN: Duration = Duration::from_secs(1);
 /// [`LimiterBuilder::refusal_ttl`](crate::LimiterBuilder::refusal_ttl)).
 pub(crate) const DEFAULT_REFUSAL_TTL: Duration = Duration::from_secs(1);
 
+/// The longest a refusal may be held
+/// ([`Limiter::MAX_REFUSAL_TTL`](crate::Limiter::MAX_REFUSAL_TTL)).
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(60);
+
 /// A refusal the store gave, answered again while fresh.
 struct Held {
     verdict: Verdict,

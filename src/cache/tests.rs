@@ -161,7 +161,7 @@ fn a_refresh_after_the_flood_ended_is_not_held() {
 
 #[test]
 fn never_past_the_reopening() {
-    let c = RefusalCache::new(100, crate::Limiter::MAX_REFUSAL_TTL);
+    let c = RefusalCache::new(100, super::MAX_TTL);
     let reopens = t(3_600_000);
     let at = reopens - Duration::from_millis(10);
     for _ in 0..3 {

@@ -41,6 +41,7 @@
 
 #[cfg(feature = "bb8")]
 pub(crate) mod bb8;
+mod conn;
 #[cfg(feature = "deadpool")]
 pub(crate) mod deadpool;
 mod record;
@@ -48,6 +49,7 @@ mod record;
 pub(crate) mod sqlx;
 pub(crate) mod tokio_postgres;
 
+pub use self::conn::LimitConn;
 #[cfg(feature = "deadpool")]
 pub use self::deadpool::{DeadpoolConn, Prepared};
 #[cfg(any(feature = "sqlx", feature = "sqlx-09"))]

@@ -37,18 +37,6 @@ impl Error {
         })
     }
 
-    /// Whether the connection was refused at the transport: nothing listens
-    /// at the server's address.
-    pub(crate) fn refused_at_transport(&self) -> bool {
-        match &self.0 {
-            Inner::Connect { source, .. } | Inner::Driver { source, .. } => {
-                crate::driver::refused_at_transport(&**source)
-            }
-            Inner::Merged { source, .. } => source.refused_at_transport(),
-            _ => false,
-        }
-    }
-
     /// Whether this is a statement answered after this call's own cancel
     /// request: it did its work, late.
     pub(crate) fn answered_after_cancel(&self) -> bool {

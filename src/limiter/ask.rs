@@ -6,12 +6,12 @@
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use super::permit::CountedIn;
 use crate::cache::Refresh;
 use crate::call::Call;
 use crate::decide::{Counted, decide};
 use crate::metric::Outcome;
 use crate::operation::Counting;
-use crate::permit::CountedIn;
 use crate::store::{Asked, Store};
 use crate::{Error, Limit, Limiter, Verdict, WhenUnreachable};
 

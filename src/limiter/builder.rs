@@ -37,7 +37,7 @@ impl Limiter<Memory> {
 
     /// The most (limit, key) pairs one [`Limiter::check_all`] (or
     /// `failed_all`, `hit_all`, `reserve_all`) call takes.
-    pub const MAX_PAIRS: usize = 64;
+    pub const MAX_PAIRS: usize = crate::store::MAX_PAIRS;
 
     /// The most keys one [`Limiter::refused_keys`] call lists: a thousand,
     /// a page an operator can read. The procedure holds the same bound.
@@ -65,7 +65,7 @@ impl Limiter<Memory> {
     pub const DEFAULT_REFUSAL_TTL: Duration = cache::DEFAULT_REFUSAL_TTL;
 
     /// The longest TTL the refusal cache accepts: a minute.
-    pub const MAX_REFUSAL_TTL: Duration = Duration::from_secs(60);
+    pub const MAX_REFUSAL_TTL: Duration = crate::cache::MAX_TTL;
 
     /// How many refusals of one key, within [`Limiter::FLOOD_SPAN`], make
     /// it flooded: the refusal cache answers for a key only once the store

@@ -3,9 +3,9 @@
 
 use std::num::NonZeroU32;
 
+use super::permit::CountedIn;
 use crate::call::Call;
 use crate::operation::Operation;
-use crate::permit::CountedIn;
 use crate::store::Store;
 use crate::store::sealed::Sealed as _;
 use crate::{Error, Limit, Limiter};

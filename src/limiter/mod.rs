@@ -4,9 +4,11 @@
 mod ask;
 mod builder;
 mod clear;
+mod permit;
 mod several;
 
 pub use builder::LimiterBuilder;
+pub use permit::{Permit, Permits, Reservation, Reservations};
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -14,12 +16,12 @@ use std::time::Duration;
 
 use crate::cache::RefusalCache;
 
+use self::permit::CountedIn;
 use crate::key::stored;
 use crate::merge::Merging;
 use crate::operation::Counting;
-use crate::permit::CountedIn;
 use crate::store::Store;
-use crate::{Error, Key, Limit, Memory, Permit, Reservation, Verdict};
+use crate::{Error, Key, Limit, Memory, Verdict};
 
 /// The front of the crate: `check`, `failed`, `hit`, `reserve` and `reset`,
 /// `hit_n` and `reserve_n` for an ask of a cost of its own, and

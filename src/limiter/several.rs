@@ -8,13 +8,13 @@ use std::num::NonZeroU32;
 
 use snafu::ensure;
 
+use super::permit::CountedIn;
 use crate::cache::{Lookup, Refresh};
 use crate::call::Call;
 use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
 use crate::metric::{Outcome, Source};
 use crate::operation::Counting;
-use crate::permit::CountedIn;
 use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter, Verdict, Verdicts};
 

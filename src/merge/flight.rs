@@ -6,10 +6,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Answer, Caller, Queue, Shared, abandoned};
+use crate::Limit;
 use crate::decide::Counted;
 use crate::operation::Counting;
-use crate::store::{Asked, sealed::Sealed};
-use crate::{Limit, Limiter};
+use crate::store::{Asked, MAX_PAIRS, sealed::Sealed};
 
 /// One key of a statement: its callers, in order of arrival.
 struct Member {
@@ -71,7 +71,7 @@ impl<S: Sealed> Flight<S> {
         }
     }
 
-    /// Takes the keys waiting now (at most [`Limiter::MAX_PAIRS`]; of
+    /// Takes the keys waiting now (at most [`MAX_PAIRS`]; of
     /// `only`'s, if given, those still waiting) and their callers still
     /// waiting, for the next statement: its operation and its deadline, the
     /// latest of its callers' (the statement goes on while any of them
@@ -81,7 +81,7 @@ impl<S: Sealed> Flight<S> {
         let mut op = None;
         let mut deadline: Option<Instant> = None;
         let mut only = only.map(|keys| keys.iter());
-        while self.members.len() < Limiter::MAX_PAIRS {
+        while self.members.len() < MAX_PAIRS {
             let next = match &mut only {
                 None => queue.ready.pop_front(),
                 Some(keys) => {
@@ -153,11 +153,11 @@ impl<S: Sealed> Flight<S> {
             let abandoned = abandoned();
             return vec![Err(abandoned); self.members.len()];
         };
-        // `take` keeps a statement to `Limiter::MAX_PAIRS` keys, each its
+        // `take` keeps a statement to `MAX_PAIRS` keys, each its
         // own: a key is ready at most once and never while in flight, so
         // one flight at a time sends it. `add_many` relies on it: a key
         // given twice would add both amounts and answer both the total.
-        debug_assert!(self.members.len() <= Limiter::MAX_PAIRS);
+        debug_assert!(self.members.len() <= MAX_PAIRS);
         debug_assert!(
             {
                 let mut keys = std::collections::HashSet::new();

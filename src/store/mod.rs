@@ -8,7 +8,6 @@ pub(crate) mod budget;
 pub(crate) mod health;
 pub(crate) mod memory;
 pub(crate) mod postgres;
-pub(crate) mod purge;
 pub(crate) mod sql;
 pub(crate) mod statement;
 
@@ -20,6 +19,11 @@ use tokio::time::Instant;
 use crate::decide::Counted;
 use crate::operation::Counting;
 use crate::{Error, Limit};
+
+/// The most (limit, key) pairs one statement carries: one call's
+/// ([`Limiter::MAX_PAIRS`](crate::Limiter::MAX_PAIRS)), or one flight's of
+/// merged keys.
+pub(crate) const MAX_PAIRS: usize = 64;
 
 /// A store of counts: [`Postgres`](crate::Postgres) or
 /// [`Memory`](crate::Memory).

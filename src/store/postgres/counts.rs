@@ -27,7 +27,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     }
 
     async fn down_after(&self, error: &Error) -> bool {
-        if error.refused_at_transport() {
+        if crate::driver::refused_at_transport(error) {
             return true;
         }
         self.health.down(self.ask_server()).await

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 
-use crate::driver::Session;
+use super::Session;
 use crate::error::BoxError;
 
 /// Where the limiter gets a connection for one call: the counterpart of a
