@@ -10,9 +10,7 @@
 -- queue for the table's locks either (PostgreSQL takes some table locks
 -- before it checks table privileges, but never before schema USAGE).
 --
--- Safe to apply twice, and safe to apply over the earlier layout (table and
--- procedures in `public`): the table moves with its rows, the old procedures
--- go. Needs PostgreSQL 14 or newer. Apply it as the role that should own the
+-- Safe to apply twice. Needs PostgreSQL 14 or newer. Apply it as the role that should own the
 -- table (the migration role), as one transaction that stops at the first
 -- error (`Postgres::migrate` sends it so; with psql,
 -- `psql -1 -v ON_ERROR_STOP=1 -f schema.sql`); then grant the limiter's role
@@ -40,10 +38,9 @@
 -- Versions. platformkit.platformkit_schema_version() returns the version of
 -- the schema this file creates, the crate's SCHEMA_VERSION (a test holds the
 -- two together). A release that changes anything this file creates raises
--- both by one, in the same commit; a change an existing install needs
--- carried forward also gets its block in the upgrades below, marked with the
--- date and the version it came in. Version 1 is the first recorded: the
--- layouts before it record none.
+-- both by one, in the same commit, with what an install of the version
+-- before needs carried forward. Version 1 is what 0.1.0 ships: the layouts
+-- before the first release, which no user has, have no upgrade.
 
 -- Replicas that apply this at the same moment (each on its start-up) take
 -- turns: two concurrent CREATE SCHEMA IF NOT EXISTS (or CREATE OR REPLACE of
@@ -104,215 +101,18 @@ BEGIN
     -- EXECUTE: a plain call would be planned, and fail, where the function
     -- does not exist.
     EXECUTE 'SELECT platformkit.platformkit_schema_version()' INTO found;
-    IF found > 2 THEN
+    IF found > 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'PK002',
             MESSAGE = pg_catalog.format(
-                'platformkit: the database has schema version %s, newer than this file''s, 2: '
+                'platformkit: the database has schema version %s, newer than this file''s, 1: '
                 'nothing applied; apply the schema of the newer release', found);
-    END IF;
-END
-$$;
-
--- What this file would have to replace and must not is refused before
--- anything changes, so that a refusal leaves the database as it was even
--- where the file goes statement by statement (psql without -1, which
--- commits each statement before the next; the top of this file says how
--- to apply it): an index of the purge's name that is not valid (a build
--- that failed, or one still running) or not the schema's, which is the
--- operator's to drop, since dropping it here would wait for a build in
--- progress and hold every call meanwhile; and a column created_at that is
--- not the schema's.
-DO $$
-DECLARE
-    v_definition pg_catalog.text;
-BEGIN
-    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NOT NULL THEN
-        -- The table's name in it is always qualified, whatever the
-        -- session's search_path.
-        SELECT pg_catalog.pg_get_indexdef(i.indexrelid) INTO v_definition
-        FROM pg_catalog.pg_index AS i
-        WHERE i.indexrelid OPERATOR(pg_catalog.=) 'platformkit.platformkit_limits_purge_order'::pg_catalog.regclass
-          AND i.indisvalid;
-        IF v_definition IS NULL OR NOT v_definition OPERATOR(pg_catalog.=)
-           'CREATE INDEX platformkit_limits_purge_order ON platformkit.platformkit_limits USING btree (purge_after, created_at)' THEN
-            RAISE EXCEPTION USING
-                ERRCODE = 'PK004',
-                MESSAGE = 'platformkit: the index platformkit.platformkit_limits_purge_order is not valid or is not '
-                          'the schema''s (purge_after, created_at): nothing applied; if a build of it is still '
-                          'running, wait for it; otherwise drop it (DROP INDEX CONCURRENTLY '
-                          'platformkit.platformkit_limits_purge_order); then apply the schema again';
-        END IF;
-    END IF;
-    IF EXISTS (
-        SELECT 1 FROM pg_catalog.pg_attribute AS a
-        WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('platformkit.platformkit_limits')
-          AND a.attname OPERATOR(pg_catalog.=) 'created_at'
-          AND NOT a.attisdropped
-          AND NOT (a.atttypid OPERATOR(pg_catalog.=) 'pg_catalog.timestamptz'::pg_catalog.regtype
-                   AND a.attnotnull
-                   AND a.attgenerated OPERATOR(pg_catalog.=) '')
-    ) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'PK004',
-            MESSAGE = 'platformkit: the column platformkit.platformkit_limits.created_at is not the schema''s '
-                      '(timestamptz NOT NULL, not generated): nothing applied; drop it, then apply the schema again';
     END IF;
 END
 $$;
 
 CREATE SCHEMA IF NOT EXISTS platformkit;
 REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
-
--- Upgrades. Each block below moves an install of an earlier layout forward
--- and changes nothing on one that is already current, so the rest of this
--- file reads as the schema as it is. They come first: the table must be
--- where the schema below expects it, with its current columns, and a routine
--- whose kind or arguments changed must be gone before it is created again.
--- A new one goes at the end of them, dated, with the version it came in and
--- the layout it upgrades from (the top of this file says when the version
--- changes). The one that must follow the routines is at the end of the file.
-
--- 2026-11-30, before any recorded version: from the layout in `public`.
--- Move the table (its rows, index, policy and grants go with it) and the
--- policy's function; drop the old procedures.
-DO $$
-DECLARE
-    old pg_catalog.regprocedure;
-BEGIN
-    IF pg_catalog.to_regclass('public.platformkit_limits') IS NOT NULL
-       AND pg_catalog.to_regclass('platformkit.platformkit_limits') IS NULL THEN
-        ALTER TABLE public.platformkit_limits SET SCHEMA platformkit;
-    END IF;
-    IF pg_catalog.to_regprocedure('public.platformkit_is_system()') IS NOT NULL
-       AND pg_catalog.to_regprocedure('platformkit.platformkit_is_system()') IS NULL THEN
-        ALTER FUNCTION public.platformkit_is_system() SET SCHEMA platformkit;
-    END IF;
-    FOR old IN
-        SELECT p.oid FROM pg_catalog.pg_proc AS p
-        WHERE p.prokind OPERATOR(pg_catalog.=) 'p'
-          AND p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace
-          AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%'
-    LOOP
-        EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
-    END LOOP;
-END
-$$;
-
--- 2026-11-30, before any recorded version: from the readers that were
--- procedures (read, read_many; now functions), and from the add_many that
--- took one amount for every pair (p_add; now one per pair, p_adds).
-DO $$
-DECLARE
-    old pg_catalog.regprocedure;
-BEGIN
-    FOR old IN
-        SELECT p.oid FROM pg_catalog.pg_proc AS p
-        WHERE p.prokind OPERATOR(pg_catalog.=) 'p'
-          AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.to_regnamespace('platformkit')
-          AND (p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['platformkit_limit_read',
-                                                          'platformkit_limit_read_many'])
-               OR (p.proname OPERATOR(pg_catalog.=) 'platformkit_limit_add_many'
-                   AND 'p_add' OPERATOR(pg_catalog.=) ANY (p.proargnames)))
-    LOOP
-        EXECUTE pg_catalog.format('DROP PROCEDURE %s', old);
-    END LOOP;
-END
-$$;
-
--- What an upgrade of the table does needs the table's strongest lock, so it
--- runs only when it changes something: re-applying this file behind a long
--- reader must not queue every limiter call behind it.
-DO $$
-DECLARE
-    t pg_catalog.regclass := pg_catalog.to_regclass('platformkit.platformkit_limits');
-    v_path pg_catalog.text := pg_catalog.current_setting('search_path');
-    v_default pg_catalog.text;
-BEGIN
-    IF t IS NULL THEN
-        RETURN; -- a new install: the table below is created as it is
-    END IF;
-    -- 2026-11-30, before any recorded version: from a table without the
-    -- window check (the layout in `public`). Rows from before it are not
-    -- validated (purge deletes any that break it).
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_constraint AS c
-        WHERE c.conrelid OPERATOR(pg_catalog.=) t
-          AND c.conname OPERATOR(pg_catalog.=) 'platformkit_limits_window_sane'
-    ) THEN
-        ALTER TABLE platformkit.platformkit_limits
-            ADD CONSTRAINT platformkit_limits_window_sane CHECK (
-                isfinite(window_start) AND isfinite(window_end)
-                AND window_end > window_start
-                AND window_end - window_start <= interval '31622400 seconds')
-            NOT VALID;
-    END IF;
-    -- 2026-12-01, before any recorded version: from a key compared in the
-    -- database's collation. Its primary key is rebuilt once, its rows are
-    -- not rewritten.
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_attribute AS a
-        WHERE a.attrelid OPERATOR(pg_catalog.=) t
-          AND a.attname OPERATOR(pg_catalog.=) 'key'
-          AND a.attcollation OPERATOR(pg_catalog.=) 'pg_catalog."C"'::pg_catalog.regcollation
-    ) THEN
-        ALTER TABLE platformkit.platformkit_limits
-            ALTER COLUMN key TYPE pg_catalog.text COLLATE pg_catalog."C";
-    END IF;
-    -- 2026-12-01, before any recorded version: from a table without the
-    -- column purge_after, added by rewriting the table, once (its index is
-    -- the schema's, below).
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_attribute AS a
-        WHERE a.attrelid OPERATOR(pg_catalog.=) t
-          AND a.attname OPERATOR(pg_catalog.=) 'purge_after'
-          AND NOT a.attisdropped
-    ) THEN
-        ALTER TABLE platformkit.platformkit_limits
-            ADD COLUMN purge_after double precision GENERATED ALWAYS AS (
-                CASE WHEN pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
-                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) > 0
-                      AND pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
-                          - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) <= 31622400
-                THEN GREATEST(pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400,
-                              2 * pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
-                              - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)))
-                ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
-                END) STORED;
-    END IF;
-    -- 2026-12-01, version 2: from a table without the column created_at
-    -- (see the table). Added without rewriting the table: the rows already
-    -- there take -infinity, the rows written after it the moment they are
-    -- written.
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_attribute AS a
-        WHERE a.attrelid OPERATOR(pg_catalog.=) t
-          AND a.attname OPERATOR(pg_catalog.=) 'created_at'
-          AND NOT a.attisdropped
-    ) THEN
-        ALTER TABLE platformkit.platformkit_limits
-            ADD COLUMN created_at timestamptz NOT NULL DEFAULT '-infinity';
-    END IF;
-    -- The column's default, set apart from the column: an install that
-    -- added the column beforehand (the guide's Purge section) and whose
-    -- second step did not take gets it here, or every row after would
-    -- take -infinity too. Read with a search_path that names no schema of
-    -- the database's, where no function of that name can make it read
-    -- otherwise.
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid) INTO v_default
-    FROM pg_catalog.pg_attrdef AS d
-    JOIN pg_catalog.pg_attribute AS a
-      ON a.attrelid OPERATOR(pg_catalog.=) d.adrelid AND a.attnum OPERATOR(pg_catalog.=) d.adnum
-    WHERE d.adrelid OPERATOR(pg_catalog.=) t
-      AND a.attname OPERATOR(pg_catalog.=) 'created_at';
-    PERFORM pg_catalog.set_config('search_path', v_path, true);
-    IF v_default IS NULL OR NOT v_default OPERATOR(pg_catalog.=) 'clock_timestamp()' THEN
-        ALTER TABLE platformkit.platformkit_limits
-            ALTER COLUMN created_at SET DEFAULT pg_catalog.clock_timestamp();
-    END IF;
-END
-$$;
 
 -- The version of this file's schema, the crate's SCHEMA_VERSION: a newcomer,
 -- a migration tool or the crate can ask a database which schema it has
@@ -322,7 +122,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS inte
     LANGUAGE sql
     IMMUTABLE
     PARALLEL SAFE
-RETURN 2;
+RETURN 1;
 
 -- The bounds the Rust side enforces, each written once: the routines below
 -- check their parameters against these functions, never against the
@@ -414,8 +214,9 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
 -- and is heap-only (count is in no index): a hot key churns no index.
 WITH (fillfactor = 80);
 
--- What needs the table's strongest lock runs only when it changes something
--- (see the upgrades above).
+-- What needs the table's strongest lock runs only when it changes something:
+-- re-applying this file behind a long reader must not queue every limiter
+-- call behind it.
 DO $$
 DECLARE
     t pg_catalog.regclass := 'platformkit.platformkit_limits'::pg_catalog.regclass;
@@ -425,19 +226,10 @@ BEGIN
         CREATE INDEX platformkit_limits_window_end
             ON platformkit.platformkit_limits (window_end);
     END IF;
-    -- The ranges purge's batches read (see platformkit_limit_purge_from),
-    -- in place of version 1's index on purge_after alone. On a large
-    -- table, build it beforehand without holding the limiter's calls (the
-    -- guide's Purge section gives the statements); one of that name that
-    -- is not this index was refused at the top of this file.
+    -- The ranges purge's batches read (see platformkit_limit_purge_from).
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NULL THEN
         CREATE INDEX platformkit_limits_purge_order
             ON platformkit.platformkit_limits (purge_after, created_at);
-    END IF;
-    -- Version 2: the index on purge_after alone, whose place the one above
-    -- took.
-    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_after') IS NOT NULL THEN
-        DROP INDEX platformkit.platformkit_limits_purge_after;
     END IF;
     IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
             FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
@@ -1473,107 +1265,6 @@ BEGIN
 END
 $$;
 
--- Version 1's purge, unchanged, for the replicas of a release before
--- version 2 during a rolling deploy: their calls, prepared or not, keep
--- naming it, and it stays the same routine (its grants and any plan a
--- replica cached stay good). It deletes what platformkit_limit_purge_from,
--- below, deletes, but each of its batches scans from the start of the
--- index. The crate calls platformkit_limit_purge_from; this one goes in a
--- later version.
-CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge(
-    p_batch bigint, p_budget_ms bigint,
-    INOUT o_deleted bigint DEFAULT NULL)
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    -- prologue
-    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN pg_catalog.pg_is_in_recovery() THEN '25006' ELSE '2D000' END,
-            MESSAGE = CASE WHEN pg_catalog.pg_is_in_recovery()
-                THEN 'platformkit: this server is a standby; the limiter counts on the primary'
-                ELSE 'platformkit: a limiter procedure must be a statement of its own, outside any transaction'
-                END;
-    END IF;
-    COMMIT;
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
-    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true),
-            pg_catalog.set_config('platformkit.system', 'on', true),
-            pg_catalog.set_config('lock_timeout', p_budget_ms::pg_catalog.text, true),
-            pg_catalog.set_config('row_security', 'on', true),
-            pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true),
-            pg_catalog.set_config('synchronous_commit', 'on', true),
-            pg_catalog.set_config('enable_seqscan', 'off', true),
-            pg_catalog.set_config('enable_indexscan', 'on', true),
-            pg_catalog.set_config('enable_bitmapscan', 'off', true),
-            pg_catalog.set_config('enable_nestloop', 'on', true),
-            pg_catalog.set_config('seq_page_cost', '1', true),
-            pg_catalog.set_config('random_page_cost', '4', true),
-            pg_catalog.set_config('cpu_tuple_cost', '0.01', true),
-            pg_catalog.set_config('cpu_index_tuple_cost', '0.005', true),
-            pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
-            pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
-            pg_catalog.set_config('jit', 'off', true);
-    -- Every lock wait of the call together within the budget: a quarter
-    -- each, for the at most four waits of one row's upsert.
-    PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
-    IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
-       OR (current_setting('statement_timeout') <> '0'
-           AND current_setting('statement_timeout')::interval
-               <= p_budget_ms * interval '1 millisecond')
-       OR (COALESCE(current_setting('transaction_timeout', true), '0') <> '0'
-           AND current_setting('transaction_timeout', true)::interval
-               <= p_budget_ms * interval '1 millisecond')
-       OR (current_setting('default_transaction_isolation') = 'serializable'
-           AND current_setting('default_transaction_read_only') = 'on'
-           AND current_setting('default_transaction_deferrable') = 'on')
-       OR current_setting('transaction_read_only') <> 'off' THEN
-        RAISE EXCEPTION USING
-            ERRCODE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms() THEN 'PK001' ELSE '22023' END,
-            MESSAGE = CASE WHEN p_budget_ms BETWEEN 1 AND platformkit.platformkit_max_budget_ms()
-                THEN 'platformkit: a setting of the session would stop or hold the limiter''s call: a statement_timeout or transaction_timeout no longer than its budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a read-only transaction on a primary'
-                ELSE 'platformkit: p_budget_ms must be 1 to ' || platformkit.platformkit_max_budget_ms()
-                END;
-    END IF;
-    -- end of prologue
-    IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
-    -- The one plan of the limiter's that reaches rows by their ctid; the
-    -- prologue pins the other switches.
-    PERFORM pg_catalog.set_config('enable_tidscan', 'on', true);
-    -- Each row is deleted by the ctid its locking scan returned: no second
-    -- probe of the primary key's index per row, which halved the batch's
-    -- rate. The lock is what makes the ctid safe: a row this transaction
-    -- holds cannot be updated, deleted or moved by another before the
-    -- DELETE, so the DELETE never follows an update chain to a version it
-    -- did not lock. (A row whose lock followed an update committed after
-    -- the statement's snapshot is locked but not deleted here; a later
-    -- purge takes it.) A row a call holds is skipped, not waited for. ONLY:
-    -- a ctid names a row of one table, never of a table that inherits.
-    WITH due AS (
-        -- A range of the index platformkit_limits_purge_order.
-        SELECT d.ctid AS place FROM ONLY platformkit.platformkit_limits AS d
-        WHERE d.purge_after < date_part('epoch', statement_timestamp())
-        LIMIT p_batch
-        FOR UPDATE SKIP LOCKED
-    ), ahead AS (
-        -- Windows that end more than 367 days from now, which only a clock
-        -- pinned far ahead or a direct insert stores (an infinite end
-        -- included): a range of platformkit_limits_window_end.
-        SELECT d.ctid AS place FROM ONLY platformkit.platformkit_limits AS d
-        WHERE d.window_end > statement_timestamp()
-                            + make_interval(secs => platformkit.platformkit_max_window_secs() + 86400)
-        LIMIT p_batch
-        FOR UPDATE SKIP LOCKED
-    )
-    DELETE FROM ONLY platformkit.platformkit_limits AS l
-    WHERE l.ctid = ANY (ARRAY(SELECT place FROM due UNION ALL SELECT place FROM ahead LIMIT p_batch));
-    GET DIAGNOSTICS o_deleted = ROW_COUNT;
-    COMMIT;
-END
-$$;
-
 -- Deletes at most p_batch rows whose window closed more than 24 hours ago
 -- and more than one window length ago (a sliding window still reads the
 -- window before the current one), skipping rows another transaction holds;
@@ -1584,14 +1275,12 @@ $$;
 -- created_at), each starting where the one before stopped (o_after and
 -- o_created, in epoch seconds; NULL for the first), so none steps again
 -- over the index entries of the rows the batches before it deleted, which
--- stay until a VACUUM; rows written before version 2 all have created_at
--- -infinity and still tie (docs/PERFORMANCE.md, "Purge resumes"). A row
+-- stay until a VACUUM (docs/PERFORMANCE.md, "Purge resumes"). A row
 -- due behind that place when the purge passed it (one skipped as held, or
 -- one written since with a window long closed) is the next purge's. The test
 -- is done in epoch seconds (float8), which cannot overflow or fail on any
--- stored row. A row that breaks the window check (one stored before the
--- check existed: not finite, backwards or longer than 366 days) goes a day
--- after it closes, and a row ending more than 367 days from now (a clock
+-- stored row. A row that breaks the window check (which the table
+-- refuses) would go a day after it closes, and a row ending more than 367 days from now (a clock
 -- pinned far ahead, a direct insert, an infinite end) goes at once.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge_from(
     p_batch bigint, p_budget_ms bigint,
@@ -1718,39 +1407,3 @@ $$;
 -- Only the roles granted EXECUTE (see the top of this file) may call the
 -- limiter's routines; PUBLIC may not.
 REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM PUBLIC;
-
--- 2026-12, schema version 1: the routines check against the bound functions
--- above, which an install from before them lacks. A routine runs them with
--- its caller's rights, so every role that may already run a limiter routine
--- may run them too: such an install keeps working before grants() is run
--- again.
-DO $$
-DECLARE
-    grantee pg_catalog.text;
-BEGIN
-    FOR grantee IN
-        SELECT DISTINCT pg_catalog.quote_ident(r.rolname)
-        FROM pg_catalog.pg_proc AS p,
-             pg_catalog.aclexplode(p.proacl) AS a,
-             pg_catalog.pg_roles AS r
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) 'platformkit'::pg_catalog.regnamespace
-          AND p.proname OPERATOR(pg_catalog.~~) 'platformkit\_limit\_%'
-          AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
-          AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
-          AND r.oid OPERATOR(pg_catalog.=) a.grantee
-    LOOP
-        EXECUTE 'GRANT EXECUTE ON FUNCTION platformkit.platformkit_max_budget_ms(),'
-            ' platformkit.platformkit_max_key_bytes(), platformkit.platformkit_max_window_secs(),'
-            ' platformkit.platformkit_max_attempts(), platformkit.platformkit_max_lockout_secs(),'
-            ' platformkit.platformkit_min_at(), platformkit.platformkit_end_at() TO ' OPERATOR(pg_catalog.||) grantee;
-        -- 2026-12, the same version: the all-or-nothing procedure is new,
-        -- and a role that may run the others may run it.
-        EXECUTE 'GRANT EXECUTE ON PROCEDURE platformkit.platformkit_limit_add_all_or_none TO '
-            OPERATOR(pg_catalog.||) grantee;
-        -- 2026-12-01, version 2: the purge that starts where its batch
-        -- before stopped is new, and so is a role's right to run it.
-        EXECUTE 'GRANT EXECUTE ON PROCEDURE platformkit.platformkit_limit_purge_from TO '
-            OPERATOR(pg_catalog.||) grantee;
-    END LOOP;
-END
-$$;

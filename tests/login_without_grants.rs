@@ -203,7 +203,6 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
          p_window_start => now(), p_n => 1, p_budget_ms => 2000, p_relaxed => false)",
         "CALL platformkit.platformkit_limit_reset(p_key => 'login|k', p_budget_ms => 2000, \
          p_relaxed => false)",
-        "CALL platformkit.platformkit_limit_purge(p_batch => 10, p_budget_ms => 2000)",
         "CALL platformkit.platformkit_limit_purge_from(p_batch => 10, p_budget_ms => 2000)",
     ];
     for call in calls {
@@ -229,8 +228,8 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
         .collect();
     assert_eq!(
         executable.len(),
-        19,
-        "seven procedures (version 1's purge among them), three readers, the policy's function, the schema's version and \
+        18,
+        "six procedures, three readers, the policy's function, the schema's version and \
          the seven bounds: {executable:?}"
     );
     assert!(

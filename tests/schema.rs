@@ -4,24 +4,16 @@
 //! `public`) moves with its rows, re-applying it queues behind no reader, and
 //! every procedure begins with the same prologue.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use crate::common;
 use common::db::texts;
 use platformkit_limit::{
-    ErrorKind, Key, Limit, Limiter, ManualClock, Postgres, PurgeTask, SCHEMA, SCHEMA_VERSION, purge,
+    ErrorKind, Key, Limit, Limiter, ManualClock, Postgres, PurgeTask, SCHEMA, SCHEMA_VERSION,
 };
-use platformkit_limit_testdb::{Server, TestDb};
+use platformkit_limit_testdb::Server;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
-
-/// The schema as it was before it moved into `platformkit`: the layout an
-/// existing install has.
-const SCHEMA_IN_PUBLIC: &str = include_str!("fixtures/schema-in-public.sql");
-
-/// The schema of version 1, as released: the install the version 2 upgrade
-/// starts from.
-const SCHEMA_V1: &str = include_str!("fixtures/schema-v1.sql");
 
 /// The longest stored key: the limit's name, `|`, the encoded key.
 const MAX_STORED_KEY_BYTES: usize = Limit::MAX_NAME_BYTES + 1 + Key::MAX_BYTES;
@@ -229,11 +221,6 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
          p_at => NULL, p_budget_ms => 2000, p_previous => false, p_max => 5, \
          p_lockout_secs => 0)",
         &format!(
-            "CALL platformkit.platformkit_limit_purge(p_batch => {}, p_budget_ms => 2000)",
-            PurgeTask::BATCH_ROWS + 1
-        ),
-        "CALL platformkit.platformkit_limit_purge(p_batch => 0, p_budget_ms => 2000)",
-        &format!(
             "CALL platformkit.platformkit_limit_purge_from(p_batch => {}, p_budget_ms => 2000)",
             PurgeTask::BATCH_ROWS + 1
         ),
@@ -292,7 +279,7 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
     );
     let accepted = [
         &format!(
-            "CALL platformkit.platformkit_limit_purge(p_batch => {}, p_budget_ms => 2000)",
+            "CALL platformkit.platformkit_limit_purge_from(p_batch => {}, p_budget_ms => 2000)",
             PurgeTask::BATCH_ROWS
         ),
         &format!(
@@ -395,81 +382,6 @@ async fn each_bound_is_written_once_in_the_schema_and_is_the_rust_constant() {
     }
 }
 
-/// An install from before the bound functions, whose limiter's role was
-/// granted the routines then, keeps working when the schema is applied over
-/// it without `grants()` run again: the role may run the new functions the
-/// routines call.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_over_an_install_without_the_bound_functions_grants_them_on() {
-    let helpers = "platformkit.platformkit_max_budget_ms(), platformkit.platformkit_max_key_bytes(), \
-         platformkit.platformkit_max_window_secs(), platformkit.platformkit_max_attempts(), \
-         platformkit.platformkit_max_lockout_secs(), platformkit.platformkit_min_at(), \
-         platformkit.platformkit_end_at()";
-    let (_db, owner, admin, role) =
-        applied_over_an_install_without(&format!("DROP FUNCTION {helpers}")).await;
-    let may = texts(
-        &admin,
-        &format!(
-            "SELECT pg_catalog.has_function_privilege('{role}', f, 'EXECUTE')::text \
-             FROM unnest(ARRAY['{}']::regprocedure[]) AS f",
-            helpers.replace(", ", "', '").replace("\n", "")
-        ),
-    )
-    .await;
-    assert_eq!(may, ["true"; 7], "{may:?}");
-    let may_not = texts(
-        &admin,
-        "SELECT pg_catalog.has_function_privilege('public', \
-         'platformkit.platformkit_max_budget_ms()', 'EXECUTE')::text",
-    )
-    .await;
-    assert_eq!(may_not, ["false"]);
-    common::db::drop_role(&owner, &admin, &role).await;
-}
-
-/// An install whose limiter role was granted before the all-or-nothing
-/// procedure existed: applying the schema creates it and lets that role run
-/// it, before `grants()` is run again; PUBLIC still may not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_over_an_install_without_all_or_none_lets_its_limiter_run_it() {
-    let (_db, owner, admin, role) = applied_over_an_install_without(
-        "DROP PROCEDURE platformkit.platformkit_limit_add_all_or_none",
-    )
-    .await;
-    let may = |grantee: &str| {
-        format!(
-            "SELECT pg_catalog.has_function_privilege('{grantee}', p.oid, 'EXECUTE')::text \
-             FROM pg_catalog.pg_proc AS p \
-             WHERE p.proname = 'platformkit_limit_add_all_or_none'"
-        )
-    };
-    assert_eq!(texts(&admin, &may(&role)).await, ["true"]);
-    assert_eq!(texts(&admin, &may("public")).await, ["false"]);
-    common::db::drop_role(&owner, &admin, &role).await;
-}
-
-/// An install from before some routines: `drop` run as the owner, then a
-/// limiter role granted what `grants()` grants there, then the schema
-/// applied over it. Returns the database, the owner's and the admin's
-/// connections, and the role (for `drop_role`).
-async fn applied_over_an_install_without(drop: &str) -> (TestDb, Client, Client, String) {
-    let db = Server::shared().database(SCHEMA).await;
-    let owner = db.connect().await;
-    let role = format!("{}_limiter", db.name());
-    let admin = db.connect_admin().await;
-    admin
-        .batch_execute(&format!("CREATE ROLE \"{role}\" NOLOGIN"))
-        .await
-        .unwrap();
-    owner.batch_execute(drop).await.unwrap();
-    owner
-        .batch_execute(&platformkit_limit::grants(&role))
-        .await
-        .unwrap();
-    owner.batch_execute(SCHEMA).await.expect("the migration");
-    (db, owner, admin, role)
-}
-
 /// A direct call of `add_many` (a procedure) or `read_many` (a function)
 /// over `pairs` copies of one pair with a window of `window` seconds, or
 /// of `add_all_or_none` over `pairs` keys of their own
@@ -559,32 +471,6 @@ async fn a_clock_pinned_outside_1900_to_2199_is_an_invalid_option() {
     }
 }
 
-/// Rows as an install of the earlier layout could hold them: some written
-/// by ordinary calls, some planted through direct calls with parameters
-/// nothing checked then (`p_at => '-infinity'`, `'infinity'`, a window of
-/// 285,000 years).
-async fn install_in_public_with_rows() -> TestDb {
-    let db = Server::shared().empty_database().await;
-    let mut owner = db.connect().await;
-    owner.batch_execute(SCHEMA_IN_PUBLIC).await.unwrap();
-    let tx = owner.transaction().await.unwrap();
-    tx.batch_execute(
-        "SET LOCAL platformkit.system = 'on';
-         INSERT INTO public.platformkit_limits (key, window_start, window_end, count) VALUES
-           ('login|open', date_bin('60 s', now(), '1970-01-01Z'),
-                          date_bin('60 s', now(), '1970-01-01Z') + interval '60 s', 4),
-           ('login|closed', now() - interval '3 days', now() - interval '3 days' + interval '60 s', 2),
-           ('x|minus-infinity', '-infinity', '-infinity', 1),
-           ('x|infinity', 'infinity', 'infinity', 1),
-           ('x|ages', now() - interval '2 days', now() + interval '285000 years', 1),
-           ('x|backwards', now() - interval '2 days', now() - interval '3 days', 1);",
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-    db
-}
-
 async fn keys(client: &mut Client) -> Vec<(String, i64)> {
     let tx = client.transaction().await.unwrap();
     tx.batch_execute("SET LOCAL platformkit.system = 'on'")
@@ -601,582 +487,27 @@ async fn keys(client: &mut Client) -> Vec<(String, i64)> {
     rows.iter().map(|r| (r.get(0), r.get(1))).collect()
 }
 
-/// Applying the schema over the earlier layout moves the table with every
-/// row into `platformkit`, leaves nothing of the limiter in `public`, and
-/// the limiter counts on from the moved counts.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_over_the_public_layout_keeps_every_row() {
-    let db = install_in_public_with_rows().await;
-    let mut owner = db.connect().await;
-    owner.batch_execute(SCHEMA).await.expect("the migration");
-    owner.batch_execute(SCHEMA).await.expect("and again");
-    assert_eq!(keys(&mut owner).await.len(), 6, "every row moved");
-    let left: i64 = owner
-        .query_one(
-            "SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n \
-               ON n.oid = c.relnamespace WHERE n.nspname = 'public' \
-               AND c.relname LIKE 'platformkit%'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let routines: i64 = owner
-        .query_one(
-            "SELECT count(*) FROM pg_catalog.pg_proc \
-             WHERE pronamespace = 'public'::regnamespace AND proname LIKE 'platformkit%'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(
-        (left, routines),
-        (0, 0),
-        "the limiter left something in public"
-    );
-
-    // The moved table takes the limiter's calls.
-    let limiter = Limiter::new(Postgres::new(db.config()));
-    let login = Limit::new("login", 5, Duration::from_secs(60)).unwrap();
-    let verdict = limiter.failed(&login, &Key::opaque("after")).await.unwrap();
-    assert_eq!(verdict.count(), Some(1));
-    let moved = keys(&mut owner).await;
-    assert!(moved.contains(&("login|open".to_owned(), 4)), "{moved:?}");
-}
-
-/// An install of version 1, whose purge began every batch at the start of
-/// its index, moves to version 2 on re-applying the schema: every row kept
-/// with its count, the column created_at added without rewriting the table
-/// (the rows already there take -infinity), the index on (purge_after,
-/// created_at) in the old index's place. Version 1's purge stays what it
-/// was, the same routine, so a replica still on version 1 runs its purge
-/// even through a statement it prepared before; the limiter's role may run
-/// the new purge without running grants() again, and it takes exactly the
-/// windows that may go.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_over_version_1_keeps_every_row_without_a_rewrite() {
-    let db = Server::shared().empty_database().await;
-    let mut owner = db.connect().await;
-    owner.batch_execute(SCHEMA_V1).await.expect("version 1");
-    owner
-        .batch_execute(&platformkit_limit::grants("limit_tenant"))
-        .await
-        .expect("version 1's grants");
-    let tx = owner.transaction().await.unwrap();
-    tx.batch_execute(
-        "SET LOCAL platformkit.system = 'on';
-         INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count) VALUES
-           ('login|open', now() - interval '1 minute', now() + interval '1 hour', 4),
-           ('login|closed', now() - interval '3 days', now() - interval '3 days' + interval '60 s', 2),
-           ('login|closed-too', now() - interval '3 days', now() - interval '3 days' + interval '60 s', 3),
-           ('weekly|kept', now() - interval '8 days', now() - interval '1 day 1 hour', 1),
-           ('x|far-ahead', now() + interval '400 days', now() + interval '400 days 1 minute', 1);",
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-    let old_purge =
-        "SELECT oid::text FROM pg_catalog.pg_proc WHERE proname = 'platformkit_limit_purge'";
-    let before = (
-        texts(&owner, TABLE_FILE).await,
-        texts(&owner, old_purge).await,
-    );
-    // A replica of version 1 with its purge prepared, as deadpool's
-    // Prepared and sqlx prepare theirs.
-    let replica = db.connect_tenant().await;
-    let version_1_purge = replica
-        .prepare("CALL platformkit.platformkit_limit_purge(p_batch => $1, p_budget_ms => $2)")
-        .await
-        .unwrap();
-
-    owner.batch_execute(SCHEMA).await.expect("the migration");
-    owner.batch_execute(SCHEMA).await.expect("and again");
-    assert_eq!(schema_version(&owner).await, 2);
-    assert_eq!(
-        (
-            texts(&owner, TABLE_FILE).await,
-            texts(&owner, old_purge).await
-        ),
-        before,
-        "the table was rewritten, or version 1's purge made again"
-    );
-    let indexes = texts(
-        &owner,
-        "SELECT indexrelid::regclass::text || ' ' || pg_catalog.pg_get_indexdef(indexrelid)
-         FROM pg_catalog.pg_index
-         WHERE indrelid = 'platformkit.platformkit_limits'::regclass ORDER BY 1",
-    )
-    .await;
-    assert_eq!(indexes.len(), 3, "{indexes:?}");
-    assert!(
-        indexes[1].starts_with("platformkit.platformkit_limits_purge_order ")
-            && indexes[1].ends_with("(purge_after, created_at)"),
-        "{indexes:?}"
-    );
-    let old_rows: i64 = common::db::as_system(
-        &mut owner,
-        "SELECT count(*) FROM platformkit.platformkit_limits WHERE created_at = '-infinity'",
-        &[],
-    )
-    .await[0]
-        .get(0);
-    assert_eq!(old_rows, 5, "the rows from before the upgrade");
-
-    let deleted: i64 = replica
-        .query_one(&version_1_purge, &[&5000_i64, &2000_i64])
-        .await
-        .expect("version 1's purge, prepared before the upgrade")
-        .get(0);
-    assert_eq!(deleted, 3, "the closed minutes and the window far ahead");
-
-    // A row written after the upgrade, in a window long closed, goes too,
-    // through the new purge, as the limiter's role.
-    let limiter = Limiter::new(
-        Postgres::new(db.tenant_config()).with_clock(ManualClock::new(
-            SystemTime::now() - Duration::from_secs(3 * 86_400),
-        )),
-    );
-    let login = Limit::new("login", 5, Duration::from_secs(60)).unwrap();
-    limiter.failed(&login, &Key::opaque("after")).await.unwrap();
-    assert_eq!(
-        purge(&db.tenant_config()).await.unwrap(),
-        1,
-        "the row written after"
-    );
-    let kept = keys(&mut owner).await;
-    assert_eq!(
-        kept,
-        [("login|open".to_owned(), 4), ("weekly|kept".to_owned(), 1)]
-    );
-}
-
-/// An index named as the purge's that is not the schema's, or that a
-/// build left invalid (a failed `CREATE INDEX CONCURRENTLY`, or one still
-/// running), is the operator's to drop: applying the schema refuses with
-/// PK004 and changes nothing, instead of dropping it (which would wait for a
-/// build in progress and hold every call behind it) or using it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_over_an_index_of_the_purges_name_that_is_not_its_own_refuses() {
-    let db = Server::shared().database(SCHEMA).await;
-    let owner = db.connect().await;
-    owner
-        .batch_execute(
-            "DROP INDEX platformkit.platformkit_limits_purge_order;
-             BEGIN;
-             SET LOCAL platformkit.system = 'on';
-             INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
-             SELECT 'login|' || g, now() - interval '1 minute', now() + interval '1 hour', 1
-             FROM generate_series(1, 2) AS g;
-             COMMIT;",
-        )
-        .await
-        .unwrap();
-    // Two rows share purge_after: the unique build fails and leaves its
-    // index invalid.
-    let failed = owner
-        .batch_execute(
-            "CREATE UNIQUE INDEX CONCURRENTLY platformkit_limits_purge_order
-             ON platformkit.platformkit_limits (purge_after)",
-        )
-        .await;
-    assert_eq!(
-        failed.unwrap_err().code(),
-        Some(&SqlState::UNIQUE_VIOLATION)
-    );
-    refused_as_not_its_own(&owner, "the index").await;
-
-    // A valid index of that name on other columns.
-    owner
-        .batch_execute(
-            "DROP INDEX platformkit.platformkit_limits_purge_order;
-             CREATE INDEX platformkit_limits_purge_order
-             ON platformkit.platformkit_limits (purge_after)",
-        )
-        .await
-        .unwrap();
-    refused_as_not_its_own(&owner, "the index").await;
-    assert_eq!(
-        texts(
-            &owner,
-            "SELECT pg_catalog.pg_get_indexdef('platformkit.platformkit_limits_purge_order'::regclass)",
-        )
-        .await,
-        ["CREATE INDEX platformkit_limits_purge_order ON platformkit.platformkit_limits USING btree (purge_after)"],
-        "nothing applied"
-    );
-
-    // Built as the guide says, it is the schema's own.
-    owner
-        .batch_execute("DROP INDEX platformkit.platformkit_limits_purge_order")
-        .await
-        .unwrap();
-    owner
-        .batch_execute(
-            "CREATE INDEX CONCURRENTLY platformkit_limits_purge_order
-             ON platformkit.platformkit_limits (purge_after, created_at)",
-        )
-        .await
-        .unwrap();
-    owner
-        .batch_execute(SCHEMA)
-        .await
-        .expect("the schema's own index");
-}
-
-/// psql applies the file a statement at a time unless told `-1`: a refusal
-/// still leaves the database as it was, because what the file would have to
-/// replace is refused before anything changes (here over version 1, where
-/// the column and the version would otherwise be committed before the index
-/// is looked at).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_with_psql_a_statement_at_a_time_over_an_index_not_its_own_changes_nothing()
- {
-    let db = Server::shared().empty_database().await;
-    let owner = db.connect().await;
-    owner.batch_execute(SCHEMA_V1).await.expect("version 1");
-    owner
-        .batch_execute(
-            "CREATE INDEX platformkit_limits_purge_order
-             ON platformkit.platformkit_limits (purge_after)",
-        )
-        .await
-        .unwrap();
-    let state = "SELECT platformkit.platformkit_schema_version()::text
-                 UNION ALL
-                 SELECT a.attname::text FROM pg_catalog.pg_attribute AS a
-                 WHERE a.attrelid = 'platformkit.platformkit_limits'::regclass
-                   AND a.attname = 'created_at'
-                 UNION ALL
-                 SELECT c.relname::text FROM pg_catalog.pg_class AS c
-                 WHERE c.relname LIKE 'platformkit_limits_purge%' ORDER BY 1";
-    let before = texts(&owner, state).await;
-    assert_eq!(
-        before,
-        [
-            "1",
-            "platformkit_limits_purge_after",
-            "platformkit_limits_purge_order"
-        ]
-    );
-
-    let out = psql(&db, SCHEMA);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "psql applied it: {stderr}");
-    assert!(stderr.contains("nothing applied"), "{stderr}");
-    assert_eq!(texts(&owner, state).await, before, "something was applied");
-}
-
-/// The file the table's rows are in: the same before and after an upgrade
-/// that does not rewrite it.
-const TABLE_FILE: &str = "SELECT relfilenode::text FROM pg_catalog.pg_class
-                          WHERE oid = 'platformkit.platformkit_limits'::regclass";
-
-/// The default of the column created_at, as PostgreSQL writes it back.
-const CREATED_AT_DEFAULT: &str = "SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid)
-     FROM pg_catalog.pg_attrdef AS d
-     JOIN pg_catalog.pg_attribute AS a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-     WHERE d.adrelid = 'platformkit.platformkit_limits'::regclass
-       AND a.attname = 'created_at'";
-
-/// The schema version the database says it has.
-async fn schema_version(client: &Client) -> i32 {
-    common::db::one_i64(
-        client,
-        "SELECT platformkit.platformkit_schema_version()::bigint",
-        &[],
-    )
-    .await
-    .try_into()
-    .unwrap()
-}
-
-/// Applies the schema and expects it refused for an object of its name
-/// that is not its own (PK004).
-async fn refused_as_not_its_own(owner: &Client, what: &str) {
-    let refused = owner.batch_execute(SCHEMA).await.unwrap_err();
-    assert_eq!(
-        refused.code().map(SqlState::code),
-        Some("PK004"),
-        "{what}: {refused}"
-    );
-}
-
-/// Runs `sql` through psql as the database's owner, as an operator runs a
-/// file: no psqlrc, stopping at the first error, and each statement
-/// committed before the next (no `-1`).
-fn psql(db: &TestDb, sql: &str) -> std::process::Output {
-    let file = std::env::temp_dir().join(format!("{}.sql", db.name()));
-    std::fs::write(&file, sql).unwrap();
-    let program = Server::shared()
-        .bin_dir()
-        .map_or_else(|| "psql".into(), |dir| dir.join("psql"));
-    let out = std::process::Command::new(program)
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
-        .arg(&file)
-        .arg("-d")
-        .arg(db.url())
-        .output()
-        .expect("psql");
-    let _ = std::fs::remove_file(&file);
-    out
-}
-
-/// The guide's steps for upgrading a large table to version 2 beforehand,
-/// as the guide writes them, run by psql over version 1 with rows: the
-/// schema then applies over them without rewriting the table, and the table
-/// has the indexes and the column default a fresh install has.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_guides_steps_for_a_large_table_upgrade_it_as_written() {
-    const GUIDE: &str = include_str!("../src/guide/operating.md");
-    let steps = GUIDE
-        .split_once("**Upgrading a large table to schema version 2.**")
-        .and_then(|(_, after)| after.split_once("```sql\n"))
-        .and_then(|(_, block)| block.split_once("```"))
-        .map(|(sql, _)| sql)
-        .expect("the guide's steps");
-    let shape = format!(
-        "SELECT pg_catalog.pg_get_indexdef(indexrelid) FROM pg_catalog.pg_index
-         WHERE indrelid = 'platformkit.platformkit_limits'::regclass
-         UNION ALL
-         SELECT 'created_at DEFAULT ' || ({CREATED_AT_DEFAULT})
-         ORDER BY 1"
-    );
-    let fresh = Server::shared().database(SCHEMA).await;
-    let fresh = texts(&fresh.connect().await, &shape).await;
-
-    let db = Server::shared().empty_database().await;
-    let owner = db.connect().await;
-    owner.batch_execute(SCHEMA_V1).await.expect("version 1");
-    owner
-        .batch_execute(
-            "BEGIN;
-             SET LOCAL platformkit.system = 'on';
-             INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
-             SELECT 'login|' || g, now() - interval '1 minute', now() + interval '1 hour', g
-             FROM generate_series(1, 100) AS g;
-             COMMIT;",
-        )
-        .await
-        .unwrap();
-    let before = texts(&owner, TABLE_FILE).await;
-
-    let out = psql(&db, steps);
-    assert!(
-        out.status.success(),
-        "the guide's steps: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    owner
-        .batch_execute(SCHEMA)
-        .await
-        .expect("the schema after them");
-    assert_eq!(texts(&owner, &shape).await, fresh);
-    assert_eq!(texts(&owner, TABLE_FILE).await, before, "rewritten");
-    // Read as the superuser, whom row-level security does not hold.
-    let total = common::db::one_i64(
-        &db.connect_admin().await,
-        "SELECT sum(count)::bigint FROM platformkit.platformkit_limits",
-        &[],
-    )
-    .await;
-    assert_eq!(total, 5050, "a count lost");
-    assert_eq!(schema_version(&owner).await, 2);
-}
-
-/// The guide adds created_at beforehand in two steps, the column and then its
-/// default. Where the second did not take, the schema sets the default, so
-/// that rows written after it take the moment they are written; a column of
-/// that name that is not the schema's is refused before anything changes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_over_a_created_at_without_its_default_sets_it_and_refuses_another_column()
- {
-    let db = Server::shared().empty_database().await;
-    let mut owner = db.connect().await;
-    owner.batch_execute(SCHEMA_V1).await.expect("version 1");
-    owner
-        .batch_execute(
-            "ALTER TABLE platformkit.platformkit_limits
-             ADD COLUMN created_at timestamptz NOT NULL DEFAULT '-infinity'",
-        )
-        .await
-        .unwrap();
-    owner.batch_execute(SCHEMA).await.expect("the migration");
-    assert_eq!(
-        texts(&owner, CREATED_AT_DEFAULT).await,
-        ["clock_timestamp()"]
-    );
-    let rows = common::db::as_system(
-        &mut owner,
-        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
-         VALUES ('login|after', now(), now() + interval '1 minute', 1)
-         RETURNING isfinite(created_at)",
-        &[],
-    )
-    .await;
-    assert_eq!(
-        rows.iter().map(|row| row.get(0)).collect::<Vec<bool>>(),
-        [true],
-        "a row written after the upgrade took -infinity"
-    );
-
-    for column in [
-        "timestamp NOT NULL DEFAULT '-infinity'",
-        "timestamptz DEFAULT '-infinity'",
-    ] {
-        let db = Server::shared().empty_database().await;
-        let owner = db.connect().await;
-        owner.batch_execute(SCHEMA_V1).await.expect("version 1");
-        owner
-            .batch_execute(&format!(
-                "ALTER TABLE platformkit.platformkit_limits ADD COLUMN created_at {column}"
-            ))
-            .await
-            .unwrap();
-        refused_as_not_its_own(&owner, column).await;
-        assert_eq!(schema_version(&owner).await, 1, "{column}");
-    }
-}
-
-/// The upgrades spell the window check and the column `purge_after` again,
-/// for a table from before them: the table they make is the table a fresh
-/// install creates, its check, its generated column and its key's collation.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_upgraded_table_is_the_table_a_fresh_install_creates() {
-    const DEFINITION: &str =
-        "SELECT c.conname::text || ': ' || pg_catalog.pg_get_constraintdef(c.oid)
-         FROM pg_catalog.pg_constraint AS c
-         WHERE c.conrelid = 'platformkit.platformkit_limits'::regclass
-         UNION ALL
-         SELECT a.attname::text || ': ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
-                || COALESCE(' COLLATE ' || (SELECT collname FROM pg_catalog.pg_collation
-                                            WHERE oid = a.attcollation AND a.attcollation <> 0), '')
-                || COALESCE(' AS ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
-         FROM pg_catalog.pg_attribute AS a
-         LEFT JOIN pg_catalog.pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-         WHERE a.attrelid = 'platformkit.platformkit_limits'::regclass
-           AND a.attnum > 0 AND NOT a.attisdropped
-         ORDER BY 1";
-    let fresh = Server::shared().database(SCHEMA).await;
-    let expected = texts(&fresh.connect().await, DEFINITION).await;
-    assert!(
-        expected
-            .iter()
-            .any(|d| d.starts_with("purge_after: double precision AS ")),
-        "{expected:#?}"
-    );
-    let earlier = install_in_public_with_rows().await;
-    let owner = earlier.connect().await;
-    owner.batch_execute(SCHEMA).await.expect("the migration");
-    let upgraded = texts(&owner, DEFINITION).await;
-    // The check is NOT VALID on the upgraded table (its old rows are kept).
-    let upgraded: Vec<String> = upgraded
-        .into_iter()
-        .map(|d| d.trim_end_matches(" NOT VALID").to_owned())
-        .collect();
-    assert_eq!(upgraded, expected);
-}
-
 /// The database records the schema's version, the crate's
-/// `SCHEMA_VERSION`: on a fresh install, where the limiter's role may ask
-/// for it, and over the earlier layout, which had no version at all.
+/// `SCHEMA_VERSION`, where the limiter's role may ask for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_schema_records_its_version_fresh_and_over_the_earlier_layout() {
-    let version = |client: Client| async move {
-        let version: i32 = client
-            .query_one("SELECT platformkit.platformkit_schema_version()", &[])
-            .await
-            .expect("the version")
-            .get(0);
-        u32::try_from(version).expect("a positive version")
-    };
+async fn the_schema_records_its_version() {
     let fresh = Server::shared().database(SCHEMA).await;
-    assert_eq!(version(fresh.connect_tenant().await).await, SCHEMA_VERSION);
-
-    let earlier = install_in_public_with_rows().await;
-    let owner = earlier.connect().await;
-    let before = texts(
-        &owner,
-        "SELECT COALESCE(pg_catalog.to_regproc('platformkit.platformkit_schema_version')::text, 'none')",
-    )
-    .await;
-    assert_eq!(before, ["none"], "the earlier layout had no version");
-    owner.batch_execute(SCHEMA).await.expect("the migration");
-    assert_eq!(version(owner).await, SCHEMA_VERSION);
-}
-
-/// Applying the schema over an install whose `add_many` took one amount for
-/// every pair replaces it with the one that takes an amount per pair: one
-/// `add_many` is left, and a call over several limits resolves to it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_over_add_many_with_one_amount_leaves_one_add_many() {
-    let db = Server::shared().database(SCHEMA).await;
-    let owner = db.connect().await;
-    owner
-        .batch_execute(
-            "DROP PROCEDURE platformkit.platformkit_limit_add_many;
-             CREATE PROCEDURE platformkit.platformkit_limit_add_many(
-                 p_keys text[], p_window_secs bigint[], p_add bigint, p_at timestamptz,
-                 p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
-                 p_maxes bigint[], p_lockout_secs bigint[],
-                 INOUT o_counts bigint[] DEFAULT NULL,
-                 INOUT o_window_ends timestamptz[] DEFAULT NULL,
-                 INOUT o_now timestamptz DEFAULT NULL,
-                 INOUT o_previous bigint[] DEFAULT NULL,
-                 INOUT o_locked_until timestamptz[] DEFAULT NULL)
-             LANGUAGE plpgsql AS $$ BEGIN END $$;",
-        )
+    let version: i32 = fresh
+        .connect_tenant()
         .await
-        .unwrap();
-    owner.batch_execute(SCHEMA).await.expect("the migration");
-    let arguments = texts(
-        &owner,
-        "SELECT pg_catalog.array_to_string(proargnames, ',') FROM pg_catalog.pg_proc \
-         WHERE proname = 'platformkit_limit_add_many'",
-    )
-    .await;
-    assert_eq!(arguments.len(), 1, "{arguments:?}");
-    assert!(arguments[0].contains("p_adds"), "{arguments:?}");
-
-    let limiter = Limiter::new(Postgres::new(db.config()));
-    let login = Limit::new("login", 5, Duration::from_secs(60)).unwrap();
-    let ip = Limit::new("login-ip", 50, Duration::from_secs(60)).unwrap();
-    let key = Key::opaque("after");
-    let verdicts = limiter
-        .failed_all(&[(&login, &key), (&ip, &key)])
+        .query_one("SELECT platformkit.platformkit_schema_version()", &[])
         .await
-        .unwrap();
-    assert_eq!(
-        verdicts
-            .iter()
-            .filter_map(|v| v.count())
-            .collect::<Vec<_>>(),
-        [1, 1]
-    );
+        .expect("the version")
+        .get(0);
+    assert_eq!(u32::try_from(version).ok(), Some(SCHEMA_VERSION));
 }
 
-/// No stored row can make purge fail, not even one planted before the
-/// window check existed: purge deletes the broken rows and the closed
-/// windows, and keeps the open one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn purge_cannot_fail_on_any_stored_row() {
-    let db = install_in_public_with_rows().await;
-    let mut owner = db.connect().await;
-    owner.batch_execute(SCHEMA).await.expect("the migration");
-    let deleted = purge(&db.config()).await.expect("purge on every row");
-    assert_eq!(deleted, 5);
-    let kept: Vec<String> = keys(&mut owner).await.into_iter().map(|(k, _)| k).collect();
-    assert_eq!(kept, ["login|open"]);
-}
-
-/// The window check refuses the rows the earlier layout let through, on a
-/// new install and on a moved table alike.
+/// The window check refuses a window purge could not delete: not finite,
+/// backwards, or longer than 366 days.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_table_refuses_a_window_purge_could_not_delete() {
     let fresh = Server::shared().database(SCHEMA).await;
-    let moved = install_in_public_with_rows().await;
-    moved.connect().await.batch_execute(SCHEMA).await.unwrap();
-    for db in [fresh, moved] {
+    for db in [fresh] {
         let mut owner = db.connect().await;
         for (start, end) in [
             ("'-infinity'", "'-infinity'"),
@@ -1285,8 +616,8 @@ fn every_procedure_begins_with_the_same_prologue() {
         .collect();
     assert_eq!(
         procedures.len(),
-        7,
-        "the writers, purge, and version 1's purge"
+        6,
+        "the writers and purge"
     );
     same_prologue(&procedures, "-- prologue\n", "-- end of prologue\n");
     for procedure in &procedures {
@@ -1515,74 +846,6 @@ fn writer_pins(procedure: &str) -> Vec<(String, String)> {
             (setting.to_owned(), value.trim_matches('\'').to_owned())
         })
         .collect()
-}
-
-/// An install from before the column `purge_after` (the moment each window
-/// may go, which purge's index ranges over) gets it on re-applying the
-/// schema, computed for every row already stored, with its index, and the
-/// table stays under FORCE ROW LEVEL SECURITY.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn applying_the_schema_over_an_install_without_purge_after_adds_it_to_every_row() {
-    let db = Server::shared().database(SCHEMA).await;
-    let mut owner = db.connect().await;
-    owner
-        .batch_execute(
-            "DROP INDEX platformkit.platformkit_limits_purge_order;
-             ALTER TABLE platformkit.platformkit_limits DROP COLUMN purge_after;",
-        )
-        .await
-        .unwrap();
-    let tx = owner.transaction().await.unwrap();
-    tx.batch_execute(
-        "SET LOCAL platformkit.system = 'on';
-         INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count) VALUES
-           ('login|open', now() - interval '1 minute', now() + interval '1 hour', 4),
-           ('login|closed', now() - interval '3 days', now() - interval '3 days' + interval '60 s', 2),
-           ('weekly|kept', now() - interval '8 days', now() - interval '1 day 1 hour', 1);",
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-
-    owner.batch_execute(SCHEMA).await.expect("the migration");
-    let indexes = texts(
-        &owner,
-        "SELECT indexrelid::regclass::text FROM pg_catalog.pg_index
-         WHERE indrelid = 'platformkit.platformkit_limits'::regclass ORDER BY 1",
-    )
-    .await;
-    assert_eq!(
-        indexes,
-        [
-            "platformkit.platformkit_limits_pkey",
-            "platformkit.platformkit_limits_purge_order",
-            "platformkit.platformkit_limits_window_end",
-        ]
-    );
-    let forced = texts(
-        &owner,
-        "SELECT (relrowsecurity AND relforcerowsecurity)::text FROM pg_catalog.pg_class
-         WHERE oid = 'platformkit.platformkit_limits'::regclass",
-    )
-    .await;
-    assert_eq!(forced, ["true"]);
-    let tx = owner.transaction().await.unwrap();
-    tx.batch_execute("SET LOCAL platformkit.system = 'on'")
-        .await
-        .unwrap();
-    let missing: i64 = tx
-        .query_one(
-            "SELECT count(*) FROM platformkit.platformkit_limits WHERE purge_after IS NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    tx.commit().await.unwrap();
-    assert_eq!(missing, 0, "rows without the moment they may go");
-    assert_eq!(purge(&db.config()).await.unwrap(), 1, "the closed minute");
-    let kept: Vec<String> = keys(&mut owner).await.into_iter().map(|(k, _)| k).collect();
-    assert_eq!(kept, ["login|open", "weekly|kept"]);
 }
 
 /// `Postgres::migrate` is the start-up step: on an empty database it

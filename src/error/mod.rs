@@ -68,10 +68,9 @@ pub struct Error(Inner);
 /// | `22023` | invalid_parameter_value | Query |
 ///
 /// The schema's refusals of a [`migrate`](crate::Postgres::migrate) are
-/// among those: `PK002`, the database's schema is newer than this crate's;
-/// `PK005`, the schema's lock held by another session past its bound (the
-/// error names it); and `PK004`, an index or column of the schema's name that is not the
-/// schema's.
+/// among those: `PK002`, the database's schema is newer than this crate's,
+/// and `PK005`, the schema's lock held by another session past its bound
+/// (the error names it).
 ///
 /// `25006` is what a hot standby answers: the primary is not where the
 /// connection source pointed (a standby, or an old primary during a

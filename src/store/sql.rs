@@ -22,7 +22,7 @@ pub(crate) const SCHEMA: &str = include_str!("../../schema.sql");
 /// returns in a database it was applied to. Raised by one, together with
 /// the function's body, whenever a release changes `schema.sql` (its header
 /// says how).
-pub(crate) const SCHEMA_VERSION: u32 = 2;
+pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// Adds `p_add` to the key's count in the current window. Returns the count,
 /// the window's end, the time, the previous window's count and the end of a

@@ -177,12 +177,7 @@ impl<C: LimitConn> Postgres<C> {
     /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION) (SQLSTATE `PK002`), left as
     /// it is, so that a replica of the release before, starting during a
     /// rolling deploy, cannot put its routines back over the newer ones; or
-    /// an index named `platformkit_limits_purge_order` that is not valid or
-    /// not the schema's, or a column `created_at` that is not the schema's
-    /// (`PK004`: an index an operator's `CREATE INDEX CONCURRENTLY` left,
-    /// or is still building; nothing applied, the guide's
-    /// [Purge](crate::guide#purge) section says what to do); or the schema's
-    /// lock held past its bound (`PK005`, naming the session).
+    /// the schema's lock held past its bound (`PK005`, naming the session).
     pub async fn migrate(&self) -> Result<(), Error> {
         let operation = Operation::Migrate;
         let mut conn = self
