@@ -70,7 +70,8 @@ pub async fn migrate(pool: &PgPool) -> sqlx::Result<()> {
     let role: String = sqlx::query_scalar("SELECT current_user")
         .fetch_one(pool)
         .await?;
-    sqlx::raw_sql(&grants(&role)).execute(pool).await?;
+    let grants = grants(&role).map_err(|e| sqlx::Error::Configuration(e.into()))?;
+    sqlx::raw_sql(&grants).execute(pool).await?;
     Ok(())
 }
 

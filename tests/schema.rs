@@ -614,11 +614,7 @@ fn every_procedure_begins_with_the_same_prologue() {
         .split("CREATE OR REPLACE PROCEDURE")
         .skip(1)
         .collect();
-    assert_eq!(
-        procedures.len(),
-        6,
-        "the writers and purge"
-    );
+    assert_eq!(procedures.len(), 6, "the writers and purge");
     same_prologue(&procedures, "-- prologue\n", "-- end of prologue\n");
     for procedure in &procedures {
         let name = procedure.split('(').next().unwrap_or_default().trim();

@@ -334,7 +334,7 @@ async fn the_role_without_grants_cannot_list() {
     assert!(!can(operator.clone()).await);
     db.connect()
         .await
-        .batch_execute(&grants(&operator))
+        .batch_execute(&grants(&operator).expect("a role"))
         .await
         .unwrap();
     assert!(can(operator.clone()).await, "grants() covers the listing");

@@ -131,7 +131,13 @@ async fn migrate(args: &[String]) -> Result<(), Failure> {
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
-            "--grant" => roles.push(value(&mut args, "--grant")?),
+            "--grant" => {
+                let role = value(&mut args, "--grant")?;
+                // Refused before anything is applied: `public` is every login.
+                let grants = platformkit_limit::grants(&role)
+                    .map_err(|e| Failure::Usage(format!("migrate --grant: {e}")))?;
+                roles.push((role, grants));
+            }
             other => return Err(Failure::Usage(format!("migrate: unexpected {other:?}"))),
         }
     }
@@ -149,9 +155,9 @@ async fn migrate(args: &[String]) -> Result<(), Failure> {
     let sql_failed = |what: &str, e: tokio_postgres::Error| {
         Failure::Failed(format!("{what}: {}", error_chain(&e)))
     };
-    for role in &roles {
+    for (role, grants) in &roles {
         client
-            .batch_execute(&platformkit_limit::grants(role))
+            .batch_execute(grants)
             .await
             .map_err(|e| sql_failed(&format!("granting {role:?}"), e))?;
         println!("granted {role}");

@@ -79,6 +79,32 @@ async fn migrate_applies_the_schema_and_the_grants() {
     assert_exit(&out, 2, "--grant without a role");
 }
 
+/// `migrate --grant public` (any case) is refused before anything is
+/// applied: PostgreSQL reads `public`, quoted or not, as PUBLIC, and a
+/// login granted nothing would get the switch and every count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_to_grant_public_and_applies_nothing() {
+    let db = Server::shared().empty_database().await;
+    for public in ["public", "PUBLIC", "Public"] {
+        let out = tool(Some(&db), &["migrate", "--grant", public]);
+        assert_exit(&out, 2, public);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("PUBLIC"),
+            "{out:?}"
+        );
+    }
+    let stranger = platformkit_limit_testdb::connect(&db.stranger_config()).await;
+    let applied: bool = stranger
+        .query_one(
+            "SELECT pg_catalog.to_regnamespace('platformkit') IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!applied, "the schema was applied before the refusal");
+}
+
 /// `status`, `locked` and `reset` on a key the service locked out, typed
 /// as the operator types it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

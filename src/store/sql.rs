@@ -13,7 +13,11 @@
 
 use std::time::SystemTime;
 
+use snafu::ensure;
+
+use crate::Error;
 use crate::driver::Param;
+use crate::error::InvalidOptionSnafu;
 
 /// The schema, as a script that is safe to apply twice.
 pub(crate) const SCHEMA: &str = include_str!("../../schema.sql");
@@ -370,18 +374,39 @@ pub(crate) const END_PINNED_UNIX_SECS: i64 = 7_258_118_400;
 /// applying a newer version of it.
 ///
 /// ```
+/// use platformkit_limit::{ErrorKind, grants};
+///
 /// assert_eq!(
-///     platformkit_limit::grants("app"),
+///     grants("app")?,
 ///     "GRANT USAGE ON SCHEMA platformkit TO \"app\";\n\
 ///      GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits TO \"app\";\n\
 ///      GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO \"app\";\n"
 /// );
+/// // PostgreSQL reads `public`, quoted or not, as PUBLIC: every login.
+/// assert_eq!(grants("Public").unwrap_err().kind(), ErrorKind::InvalidOption);
+/// # Ok::<(), platformkit_limit::Error>(())
 /// ```
-pub fn grants(role: &str) -> String {
+///
+/// # Errors
+///
+/// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for an
+/// empty name, and for `public` in any case: no role can have that name,
+/// and PostgreSQL reads it, quoted or not, as PUBLIC, which would hand the
+/// limiter's powers (the switch, and every count) to every login.
+pub fn grants(role: &str) -> Result<String, Error> {
+    ensure!(
+        !role.is_empty() && !role.eq_ignore_ascii_case("public"),
+        InvalidOptionSnafu {
+            option: "role",
+            reason: format!(
+                "{role:?} is not a role: PostgreSQL reads public as every login (PUBLIC)"
+            ),
+        }
+    );
     let role = format!("\"{}\"", role.replace('"', "\"\""));
-    format!(
+    Ok(format!(
         "GRANT USAGE ON SCHEMA platformkit TO {role};\n\
          GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits TO {role};\n\
          GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO {role};\n"
-    )
+    ))
 }
