@@ -1,5 +1,10 @@
 -- platformkit-limit: a limit is a row.
 --
+-- schema.sql is built from schema/limits.sql, each routine's prologue put
+-- in from schema/prologue.sql or schema/readers_prologue.sql: edit those,
+-- then `PLATFORMKIT_WRITE_SCHEMA=1 cargo test --test suite schema::` (a
+-- test fails while the two differ).
+--
 -- One row per key per window, in the table platformkit.platformkit_limits.
 -- Only the limiter writes it, inside its own short system transaction; every
 -- other transaction can neither read nor write it (FORCE ROW LEVEL SECURITY,
@@ -274,8 +279,8 @@ $$;
 -- The limiter's operations. Each is called as one statement, in
 -- autocommit, its arguments named (`p_key => $1`). The writers are
 -- procedures, `CALL platformkit.platformkit_limit_…(…)`, and begin with the
--- same prologue, written out in each between `-- prologue` and
--- `-- end of prologue`; each then checks its own parameters against the
+-- same prologue (between `-- prologue` and `-- end of prologue`, written
+-- once, in schema/prologue.sql); each then checks its own parameters against the
 -- bounds the Rust side enforces (22023 invalid_parameter_value otherwise; a
 -- test holds the two to the same numbers), does its one statement, and ends
 -- with COMMIT, so that nothing of the limiter's transaction (the switch, the
@@ -285,8 +290,8 @@ $$;
 -- of their own: they are functions, `SELECT * FROM
 -- platformkit.platformkit_limit_read(…)`, with the search_path pinned and
 -- the other settings restored by their SET clauses, the switch turned on for
--- their one read and back when it is done, and their own prologue between
--- `-- reader's prologue` and `-- end of reader's prologue`. What each step
+-- their one read and back when it is done, and their own prologue
+-- (schema/readers_prologue.sql). What each step
 -- of both prologues is for is described once, in the crate's guide:
 -- https://docs.rs/platformkit-limit/latest/platformkit_limit/guide/index.html#the-procedures-prologue
 --

@@ -604,6 +604,37 @@ fn every_routines_variables_have_schema_qualified_types() {
     );
 }
 
+/// `schema.sql` is `schema/limits.sql` with each routine's prologue put in
+/// from its one home (`schema/prologue.sql` for the writers,
+/// `schema/readers_prologue.sql` for the readers): no prologue is kept by
+/// hand in ten places. With `PLATFORMKIT_WRITE_SCHEMA=1` the test writes
+/// `schema.sql` instead of failing.
+#[test]
+fn schema_sql_is_built_from_its_source() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |path: &str| {
+        std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let (writers, readers) = (read("schema/prologue.sql"), read("schema/readers_prologue.sql"));
+    let built: String = read("schema/limits.sql")
+        .split_inclusive('\n')
+        .map(|line| match line.trim_end() {
+            "    -- prologue: schema/prologue.sql" => writers.as_str(),
+            "    -- reader's prologue: schema/readers_prologue.sql" => readers.as_str(),
+            _ => line,
+        })
+        .collect();
+    if std::env::var_os("PLATFORMKIT_WRITE_SCHEMA").is_some() {
+        std::fs::write(root.join("schema.sql"), &built).expect("schema.sql written");
+        return;
+    }
+    assert!(
+        built == SCHEMA,
+        "schema.sql is not schema/limits.sql with its prologues: \
+         PLATFORMKIT_WRITE_SCHEMA=1 cargo test --all-features --test suite schema::"
+    );
+}
+
 /// Every procedure begins with the same prologue, word for word: the
 /// guarantees it carries (never inside a caller's transaction, search_path
 /// pinned, budget checked, the switch for this transaction only) hold for
