@@ -392,6 +392,29 @@ async fn every_slot_taken_on_a_cold_replica<S: Source>() {
     drop(taken);
 }
 
+/// The shared lock table filled by a login granted nothing (session
+/// advisory locks, PUBLIC's to take, until the server says `53200`), on a
+/// server of its own and a cold replica: a new connection or a statement
+/// of the limiter's is refused with `53200`, and the probe hears the
+/// server answer, so every call is shed (or counted), never allowed.
+async fn the_lock_table_full_on_a_cold_replica<S: Source>() {
+    let server = block_in_place(|| Server::start(Options::default()));
+    let db = server.database(SCHEMA).await;
+    let (login, alice) = at_max(&db).await;
+    let stranger = platformkit_limit_testdb::connect(&db.stranger_config()).await;
+    let full = stranger
+        .batch_execute(
+            "SELECT pg_catalog.pg_advisory_lock(g) FROM pg_catalog.generate_series(1, 10000000) AS g",
+        )
+        .await
+        .expect_err("the lock table fills before ten million locks");
+    assert_eq!(full.code().map(|c| c.code()), Some("53200"), "{full:?}");
+    let limiter = cold::<S>(&db.config(), 2).await;
+    never_allowed(&limiter, &login, &alice, "the lock table full").await;
+    drop((stranger, limiter, db));
+    block_in_place(|| drop(server));
+}
+
 /// A backend stopped (SIGSTOP) while it holds the limiter's pooled
 /// connection: its calls get no answer; the server answers the probe, so
 /// they are shed, never allowed.
@@ -560,6 +583,11 @@ macro_rules! on_every_source {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn every_slot_taken_by_a_stranger_is_shed_on_a_cold_replica() {
                 every_slot_taken_on_a_cold_replica::<$source>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_lock_table_full_is_never_allowed_on_a_cold_replica() {
+                the_lock_table_full_on_a_cold_replica::<$source>().await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

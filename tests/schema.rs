@@ -615,7 +615,10 @@ fn schema_sql_is_built_from_its_source() {
     let read = |path: &str| {
         std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
     };
-    let (writers, readers) = (read("schema/prologue.sql"), read("schema/readers_prologue.sql"));
+    let (writers, readers) = (
+        read("schema/prologue.sql"),
+        read("schema/readers_prologue.sql"),
+    );
     let built: String = read("schema/limits.sql")
         .split_inclusive('\n')
         .map(|line| match line.trim_end() {
