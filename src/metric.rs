@@ -195,6 +195,13 @@ pub(crate) fn record_from(
     .record(took.as_secs_f64());
 }
 
+/// A purge begins: its counters exist from here, at 0, so that an alert on
+/// their increase sees the first failure.
+pub(crate) fn purge_started() {
+    counter!(PURGED_ROWS_TOTAL).increment(0);
+    counter!(PURGE_FAILURES_TOTAL).increment(0);
+}
+
 pub(crate) fn purged(rows: u64) {
     counter!(PURGED_ROWS_TOTAL).increment(rows);
 }

@@ -38,6 +38,7 @@ use crate::{Error, LimitConn, metric};
 /// # }
 /// ```
 pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
+    metric::purge_started();
     let mut total = 0;
     // Each batch starts where the one before stopped (docs/PERFORMANCE.md,
     // "Purge resumes").

@@ -81,3 +81,35 @@ async fn metrics_count_every_call_by_limit_operation_and_outcome() {
         );
     }
 }
+
+/// A purge's counters exist from its first run, at 0: an alert on the
+/// increase of its failures sees the first one (a counter born at 1 shows
+/// no increase).
+#[tokio::test]
+async fn a_purge_starts_its_counters_at_zero() {
+    use metrics_util::debugging::DebugValue;
+    use platformkit_limit::metric::{PURGE_FAILURES_TOTAL, PURGED_ROWS_TOTAL};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+
+    let db = fresh_db().await;
+    assert_eq!(
+        platformkit_limit::purge(&db.config())
+            .await
+            .expect("a purge"),
+        0
+    );
+    let counters: BTreeMap<String, u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) => Some((key.key().name().to_owned(), n)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(counters.get(PURGE_FAILURES_TOTAL), Some(&0), "{counters:?}");
+    assert_eq!(counters.get(PURGED_ROWS_TOTAL), Some(&0), "{counters:?}");
+}
