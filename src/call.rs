@@ -114,9 +114,9 @@ impl Call {
 
     /// Records the outcome of a call that clears (a reset, a take-back):
     /// `cleared`, `unreachable`, `shed` or `error`.
-    pub(crate) fn record_cleared(&self, limit: &Limit, result: &Result<(), Error>) {
+    pub(crate) fn record_cleared<T>(&self, limit: &Limit, result: &Result<T, Error>) {
         match result {
-            Ok(()) => self.record(limit, Outcome::Cleared),
+            Ok(_) => self.record(limit, Outcome::Cleared),
             Err(e) if e.is_unreachable() => self.record_unreachable_as(limit, e, Decided::Nothing),
             Err(e) if e.is_overloaded() => self.record_shed(limit, e),
             Err(_) => self.record(limit, Outcome::Error),

@@ -564,7 +564,7 @@ async fn every_operation_is_a_misconfiguration(db: &TestDb, held: &Arc<Mutex<Cli
         ("add_many", limiter.hit_all(&pairs).await.map(drop)),
         ("read_many", limiter.check_all(&pairs).await.map(drop)),
         ("reserve", limiter.reserve(&hourly, &victim).await.map(drop)),
-        ("reset", limiter.reset(&hourly, &victim).await),
+        ("reset", limiter.reset(&hourly, &victim).await.map(drop)),
         ("purge", purge(&lend(Arc::clone(held))).await.map(drop)),
     ];
     for (operation, outcome) in outcomes {

@@ -215,7 +215,7 @@ async fn the_system_switch_does_not_outlive_the_limiter_transaction() {
             "failed" => drop(limiter.failed(&login, &alice).await.unwrap()),
             "hit" => drop(limiter.hit(&login, &alice).await.unwrap()),
             "check" => drop(limiter.check(&login, &alice).await.unwrap()),
-            _ => limiter.reset(&login, &alice).await.unwrap(),
+            _ => drop(limiter.reset(&login, &alice).await.unwrap()),
         }
         let client = held.lock().await;
         let switch = system_switch(&client).await;

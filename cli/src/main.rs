@@ -180,8 +180,16 @@ async fn reset(args: &[String]) -> Result<(), Failure> {
     no_more(rest)?;
     // A reset needs only the limit's name: the stored key is name|key.
     let limit = Limit::new(&name, 1, Limit::MIN_WINDOW)?;
-    limiter()?.reset(&limit, &key).await?;
-    println!("reset {name} {}", key.as_str());
+    let windows = limiter()?.reset(&limit, &key).await?;
+    if windows == 0 {
+        // A wrong limit name or case, another kind or spelling of the key:
+        // nothing was unlocked, and the operator must know.
+        return Err(Failure::Failed(format!(
+            "nothing to reset: no window of {name} {} is stored (check the limit's name and the key)",
+            key.as_str()
+        )));
+    }
+    println!("reset {name} {}: {windows} windows", key.as_str());
     Ok(())
 }
 

@@ -141,8 +141,21 @@ async fn status_locked_and_reset_of_a_locked_out_key() {
         "{text}"
     );
 
+    // A wrong case in the limit's name, another kind of key: nothing
+    // unlocked, said, and not 0.
+    for (name, key) in [("Login", typed), ("login", "user:alice@example.com")] {
+        let out = tool(Some(&db), &["reset", name, key]);
+        assert_exit(&out, 1, "a reset of nothing");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("nothing to reset"),
+            "{out:?}"
+        );
+    }
+    assert!(limiter.check(&login, &alice).await.unwrap().is_refused());
+
     let out = tool(Some(&db), &["reset", "login", typed]);
     assert_exit(&out, 0, "reset");
+    assert!(stdout(&out).ends_with(": 1 windows\n"), "{out:?}");
     assert!(
         !limiter.check(&login, &alice).await.unwrap().is_refused(),
         "unlocked"

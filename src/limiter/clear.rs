@@ -11,8 +11,9 @@ use crate::store::sealed::Sealed as _;
 use crate::{Error, Limit, Limiter};
 
 impl<S: Store> Limiter<S> {
-    /// Clears a stored key, with the budget and the metrics.
-    pub(crate) async fn reset_stored(&self, limit: &Limit, key: &str) -> Result<(), Error> {
+    /// Clears a stored key, with the budget and the metrics; how many of
+    /// its windows the store held.
+    pub(crate) async fn reset_stored(&self, limit: &Limit, key: &str) -> Result<u64, Error> {
         let call = Call::start(Operation::Reset, self.budget);
         self.refusals.forget(key);
         // The local count (if the limit ever fell back to it) is cleared too.
@@ -22,8 +23,7 @@ impl<S: Store> Limiter<S> {
                 &*self.store,
                 Box::pin(self.store.reset(key, call.deadline())),
             )
-            .await
-            .map(drop);
+            .await;
         // Again: a refusal cached by a call that raced the reset is stale.
         self.refusals.forget(key);
         call.record_cleared(limit, &result);

@@ -353,14 +353,17 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Clears the key under `limit`: its current window and any older ones.
-    /// The caller's choice, for example after a good login.
+    /// The caller's choice, for example after a good login. Returns how
+    /// many windows the store held for the key: 0 when it held none (a key
+    /// never counted, or one of another spelling: an operator's tool says
+    /// so).
     ///
     /// # Errors
     ///
     /// Any failure, unreachable included (see [`Error::is_unreachable`]):
     /// nothing is allowed or refused by a reset, so there is nothing to fail
     /// open to.
-    pub async fn reset(&self, limit: &Limit, key: &Key) -> Result<(), Error> {
+    pub async fn reset(&self, limit: &Limit, key: &Key) -> Result<u64, Error> {
         self.reset_stored(limit, &stored(limit.name(), key)).await
     }
 

@@ -94,7 +94,11 @@ impl<'a, S: Store> Permit<'a, S> {
     /// which errs on the safe side.
     pub async fn succeeded(self) -> Result<(), Error> {
         match self.limit.on_success() {
-            OnSuccess::Reset => self.limiter.reset_stored(&self.limit, &self.key).await,
+            OnSuccess::Reset => self
+                .limiter
+                .reset_stored(&self.limit, &self.key)
+                .await
+                .map(drop),
             OnSuccess::TakeBack => {
                 self.limiter
                     .take_back(&self.limit, &self.key, self.counted_in)
