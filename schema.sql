@@ -292,8 +292,9 @@ $$;
 -- the other settings restored by their SET clauses, the switch turned on for
 -- their one read and back when it is done, and their own prologue
 -- (schema/readers_prologue.sql). What each step
--- of both prologues is for is described once, in the crate's guide:
--- https://docs.rs/platformkit-limit/latest/platformkit_limit/guide/index.html#the-procedures-prologue
+-- of both prologues is for is described once, in the crate's guide, "The
+-- procedures' prologue" (src/guide/calls.md; the module `guide` of the
+-- crate's docs).
 --
 -- In platformkit_limit_add and platformkit_limit_read that statement is
 -- written between `-- statement` and `-- end of statement`: the benchmark
