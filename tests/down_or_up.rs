@@ -806,3 +806,83 @@ mod on_tokio_postgres_over_tls {
         block_in_place(|| drop(server));
     }
 }
+
+// ---------------------------------------------------------------------------
+// The probe's table, the rows no fault above reaches
+// ---------------------------------------------------------------------------
+
+mod the_probes_table {
+    use super::*;
+
+    /// A source that never lends a connection: every call runs out of its
+    /// budget unanswered, and only its probe tells.
+    fn never()
+    -> impl Fn()
+        -> std::future::Pending<Result<Box<tokio_postgres::Client>, std::convert::Infallible>>
+    + Send
+    + Sync
+    + 'static {
+        std::future::pending
+    }
+
+    /// A startup the server refuses with a SQLSTATE other than its going
+    /// away (here `28000`, a role that does not exist) is an answer: up,
+    /// so the call is shed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_startup_refused_with_a_sqlstate_is_up_and_the_call_is_shed() {
+        let db = Server::shared().database(SCHEMA).await;
+        let mut nobody = db.config();
+        nobody.user("no_such_role_at_all");
+        let limiter = Limiter::builder(Postgres::new(never()).with_probe(nobody))
+            .budget(BUDGET)
+            .build()
+            .expect("a budget");
+        let login = common::limit("login", 1);
+        let (verdict, _) = timed(
+            BUDGET + PROBE + SLACK,
+            "a role that does not exist",
+            limiter.hit(&login, &Key::email("alice@example.com")),
+        )
+        .await;
+        common::assert_shed(&verdict.expect("a verdict"), "28000 at startup");
+    }
+
+    /// A server that says it is shutting down (`57P03`, a smart shutdown
+    /// waiting for its sessions) is down: the limit's `WhenUnreachable`
+    /// answers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_shutting_down_is_down() {
+        let server = block_in_place(|| Server::start(Options::default()));
+        let db = server.database(SCHEMA).await;
+        // A session that keeps the smart shutdown waiting.
+        let held = db.connect_admin().await;
+        block_in_place(|| server.pg_ctl(&["stop", "-m", "smart", "-W"]));
+        let started = Instant::now();
+        loop {
+            match db.config().connect(tokio_postgres::NoTls).await {
+                Err(e) if e.code().map(|c| c.code()) == Some("57P03") => break,
+                _ => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(10),
+                        "not shutting down"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        let limiter = Limiter::builder(Postgres::new(never()).with_probe(db.config()))
+            .budget(BUDGET)
+            .build()
+            .expect("a budget");
+        let login = common::limit("login", 1);
+        let (verdict, _) = timed(
+            BUDGET + PROBE + SLACK,
+            "a server shutting down",
+            limiter.hit(&login, &Key::email("alice@example.com")),
+        )
+        .await;
+        assert_down(&verdict.expect("a verdict"), true, "57P03 at startup");
+        drop((held, limiter, db));
+        block_in_place(|| drop(server));
+    }
+}

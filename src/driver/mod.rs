@@ -1,7 +1,7 @@
 //! The drivers: the connections a [`Postgres`](crate::Postgres) store
 //! borrows, and the [`Session`] it sends its one statement on. One file per
 //! driver, each holding its connection sources and its session; the store
-//! takes any [`LimitConn`](crate::LimitConn), which the crate's root holds.
+//! takes any [`LimitConn`], which the crate's root holds.
 //!
 //! - tokio-postgres: anything that derefs to a
 //!   [`tokio_postgres::Client`](::tokio_postgres::Client) is a session, and
@@ -70,7 +70,7 @@ use crate::error::{BoxError, Error, Reading};
 use crate::operation::Operation;
 
 /// A connection the limiter can send its statement on: the type a
-/// [`LimitConn`](crate::LimitConn) lends.
+/// [`LimitConn`] lends.
 ///
 /// Implemented for:
 /// - anything that derefs to a [`tokio_postgres::Client`](::tokio_postgres::Client) (a pool's object,
@@ -88,7 +88,7 @@ use crate::operation::Operation;
 /// The trait is sealed: what a connection must do (one statement, one round
 /// trip, errors read by the SQLSTATE table, the cancel) belongs to the
 /// drivers this crate supports. Bring your own pool through
-/// [`LimitConn`](crate::LimitConn) instead.
+/// [`LimitConn`] instead.
 pub trait Session: sealed::Sealed {}
 
 impl<T: sealed::Sealed> Session for T {}
