@@ -174,29 +174,9 @@ impl LimitConn for HeldLender {
     }
 }
 
-/// `sqlx_options(config)` for the sqlx crate `$sqlx`: its connection
-/// options for the same server, user and database.
-macro_rules! sqlx_options_of {
-    ($sqlx:ident) => {
-        fn sqlx_options(config: &Config) -> $sqlx::postgres::PgConnectOptions {
-            let host = match &config.get_hosts()[0] {
-                tokio_postgres::config::Host::Tcp(host) => host.clone(),
-                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-            };
-            let mut options = $sqlx::postgres::PgConnectOptions::new()
-                .host(&host)
-                .port(config.get_ports()[0])
-                .username(config.get_user().expect("a user"))
-                .database(config.get_dbname().expect("a database"));
-            if let Some(password) = config.get_password() {
-                options = options.password(std::str::from_utf8(password).expect("a text password"));
-            }
-            options
-        }
-    };
-}
-
-sqlx_options_of!(sqlx);
+/// sqlx's connection options for the same server, user and database: the
+/// drivers' matrix's.
+use crate::drivers::driver::sqlx08::sqlx_options;
 
 /// sqlx 0.9's `PgPool` (feature `sqlx-09`).
 #[cfg(feature = "sqlx-09")]
@@ -207,7 +187,7 @@ impl Source for SqlxPool09 {
     type Conns = sqlx_09::PgPool;
 
     async fn conns(config: &Config, size: u32) -> sqlx_09::PgPool {
-        sqlx_options_of!(sqlx_09);
+        use crate::drivers::driver::sqlx09::sqlx_options;
         sqlx_09::postgres::PgPoolOptions::new()
             .max_connections(size)
             .min_connections(0)

@@ -28,7 +28,7 @@ mod callers_transaction;
 #[path = "drivers/costs.rs"]
 mod costs;
 #[path = "drivers/driver.rs"]
-mod driver;
+pub(crate) mod driver;
 #[path = "drivers/faults.rs"]
 mod faults;
 #[path = "drivers/keys.rs"]

@@ -14,6 +14,7 @@
 //! finds it aged asks again.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -37,6 +38,10 @@ pub(crate) const PROBE_BOUND: Duration = Duration::from_secs(1);
 pub(crate) struct Health {
     base: Instant,
     probe: Mutex<Probed>,
+    /// Whether the latest probe found the server down: read without the
+    /// lock by every call before it tries the server, so that the calls of
+    /// a server that is up never take it.
+    down: AtomicBool,
     /// Woken when a probe in flight is answered (or dropped).
     answered: Notify,
     /// About the link's round trip: the shortest answered statement of the
@@ -72,6 +77,7 @@ impl Default for Health {
         Health {
             base: Instant::now(),
             probe: Mutex::default(),
+            down: AtomicBool::new(false),
             answered: Notify::new(),
             rtt: Mutex::default(),
         }
@@ -95,6 +101,9 @@ impl Health {
     /// is asking again. A call that finds a "down" that has aged probes
     /// (and waits for that answer, at most [`PROBE_BOUND`]).
     pub(crate) async fn down_before(&self, ask: impl Future<Output = Startup>) -> bool {
+        if !self.down.load(Ordering::Relaxed) {
+            return false;
+        }
         let before = {
             let probed = self.probed();
             match probed.latest {
@@ -196,6 +205,7 @@ struct Asking<'a>(&'a Health);
 impl Asking<'_> {
     fn answered(self, down: bool) {
         self.0.probed().latest = Some((Instant::now(), down));
+        self.0.down.store(down, Ordering::Relaxed);
     }
 }
 

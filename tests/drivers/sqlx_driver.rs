@@ -19,7 +19,7 @@ use super::{Driver, Lend};
 pub struct Sqlx;
 
 /// sqlx's connection options for the same server, user and database.
-fn sqlx_options(config: &Config) -> PgConnectOptions {
+pub(crate) fn sqlx_options(config: &Config) -> PgConnectOptions {
     let mut options = PgConnectOptions::new_without_pgpass()
         .port(config.get_ports().first().copied().unwrap_or(5432))
         .username(config.get_user().expect("a user"))
