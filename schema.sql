@@ -158,13 +158,32 @@ RETURN 1000000000;
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_lockout_secs() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 86400;
--- A pinned time (p_at) is from this moment on, and before the next.
-CREATE OR REPLACE FUNCTION platformkit.platformkit_min_at() RETURNS timestamptz
+-- Instants cross the wire as integers, microseconds since the Unix epoch.
+-- A pinned time (p_at) is from 1900-01-01 on, and before 2200-01-01 (UTC).
+CREATE OR REPLACE FUNCTION platformkit.platformkit_min_at() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN timestamptz '1900-01-01 00:00:00+00';
-CREATE OR REPLACE FUNCTION platformkit.platformkit_end_at() RETURNS timestamptz
+RETURN -2208988800000000;
+CREATE OR REPLACE FUNCTION platformkit.platformkit_end_at() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN timestamptz '2200-01-01 00:00:00+00';
+RETURN 7258118400000000;
+-- STABLE, as the operators they use are: an IMMUTABLE wrapper would not be
+-- inlined into the statements that call it.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_at(p_us bigint) RETURNS timestamptz
+    LANGUAGE sql STABLE PARALLEL SAFE
+RETURN timestamptz '1970-01-01 00:00:00+00' OPERATOR(pg_catalog.+) (p_us OPERATOR(pg_catalog.*) interval '1 microsecond');
+CREATE OR REPLACE FUNCTION platformkit.platformkit_us(p_at timestamptz) RETURNS bigint
+    LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (extract(epoch FROM p_at) OPERATOR(pg_catalog.*) 1000000)::bigint;
+-- Whether a count is at the limit: decide.rs's estimate, the count plus the
+-- previous window's weighted by the part of the window still to pass (p_w
+-- and p_elapsed in microseconds), at or above p_max. The one place the SQL
+-- decides; the agreement tests hold it to decide.rs.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_at_max(
+    p_count bigint, p_previous bigint, p_w numeric, p_elapsed numeric, p_max bigint) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN ((p_previous::numeric OPERATOR(pg_catalog.*) (p_w OPERATOR(pg_catalog.-) LEAST(GREATEST(p_elapsed, 0), p_w)))
+        OPERATOR(pg_catalog.+) (p_count::numeric OPERATOR(pg_catalog.*) p_w))
+       OPERATOR(pg_catalog.>=) (p_max::numeric OPERATOR(pg_catalog.*) p_w);
 
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
     -- The limit's name and the encoded key: 'login|email|alice@example.com'.
@@ -287,7 +306,7 @@ $$;
 -- settings, a row lock) outlives the CALL, whoever called it.
 --
 -- The readers (read, read_many, list) write nothing, so they need no transaction
--- of their own: they are functions, `SELECT * FROM
+-- of their own: they are functions, `SELECT
 -- platformkit.platformkit_limit_read(…)`, with the search_path pinned and
 -- the other settings restored by their SET clauses, the switch turned on for
 -- their one read and back when it is done, and their own prologue
@@ -302,31 +321,35 @@ $$;
 -- procedure's variables as parameters, and runs it alone, prepared, as the
 -- floor the procedure is measured against. It stops if the markers are gone.
 --
--- Keys arrive as parameters only. Time comes from the database's clock
--- unless the caller pins it (p_at, for tests; 1900 to 2200). The window
+-- Keys arrive as parameters only. Counts, instants and spans travel as
+-- integers, instants in microseconds since the Unix epoch. Time comes from
+-- the database's clock unless the caller pins it (p_at, for tests; 1900 to
+-- 2200). The window
 -- arithmetic adds microsecond intervals and bins from the Unix epoch: the
 -- session's TimeZone and DateStyle do not matter.
 
 -- Adds p_add to the key's count in the current window and returns the count,
 -- the window's end and the time. The addition saturates at the largest
 -- bigint. With p_previous it also returns the previous window's count (for
--- sliding windows); with p_lockout_secs > 0, the latest lockout of an
--- earlier window of the key whose count reached p_max: that window's end
--- plus the lockout, if still to come.
+-- sliding windows); with p_lockout_secs > 0, how long the latest lockout of
+-- an earlier window of the key whose count reached p_max (that window's end
+-- plus the lockout) still runs, 0 if none.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add(
-    p_key text, p_add bigint, p_window_secs bigint, p_at timestamptz,
+    p_key text, p_add bigint, p_window_secs bigint, p_at bigint,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
     p_max bigint, p_lockout_secs bigint,
     INOUT o_count bigint DEFAULT NULL,
-    INOUT o_window_end timestamptz DEFAULT NULL,
-    INOUT o_now timestamptz DEFAULT NULL,
+    INOUT o_window_end bigint DEFAULT NULL,
+    INOUT o_now bigint DEFAULT NULL,
     INOUT o_previous bigint DEFAULT NULL,
-    INOUT o_locked_until timestamptz DEFAULT NULL)
+    INOUT o_locked_for bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_window pg_catalog.interval;
+    v_now pg_catalog.timestamptz;
     v_start pg_catalog.timestamptz;
+    v_locked pg_catalog.timestamptz;
 BEGIN
     -- prologue
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
@@ -391,14 +414,14 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_window := make_interval(secs => p_window_secs);
-    o_now := COALESCE(p_at, statement_timestamp());
-    v_start := date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
+    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
+    v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
     -- statement
     INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
     VALUES (p_key, v_start, v_start + v_window, p_add)
     ON CONFLICT (key, window_start) DO UPDATE
         SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
-    RETURNING l.count, l.window_start + v_window,
+    RETURNING l.count,
         CASE WHEN p_previous THEN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
@@ -407,11 +430,14 @@ BEGIN
             (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
              FROM platformkit.platformkit_limits AS x
              WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-               AND x.window_end + make_interval(secs => p_lockout_secs) > o_now)
+               AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
         END
-    INTO o_count, o_window_end, o_previous, o_locked_until;
+    INTO o_count, o_previous, v_locked;
     -- end of statement
     o_previous := COALESCE(o_previous, 0);
+    o_now := platformkit.platformkit_us(v_now);
+    o_window_end := platformkit.platformkit_us(v_start + v_window);
+    o_locked_for := COALESCE(platformkit.platformkit_us(v_locked) - o_now, 0);
     COMMIT;
 END
 $$;
@@ -425,16 +451,18 @@ $$;
 -- twice adds both amounts. Returns the counts and window ends in the order
 -- given.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_many(
-    p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at timestamptz,
+    p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at bigint,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
     p_maxes bigint[], p_lockout_secs bigint[],
     INOUT o_counts bigint[] DEFAULT NULL,
-    INOUT o_window_ends timestamptz[] DEFAULT NULL,
-    INOUT o_now timestamptz DEFAULT NULL,
+    INOUT o_window_ends bigint[] DEFAULT NULL,
+    INOUT o_now bigint DEFAULT NULL,
     INOUT o_previous bigint[] DEFAULT NULL,
-    INOUT o_locked_until timestamptz[] DEFAULT NULL)
+    INOUT o_locked_for bigint[] DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_now pg_catalog.timestamptz;
 BEGIN
     -- prologue
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
@@ -505,10 +533,11 @@ BEGIN
                        false) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    o_now := COALESCE(p_at, statement_timestamp());
+    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
+    o_now := platformkit.platformkit_us(v_now);
     WITH asked AS (
         SELECT t.key, t.ord, t.add, make_interval(secs => t.secs) AS width,
-               date_bin(make_interval(secs => t.secs), o_now,
+               date_bin(make_interval(secs => t.secs), v_now,
                         timestamptz '1970-01-01 00:00:00+00') AS start
         FROM unnest(p_keys, p_window_secs, p_adds)
              WITH ORDINALITY AS t(key, secs, add, ord)
@@ -527,7 +556,8 @@ BEGIN
             SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
         RETURNING l.key, l.window_start, l.count
     )
-    SELECT array_agg(c.count ORDER BY a.ord), array_agg(a.start + a.width ORDER BY a.ord)
+    SELECT array_agg(c.count ORDER BY a.ord),
+           array_agg(platformkit.platformkit_us(a.start + a.width) ORDER BY a.ord)
     INTO o_counts, o_window_ends
     FROM asked AS a
     JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
@@ -547,20 +577,21 @@ BEGIN
                    ORDER BY a.ord),
                array_agg(
                    CASE WHEN a.lockout > 0 THEN
-                       (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                        FROM platformkit.platformkit_limits AS x
-                        WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                          AND x.window_end + make_interval(secs => a.lockout) > o_now)
-                   END
+                       COALESCE(platformkit.platformkit_us(
+                           (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                            FROM platformkit.platformkit_limits AS x
+                            WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                              AND x.window_end + make_interval(secs => a.lockout) > v_now)) - o_now, 0)
+                   ELSE 0 END
                    ORDER BY a.ord)
-        INTO o_previous, o_locked_until
+        INTO o_previous, o_locked_for
         FROM (SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
-                     t.window_end - make_interval(secs => t.secs) AS start
+                     platformkit.platformkit_at(t.window_end) - make_interval(secs => t.secs) AS start
               FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, o_window_ends)
                    WITH ORDINALITY AS t(key, secs, max, lockout, window_end, ord)) AS a;
     ELSE
         o_previous := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
-        o_locked_until := array_fill(NULL::timestamptz, ARRAY[cardinality(p_keys)]);
+        o_locked_for := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
     END IF;
     COMMIT;
 END
@@ -584,17 +615,19 @@ $$;
 -- ends, the time, the previous windows' counts (0 for a fixed pair), the
 -- lockouts, and o_added, whether the amounts were added.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_all_or_none(
-    p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at timestamptz,
+    p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at bigint,
     p_budget_ms bigint, p_relaxed boolean, p_sliding boolean[],
     p_maxes bigint[], p_lockout_secs bigint[],
     INOUT o_counts bigint[] DEFAULT NULL,
-    INOUT o_window_ends timestamptz[] DEFAULT NULL,
-    INOUT o_now timestamptz DEFAULT NULL,
+    INOUT o_window_ends bigint[] DEFAULT NULL,
+    INOUT o_now bigint DEFAULT NULL,
     INOUT o_previous bigint[] DEFAULT NULL,
-    INOUT o_locked_until timestamptz[] DEFAULT NULL,
+    INOUT o_locked_for bigint[] DEFAULT NULL,
     INOUT o_added boolean DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_now pg_catalog.timestamptz;
 BEGIN
     -- prologue
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
@@ -668,13 +701,14 @@ BEGIN
        OR (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> cardinality(p_keys) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    o_now := COALESCE(p_at, statement_timestamp());
+    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
+    o_now := platformkit.platformkit_us(v_now);
     -- The amounts added, the rows locked, and each pair decided: all in a
     -- block that a refusal rolls back.
     BEGIN
         WITH asked AS (
             SELECT t.key, t.ord, t.add, make_interval(secs => t.secs) AS width,
-                   date_bin(make_interval(secs => t.secs), o_now,
+                   date_bin(make_interval(secs => t.secs), v_now,
                             timestamptz '1970-01-01 00:00:00+00') AS start
             FROM unnest(p_keys, p_window_secs, p_adds) WITH ORDINALITY AS t(key, secs, add, ord)
             -- A key out of bounds is left out here, and refused below.
@@ -688,7 +722,8 @@ BEGIN
                 SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
             RETURNING l.key, l.window_start, l.count
         )
-        SELECT array_agg(c.count ORDER BY a.ord), array_agg(a.start + a.width ORDER BY a.ord)
+        SELECT array_agg(c.count ORDER BY a.ord),
+               array_agg(platformkit.platformkit_us(a.start + a.width) ORDER BY a.ord)
         INTO o_counts, o_window_ends
         FROM asked AS a
         JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
@@ -697,31 +732,30 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
         END IF;
         -- The previous windows and the lockouts of earlier windows, as
-        -- add_many reads them; then the decision, in exact numeric
-        -- arithmetic over microseconds, as decide.rs makes it in integers.
-        SELECT array_agg(d.previous ORDER BY d.ord), array_agg(d.locked_until ORDER BY d.ord),
-               bool_and(d.locked_until IS NULL
-                        AND d.previous::numeric * (d.w - d.elapsed) + (d.count::numeric - 1) * d.w
-                            < d.max::numeric * d.w)
-        INTO o_previous, o_locked_until, o_added
+        -- add_many reads them; then each pair decided on its count before
+        -- its own last unit, by platformkit_at_max.
+        SELECT array_agg(d.previous ORDER BY d.ord), array_agg(d.locked_for ORDER BY d.ord),
+               bool_and(d.locked_for = 0
+                        AND NOT platformkit.platformkit_at_max(d.count - 1, d.previous, d.w,
+                                                              o_now - d.start_us, d.max))
+        INTO o_previous, o_locked_for, o_added
         FROM (
-            SELECT a.ord, a.max, a.count, a.w,
-                   LEAST(GREATEST((extract(epoch FROM o_now) - extract(epoch FROM a.start)) * 1000000, 0), a.w)
-                       AS elapsed,
+            SELECT a.ord, a.max, a.count, a.w, a.window_end - a.w AS start_us,
                    CASE WHEN a.sliding THEN
                        COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
                                  WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                    ELSE 0 END AS previous,
                    CASE WHEN a.lockout > 0 THEN
-                       (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                        FROM platformkit.platformkit_limits AS x
-                        WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                          AND x.window_end + make_interval(secs => a.lockout) > o_now)
-                   END AS locked_until
-            FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, t.count,
+                       COALESCE(platformkit.platformkit_us(
+                           (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                            FROM platformkit.platformkit_limits AS x
+                            WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                              AND x.window_end + make_interval(secs => a.lockout) > v_now)) - o_now, 0)
+                   ELSE 0 END AS locked_for
+            FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, t.count, t.window_end,
                          t.secs::numeric * 1000000 AS w,
                          make_interval(secs => t.secs) AS width,
-                         t.window_end - make_interval(secs => t.secs) AS start
+                         platformkit.platformkit_at(t.window_end) - make_interval(secs => t.secs) AS start
                   FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, p_sliding,
                               o_counts, o_window_ends)
                        WITH ORDINALITY AS t(key, secs, max, lockout, sliding, count, window_end, ord)) AS a
@@ -745,15 +779,14 @@ $$;
 
 -- Reads the count of each (key, window) pair; writes nothing. A function,
 -- not a procedure: a read needs no transaction of its own (see the readers'
--- prologue above).
+-- prologue above). Its answer is one array of integers, which the server
+-- sends cheaper than a row of a function's columns: the time, then for each
+-- pair in the order given what add_many answers for it (its count, its
+-- window's end, the previous window's count, the lockout still to run).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read_many(
-    p_keys text[], p_window_secs bigint[], p_at timestamptz, p_budget_ms bigint,
+    p_keys text[], p_window_secs bigint[], p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_maxes bigint[], p_lockout_secs bigint[],
-    OUT o_counts bigint[],
-    OUT o_window_ends timestamptz[],
-    OUT o_now timestamptz,
-    OUT o_previous bigint[],
-    OUT o_locked_until timestamptz[])
+    OUT o_answer bigint[])
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -775,6 +808,8 @@ AS $$
 DECLARE
     v_switch pg_catalog.text;
     v_set pg_catalog.text;
+    v_now pg_catalog.timestamptz;
+    v_now_us pg_catalog.int8;
 BEGIN
     -- reader's prologue
     -- Each refusal below is behind a cheaper test that it implies: a call
@@ -834,51 +869,46 @@ BEGIN
                               AND t.lockout BETWEEN 0 AND platformkit.platformkit_max_lockout_secs(), false)) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    o_now := COALESCE(p_at, statement_timestamp());
+    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
+    v_now_us := platformkit.platformkit_us(v_now);
     WITH asked AS (
         SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
-               date_bin(make_interval(secs => t.secs), o_now,
+               date_bin(make_interval(secs => t.secs), v_now,
                         timestamptz '1970-01-01 00:00:00+00') AS start
         FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
              WITH ORDINALITY AS t(key, secs, max, lockout, ord)
     )
     -- A correlated subquery per pair: one index probe each, whatever the
     -- planner guesses of the array's length (a join could scan the table).
-    SELECT array_agg(
-               COALESCE((SELECT l.count FROM platformkit.platformkit_limits AS l
-                         WHERE l.key = a.key AND l.window_start = a.start), 0)
-               ORDER BY a.ord),
-           array_agg(a.start + a.width ORDER BY a.ord),
-           array_agg(
-               CASE WHEN p_previous THEN
-                   COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
-                             WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
-               ELSE 0 END
-               ORDER BY a.ord),
-           array_agg(
-               CASE WHEN a.lockout > 0 THEN
-                   (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                    FROM platformkit.platformkit_limits AS x
-                    WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                      AND x.window_end + make_interval(secs => a.lockout) > o_now)
-               END
-               ORDER BY a.ord)
-    INTO o_counts, o_window_ends, o_previous, o_locked_until
-    FROM asked AS a;
+    SELECT ARRAY[v_now_us] || array_agg(x.v ORDER BY a.ord, x.i)
+    INTO o_answer
+    FROM asked AS a,
+    LATERAL unnest(ARRAY[
+        COALESCE((SELECT l.count FROM platformkit.platformkit_limits AS l
+                  WHERE l.key = a.key AND l.window_start = a.start), 0),
+        platformkit.platformkit_us(a.start + a.width),
+        CASE WHEN p_previous THEN
+            COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
+                      WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
+        ELSE 0 END,
+        CASE WHEN a.lockout > 0 THEN
+            COALESCE(platformkit.platformkit_us(
+                (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                 FROM platformkit.platformkit_limits AS x
+                 WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                   AND x.window_end + make_interval(secs => a.lockout) > v_now)) - v_now_us, 0)
+        ELSE 0 END]) WITH ORDINALITY AS x(v, i);
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
 
 -- Reads the key's count in the current window; writes nothing. A function,
--- not a procedure (see the readers' prologue above).
+-- not a procedure (see the readers' prologue above). Answers as read_many
+-- does for one pair.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read(
-    p_key text, p_window_secs bigint, p_at timestamptz, p_budget_ms bigint,
+    p_key text, p_window_secs bigint, p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint,
-    OUT o_count bigint,
-    OUT o_window_end timestamptz,
-    OUT o_now timestamptz,
-    OUT o_previous bigint,
-    OUT o_locked_until timestamptz)
+    OUT o_answer bigint[])
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -901,7 +931,12 @@ DECLARE
     v_switch pg_catalog.text;
     v_set pg_catalog.text;
     v_window pg_catalog.interval;
+    v_now pg_catalog.timestamptz;
     v_start pg_catalog.timestamptz;
+    v_count pg_catalog.int8;
+    v_previous pg_catalog.int8;
+    v_locked pg_catalog.timestamptz;
+    v_now_us pg_catalog.int8;
 BEGIN
     -- reader's prologue
     -- Each refusal below is behind a cheaper test that it implies: a call
@@ -956,9 +991,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_window := make_interval(secs => p_window_secs);
-    o_now := COALESCE(p_at, statement_timestamp());
-    v_start := date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
-    o_window_end := v_start + v_window;
+    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
+    v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
     -- statement
     SELECT
         (SELECT l.count FROM platformkit.platformkit_limits AS l
@@ -971,12 +1005,13 @@ BEGIN
             (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
              FROM platformkit.platformkit_limits AS x
              WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-               AND x.window_end + make_interval(secs => p_lockout_secs) > o_now)
+               AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
         END
-    INTO o_count, o_previous, o_locked_until;
+    INTO v_count, v_previous, v_locked;
     -- end of statement
-    o_count := COALESCE(o_count, 0);
-    o_previous := COALESCE(o_previous, 0);
+    v_now_us := platformkit.platformkit_us(v_now);
+    o_answer := ARRAY[v_now_us, COALESCE(v_count, 0), platformkit.platformkit_us(v_start + v_window),
+                      COALESCE(v_previous, 0), COALESCE(platformkit.platformkit_us(v_locked) - v_now_us, 0)];
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
@@ -994,14 +1029,14 @@ $$;
 -- limit's (login2|... sorts before login|...). Writes nothing: a function
 -- (see the readers' prologue above).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
-    p_prefix text, p_window_secs bigint, p_at timestamptz, p_budget_ms bigint,
+    p_prefix text, p_window_secs bigint, p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint, p_at_most bigint,
     OUT o_keys text[],
     OUT o_counts bigint[],
-    OUT o_window_end timestamptz,
-    OUT o_now timestamptz,
+    OUT o_window_end bigint,
+    OUT o_now bigint,
     OUT o_previous bigint[],
-    OUT o_locked_until timestamptz[])
+    OUT o_locked_for bigint[])
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1024,10 +1059,10 @@ DECLARE
     v_switch pg_catalog.text;
     v_set pg_catalog.text;
     v_window pg_catalog.interval;
+    v_now pg_catalog.timestamptz;
     v_start pg_catalog.timestamptz;
     v_upper pg_catalog.text;
     v_w pg_catalog.numeric;
-    v_e pg_catalog.numeric;
 BEGIN
     -- reader's prologue
     -- Each refusal below is behind a cheaper test that it implies: a call
@@ -1084,13 +1119,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_window := make_interval(secs => p_window_secs);
-    o_now := COALESCE(p_at, statement_timestamp());
-    v_start := date_bin(v_window, o_now, timestamptz '1970-01-01 00:00:00+00');
-    o_window_end := v_start + v_window;
+    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
+    v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
+    o_now := platformkit.platformkit_us(v_now);
+    o_window_end := platformkit.platformkit_us(v_start + v_window);
     v_upper := left(p_prefix, -1) || '}';
-    -- The window's width and how much of it has passed, in microseconds.
     v_w := p_window_secs::numeric * 1000000;
-    v_e := (extract(epoch FROM o_now) - extract(epoch FROM v_start)) * 1000000;
     WITH keyed AS (
         SELECT l.key,
                max(l.window_start) AS latest,
@@ -1101,7 +1135,7 @@ BEGIN
                CASE WHEN p_lockout_secs > 0 THEN
                    max(l.window_end) FILTER (
                        WHERE l.window_start < v_start AND l.count >= p_max
-                         AND l.window_end + make_interval(secs => p_lockout_secs) > o_now)
+                         AND l.window_end + make_interval(secs => p_lockout_secs) > v_now)
                    + make_interval(secs => p_lockout_secs)
                END AS locked_until
         FROM platformkit.platformkit_limits AS l
@@ -1111,15 +1145,16 @@ BEGIN
         SELECT k.key, k.latest, k.cur, k.prev, k.locked_until
         FROM keyed AS k
         WHERE k.locked_until IS NOT NULL
-           OR k.prev::numeric * (v_w - v_e) + k.cur::numeric * v_w >= p_max::numeric * v_w
+           OR platformkit.platformkit_at_max(k.cur, k.prev, v_w, o_now - (o_window_end - v_w), p_max)
         ORDER BY k.latest DESC, k.cur DESC, k.key
         LIMIT p_at_most
     )
     SELECT COALESCE(array_agg(r.key ORDER BY r.latest DESC, r.cur DESC, r.key), '{}'),
            COALESCE(array_agg(r.cur ORDER BY r.latest DESC, r.cur DESC, r.key), '{}'),
            COALESCE(array_agg(r.prev ORDER BY r.latest DESC, r.cur DESC, r.key), '{}'),
-           COALESCE(array_agg(r.locked_until ORDER BY r.latest DESC, r.cur DESC, r.key), '{}')
-    INTO o_keys, o_counts, o_previous, o_locked_until
+           COALESCE(array_agg(COALESCE(platformkit.platformkit_us(r.locked_until) - o_now, 0)
+                              ORDER BY r.latest DESC, r.cur DESC, r.key), '{}')
+    INTO o_keys, o_counts, o_previous, o_locked_for
     FROM refused AS r;
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
@@ -1129,7 +1164,7 @@ $$;
 -- p_window_start (a reserved attempt that succeeded), never below zero;
 -- returns the count. A window that is gone stays gone.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_take_back(
-    p_key text, p_window_start timestamptz, p_n bigint,
+    p_key text, p_window_start bigint, p_n bigint,
     p_budget_ms bigint, p_relaxed boolean,
     INOUT o_count bigint DEFAULT NULL)
 LANGUAGE plpgsql
@@ -1190,12 +1225,13 @@ BEGIN
     END IF;
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_n IS NULL OR p_n < 1 OR p_relaxed IS NULL
-       OR p_window_start IS NULL OR NOT isfinite(p_window_start) THEN
+       OR p_window_start IS NULL
+       OR p_window_start < platformkit.platformkit_min_at() OR p_window_start >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     UPDATE platformkit.platformkit_limits
         SET count = GREATEST(count - p_n, 0)
-        WHERE key = p_key AND window_start = p_window_start
+        WHERE key = p_key AND window_start = platformkit.platformkit_at(p_window_start)
         RETURNING count INTO o_count;
     o_count := COALESCE(o_count, 0);
     COMMIT;

@@ -1,5 +1,5 @@
 //! What preparing a statement once per connection saves the server: the
-//! limiter's read (`SELECT * FROM platformkit.platformkit_limit_read(…)`)
+//! limiter's read (`SELECT platformkit.platformkit_limit_read(…)`)
 //! and write (`CALL platformkit.platformkit_limit_add(…)`), each sent as
 //! the default sends it (one unnamed Parse, Bind, Execute and Sync) and as
 //! `Prepared` sends it (Bind, Execute and Sync of a statement prepared on
@@ -24,14 +24,14 @@
 //! backends' instruction counts over 1,000 is the cost of one call, the
 //! connection's start and end cancelled out.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use platformkit_limit::SCHEMA;
 use platformkit_limit_testdb::{Options, Server};
 use postgres_types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls};
 
-const READ: &str = "SELECT * FROM platformkit.platformkit_limit_read(\
+const READ: &str = "SELECT platformkit.platformkit_limit_read(\
     p_key => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_max => $6, p_lockout_secs => $7)";
 const ADD: &str = "CALL platformkit.platformkit_limit_add(\
@@ -41,7 +41,7 @@ const ADD: &str = "CALL platformkit.platformkit_limit_add(\
 const READ_TYPES: [Type; 7] = [
     Type::TEXT,
     Type::INT8,
-    Type::TIMESTAMPTZ,
+    Type::INT8,
     Type::INT8,
     Type::BOOL,
     Type::INT8,
@@ -51,7 +51,7 @@ const ADD_TYPES: [Type; 9] = [
     Type::TEXT,
     Type::INT8,
     Type::INT8,
-    Type::TIMESTAMPTZ,
+    Type::INT8,
     Type::INT8,
     Type::BOOL,
     Type::BOOL,
@@ -104,7 +104,7 @@ impl Conn {
     async fn one(&self, op: Op, mode: Mode, i: u64) {
         let key = format!("bench|key-{}", i % 64);
         let key = key.as_str();
-        let at: Option<SystemTime> = None;
+        let at: Option<i64> = None;
         let (window, budget, max, lockout, add, f) =
             (60i64, 1000i64, 1_000_000_000i64, 0i64, 1i64, false);
         match op {

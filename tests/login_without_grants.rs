@@ -200,7 +200,7 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
          p_at => NULL, p_budget_ms => 2000, p_previous => false, p_max => 5, p_lockout_secs => 0, \
          p_at_most => 10)",
         "CALL platformkit.platformkit_limit_take_back(p_key => 'login|k', \
-         p_window_start => now(), p_n => 1, p_budget_ms => 2000, p_relaxed => false)",
+         p_window_start => 0, p_n => 1, p_budget_ms => 2000, p_relaxed => false)",
         "CALL platformkit.platformkit_limit_reset(p_key => 'login|k', p_budget_ms => 2000, \
          p_relaxed => false)",
         "CALL platformkit.platformkit_limit_purge_from(p_batch => 10, p_budget_ms => 2000)",
@@ -228,9 +228,9 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
         .collect();
     assert_eq!(
         executable.len(),
-        18,
-        "six procedures, three readers, the policy's function, the schema's version and \
-         the seven bounds: {executable:?}"
+        21,
+        "six procedures, three readers, the policy's function, the schema's version, \
+         the seven bounds, the two conversions of an instant and the decision: {executable:?}"
     );
     assert!(
         executable.iter().all(|(_, can)| !can),

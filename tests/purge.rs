@@ -493,7 +493,7 @@ async fn windows_that_end_far_ahead_are_purged_at_once() {
         tenant
             .batch_execute(&format!(
                 "CALL platformkit.platformkit_limit_add(p_key => '{key}', p_add => 1, \
-                 p_window_secs => {window}, p_at => '{at}', p_budget_ms => 2000, \
+                 p_window_secs => {window}, p_at => platformkit.platformkit_us('{at}'), p_budget_ms => 2000, \
                  p_relaxed => false, p_previous => false, p_max => 5, p_lockout_secs => 0)"
             ))
             .await

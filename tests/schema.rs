@@ -139,29 +139,29 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
         (
             "at",
             |a, v| a.at = v,
-            "'1900-01-01 00:00:00+00'".into(),
+            "platformkit.platformkit_us('1900-01-01 00:00:00+00')".into(),
             true,
         ),
         (
             "at",
             |a, v| a.at = v,
-            "'1899-12-31 23:59:59+00'".into(),
+            "platformkit.platformkit_us('1899-12-31 23:59:59+00')".into(),
             false,
         ),
         (
             "at",
             |a, v| a.at = v,
-            "'2199-12-31 23:59:59+00'".into(),
+            "platformkit.platformkit_us('2199-12-31 23:59:59+00')".into(),
             true,
         ),
         (
             "at",
             |a, v| a.at = v,
-            "'2200-01-01 00:00:00+00'".into(),
+            "platformkit.platformkit_us('2200-01-01 00:00:00+00')".into(),
             false,
         ),
-        ("at", |a, v| a.at = v, "'infinity'".into(), false),
-        ("at", |a, v| a.at = v, "'-infinity'".into(), false),
+        ("at", |a, v| a.at = v, i64::MAX.to_string(), false),
+        ("at", |a, v| a.at = v, i64::MIN.to_string(), false),
         (
             "key",
             |a, v| a.key = v,
@@ -208,11 +208,11 @@ async fn the_procedures_check_every_bound_the_rust_side_enforces() {
     // The other procedures' own parameters.
     let refused = [
         "CALL platformkit.platformkit_limit_take_back(p_key => 'bounds|k', \
-         p_window_start => now(), p_n => -1, p_budget_ms => 2000, p_relaxed => false)",
+         p_window_start => 0, p_n => -1, p_budget_ms => 2000, p_relaxed => false)",
         "CALL platformkit.platformkit_limit_take_back(p_key => 'bounds|k', \
-         p_window_start => now(), p_n => 0, p_budget_ms => 2000, p_relaxed => false)",
+         p_window_start => 0, p_n => 0, p_budget_ms => 2000, p_relaxed => false)",
         "CALL platformkit.platformkit_limit_take_back(p_key => 'bounds|k', \
-         p_window_start => 'infinity', p_n => 1, p_budget_ms => 2000, p_relaxed => false)",
+         p_window_start => 9223372036854775807, p_n => 1, p_budget_ms => 2000, p_relaxed => false)",
         "CALL platformkit.platformkit_limit_reset(p_key => '', p_budget_ms => 2000, \
          p_relaxed => false)",
         "CALL platformkit.platformkit_limit_reset(p_key => 'bounds|k', p_budget_ms => 0, \
@@ -332,12 +332,12 @@ async fn each_bound_is_written_once_in_the_schema_and_is_the_rust_constant() {
     // The pinned clock's years, as the Rust side refuses them
     // (a_clock_pinned_outside_1900_to_2199_is_an_invalid_option).
     assert_eq!(
-        number("SELECT extract(epoch FROM platformkit.platformkit_min_at())::int8").await,
-        -2_208_988_800
+        number("SELECT platformkit.platformkit_min_at()").await,
+        -2_208_988_800_000_000
     );
     assert_eq!(
-        number("SELECT extract(epoch FROM platformkit.platformkit_end_at())::int8").await,
-        7_258_118_400
+        number("SELECT platformkit.platformkit_end_at()").await,
+        7_258_118_400_000_000
     );
 
     let routines = &SCHEMA[SCHEMA

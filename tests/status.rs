@@ -318,7 +318,7 @@ async fn the_role_without_grants_cannot_list() {
             admin
                 .query_one(
                     "SELECT pg_catalog.has_function_privilege($1, \
-                     'platformkit.platformkit_limit_list(text, bigint, timestamptz, bigint, \
+                     'platformkit.platformkit_limit_list(text, bigint, bigint, bigint, \
                       boolean, bigint, bigint, bigint)', 'EXECUTE')",
                     &[&role],
                 )

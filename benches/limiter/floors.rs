@@ -70,7 +70,7 @@ impl Var {
             "p_lockout_secs" => Var::LockoutSecs,
             "v_window" => Var::Window,
             "v_start" => Var::Start,
-            "o_now" => Var::Now,
+            "v_now" => Var::Now,
             _ => return None,
         })
     }

@@ -44,7 +44,6 @@ pub(crate) mod bb8;
 mod conn;
 #[cfg(feature = "deadpool")]
 pub(crate) mod deadpool;
-mod record;
 #[cfg(any(feature = "sqlx", feature = "sqlx-09"))]
 pub(crate) mod sqlx;
 pub(crate) mod tokio_postgres;
@@ -61,7 +60,6 @@ pub use self::tokio_postgres::{Connect, Connected};
 pub(crate) use self::sealed::{Columns, Failure, Param, Row};
 
 use std::future::Future;
-use std::time::SystemTime;
 
 use ::tokio_postgres::error::SqlState;
 use tokio::time::Instant;
@@ -105,8 +103,8 @@ pub(crate) mod sealed {
         Int8(i64),
         /// `bool`
         Bool(bool),
-        /// `timestamptz`, `NULL` for `None`
-        Timestamptz(Option<SystemTime>),
+        /// `int8`, `NULL` for `None`
+        MaybeInt8(Option<i64>),
         /// `double precision`, `NULL` for `None`
         Float8(Option<f64>),
         /// `text[]`
@@ -132,14 +130,6 @@ pub(crate) mod sealed {
         fn int8s(&self, index: usize) -> Result<Vec<i64>, Failure>;
         /// `text[]`
         fn texts(&self, index: usize) -> Result<Vec<String>, Failure>;
-        /// `timestamptz`, never `NULL`
-        fn time(&self, index: usize) -> Result<SystemTime, Failure>;
-        /// `timestamptz`, or `NULL`
-        fn maybe_time(&self, index: usize) -> Result<Option<SystemTime>, Failure>;
-        /// `timestamptz[]` with no `NULL`
-        fn times(&self, index: usize) -> Result<Vec<SystemTime>, Failure>;
-        /// `timestamptz[]`, `NULL`s allowed
-        fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure>;
         /// `double precision`, or `NULL`
         fn maybe_float8(&self, index: usize) -> Result<Option<f64>, Failure>;
     }

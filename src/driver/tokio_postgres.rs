@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::ops::Deref;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use postgres_types::{FromSql, ToSql, Type};
 use tokio::task::JoinHandle;
@@ -19,7 +19,6 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Config, NoTls, SimpleQueryMessage, Socket};
 
-use super::record::Fields;
 use super::{Columns, Failure, Param, Row, SourceErrors, answer_or_cancel, sealed};
 use crate::LimitConn;
 use crate::error::{BoxError, Reading, not_an_outage};
@@ -64,32 +63,8 @@ pub(super) async fn cancelling(
         async move { token.cancel_query(tokio_postgres::NoTls).await.is_ok() }
     })
     .await;
-    (answer.map_err(failure).and_then(answered), cancelled)
-}
-
-/// The statement's one row as the stores read it: a row whose one column is
-/// a `record` (the readers' answer) reads as that record's fields.
-fn answered(row: tokio_postgres::Row) -> Result<Row, Failure> {
-    match row.columns() {
-        [only] if *only.type_() == Type::RECORD => {
-            let RecordBytes(raw) = column(&row, 0)?;
-            Ok(Row(Box::new(Fields::parse(raw)?)))
-        }
-        _ => Ok(Row(Box::new(row))),
-    }
-}
-
-/// A `record` column's bytes, for [`Fields::parse`].
-struct RecordBytes(Vec<u8>);
-
-impl<'a> FromSql<'a> for RecordBytes {
-    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
-        Ok(RecordBytes(raw.to_vec()))
-    }
-
-    fn accepts(ty: &Type) -> bool {
-        *ty == Type::RECORD
-    }
+    let answer = answer.map_err(failure).map(|row| Row(Box::new(row)));
+    (answer, cancelled)
 }
 
 /// The parameter as tokio-postgres sends it: a value and its type.
@@ -98,7 +73,7 @@ pub(super) fn typed<'a>(param: &'a Param<'a>) -> (&'a (dyn ToSql + Sync), Type) 
         Param::Text(text) => (text, Type::TEXT),
         Param::Int8(n) => (n, Type::INT8),
         Param::Bool(b) => (b, Type::BOOL),
-        Param::Timestamptz(at) => (at, Type::TIMESTAMPTZ),
+        Param::MaybeInt8(n) => (n, Type::INT8),
         Param::Float8(x) => (x, Type::FLOAT8),
         Param::TextArray(texts) => (texts, Type::TEXT_ARRAY),
         Param::Int8Array(ns) => (ns, Type::INT8_ARRAY),
@@ -127,18 +102,6 @@ impl Columns for tokio_postgres::Row {
         column(self, index)
     }
     fn texts(&self, index: usize) -> Result<Vec<String>, Failure> {
-        column(self, index)
-    }
-    fn time(&self, index: usize) -> Result<SystemTime, Failure> {
-        column(self, index)
-    }
-    fn maybe_time(&self, index: usize) -> Result<Option<SystemTime>, Failure> {
-        column(self, index)
-    }
-    fn times(&self, index: usize) -> Result<Vec<SystemTime>, Failure> {
-        column(self, index)
-    }
-    fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure> {
         column(self, index)
     }
     fn maybe_float8(&self, index: usize) -> Result<Option<f64>, Failure> {

@@ -11,8 +11,6 @@
 //! ([one call's path](crate::guide#one-calls-path),
 //! [the procedures' prologue](crate::guide#the-procedures-prologue)).
 
-use std::time::SystemTime;
-
 use snafu::ensure;
 
 use crate::Error;
@@ -29,8 +27,9 @@ pub(crate) const SCHEMA: &str = include_str!("../../schema.sql");
 pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// Adds `p_add` to the key's count in the current window. Returns the count,
-/// the window's end, the time, the previous window's count and the end of a
-/// lockout.
+/// the window's end, the time, the previous window's count and the lockout
+/// still to run. Instants and spans travel as `int8` microseconds (since the
+/// Unix epoch for an instant).
 pub(crate) const ADD: &str = "CALL platformkit.platformkit_limit_add(\
     p_key => $1, p_add => $2, p_window_secs => $3, p_at => $4, p_budget_ms => $5, \
     p_relaxed => $6, p_previous => $7, p_max => $8, p_lockout_secs => $9)";
@@ -48,16 +47,15 @@ pub(crate) const ADD_ALL_OR_NONE: &str = "CALL platformkit.platformkit_limit_add
     p_keys => $1, p_window_secs => $2, p_adds => $3, p_at => $4, p_budget_ms => $5, \
     p_relaxed => $6, p_sliding => $7, p_maxes => $8, p_lockout_secs => $9)";
 
-/// Reads the count of each (key, window) pair; writes nothing. Answers
-/// with the function's record (see [`READ`]).
+/// Reads the count of each (key, window) pair; writes nothing. Answers one
+/// `int8[]`: the time, then each pair's count, window end, previous count
+/// and lockout still to run (instants and spans in microseconds).
 pub(crate) const READ_MANY: &str = "SELECT platformkit.platformkit_limit_read_many(\
     p_keys => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_maxes => $6, p_lockout_secs => $7)";
 
-/// Reads the key's count in the current window; writes nothing. Answers
-/// with the function's record, one column that the driver reads as the row
-/// of its fields (`driver::record`): cheaper for the server than
-/// `SELECT * FROM`, a table-function scan.
+/// Reads the key's count in the current window; writes nothing. Answers as
+/// [`READ_MANY`] does for one pair.
 pub(crate) const READ: &str = "SELECT platformkit.platformkit_limit_read(\
     p_key => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_max => $6, p_lockout_secs => $7)";
@@ -101,7 +99,9 @@ pub(crate) struct Add<'a> {
     pub(crate) key: &'a str,
     pub(crate) add: i64,
     pub(crate) window_secs: i64,
-    pub(crate) at: Option<SystemTime>,
+    /// The pinned time in microseconds since the Unix epoch; `None` for
+    /// the server's clock.
+    pub(crate) at: Option<i64>,
     pub(crate) budget_ms: i64,
     pub(crate) relaxed: bool,
     pub(crate) previous: bool,
@@ -117,7 +117,7 @@ impl Add<'_> {
                 Param::Text(self.key),
                 Param::Int8(self.add),
                 Param::Int8(self.window_secs),
-                Param::Timestamptz(self.at),
+                Param::MaybeInt8(self.at),
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.relaxed),
                 Param::Bool(self.previous),
@@ -133,7 +133,7 @@ impl Add<'_> {
 pub(crate) struct Read<'a> {
     pub(crate) key: &'a str,
     pub(crate) window_secs: i64,
-    pub(crate) at: Option<SystemTime>,
+    pub(crate) at: Option<i64>,
     pub(crate) budget_ms: i64,
     pub(crate) previous: bool,
     pub(crate) max: i64,
@@ -147,7 +147,7 @@ impl Read<'_> {
             params: [
                 Param::Text(self.key),
                 Param::Int8(self.window_secs),
-                Param::Timestamptz(self.at),
+                Param::MaybeInt8(self.at),
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.previous),
                 Param::Int8(self.max),
@@ -162,7 +162,7 @@ impl Read<'_> {
 pub(crate) struct List<'a> {
     pub(crate) prefix: &'a str,
     pub(crate) window_secs: i64,
-    pub(crate) at: Option<SystemTime>,
+    pub(crate) at: Option<i64>,
     pub(crate) budget_ms: i64,
     pub(crate) previous: bool,
     pub(crate) max: i64,
@@ -177,7 +177,7 @@ impl List<'_> {
             params: [
                 Param::Text(self.prefix),
                 Param::Int8(self.window_secs),
-                Param::Timestamptz(self.at),
+                Param::MaybeInt8(self.at),
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.previous),
                 Param::Int8(self.max),
@@ -194,7 +194,7 @@ pub(crate) struct AddMany<'a> {
     pub(crate) keys: &'a [&'a str],
     pub(crate) window_secs: &'a [i64],
     pub(crate) adds: &'a [i64],
-    pub(crate) at: Option<SystemTime>,
+    pub(crate) at: Option<i64>,
     pub(crate) budget_ms: i64,
     pub(crate) relaxed: bool,
     pub(crate) previous: bool,
@@ -210,7 +210,7 @@ impl AddMany<'_> {
                 Param::TextArray(self.keys),
                 Param::Int8Array(self.window_secs),
                 Param::Int8Array(self.adds),
-                Param::Timestamptz(self.at),
+                Param::MaybeInt8(self.at),
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.relaxed),
                 Param::Bool(self.previous),
@@ -227,7 +227,7 @@ pub(crate) struct AddAllOrNone<'a> {
     pub(crate) keys: &'a [&'a str],
     pub(crate) window_secs: &'a [i64],
     pub(crate) adds: &'a [i64],
-    pub(crate) at: Option<SystemTime>,
+    pub(crate) at: Option<i64>,
     pub(crate) budget_ms: i64,
     pub(crate) relaxed: bool,
     pub(crate) sliding: &'a [bool],
@@ -243,7 +243,7 @@ impl AddAllOrNone<'_> {
                 Param::TextArray(self.keys),
                 Param::Int8Array(self.window_secs),
                 Param::Int8Array(self.adds),
-                Param::Timestamptz(self.at),
+                Param::MaybeInt8(self.at),
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.relaxed),
                 Param::BoolArray(self.sliding),
@@ -259,7 +259,7 @@ impl AddAllOrNone<'_> {
 pub(crate) struct ReadMany<'a> {
     pub(crate) keys: &'a [&'a str],
     pub(crate) window_secs: &'a [i64],
-    pub(crate) at: Option<SystemTime>,
+    pub(crate) at: Option<i64>,
     pub(crate) budget_ms: i64,
     pub(crate) previous: bool,
     pub(crate) maxes: &'a [i64],
@@ -273,7 +273,7 @@ impl ReadMany<'_> {
             params: [
                 Param::TextArray(self.keys),
                 Param::Int8Array(self.window_secs),
-                Param::Timestamptz(self.at),
+                Param::MaybeInt8(self.at),
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.previous),
                 Param::Int8Array(self.maxes),
@@ -287,7 +287,8 @@ impl ReadMany<'_> {
 #[derive(Debug)]
 pub(crate) struct TakeBack<'a> {
     pub(crate) key: &'a str,
-    pub(crate) window_start: SystemTime,
+    /// Microseconds since the Unix epoch.
+    pub(crate) window_start: i64,
     pub(crate) n: i64,
     pub(crate) budget_ms: i64,
     pub(crate) relaxed: bool,
@@ -299,7 +300,7 @@ impl TakeBack<'_> {
             sql: TAKE_BACK,
             params: [
                 Param::Text(self.key),
-                Param::Timestamptz(Some(self.window_start)),
+                Param::Int8(self.window_start),
                 Param::Int8(self.n),
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.relaxed),
@@ -360,12 +361,11 @@ impl PurgeBatch {
     }
 }
 
-/// The earliest time a clock may be pinned to (1900-01-01 UTC), as the
-/// procedures check it.
-pub(crate) const MIN_PINNED_UNIX_SECS: i64 = -2_208_988_800;
-
-/// The end of the times a clock may be pinned to (2200-01-01 UTC, excluded).
-pub(crate) const END_PINNED_UNIX_SECS: i64 = 7_258_118_400;
+/// The times a clock may be pinned to, in microseconds since the Unix
+/// epoch: from 1900-01-01 UTC, and before 2200-01-01 UTC, as the procedures
+/// check them.
+pub(crate) const PINNED_MICROS: std::ops::Range<i64> =
+    -2_208_988_800_000_000..7_258_118_400_000_000;
 
 /// The statements that give `role` what the limiter needs, and nothing
 /// more: the schema, the table's rows (under row-level security, so only

@@ -10,8 +10,6 @@
 //! request is ever sent: the server's `lock_timeout` bounds the lock waits
 //! and the client gives up at the deadline.
 
-mod timestamptz;
-
 // The driver, once for each sqlx version a feature names: the same source,
 // `version.rs`, with `sqlx` naming that version's crate.
 #[cfg(feature = "sqlx")]

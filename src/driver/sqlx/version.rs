@@ -1,18 +1,13 @@
 // One sqlx version's driver, included by `mod.rs` once for each sqlx
 // version a feature names, with `sqlx` naming that version's crate: the
-// connection lent, the pool and its probe, and how errors, rows and
-// `timestamptz` read.
-
-use std::time::SystemTime;
+// connection lent, the pool and its probe, and how errors and rows read.
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgRow, Postgres};
 use sqlx::{Executor, Row as _};
 use tokio_postgres::error::SqlState;
 
-use crate::driver::record::Fields;
 use crate::driver::sqlx::SqlxConn;
-use crate::driver::sqlx::timestamptz::{TIMESTAMPTZ_ARRAY_OID, TIMESTAMPTZ_OID, Timestamptz};
 use crate::driver::{Columns, Failure, Param, Row, SourceErrors};
 use crate::error::{Reading, not_an_outage};
 
@@ -31,7 +26,7 @@ impl crate::driver::sqlx::lent::Lent for PgConnection {
                 Param::Text(text) => query.bind(text),
                 Param::Int8(n) => query.bind(n),
                 Param::Bool(b) => query.bind(b),
-                Param::Timestamptz(at) => query.bind(at.map(Timestamptz)),
+                Param::MaybeInt8(n) => query.bind(n),
                 Param::Float8(x) => query.bind(x),
                 Param::TextArray(texts) => query.bind(texts),
                 Param::Int8Array(ns) => query.bind(ns),
@@ -39,7 +34,7 @@ impl crate::driver::sqlx::lent::Lent for PgConnection {
             };
         }
         let answer = query.fetch_one(conn).await;
-        answer.map_err(failure).and_then(answered)
+        answer.map_err(failure).map(|row| Row(Box::new(row)))
     }
 
     async fn script(&mut self, script: &'static str) -> Result<(), Failure> {
@@ -142,74 +137,29 @@ pub(crate) const ERRORS: SourceErrors = |error| {
         .and_then(refused_while_up)
 };
 
-/// The statement's one row as the stores read it: a row whose one column is
-/// a `record` (the readers' answer) reads as that record's fields, from its
-/// bytes in binary form, which sqlx asks results in.
-fn answered(row: PgRow) -> Result<Row, Failure> {
-    use sqlx::postgres::PgValueFormat;
-    use sqlx::{Column as _, ValueRef as _};
-    let record = row.columns().len() == 1
-        && row.column(0).type_info().oid()
-            == Some(sqlx::postgres::types::Oid(
-                postgres_types::Type::RECORD.oid(),
-            ));
-    if !record {
-        return Ok(Row(Box::new(row)));
-    }
-    let value = row.try_get_raw(0).map_err(failure)?;
-    if value.is_null() || value.format() != PgValueFormat::Binary {
-        return Err(Failure::new(
-            Reading::Refused,
-            "the answer's record was NULL or not in binary form",
-        ));
-    }
-    let raw = value
-        .as_bytes()
-        .map_err(|e| Failure::new(Reading::Refused, e))?
-        .to_vec();
-    Ok(Row(Box::new(Fields::parse(raw)?)))
-}
-
-/// Reads column `index` of `row` as `T`, through `F`, the type sqlx decodes
-/// (`Timestamptz` for a time).
-fn column<'r, F, T>(row: &'r PgRow, index: usize, into: impl FnOnce(F) -> T) -> Result<T, Failure>
+/// Reads column `index` of `row` as `T`.
+fn column<'r, T>(row: &'r PgRow, index: usize) -> Result<T, Failure>
 where
-    F: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+    T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
 {
-    row.try_get::<F, _>(index).map(into).map_err(failure)
+    row.try_get::<T, _>(index).map_err(failure)
 }
 
 impl Columns for PgRow {
     fn boolean(&self, index: usize) -> Result<bool, Failure> {
-        column(self, index, |b: bool| b)
+        column(self, index)
     }
     fn int8(&self, index: usize) -> Result<i64, Failure> {
-        column(self, index, |n: i64| n)
+        column(self, index)
     }
     fn int8s(&self, index: usize) -> Result<Vec<i64>, Failure> {
-        column(self, index, |ns: Vec<i64>| ns)
+        column(self, index)
     }
     fn texts(&self, index: usize) -> Result<Vec<String>, Failure> {
-        column(self, index, |texts: Vec<String>| texts)
-    }
-    fn time(&self, index: usize) -> Result<SystemTime, Failure> {
-        column(self, index, |t: Timestamptz| t.0)
-    }
-    fn maybe_time(&self, index: usize) -> Result<Option<SystemTime>, Failure> {
-        column(self, index, |t: Option<Timestamptz>| t.map(|t| t.0))
-    }
-    fn times(&self, index: usize) -> Result<Vec<SystemTime>, Failure> {
-        column(self, index, |ts: Vec<Timestamptz>| {
-            ts.into_iter().map(|t| t.0).collect()
-        })
-    }
-    fn maybe_times(&self, index: usize) -> Result<Vec<Option<SystemTime>>, Failure> {
-        column(self, index, |ts: Vec<Option<Timestamptz>>| {
-            ts.into_iter().map(|t| t.map(|t| t.0)).collect()
-        })
+        column(self, index)
     }
     fn maybe_float8(&self, index: usize) -> Result<Option<f64>, Failure> {
-        column(self, index, |x: Option<f64>| x)
+        column(self, index)
     }
 }
 
@@ -260,52 +210,3 @@ async fn in_hot_standby(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
         .iter()
         .any(|row| row.try_get::<String, _>(0).is_ok_and(|on| on == "on")))
 }
-
-// `timestamptz`, in PostgreSQL's binary format.
-
-use sqlx::encode::IsNull;
-use sqlx::error::BoxDynError;
-use sqlx::postgres::types::Oid;
-use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgTypeInfo, PgValueFormat, PgValueRef};
-use sqlx::{Decode, Encode, Type};
-
-impl Type<Postgres> for Timestamptz {
-    fn type_info() -> PgTypeInfo {
-        PgTypeInfo::with_oid(Oid(TIMESTAMPTZ_OID))
-    }
-}
-
-impl PgHasArrayType for Timestamptz {
-    fn array_type_info() -> PgTypeInfo {
-        PgTypeInfo::with_oid(Oid(TIMESTAMPTZ_ARRAY_OID))
-    }
-}
-
-impl Encode<'_, Postgres> for Timestamptz {
-    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
-        buf.extend_from_slice(&self.micros().to_be_bytes());
-        Ok(IsNull::No)
-    }
-
-    fn size_hint(&self) -> usize {
-        8
-    }
-}
-
-impl<'r> Decode<'r, Postgres> for Timestamptz {
-    fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
-        match value.format() {
-            PgValueFormat::Binary => {
-                let bytes: [u8; 8] = value
-                    .as_bytes()?
-                    .try_into()
-                    .map_err(|_| "a timestamptz is 8 bytes")?;
-                Ok(Timestamptz::from_micros(i64::from_be_bytes(bytes)))
-            }
-            // Bound statements answer in binary; text would depend on the
-            // session's DateStyle.
-            PgValueFormat::Text => Err("a timestamptz answered as text".into()),
-        }
-    }
-}
-

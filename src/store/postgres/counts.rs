@@ -8,6 +8,7 @@ use snafu::ensure;
 use tokio::time::Instant;
 
 use super::Postgres;
+use crate::clock::{from_micros, micros_since_epoch};
 use crate::decide::Counted;
 use crate::driver::{Failure, Row};
 use crate::error::UnexpectedSnafu;
@@ -81,19 +82,15 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 }
             })
             .await?;
-        let get = |e: Failure| e.into_error(operation, false);
-        let count: i64 = row.int8(0).map_err(get)?;
-        let window_end: SystemTime = row.time(1).map_err(get)?;
-        let now: SystemTime = row.time(2).map_err(get)?;
-        let previous: i64 = row.int8(3).map_err(get)?;
-        let locked_until: Option<SystemTime> = row.maybe_time(4).map_err(get)?;
-        Ok(Counted {
-            count: stored_count(count),
-            previous: stored_count(previous),
-            locked_until,
-            window_end,
-            now,
-        })
+        if !op.adds() {
+            let mut one = counted_pairs(&row, operation, 1, true)?;
+            return Ok(one.remove(0));
+        }
+        let get = |i| {
+            row.int8(i)
+                .map_err(|e: Failure| e.into_error(operation, false))
+        };
+        Ok(counted(get(2)?, [get(0)?, get(1)?, get(3)?, get(4)?]))
     }
 
     async fn count_many(
@@ -139,7 +136,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 }
             })
             .await?;
-        counted_pairs(&row, operation, asked.len())
+        counted_pairs(&row, operation, asked.len(), !op.adds())
     }
 
     async fn count_all_or_none(
@@ -169,7 +166,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     .await
             })
             .await?;
-        let counted = counted_pairs(&row, operation, asked.len())?;
+        let counted = counted_pairs(&row, operation, asked.len(), false)?;
         let added = row.boolean(5).map_err(|e| e.into_error(operation, false))?;
         Ok((counted, added))
     }
@@ -188,7 +185,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 let (mut conn, budget) = self.session(operation, since, deadline).await?;
                 let take_back = sql::TakeBack {
                     key,
-                    window_start,
+                    window_start: micros_since_epoch(window_start),
                     n: i64::try_from(n).unwrap_or(i64::MAX),
                     budget_ms: budget.server_ms,
                     relaxed: self.relaxed,
@@ -230,12 +227,12 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let get = |e: Failure| e.into_error(operation, false);
         let keys: Vec<String> = row.texts(0).map_err(get)?;
         let counts: Vec<i64> = row.int8s(1).map_err(get)?;
-        let window_end: SystemTime = row.time(2).map_err(get)?;
-        let now: SystemTime = row.time(3).map_err(get)?;
+        let window_end: i64 = row.int8(2).map_err(get)?;
+        let now: i64 = row.int8(3).map_err(get)?;
         let previous: Vec<i64> = row.int8s(4).map_err(get)?;
-        let locked_until: Vec<Option<SystemTime>> = row.maybe_times(5).map_err(get)?;
+        let locked_for: Vec<i64> = row.int8s(5).map_err(get)?;
         ensure!(
-            [counts.len(), previous.len(), locked_until.len()]
+            [counts.len(), previous.len(), locked_for.len()]
                 .iter()
                 .all(|&n| n == keys.len())
                 && keys.len() <= at_most,
@@ -248,16 +245,9 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             .into_iter()
             .zip(counts)
             .zip(previous)
-            .zip(locked_until)
-            .map(|(((key, count), previous), locked_until)| {
-                let counted = Counted {
-                    count: stored_count(count),
-                    previous: stored_count(previous),
-                    locked_until,
-                    window_end,
-                    now,
-                };
-                (key, counted)
+            .zip(locked_for)
+            .map(|(((key, count), previous), locked_for)| {
+                (key, counted(now, [count, window_end, previous, locked_for]))
             })
             .collect())
     }
@@ -322,35 +312,69 @@ impl<'a> Pairs<'a> {
     }
 }
 
-/// The counts of a statement over `pairs` pairs, as its first five
-/// columns answer them: one for each pair, in the order given.
-fn counted_pairs(row: &Row, operation: Operation, pairs: usize) -> Result<Vec<Counted>, Error> {
+/// A pair's count as the statements answer it, at `now`: its count, its
+/// window's end, the previous window's count, and the lockout still to run
+/// (0 for none); instants and spans in microseconds.
+fn counted(now: i64, [count, window_end, previous, locked_for]: [i64; 4]) -> Counted {
+    Counted {
+        count: stored_count(count),
+        previous: stored_count(previous),
+        locked_until: (locked_for > 0).then(|| from_micros(now.saturating_add(locked_for))),
+        window_end: from_micros(window_end),
+        now: from_micros(now),
+    }
+}
+
+/// The counts of a statement over `pairs` pairs, one for each, in the
+/// order given: a writer's columns (the counts, window ends, the time, the
+/// previous counts, the lockouts), or a reader's one array (the time, then
+/// those four for each pair).
+fn counted_pairs(
+    row: &Row,
+    operation: Operation,
+    pairs: usize,
+    reader: bool,
+) -> Result<Vec<Counted>, Error> {
     let get = |e: Failure| e.into_error(operation, false);
-    let counts: Vec<i64> = row.int8s(0).map_err(get)?;
-    let window_ends: Vec<SystemTime> = row.times(1).map_err(get)?;
-    let now: SystemTime = row.time(2).map_err(get)?;
-    let previous: Vec<i64> = row.int8s(3).map_err(get)?;
-    let locked_until: Vec<Option<SystemTime>> = row.maybe_times(4).map_err(get)?;
+    let (now, quads): (i64, Vec<[i64; 4]>) = if reader {
+        let answer = row.int8s(0).map_err(get)?;
+        ensure!(
+            answer.len() == 1 + 4 * pairs,
+            UnexpectedSnafu {
+                operation,
+                what: "a different number of counts than pairs asked",
+            }
+        );
+        let quads = answer[1..]
+            .chunks_exact(4)
+            .map(|q| [q[0], q[1], q[2], q[3]]);
+        (answer[0], quads.collect())
+    } else {
+        let [counts, ends, previous, locked] = [0, 1, 3, 4].map(|i| row.int8s(i));
+        let (counts, ends, previous, locked) = (
+            counts.map_err(get)?,
+            ends.map_err(get)?,
+            previous.map_err(get)?,
+            locked.map_err(get)?,
+        );
+        ensure!(
+            [ends.len(), previous.len(), locked.len()]
+                .iter()
+                .all(|&n| n == counts.len()),
+            UnexpectedSnafu {
+                operation,
+                what: "a different number of counts than pairs asked",
+            }
+        );
+        let quads = (0..counts.len()).map(|i| [counts[i], ends[i], previous[i], locked[i]]);
+        (row.int8(2).map_err(get)?, quads.collect())
+    };
     ensure!(
-        [window_ends.len(), previous.len(), locked_until.len(), pairs]
-            .iter()
-            .all(|&n| n == counts.len()),
+        quads.len() == pairs,
         UnexpectedSnafu {
             operation,
             what: "a different number of counts than pairs asked",
         }
     );
-    Ok(counts
-        .into_iter()
-        .zip(window_ends)
-        .zip(previous)
-        .zip(locked_until)
-        .map(|(((count, window_end), previous), locked_until)| Counted {
-            count: stored_count(count),
-            previous: stored_count(previous),
-            locked_until,
-            window_end,
-            now,
-        })
-        .collect())
+    Ok(quads.into_iter().map(|quad| counted(now, quad)).collect())
 }

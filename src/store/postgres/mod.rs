@@ -8,7 +8,7 @@
 mod counts;
 
 use std::future::Future;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
 
@@ -190,24 +190,21 @@ impl<C: LimitConn> Postgres<C> {
             .map_err(|failure| failure.into_error(operation, false))
     }
 
-    /// The pinned time, if the clock is pinned: within the years the
-    /// procedures accept (1900 to 2199).
-    fn pinned(&self) -> Result<Option<SystemTime>, Error> {
+    /// The pinned time in microseconds since the Unix epoch, if the clock
+    /// is pinned: within the years the procedures accept (1900 to 2199).
+    fn pinned(&self) -> Result<Option<i64>, Error> {
         let Some(pinned) = self.clock.pinned() else {
             return Ok(None);
         };
-        let secs = match pinned.duration_since(std::time::UNIX_EPOCH) {
-            Ok(after) => i64::try_from(after.as_secs()).unwrap_or(i64::MAX),
-            Err(before) => -i64::try_from(before.duration().as_secs()).unwrap_or(i64::MAX),
-        };
+        let micros = crate::clock::micros_since_epoch(pinned);
         ensure!(
-            (sql::MIN_PINNED_UNIX_SECS..sql::END_PINNED_UNIX_SECS).contains(&secs),
+            sql::PINNED_MICROS.contains(&micros),
             InvalidOptionSnafu {
                 option: "clock",
                 reason: "a pinned clock must be within the years 1900 to 2199",
             }
         );
-        Ok(Some(pinned))
+        Ok(Some(micros))
     }
 
     /// A connection for one call.
