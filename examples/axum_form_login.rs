@@ -8,8 +8,8 @@
 //! curl -si -d 'email=alice@example.com&password=guess' localhost:3000/login
 //! ```
 //!
-//! - `POST /login` (form fields `email`, `password`): the handler of
-//!   `Rejection`'s docs. A wrong password counts per account
+//! - `POST /login` (form fields `email`, `password`): a handler that
+//!   returns `Rejection`. A wrong password counts per account
 //!   (`Limiter::reserve`, then `Permit::failed`), a good one is taken back
 //!   (`Permit::succeeded`), a refusal answers 429 with `Retry-After`, a
 //!   form without an account 400.

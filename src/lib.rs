@@ -104,13 +104,11 @@ pub use crate::store::postgres::Postgres;
 pub use crate::store::sql::grants;
 pub use crate::verdict::{Verdict, Verdicts};
 
-/// The schema: in the schema `platformkit`, which PUBLIC cannot use, the
-/// table `platformkit_limits`, the function `platformkit_is_system()`,
-/// row-level security and its one policy, the index `purge` needs, and the
-/// limiter's procedures. A script that is safe to apply twice (and over the
-/// earlier layout in `public`, keeping its rows), for your own migrations;
-/// then run [`grants`] for the limiter's role. PostgreSQL 14 or newer. The
-/// [guide](crate::guide#the-schema) says what each part is for.
+/// The schema `platformkit`: the table `platformkit_limits` under row-level
+/// security, and the limiter's routines. A script that is safe to apply
+/// twice, for your own migrations; then run [`grants`] for the limiter's
+/// role. PostgreSQL 14 or newer. The [guide](crate::guide#the-schema) says
+/// what each part is for.
 pub const SCHEMA: &str = store::sql::SCHEMA;
 
 /// The version of [`SCHEMA`]: `SELECT platformkit.platformkit_schema_version()`

@@ -174,9 +174,8 @@ fn golden_vectors() -> Vec<(&'static str, Key, String)> {
         ),
         // A 1 MiB part, past `Key::MAX_INPUT_CHARS`: cut. The first 135
         // bytes, '~', and the SHA-256 of the encoding of what was read ("a" x
-        // 1600) followed by a NUL byte. (Before the bound, the digest was of
-        // the whole 1 MiB: 9bc1b2a2…; a key of more than 1600 characters is
-        // a stored-key change, in CHANGELOG.md.)
+        // 1600) followed by a NUL byte. (Without the bound, the digest would
+        // be of the whole 1 MiB: 9bc1b2a2….)
         (
             r#"["a" x 1 MiB]"#,
             key(&[&repeat('a', 1 << 20)]),

@@ -1,8 +1,7 @@
 //! What `schema.sql` promises on its own: the procedures check their
 //! parameters against the very bounds the Rust side enforces, purge cannot
-//! fail on any stored row, an install from the earlier layout (everything in
-//! `public`) moves with its rows, re-applying it queues behind no reader, and
-//! every procedure begins with the same prologue.
+//! fail on any stored row, re-applying it queues behind no reader, and every
+//! procedure begins with the same prologue.
 
 use std::time::{Duration, UNIX_EPOCH};
 

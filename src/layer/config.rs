@@ -1,6 +1,5 @@
-//! What a [`LimitLayer`](super::LimitLayer) and its services share: the
-//! limiter, the mode, the rules (a limit and whose key), and the answer to
-//! a rejection.
+//! What a [`LimitLayer`](super::LimitLayer) and its services share, and
+//! each request's keys.
 
 use std::fmt;
 use std::sync::Arc;
@@ -72,10 +71,9 @@ pub(super) enum KeyOf {
 
 impl<S, R> Config<S, R> {
     /// Each rule's key for this request, with the rule's index and the
-    /// limit (the tier) it is counted under; the rules that exempt it are
-    /// left out. The first rule, in the order they were added, that cannot
-    /// do without its key and finds none, or whose tier is not its limit
-    /// under another max, makes the rejection instead.
+    /// limit (the tier) it is counted under; exempting rules are left out.
+    /// The first rule that cannot do without its key and finds none, or
+    /// whose tier is not its limit under another max, makes the rejection.
     pub(super) fn keys(&self, head: &Parts) -> Result<Vec<Asked>, Rejection> {
         let mut keys = Vec::with_capacity(self.rules.len());
         for (index, rule) in self.rules.iter().enumerate() {

@@ -1,8 +1,7 @@
 //! The limiter in front of a tower service (feature `tower`):
-//! [`LimitLayer`] limits each request by keys read from its head, before it
-//! reaches an `http` service (axum, tonic, hyper); [`Rejection`] is what it
-//! answers instead, and [`ClientIp`] the client's address it keys by. What
-//! the layer does and why is in the guide's
+//! [`LimitLayer`] limits each request by keys read from its head;
+//! [`Rejection`] is what it answers instead, and [`ClientIp`] the client's
+//! address. How the layer works is in the guide's
 //! [Behind a tower layer](crate::guide#behind-a-tower-layer).
 
 mod builder;
@@ -25,59 +24,14 @@ pub use self::service::LimitService;
 /// A [tower `Layer`](tower::Layer) that limits requests before they reach
 /// the service, with a [`Limiter`] shared by every replica.
 ///
-/// Each rule is a [`Limit`](crate::Limit) and whose key it counts, read from the request
-/// head (the body is never read):
-///
-/// | the rule | a request without its key |
-/// |---|---|
-/// | [`limit`](LimitLayer::limit)`(&limit, key_fn)` | **exempt** from this rule: `None` is an exemption, on purpose (a health check, an anonymous caller of a per-user limit) |
-/// | [`require`](LimitLayer::require)`(&limit, key_fn)` | 400 ([`Rejection::MissingKey`]), nothing counted: a login without its account |
-/// | [`limit_per_client_ip`](LimitLayer::limit_per_client_ip)`(&limit)` | 500 ([`Rejection::NoClientAddress`]) and an error event: the service forgot to hand the layer the address |
-///
-/// A key function is `Fn(&http::request::Parts) -> Option<Key>`. Every rule
-/// that gives a key is decided in **one statement** ([`Limiter::hit_all`] or
-/// [`Limiter::reserve_all`]; a single key goes through `hit` or `reserve`,
-/// refusal cache and merging included). A request every rule exempts
-/// passes without a call. Each request costs 1, or what
-/// [`cost`](LimitLayer::cost) reads from its head ([`Limiter::hit_all_n`],
-/// [`Limiter::reserve_all_n`]), and a rule may count it under a
-/// [`tier`](LimitLayer::tier) of its limit the request names (a plan).
-///
-/// Two modes:
-///
-/// - [`LimitLayer::hit`]: every request counts, as for an API quota;
-/// - [`LimitLayer::attempt`]: the request is reserved before the service
-///   runs and taken back when the response says it succeeded, so only
-///   failures count (a login). There is no check-then-record race: a
-///   thousand concurrent requests cannot all pass before the first failure
-///   is written.
-///
-/// What the layer answers:
-///
-/// | the verdicts | the answer |
-/// |---|---|
-/// | every limit allows (or the store is unreachable and the limit allows) | the service's response |
-/// | a limit refuses by its count | 429 with `Retry-After` in whole seconds, rounded up ([`Verdicts::retry_after_secs`](crate::Verdicts::retry_after_secs)) |
-/// | refused with no count: the store is unreachable and a limit has [`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse) | 503 |
-/// | shed: the store is up and too busy to answer within the budget (a flood, a full pool; [down or overloaded](crate::guide#down-or-overloaded)) | 503 with `Retry-After: 1` ([`Verdict::SHED_RETRY_AFTER`](crate::Verdict::SHED_RETRY_AFTER)) |
-/// | the request's [cost](LimitLayer::cost) is above a limit's max: no window ever allows it | 413, nothing counted, no `Retry-After` |
-/// | a [required](LimitLayer::require) key is missing | 400, nothing counted |
-/// | no client address for [`limit_per_client_ip`](LimitLayer::limit_per_client_ip) | 500 saying how to fix it, and an error event naming the limit (feature `tracing`); never a silent allow |
-/// | a hard [`Error`](crate::Error) (a misconfiguration) | 500, and an error event; never a silent allow |
-///
-/// [`on_rejection`](LimitLayer::on_rejection) replaces these answers with
-/// your own; the layer still adds `Retry-After` to a refusal that lacks it.
-/// The service sees the [`Verdicts`](crate::Verdicts) in the request's
-/// extensions (after those of any limit layer outside this one), so a
-/// handler can say "3 attempts left". The IETF `RateLimit-Policy` and
-/// `RateLimit` fields are sent only for the limits you
-/// [`advertise`](LimitLayer::advertise).
-///
-/// A key the head does not hold (a login's account, in the form body)
-/// belongs in the handler, with [`Limiter::reserve`]: [`Rejection`] shows
-/// that handler, which answers as the layer does. The layer takes what the
-/// head holds: the client's address, an authenticated user an earlier
-/// layer put in the extensions, an API tenant.
+/// Each rule is a [`Limit`](crate::Limit) and a key read from the request
+/// head (the body is never read); the constructor's mode says which
+/// requests count. Every rule that gives a key is decided in one
+/// statement. A request that passes reaches the service with the
+/// [`Verdicts`](crate::Verdicts) in its extensions; any other is answered
+/// as its [`Rejection`] says, and a hard error is never a silent allow.
+/// Statuses, headers, costs and tiers: the guide's
+/// [Behind a tower layer](crate::guide#behind-a-tower-layer).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -135,62 +89,20 @@ impl<S: Store> LimitLayer<S> {
     /// A layer where a request counts under every rule only if every rule
     /// allows it, and under none if one refuses
     /// ([`Limiter::hit_all_or_nothing`]): API quotas, where a refusal by
-    /// the per-second rule must not spend the per-day one. As
-    /// [`hit`](LimitLayer::hit) otherwise: the cost, the tiers, the
-    /// answers and the RateLimit fields. Two rules of one limit with the
-    /// same key for a request are answered 500
-    /// ([`Rejection::Failed`]): each rule
-    /// is decided by its own count.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use std::time::Duration;
-    ///
-    /// use axum::Router;
-    /// use axum::body::Body;
-    /// use axum::http::{Request, StatusCode, request::Parts};
-    /// use axum::routing::get;
-    /// use platformkit_limit::layer::LimitLayer;
-    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
-    /// use tower::ServiceExt as _;
-    ///
-    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let limiter = Arc::new(Limiter::new(Memory::new()));
-    /// let per_minute = Limit::new("api-minute", 2, Duration::from_secs(60))?;
-    /// let per_day = Limit::new("api-day", 1_000, Duration::from_secs(86_400))?;
-    /// let tenant = |head: &Parts| Some(Key::opaque(head.headers.get("x-tenant")?.to_str().ok()?));
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(
-    ///     LimitLayer::hit_all_or_nothing(limiter.clone())
-    ///         .limit(&per_minute, tenant)
-    ///         .limit(&per_day, tenant)
-    ///         .advertise(&per_day),
-    /// );
-    ///
-    /// let ask = || Request::get("/").header("x-tenant", "acme").body(Body::empty());
-    /// for _ in 0..3 {
-    ///     app.clone().oneshot(ask()?).await?;
-    /// }
-    /// // The third was refused by the minute, and spent nothing of the day.
-    /// let day = limiter.check(&per_day, &Key::opaque("acme")).await?;
-    /// assert_eq!(day.count(), Some(2));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// # }).unwrap();
-    /// ```
+    /// the per-second rule must not spend the per-day one. Otherwise as
+    /// [`hit`](LimitLayer::hit). The same limit and key twice for one
+    /// request is answered 500 ([`Rejection::Failed`]).
     pub fn hit_all_or_nothing(limiter: impl Into<Arc<Limiter<S>>>) -> Self {
         Self::with_mode(limiter.into(), Mode::HitAllOrNothing)
     }
 
     /// A layer where only failures count: each request is reserved under
-    /// every rule before the service runs ([`Limiter::reserve_all`]), and
-    /// taken back when `succeeded` says the response is a success (each
-    /// limit's [`OnSuccess`](crate::OnSuccess) says how). A request whose
-    /// response is not a success, whose service fails, or which is dropped
-    /// midway stays counted: the safe side.
-    ///
-    /// The take-back is one more statement per limit, awaited before the
-    /// response goes out, so the client's next request sees it. Say what
-    /// success is for your route: a form login that redirects on success
-    /// and on failure alike needs more than the status.
+    /// every rule before the service runs ([`Limiter::reserve_all`]) and
+    /// taken back, before the response goes out, when `succeeded` says the
+    /// response is a success (as each limit's
+    /// [`OnSuccess`](crate::OnSuccess) says). A failure, a service error
+    /// or a dropped request stays counted. A form login that redirects on
+    /// success and failure alike needs more than the status.
     ///
     /// ```
     /// use std::net::{IpAddr, Ipv4Addr};

@@ -10,80 +10,10 @@ use crate::{Error, Verdict, Verdicts};
 /// [`LimitLayer::on_rejection`](super::LimitLayer::on_rejection) is given.
 ///
 /// With the `axum` feature a `Rejection` is also an axum `IntoResponse`,
-/// the layer's own answer ([`DefaultOnRejection`], with `Retry-After`), so
-/// a handler that limits by what only the body holds answers as the layer
-/// does. A login whose account is in the form, counted per account
-/// ([`Limiter::reserve`](crate::Limiter::reserve)): wrong passwords count,
-/// a good one is taken back, a refusal is the layer's 429 and a hard
-/// error its 500 (both through `?` and `into`), a form without an account
-/// is a 400.
-///
-/// ```
-/// use std::sync::Arc;
-/// use std::time::Duration;
-///
-/// use axum::extract::{Form, State};
-/// use axum::http::StatusCode;
-/// use axum::routing::post;
-/// use axum::{Router, body::Body, http::Request};
-/// use platformkit_limit::layer::Rejection;
-/// use platformkit_limit::{Key, Limit, Limiter, Memory, Reservation};
-/// use serde::Deserialize;
-/// use tower::ServiceExt as _;
-///
-/// struct App {
-///     limiter: Limiter<Memory>, // Limiter<Postgres<_>> in production
-///     login: Limit,
-/// }
-///
-/// #[derive(Deserialize)]
-/// struct LoginForm {
-///     #[serde(default)]
-///     email: String,
-///     password: String,
-/// }
-///
-/// async fn login(
-///     State(app): State<Arc<App>>,
-///     Form(form): Form<LoginForm>,
-/// ) -> Result<(StatusCode, &'static str), Rejection> {
-///     if form.email.trim().is_empty() {
-///         return Ok((StatusCode::BAD_REQUEST, "name the account\n"));
-///     }
-///     let permit = match app.limiter.reserve(&app.login, &Key::email(&form.email)).await? {
-///         Reservation::Granted(permit) => permit,
-///         Reservation::Refused(verdict) => return Err(verdict.into()),
-///     };
-///     if form.password != "correct horse" { // your password check
-///         permit.failed();
-///         return Ok((StatusCode::UNAUTHORIZED, "wrong email or password\n"));
-///     }
-///     // A take-back that fails leaves the attempt counted: the safe side.
-///     let _ = permit.succeeded().await;
-///     Ok((StatusCode::OK, "welcome\n"))
-/// }
-///
-/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-/// let login_limit = Limit::new("login", 2, Duration::from_secs(900))?;
-/// let app = Arc::new(App { limiter: Limiter::new(Memory::new()), login: login_limit });
-/// let app = Router::new().route("/login", post(login)).with_state(app);
-/// let post_form = |form: &'static str| {
-///     Request::post("/login")
-///         .header("content-type", "application/x-www-form-urlencoded")
-///         .body(Body::from(form))
-/// };
-/// let status = async |form| Ok::<_, Box<dyn std::error::Error>>(
-///     app.clone().oneshot(post_form(form)?).await?.status(),
-/// );
-/// assert_eq!(status("email=alice%40example.com&password=correct+horse").await?, 200);
-/// for _ in 0..2 {
-///     assert_eq!(status("email=alice%40example.com&password=guess").await?, 401);
-/// }
-/// assert_eq!(status("email=ALICE%40example.com&password=correct+horse").await?, 429);
-/// assert_eq!(status("password=guess").await?, 400);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// # }).unwrap();
-/// ```
+/// so a handler that limits by what only the body holds (a login form's
+/// account, with [`Limiter::reserve`](crate::Limiter::reserve)) answers
+/// through `?` as the layer does: the handler of
+/// `examples/axum_form_login.rs`.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Rejection {
@@ -93,39 +23,30 @@ pub enum Rejection {
     Refused(Verdicts),
     /// No refusing limit counted: the store is unreachable and a limit has
     /// [`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse), or the
-    /// store is overloaded and the call was shed
-    /// ([`Verdicts::is_shed`](crate::Verdicts::is_shed); `Retry-After` is
-    /// then [`Verdict::SHED_RETRY_AFTER`](crate::Verdict::SHED_RETRY_AFTER)):
+    /// call was shed ([`Verdicts::is_shed`](crate::Verdicts::is_shed)):
     /// 503 Service Unavailable.
     Unavailable(Verdicts),
-    /// The ask's cost is above a limit's max
-    /// ([`Verdict::exceeds_max`]; the request's
-    /// [cost](super::LimitLayer::cost), or a
-    /// [`Limiter::hit_n`](crate::Limiter::hit_n) in a handler): no window
-    /// ever allows it, so there is no `Retry-After`. 413 Content Too Large,
-    /// and nothing counted. [`Verdicts::refused_by`] names the limit.
+    /// The ask's cost is above a limit's max ([`Verdict::exceeds_max`]): no
+    /// window ever allows it. 413 Content Too Large, without `Retry-After`,
+    /// nothing counted.
     TooLarge(Verdicts),
     /// A rule added with [`LimitLayer::require`](super::LimitLayer::require)
-    /// found no key in the request (a login without its account): 400 Bad
-    /// Request, and nothing counted. The client's mistake, so no event.
+    /// found no key: 400 Bad Request, nothing counted, no event.
     MissingKey {
         /// The name of the rule's limit.
         limit: String,
     },
     /// A rule added with
     /// [`LimitLayer::limit_per_client_ip`](super::LimitLayer::limit_per_client_ip)
-    /// found no client address: the service is served without axum's
-    /// `ConnectInfo` and sets no [`ClientIp`](super::ClientIp). 500
-    /// Internal Server Error, never a silent allow, and an error event
-    /// (feature `tracing`) naming the limit; the default body says how to
-    /// fix it.
+    /// found no client address: 500 Internal Server Error and an error
+    /// event (feature `tracing`); the default body says how to fix it.
     NoClientAddress {
         /// The name of the rule's limit.
         limit: String,
     },
     /// A hard error (a misconfiguration such as a missing table or
-    /// privilege): 500 Internal Server Error, never a silent allow, and an
-    /// error event (feature `tracing`).
+    /// privilege): 500 Internal Server Error and an error event (feature
+    /// `tracing`).
     Failed(Error),
 }
 
@@ -140,7 +61,7 @@ macro_rules! no_client_address {
 }
 
 impl Rejection {
-    /// The status the default answer has: 429, 503, 413, 400 or 500.
+    /// The status of the layer's own answer ([`DefaultOnRejection`]).
     pub fn status(&self) -> StatusCode {
         match self {
             Rejection::Refused(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -165,9 +86,7 @@ impl Rejection {
         }
     }
 
-    /// The refusal for `verdicts` that refuse: by a cost above a limit's
-    /// max (waiting would not help), by a count, or, when no refusing limit
-    /// counted, because the store is unreachable or overloaded (shed).
+    /// The rejection for `verdicts` that refuse.
     pub(super) fn of(verdicts: Verdicts) -> Self {
         if verdicts.iter().any(Verdict::exceeds_max) {
             Rejection::TooLarge(verdicts)
@@ -206,8 +125,7 @@ impl Rejection {
 }
 
 /// The rejection for verdicts that refuse, such as a
-/// [`Reservations::Refused`](crate::Reservations::Refused)'s: 413 for a
-/// cost above a limit's max, 429 when a refusing limit counted, else 503.
+/// [`Reservations::Refused`](crate::Reservations::Refused)'s.
 impl From<Verdicts> for Rejection {
     fn from(verdicts: Verdicts) -> Self {
         Rejection::of(verdicts)
@@ -215,8 +133,7 @@ impl From<Verdicts> for Rejection {
 }
 
 /// The rejection for a verdict that refuses, such as a
-/// [`Reservation::Refused`](crate::Reservation::Refused)'s: 413 for a
-/// cost above its limit's max, 429 when it counted, else 503.
+/// [`Reservation::Refused`](crate::Reservation::Refused)'s.
 impl From<Verdict> for Rejection {
     fn from(verdict: Verdict) -> Self {
         Rejection::of(Verdicts::from_vec(vec![verdict]))
@@ -230,10 +147,9 @@ impl From<Error> for Rejection {
     }
 }
 
-/// The layer's own answer ([`DefaultOnRejection`]) with `Retry-After` on a
-/// refusal, the event of [`Rejection::Failed`] and
-/// [`Rejection::NoClientAddress`] included: for a handler that limits by
-/// what the head does not hold (the example on [`Rejection`]).
+/// The layer's own answer ([`DefaultOnRejection`]), with `Retry-After` on a
+/// refusal and the error event, for a handler that limits by what the head
+/// does not hold.
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::response::IntoResponse for Rejection {
@@ -264,13 +180,10 @@ where
     }
 }
 
-/// The layer's own answers: the [`Rejection`]'s status with a one-line
-/// `text/plain` body that says nothing about the limit or the key
-/// ("too many requests", "service unavailable", "content too large: ...",
-/// "bad request: ...", "internal server error"); for [`Rejection::NoClientAddress`], the body
-/// says how to hand the layer the address.
-/// For any body type that can be made from a `&'static str` (axum's
-/// `Body`, `String`, `http_body_util::Full<Bytes>`).
+/// The layer's own answers: the [`Rejection`]'s status and a one-line
+/// `text/plain` body that names neither the limit nor the key; for
+/// [`Rejection::NoClientAddress`], it says how to hand the layer the
+/// address. For any body that can be made from a `&'static str`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultOnRejection;
 

@@ -119,7 +119,9 @@ impl<S: Store> LimiterBuilder<S> {
     }
 
     /// The budget of every call: the longest a call may take, getting the
-    /// connection included, before the store counts as unreachable.
+    /// connection included. A call that spends it is shed, or, if a probe
+    /// finds the server down, unreachable (the guide's
+    /// [down or overloaded](crate::guide#down-or-overloaded)).
     pub fn budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
         self
@@ -169,8 +171,8 @@ impl<S: Store> LimiterBuilder<S> {
     /// that finds this many waits for the first to return, then goes in one
     /// statement with every write waiting with it. Fewer places make larger
     /// shared statements (less database CPU and fewer commits per call), more
-    /// places shorter waits; the guide's [merging](crate::guide#merging)
-    /// section has the trade and the figures. All-or-nothing writes, never
+    /// places shorter waits: the guide's [merging](crate::guide#merging)
+    /// section says how to choose. All-or-nothing writes, never
     /// merged, have as many places of their own: a burst of them waits for
     /// those in the limiter, never on the pool.
     pub fn writes_in_flight(mut self, places: usize) -> Self {

@@ -30,13 +30,13 @@ use crate::{Error, Key, Limit, Memory, Verdict};
 /// [`Postgres`](crate::Postgres) in production or [`Memory`] in tests.
 ///
 /// Every call, getting the connection included, ends within the budget
-/// (2 seconds unless set with [`LimiterBuilder::budget`]). When the store
-/// cannot be reached within it, the attempt is **allowed** (unless the limit
-/// chose otherwise with [`WhenUnreachable`](crate::WhenUnreachable)), the verdict says so
-/// ([`Verdict::is_unreachable`]) and the `unreachable` outcome is counted:
-/// [fail-open](crate::guide#fail-open), loudly. Any other failure (a missing
-/// table, a missing privilege, a connection handed over inside a
-/// transaction) is an [`Error`], never a silent allow.
+/// (2 seconds unless set with [`LimiterBuilder::budget`]). Only when a probe
+/// finds the server down is the attempt **allowed** (unless the limit chose
+/// otherwise with [`WhenUnreachable`](crate::WhenUnreachable)), the verdict
+/// saying so ([`Verdict::is_unreachable`]): [fail-open](crate::guide#fail-open),
+/// loudly. A call the server is up for but does not answer in time is shed
+/// ([`Verdict::is_shed`]); any other failure is an [`Error`]. Never a
+/// silent allow.
 ///
 /// The usual shape of a login:
 ///

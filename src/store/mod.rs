@@ -1,8 +1,10 @@
 //! The store trait: what [`Limiter`](crate::Limiter) asks of
 //! [`Postgres`](crate::Postgres) and [`Memory`](crate::Memory).
 //!
-//! Stores only load and store counts; the verdict is decided by
-//! [`decide`](crate::decide::decide), shared by both.
+//! Stores load and store counts; the verdict is decided by
+//! [`decide`](crate::decide::decide), shared by both. The SQL decides in
+//! one function of its own, `platformkit_at_max`, for all-or-nothing and the
+//! operator's listing; the agreement tests hold it to `decide`.
 
 pub(crate) mod budget;
 pub(crate) mod health;

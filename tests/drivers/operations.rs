@@ -11,7 +11,7 @@ use super::{assert_counted, wait_for_state};
 use crate::common::db::fresh_db;
 use crate::common::limit;
 
-/// Every operation (each of the seven statements, with a pinned time and
+/// Every operation (each counting and reading statement, with a pinned time and
 /// without) gives the same counts and verdicts on either driver, and the
 /// connection goes back idle after each.
 pub async fn every_operation_counts_alike_on_either_driver<D: Driver>()
