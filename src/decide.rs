@@ -1,8 +1,5 @@
-//! The arithmetic: which window holds a moment, and how counts become a
-//! [`Verdict`], in integer microseconds. One pure function shared by both
-//! stores, so [`Postgres`](crate::Postgres) and [`Memory`](crate::Memory)
-//! cannot decide differently; it is what the property tests and fuzzers
-//! hammer.
+//! The arithmetic, in integer microseconds: which window holds a moment,
+//! and how counts become a [`Verdict`], one function for both stores.
 
 use std::time::SystemTime;
 
@@ -42,17 +39,16 @@ pub(crate) fn window_of(now_micros: i64, window_secs: u64) -> (i64, i64) {
     (start, start + width)
 }
 
-/// Turns what a store counted into a verdict: the one decision both stores
-/// share.
+/// Turns what a store counted into a verdict.
 ///
 /// In microseconds over a window of width `w` that began `e` ago, with
 /// `prev` the previous window's count (0 for fixed windows) and `cur` the
 /// current one's, the estimate times `w` is `prev × (w − e) + cur × w`. An
 /// attempt may go ahead while the estimate is below `max`: `check` and
 /// `failed` compare the estimate as it stands, `hit` the estimate before its
-/// own ask. Integer arithmetic only, so both stores decide the same.
+/// own ask.
 ///
-/// An ask of `cost` units (`hit_n`, `reserve_n`; 1 for every other call) is
+/// An ask of `cost` units (an [`Ask`](crate::Ask) with a cost; 1 otherwise) is
 /// decided as `cost` asks of one in a row, by its last: it may go ahead
 /// while the estimate before its last unit, the count after the whole ask
 /// less one, is below `max` (for a fixed window: the count after it is at
@@ -147,8 +143,7 @@ pub(crate) fn decision(op: Counting, limit: &Limit, cost: u32, counted: &Counted
 }
 
 /// For a sliding window whose estimate is at or above `max`, the first
-/// instant at which it drops below, if nothing more is counted: within the current window while the previous window's
-/// weight fades, or in the next one while the current window's does.
+/// instant it drops below if nothing more is counted.
 fn reopening(prev: i128, cur: i128, max: i128, w: i128, start: i128) -> SystemTime {
     let at = if cur < max {
         // prev × (w − e) < (max − cur) × w  ⇔  e > w − (max − cur) × w / prev
@@ -196,9 +191,7 @@ mod tests {
         decide(Counting::HIT, limit, cost, &counted)
     }
 
-    /// A refused ask's reopening is the first moment an ask of the same
-    /// cost may go ahead, for every cost up to max: allowed there, refused
-    /// a microsecond before.
+    /// Allowed at the reopening, refused a microsecond before.
     #[test]
     fn a_refusal_reopens_when_an_ask_of_its_cost_may_go_ahead() {
         for strategy in [Strategy::Fixed, Strategy::Sliding] {
@@ -228,10 +221,7 @@ mod tests {
         }
     }
 
-    /// A check of a cost (the verdict of an ask not counted) allows exactly
-    /// what the ask of that cost would, for either strategy, and its
-    /// refusal reopens when an ask of the cost, still uncounted, may go:
-    /// allowed there, refused a microsecond before.
+    /// A check of a cost: the verdict of an ask of it, not counted.
     #[test]
     fn a_check_of_a_cost_allows_what_the_ask_would_and_reopens_for_it() {
         for strategy in [Strategy::Fixed, Strategy::Sliding] {
@@ -282,9 +272,6 @@ mod tests {
         }
     }
 
-    /// A cost is decided as that many asks of one in a row, by the last:
-    /// an ask of `c` from a count of `b` goes ahead exactly when `b + c`
-    /// asks of one would all have.
     #[test]
     fn a_cost_is_decided_as_asks_of_one_in_a_row() {
         let limit = Limit::new("api", 10, Duration::from_secs(60)).unwrap();

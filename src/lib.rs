@@ -38,7 +38,7 @@
 //! How a call works, and why (the procedures, the refusal cache, merging,
 //! windows, fail-open), is in the [`guide`]. Start from [`Limiter`]
 //! (`check`, `failed`, `hit`, [`reserve`](Limiter::reserve), `reset`, and
-//! [`hit_n`](Limiter::hit_n) for an ask of a cost of its own),
+//! an [`Ask`]'s cost for an ask of several units),
 //! [`Limit`] and [`Key`]; then [`Postgres`], [`purge`] and the [`metric`]s.
 //!
 //! # Features
@@ -47,9 +47,9 @@
 //!   `driver::Prepared` to prepare each statement once per connection;
 //! - `bb8`: [`LimitConn`] for `bb8::Pool` of
 //!   `bb8_postgres::PostgresConnectionManager`;
-//! - `sqlx`: [`LimitConn`] for `sqlx::PgPool`, and `driver::SqlxConn` to
-//!   lend any sqlx PostgreSQL connection; sqlx cannot cancel a statement on the
-//!   server (the [guide](guide#drivers) says what that means);
+//! - `sqlx` (sqlx 0.8) and `sqlx-09` (sqlx 0.9): [`LimitConn`] for
+//!   `sqlx::PgPool`, and `driver::SqlxConn` to lend any sqlx PostgreSQL
+//!   connection ([what sqlx cannot do](guide#what-sqlx-cannot-do-cancel));
 //! - `tracing` (on by default): a warning on every fail-open, shed call
 //!   and failed purge, an error when the layer answers 500, info on a purge
 //!   (never the key);
@@ -95,7 +95,9 @@ pub use crate::driver::LimitConn;
 pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::Key;
 pub use crate::limit::{Limit, LimitBuilder, OnSuccess, Strategy, WhenUnreachable};
-pub use crate::limiter::{Limiter, LimiterBuilder, Permit, Permits, Reservation, Reservations};
+pub use crate::limiter::{
+    Ask, Limiter, LimiterBuilder, Permit, Permits, Reservation, Reservations,
+};
 pub use crate::purging::{PurgeTask, purge};
 pub use crate::status::KeyStatus;
 pub use crate::store::Store;

@@ -1,9 +1,7 @@
-//! The metrics the limiter emits, through the [`metrics`] facade.
-//!
-//! The crate never installs a recorder: install one in your service (for
-//! example `metrics-exporter-prometheus`) and these appear in it. Label values
-//! are bounded: the limit's name, the operation and the outcome. Never a key:
-//! keys are personal data and unbounded.
+//! The metrics the limiter emits, through the [`metrics`] facade. Install a
+//! recorder in your service (the crate never does) and give the duration
+//! histogram buckets (`examples/axum_sqlx.rs` does); `contrib/` has alerts
+//! and a dashboard. Label values are bounded, and never a key.
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -12,40 +10,26 @@
 //! | `platformkit_limit_call_duration_seconds` | histogram | `limit`, `operation` |
 //! | `platformkit_limit_purged_rows_total` | counter | — |
 //! | `platformkit_limit_purge_failures_total` | counter | — |
+//! | `platformkit_limit_probes_total` | counter | `found` |
 //!
-//! `operation` is one vocabulary in every metric, error and event: `check`,
-//! `failed`, `hit`, `reserve`, `reset`, `take_back` (a permit's success),
-//! `purge` or `refused_keys` (an operator's listing; these two in
-//! `statements_total` only; an operator's
-//! [`status`](crate::Limiter::status) is a `check`'s read). In `calls_total` and
-//! `call_duration_seconds` it is the call, and the several-limits calls count
-//! once per pair, as `check`, `failed`, `hit` or `reserve`; in
-//! `statements_total` it is the call the statement was sent for (for a
-//! statement that
-//! [merging](crate::guide#merging) shares between calls, the call that sent
-//! it).
+//! `operation` ([`LABEL_OPERATION`]) is one vocabulary in every metric,
+//! error and event. In `calls_total` and `call_duration_seconds` it is the
+//! call, a several-limits call counted once per pair; in `statements_total`
+//! the call that sent the statement ([merging](crate::guide#merging) shares
+//! them; an operator's [`status`](crate::Limiter::status) is a `check`'s
+//! statement and no call).
 //!
 //! `calls_total` counts calls, never cost units: a
-//! [`hit_n`](crate::Limiter::hit_n) of 50 is one `hit`, as its verdict is
+//! `hit` of a [cost](crate::Ask::cost) of 50 is one `hit`, as its verdict is
 //! one (a quota's units spent are in the store, read with
 //! [`status`](crate::Limiter::status)).
 //!
-//! `source` is `store`, `cache` (a refusal the
-//! [refusal cache](crate::guide#the-refusal-cache) answered without a round
-//! trip) or `cost` (an ask whose cost is above the limit's max, refused at
-//! once: [`Verdict::exceeds_max`](crate::Verdict::exceeds_max)). `outcome` is `allowed`, `refused`, `unreachable` (the store could
-//! not be reached and the limit's
-//! [`WhenUnreachable`](crate::WhenUnreachable) decided), `shed` (the store
-//! was up and too busy to answer within the budget, and the call was
-//! refused: [down or overloaded](crate::guide#down-or-overloaded)), `error`
-//! (a hard error returned to the caller) or, for `reset` and `take_back`,
-//! `cleared`.
-//!
-//! Give the duration histogram buckets in your exporter so that dashboards
-//! can plot percentiles (the repository's `examples/axum_sqlx.rs` does).
-//! The repository's `contrib/` has Prometheus alerts (failing open, errors,
-//! refusals spiking, a failing purge) and a Grafana dashboard over these
-//! metrics.
+//! `outcome`: `allowed`, `refused`, `unreachable`
+//! ([fail-open](crate::guide#fail-open)), `shed`
+//! ([down or overloaded](crate::guide#down-or-overloaded)), `error` (a hard
+//! error returned) or `cleared` (a `reset` or `take_back` done). `source`:
+//! `store`, `cache` (the [refusal cache](crate::guide#the-refusal-cache)
+//! answered) or `cost` ([`Verdict::exceeds_max`](crate::Verdict::exceeds_max)).
 
 use std::time::Duration;
 
@@ -66,12 +50,10 @@ pub const PURGED_ROWS_TOTAL: &str = "platformkit_limit_purged_rows_total";
 /// deleted).
 pub const PURGE_FAILURES_TOTAL: &str = "platformkit_limit_purge_failures_total";
 
-/// Counter of statements sent to PostgreSQL, by operation: with the calls,
-/// it shows the database load the refusal cache saved.
+/// Counter of statements sent to PostgreSQL, by operation.
 pub const STATEMENTS_TOTAL: &str = "platformkit_limit_statements_total";
 
-/// Counter of probes of the server (a fresh connection's startup, asked
-/// when a call got no answer), by what they found: `up` or `down`.
+/// Counter of probes of the server, by what they found.
 pub const PROBES_TOTAL: &str = "platformkit_limit_probes_total";
 
 /// The label of [`PROBES_TOTAL`]: `up` or `down`.
@@ -80,13 +62,12 @@ pub const LABEL_FOUND: &str = "found";
 /// Label: the limit's name.
 pub const LABEL_LIMIT: &str = "limit";
 /// Label: the operation: `check`, `failed`, `hit`, `reserve`, `reset`,
-/// `take_back`, `purge` or `refused_keys` (see the module docs).
+/// `take_back` (a permit's success), `purge` or `refused_keys` (these two
+/// in `statements_total` only).
 pub const LABEL_OPERATION: &str = "operation";
 /// Label: `allowed`, `refused`, `unreachable`, `shed`, `error` or `cleared`.
 pub const LABEL_OUTCOME: &str = "outcome";
-/// Label: `store` (the store answered, or could not be reached), `cache`
-/// (a refusal answered from the refusal cache, with no round trip) or
-/// `cost` (an ask whose cost is above the limit's max, refused at once).
+/// Label: `store`, `cache` or `cost` (see the module docs).
 pub const LABEL_SOURCE: &str = "source";
 
 /// How a call ended, as the `outcome` label says it.
@@ -195,8 +176,8 @@ pub(crate) fn record_from(
     .record(took.as_secs_f64());
 }
 
-/// A purge begins: its counters exist from here, at 0, so that an alert on
-/// their increase sees the first failure.
+/// A purge begins: its counters exist at 0, so an alert sees the first
+/// failure.
 pub(crate) fn purge_started() {
     counter!(PURGED_ROWS_TOTAL).increment(0);
     counter!(PURGE_FAILURES_TOTAL).increment(0);

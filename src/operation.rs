@@ -1,12 +1,9 @@
-//! [`Operation`]: what a call does, in one vocabulary for the stores, the
-//! metrics, the errors and the events; [`Counting`], the operations a store
-//! counts for.
+//! [`Operation`], what a call does; [`Counting`], what a store counts for.
 
 use std::fmt;
 
-/// What a call does. Its [`label`](Operation::label) is the `operation`
-/// label of every metric, the first word of every error message and the
-/// `operation` field of every event.
+/// What a call does; its [`label`](Operation::label) names it in every
+/// metric, error message and event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Operation {
     /// Reads the count before an attempt.
@@ -25,8 +22,7 @@ pub(crate) enum Operation {
     Purge,
     /// Lists the keys a limit refuses, for an operator.
     RefusedKeys,
-    /// Applies the schema: a start-up step, in errors only (no metric, no
-    /// event).
+    /// Applies the schema (in errors only).
     Migrate,
 }
 
@@ -45,8 +41,7 @@ impl Operation {
         Operation::RefusedKeys,
     ];
 
-    /// Whether the operation adds to a count: `failed`, `hit` and
-    /// `reserve` (a take-back subtracts, a reset and a purge delete).
+    /// Whether the operation adds to a count.
     pub(crate) const fn adds(self) -> bool {
         match self {
             Operation::Failed | Operation::Hit | Operation::Reserve => true,
@@ -59,9 +54,8 @@ impl Operation {
         }
     }
 
-    /// Whether the operation is an ask that its own verdict decides: `hit`
-    /// and `reserve`, whose verdict reads the count before their own ask
-    /// (a `failed` tells of the next attempt, a `check` adds nothing).
+    /// Whether the operation is an ask its own verdict decides, reading the
+    /// count before the ask (a `failed` tells of the next attempt).
     pub(crate) const fn asks(self) -> bool {
         match self {
             Operation::Hit | Operation::Reserve => true,
@@ -91,10 +85,9 @@ impl Operation {
     }
 }
 
-/// A counting operation: [`Operation::Check`], [`Operation::Failed`],
-/// [`Operation::Hit`] or [`Operation::Reserve`], what a store counts for and
-/// [`decide`](crate::decide::decide) turns into a verdict. It cannot hold
-/// another operation, so a store is never asked to count a reset.
+/// An operation a store counts for and [`decide`](crate::decide::decide)
+/// turns into a verdict: it cannot hold another, so a store is never asked
+/// to count a reset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counting {
     operation: Operation,
@@ -107,8 +100,7 @@ impl Counting {
     pub(crate) const CHECK: Counting = Counting::each(Operation::Check);
     /// Adds a failure, then tells whether the next attempt may go ahead.
     pub(crate) const FAILED: Counting = Counting::each(Operation::Failed);
-    /// Adds this ask (its cost, for `hit_n`), and tells whether it may go
-    /// ahead.
+    /// Adds this ask (its cost), and tells whether it may go ahead.
     pub(crate) const HIT: Counting = Counting::each(Operation::Hit);
     /// As `HIT`, for a permit.
     pub(crate) const RESERVE: Counting = Counting::each(Operation::Reserve);
@@ -131,14 +123,12 @@ impl Counting {
         self.operation
     }
 
-    /// Whether it adds to the count (all but `CHECK`):
     /// [`Operation::adds`].
     pub(crate) const fn adds(self) -> bool {
         self.operation.adds()
     }
 
-    /// Whether its verdict reads the count before its own ask (`HIT`,
-    /// `RESERVE`): [`Operation::asks`].
+    /// [`Operation::asks`].
     pub(crate) const fn asks(self) -> bool {
         self.operation.asks()
     }
@@ -160,8 +150,6 @@ impl fmt::Display for Operation {
 mod tests {
     use super::*;
 
-    /// The metric docs name every operation's label, so a new operation
-    /// cannot be missing from them.
     #[test]
     fn the_metric_docs_name_every_operation() {
         let docs = include_str!("metric.rs");

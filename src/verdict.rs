@@ -1,6 +1,5 @@
-//! [`Verdict`]: the answer to one attempt, and the constructors the stores
-//! and the call path build it with. The arithmetic that turns counts into a
-//! verdict is [`decide`](crate::decide), shared by both stores.
+//! [`Verdict`]: the answer to one attempt, and its constructors; the
+//! arithmetic is [`decide`](crate::decide).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -9,28 +8,13 @@ use crate::{Error, Limit};
 
 /// The answer to "may this attempt go ahead?".
 ///
-/// Being refused is an outcome, not an error. A verdict is one of:
-///
-/// - **allowed**: the store answered and the key is within its limit;
-/// - **refused**: the store answered and the key has used up its window;
-///   [`retry_after`](Verdict::retry_after) says how long until it reopens;
-/// - **unreachable**: the store could not be reached within the budget, and
-///   the limit's [`WhenUnreachable`](crate::WhenUnreachable) decided: allowed
-///   without a count (the default, fail-open), refused, or decided by a local
-///   in-process count. [`unreachable`](Verdict::unreachable) gives the cause.
-/// - **shed**: the store is up but could not answer within the budget
-///   because of load (a full pool, a flood, a slow shared statement): always
-///   refused, without a count, whatever the limit's `WhenUnreachable`;
-///   [`shed`](Verdict::shed) gives the cause, and
-///   [`retry_after`](Verdict::retry_after) is
-///   [`SHED_RETRY_AFTER`](Verdict::SHED_RETRY_AFTER). The line between down
-///   and overloaded is in the
-///   [guide](crate::guide#down-or-overloaded).
-/// - **over max**: the ask's cost is above the limit's max, so no window
-///   could ever allow it: refused at once, with no count and no round trip
-///   ([`exceeds_max`](Verdict::exceeds_max)).
-///
-/// What "allowed" means depends on the call:
+/// Being refused is an outcome, not an error. Besides allowed and refused
+/// by the count, a verdict may be [unreachable](Verdict::is_unreachable)
+/// (the limit's [`WhenUnreachable`](crate::WhenUnreachable) decided),
+/// [shed](Verdict::is_shed) (refused uncounted: the store is up but
+/// overloaded, [the guide](crate::guide#down-or-overloaded)), or
+/// [over max](Verdict::exceeds_max). What "allowed" means depends on the
+/// call:
 ///
 /// | call      | the count is                | allowed when         |
 /// |-----------|-----------------------------|----------------------|
@@ -38,7 +22,7 @@ use crate::{Error, Limit};
 /// | `failed`  | the failures, this one too  | count < max: the next attempt may go ahead |
 /// | `hit`     | the asks, this one too      | count ≤ max: this ask may go ahead |
 /// | `reserve` | the attempts, this one too  | count ≤ max: this attempt may go ahead |
-/// | `hit_n`, `reserve_n` | the units asked, this ask's cost too | count ≤ max |
+/// | `hit`, `reserve` of a [cost](crate::Ask::cost) | the units asked, this ask's cost too | count ≤ max |
 #[derive(Clone, Debug)]
 pub struct Verdict {
     limit: Arc<str>,
@@ -54,17 +38,14 @@ pub struct Verdict {
 struct Counts {
     count: u64,
     max: u32,
-    /// When the next attempt may go ahead: the window's end for an allowed
-    /// verdict; for a refusal, the end, the moment a sliding estimate falls
-    /// below max, or a lockout's end.
+    /// [`Verdict::reopens_at`].
     reopens_at: SystemTime,
     now: SystemTime,
 }
 
 impl Verdict {
-    /// How long a shed call's client is asked to wait before it tries again:
-    /// long enough for a burst to drain, short enough that a user retrying
-    /// by hand does not notice.
+    /// How long a shed call's client is asked to wait before it tries
+    /// again.
     pub const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
     /// Whether the attempt may go ahead.
@@ -100,8 +81,7 @@ impl Verdict {
     }
 
     /// Whether the ask was refused because its cost
-    /// ([`Limiter::hit_n`](crate::Limiter::hit_n),
-    /// [`reserve_n`](crate::Limiter::reserve_n)) is above the limit's max:
+    /// ([`Ask::cost`](crate::Ask::cost)) is above the limit's max:
     /// no window could ever allow it, so it was refused at once, with no
     /// round trip and nothing counted. Such a verdict has no
     /// [`count`](Verdict::count) and no [`retry_after`](Verdict::retry_after):
@@ -116,10 +96,9 @@ impl Verdict {
         self.shed.as_deref()
     }
 
-    /// The key's count in the current window (see the table above), or for a
-    /// sliding limit the weighted estimate, rounded up: the store's, or the
-    /// local fallback's when the store was unreachable and the limit falls
-    /// back to a local count; `None` when nothing counted.
+    /// The key's count in the current window (see the table above), or a
+    /// sliding limit's estimate, rounded up; the local count's while the
+    /// store is unreachable; `None` when nothing counted.
     pub fn count(&self) -> Option<u64> {
         self.counts.as_ref().map(|c| c.count)
     }
@@ -133,20 +112,16 @@ impl Verdict {
     }
 
     /// For an allowed verdict, when the current window closes; for a
-    /// refusal, the first moment the next attempt may go ahead (the window's
-    /// end, the moment a sliding estimate falls below max, or the end of a
-    /// lockout). `None` when nothing counted.
+    /// refusal, the first moment the next attempt may go ahead. `None` when
+    /// nothing counted.
     pub fn reopens_at(&self) -> Option<SystemTime> {
         self.counts.as_ref().map(|c| c.reopens_at)
     }
 
-    /// For a refusal, how long until the window reopens, measured on the
-    /// store's clock (for a refusal answered from the refusal cache, on this
-    /// process's); [`retry_after_secs`](Verdict::retry_after_secs) gives it
-    /// as a `Retry-After` header wants it. For a shed call,
-    /// [`SHED_RETRY_AFTER`](Verdict::SHED_RETRY_AFTER). `None` unless refused
-    /// by a count or shed (a refusal because the store is unreachable has no
-    /// reopening time).
+    /// For a refusal by a count, how long until it reopens, on the store's
+    /// clock (this process's, from the refusal cache); for a shed call,
+    /// [`SHED_RETRY_AFTER`](Verdict::SHED_RETRY_AFTER); else `None`. As a
+    /// header: [`retry_after_secs`](Verdict::retry_after_secs).
     pub fn retry_after(&self) -> Option<Duration> {
         match (&self.counts, self.allowed) {
             (Some(c), false) => Some(c.reopens_at.duration_since(c.now).unwrap_or_default()),
@@ -155,18 +130,16 @@ impl Verdict {
         }
     }
 
-    /// How long until [`reopens_at`](Verdict::reopens_at), on the same
-    /// clock as [`retry_after`](Verdict::retry_after), whether allowed or
-    /// refused; `None` when nothing counted.
+    /// How long until [`reopens_at`](Verdict::reopens_at), allowed or
+    /// refused, on the clock of [`retry_after`](Verdict::retry_after).
     pub(crate) fn reopens_in(&self) -> Option<Duration> {
         self.counts
             .as_ref()
             .map(|c| c.reopens_at.duration_since(c.now).unwrap_or_default())
     }
 
-    /// A verdict the store's counts decided (see [`decide`](crate::decide::decide)):
-    /// the count (an estimate for a sliding window), and when the next
-    /// attempt may go ahead, at the store's `now`.
+    /// A verdict the store's counts decided
+    /// ([`decide`](crate::decide::decide)), at the store's `now`.
     pub(crate) fn counted(
         limit: &Limit,
         allowed: bool,
@@ -189,9 +162,8 @@ impl Verdict {
         }
     }
 
-    /// This verdict as a refusal that reopens at once (its counts kept):
-    /// for an all-or-nothing call the store did not count though every
-    /// verdict allowed it.
+    /// This verdict as a refusal that reopens at once, counts kept: an
+    /// all-or-nothing call not counted though this pair allowed it.
     pub(crate) fn refused_now(mut self) -> Self {
         self.allowed = false;
         if let Some(counts) = &mut self.counts {
@@ -200,8 +172,7 @@ impl Verdict {
         self
     }
 
-    /// A verdict nothing counted: the store was unreachable and the limit
-    /// allows (or refuses) without a count.
+    /// A verdict nothing counted: the store was unreachable.
     pub(crate) fn uncounted(limit: &Limit, allowed: bool, cause: Arc<Error>) -> Self {
         Verdict {
             limit: limit.name_arc().clone(),
@@ -213,9 +184,8 @@ impl Verdict {
         }
     }
 
-    /// The verdict of a pair a call over several did not ask the store
-    /// about, because another pair's refusal came from the refusal cache:
-    /// allowed by its own limit, nothing counted.
+    /// A pair not asked because another pair's refusal came from the
+    /// refusal cache: allowed by its own limit, nothing counted.
     pub(crate) fn not_asked(limit: &Limit) -> Self {
         Verdict {
             limit: limit.name_arc().clone(),
@@ -240,7 +210,7 @@ impl Verdict {
     }
 
     /// The refusal of an ask whose cost is above `limit`'s max
-    /// ([`Limiter::hit_n`](crate::Limiter::hit_n)): no window could ever
+    /// ([`Ask::cost`](crate::Ask::cost)): no window could ever
     /// allow it, so nothing is asked and nothing counted.
     pub(crate) fn over_max(limit: &Limit) -> Self {
         Verdict {
@@ -253,8 +223,7 @@ impl Verdict {
         }
     }
 
-    /// This refusal as answered later from the refusal cache, at local time
-    /// `now`, reopening at local time `until`.
+    /// This refusal as the refusal cache answers it at local time `now`.
     pub(crate) fn seen_at(&self, now: SystemTime, until: SystemTime) -> Self {
         let mut seen = self.clone();
         if let Some(counts) = &mut seen.counts {

@@ -7,8 +7,7 @@
 //! search, the crate by a closed form). The calls: check, failed, hit, reset,
 //! reserve (with or without success reported), and the several-limits calls,
 //! the asks among them each of a cost of 1 or, in the cases with costs, of
-//! a cost drawn up to past the limits' max (`hit_n`, `reserve_n`,
-//! `hit_all_n`), and in the cases with tiers, each asking its limit under a
+//! a cost drawn up to past the limits' max (`Ask::cost`), and in the cases with tiers, each asking its limit under a
 //! max of its own (`Limit::with_max`, one count under every tier), and in
 //! the cases with all-or-nothing calls, with costs and tiers,
 //! `hit_all_or_nothing` half the time; after
@@ -196,8 +195,8 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
                         Call::CheckAll => (pg.check_all(&all).await, mem.check_all(&all).await),
                         Call::FailedAll => (pg.failed_all(&all).await, mem.failed_all(&all).await),
                         Call::HitAllOrNothing => (
-                            pg.hit_all_or_nothing(&all, cost).await,
-                            mem.hit_all_or_nothing(&all, cost).await,
+                            pg.hit_all_or_nothing(&all).cost(cost).await,
+                            mem.hit_all_or_nothing(&all).cost(cost).await,
                         ),
                         _ => (
                             hit_all(&pg, &all, cost).await,
@@ -252,7 +251,7 @@ fn play(case: &Case) -> Result<(), TestCaseError> {
     })
 }
 
-/// `hit` for a cost of 1 (the call most callers make), else `hit_n`.
+/// `hit`, of a cost of 1 (the call most callers make) or more.
 async fn hit<S: Store>(
     limiter: &Limiter<S>,
     limit: &Limit,
@@ -262,11 +261,11 @@ async fn hit<S: Store>(
     if cost == NonZeroU32::MIN {
         limiter.hit(limit, key).await
     } else {
-        limiter.hit_n(limit, key, cost).await
+        limiter.hit(limit, key).cost(cost).await
     }
 }
 
-/// `reserve` for a cost of 1, else `reserve_n`.
+/// `reserve`, of a cost of 1 or more.
 async fn reserve<'a, S: Store>(
     limiter: &'a Limiter<S>,
     limit: &Limit,
@@ -276,11 +275,11 @@ async fn reserve<'a, S: Store>(
     if cost == NonZeroU32::MIN {
         limiter.reserve(limit, key).await
     } else {
-        limiter.reserve_n(limit, key, cost).await
+        limiter.reserve(limit, key).cost(cost).await
     }
 }
 
-/// `hit_all` for a cost of 1, else `hit_all_n`.
+/// `hit_all`, of a cost of 1 or more.
 async fn hit_all<S: Store>(
     limiter: &Limiter<S>,
     all: &[(&Limit, &Key)],
@@ -289,7 +288,7 @@ async fn hit_all<S: Store>(
     if cost == NonZeroU32::MIN {
         limiter.hit_all(all).await
     } else {
-        limiter.hit_all_n(all, cost).await
+        limiter.hit_all(all).cost(cost).await
     }
 }
 
@@ -393,7 +392,7 @@ async fn act<S: Store>(
         Call::FailedAll => limiter.failed_all(all).await?.into_vec(),
         Call::HitAll => hit_all(limiter, all, cost).await?.into_vec(),
         // Not drawn by the cases played here (see `case_with_all_or_nothing`).
-        Call::HitAllOrNothing => limiter.hit_all_or_nothing(all, cost).await?.into_vec(),
+        Call::HitAllOrNothing => limiter.hit_all_or_nothing(all).cost(cost).await?.into_vec(),
         Call::Reset => return Ok(None),
     }))
 }

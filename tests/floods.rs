@@ -686,10 +686,7 @@ async fn a_burst_of_all_or_nothing_calls_waits_in_the_limiter_and_an_ordinary_us
             tokio::spawn(async move {
                 let client = Key::opaque(&format!("client-{n}"));
                 let pairs = [(&per_second, &client), (&per_day, &client)];
-                limiter
-                    .hit_all_or_nothing(&pairs, NonZeroU32::MIN)
-                    .await
-                    .expect("verdicts")
+                limiter.hit_all_or_nothing(&pairs).await.expect("verdicts")
             })
         })
         .collect();
@@ -762,9 +759,9 @@ async fn quota_calls_with_every_slot_taken_are_shed_never_allowed() {
             let client = Key::opaque(&format!("client-{n}"));
             let pairs = [(per_second, &client), (per_day, &client)];
             if n % 2 == 0 {
-                limiter.hit_all_or_nothing(&pairs, cost).await
+                limiter.hit_all_or_nothing(&pairs).cost(cost).await
             } else {
-                limiter.hit_all_n(&pairs, cost).await
+                limiter.hit_all(&pairs).cost(cost).await
             }
         }
     });

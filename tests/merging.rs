@@ -256,7 +256,7 @@ async fn merged_callers_of_different_costs_each_add_and_are_decided_by_their_own
     let limit = Limit::new("api", 20, Duration::from_secs(3600)).expect("a limit");
     let key = Key::opaque("hot");
     let cost = |n| NonZeroU32::new(n).expect("a cost");
-    let first = limiter.hit_n(&limit, &key, cost(2)).await.unwrap();
+    let first = limiter.hit(&limit, &key).cost(cost(2)).await.unwrap();
     assert_eq!(first.count(), Some(2));
 
     // A write of 3 in flight, waiting on the row another session locks.
@@ -264,7 +264,7 @@ async fn merged_callers_of_different_costs_each_add_and_are_decided_by_their_own
     let before = sent.load(Ordering::SeqCst);
     let in_flight = {
         let (limiter, limit, key) = (limiter.clone(), limit.clone(), key.clone());
-        tokio::spawn(async move { limiter.hit_n(&limit, &key, cost(3)).await })
+        tokio::spawn(async move { limiter.hit(&limit, &key).cost(cost(3)).await })
     };
     let admin = db.connect_admin().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -276,7 +276,7 @@ async fn merged_callers_of_different_costs_each_add_and_are_decided_by_their_own
     // One poll queues them all behind it, in this order.
     let costs = [5, 1, 7, 4, 1];
     let mut queued = Box::pin(join_all(
-        costs.map(|n| limiter.hit_n(&limit, &key, cost(n))),
+        costs.map(|n| limiter.hit(&limit, &key).cost(cost(n)).into_future()),
     ));
     assert!(futures::poll!(&mut queued).is_pending(), "queued");
     drop(locker);
@@ -371,7 +371,7 @@ async fn a_tier_queued_behind_another_reads_the_lockout_under_its_own_max() {
         assert!(tokio::time::Instant::now() < deadline, "not sent at once");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut queued = Box::pin(limiter.hit(&paid, &key));
+    let mut queued = limiter.hit(&paid, &key).into_future();
     assert!(futures::poll!(&mut queued).is_pending(), "queued");
     drop(locker);
 

@@ -509,7 +509,7 @@ async fn refused_at<S: platformkit_limit::Store>(
     costs: &[u32],
 ) {
     for &n in costs {
-        let verdict = limiter.hit_n(limit, key, cost(n)).await.unwrap();
+        let verdict = limiter.hit(limit, key).cost(cost(n)).await.unwrap();
         assert!(verdict.is_refused(), "an ask of {n}: {verdict:?}");
     }
 }
@@ -531,13 +531,14 @@ async fn a_refusal_is_answered_from_the_cache_only_to_asks_of_at_least_its_cost(
     let key = Key::opaque("client");
     assert!(
         limiter
-            .hit_n(&limit, &key, cost(3))
+            .hit(&limit, &key)
+            .cost(cost(3))
             .await
             .unwrap()
             .is_allowed()
     );
     for _ in 0..Limiter::FLOOD_REFUSALS {
-        let refused = limiter.hit_n(&limit, &key, cost(3)).await.unwrap();
+        let refused = limiter.hit(&limit, &key).cost(cost(3)).await.unwrap();
         assert!(refused.is_refused() && !refused.is_unreachable());
     }
     assert_eq!(lent.load(Ordering::SeqCst), 4, "each asked of the store");
@@ -564,11 +565,11 @@ async fn a_cost_above_max_sends_nothing_and_is_counted_with_source_cost() {
     let limiter = Limiter::new(Postgres::new(db.config()).with_clock(start()));
     let limit = Limit::new("api", 4, Duration::from_secs(60)).expect("a limit");
     let key = Key::opaque("client");
-    let over = limiter.hit_n(&limit, &key, cost(5)).await.unwrap();
+    let over = limiter.hit(&limit, &key).cost(cost(5)).await.unwrap();
     assert!(over.is_refused() && over.exceeds_max());
-    let reserved = limiter.reserve_n(&limit, &key, cost(5)).await.unwrap();
+    let reserved = limiter.reserve(&limit, &key).cost(cost(5)).await.unwrap();
     assert!(reserved.verdict().exceeds_max());
-    let fits = limiter.hit_n(&limit, &key, cost(4)).await.unwrap();
+    let fits = limiter.hit(&limit, &key).cost(cost(4)).await.unwrap();
     assert!(fits.is_allowed());
     assert_eq!(fits.count(), Some(4), "nothing counted before");
 

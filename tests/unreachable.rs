@@ -496,14 +496,19 @@ async fn an_ask_of_a_cost_fails_open_as_its_limit_says_and_one_above_max_is_refu
     let local = limit("local", WhenUnreachable::CountLocally);
     let key = Key::opaque("client");
 
-    let (verdict, _) = timed(BUDGET + SLACK, "hit_n", limiter.hit_n(&open, &key, cost(4))).await;
+    let (verdict, _) = timed(
+        BUDGET + SLACK,
+        "hit of a cost",
+        limiter.hit(&open, &key).cost(cost(4)),
+    )
+    .await;
     let verdict = verdict.unwrap();
     assert!(
         verdict.is_allowed() && verdict.is_unreachable(),
         "{verdict:?}"
     );
     assert_eq!(verdict.count(), None);
-    let verdict = limiter.hit_n(&closed, &key, cost(4)).await.unwrap();
+    let verdict = limiter.hit(&closed, &key).cost(cost(4)).await.unwrap();
     assert!(
         verdict.is_refused() && verdict.is_unreachable(),
         "{verdict:?}"
@@ -511,7 +516,7 @@ async fn an_ask_of_a_cost_fails_open_as_its_limit_says_and_one_above_max_is_refu
 
     let mut counts = Vec::new();
     for n in [6, 4, 1] {
-        let verdict = limiter.hit_n(&local, &key, cost(n)).await.unwrap();
+        let verdict = limiter.hit(&local, &key).cost(cost(n)).await.unwrap();
         assert!(verdict.is_unreachable(), "{verdict:?}");
         counts.push((verdict.count(), verdict.is_allowed()));
     }
@@ -521,7 +526,12 @@ async fn an_ask_of_a_cost_fails_open_as_its_limit_says_and_one_above_max_is_refu
         "counted locally, whole"
     );
     let reopened = Key::opaque("reserving");
-    match limiter.reserve_n(&local, &reopened, cost(7)).await.unwrap() {
+    match limiter
+        .reserve(&local, &reopened)
+        .cost(cost(7))
+        .await
+        .unwrap()
+    {
         platformkit_limit::Reservation::Granted(permit) => {
             assert_eq!(permit.verdict().count(), Some(7));
             // The store is down: the take-back is of the local count.
@@ -529,7 +539,7 @@ async fn an_ask_of_a_cost_fails_open_as_its_limit_says_and_one_above_max_is_refu
         }
         platformkit_limit::Reservation::Refused(verdict) => panic!("{verdict:?}"),
     }
-    let after = limiter.hit_n(&local, &reopened, cost(10)).await.unwrap();
+    let after = limiter.hit(&local, &reopened).cost(cost(10)).await.unwrap();
     assert_eq!(after.count(), Some(10), "the 7 were taken back");
     assert!(after.is_allowed());
 
@@ -537,7 +547,7 @@ async fn an_ask_of_a_cost_fails_open_as_its_limit_says_and_one_above_max_is_refu
         let (over, _) = timed(
             SLACK,
             "a cost above max",
-            limiter.hit_n(limit, &key, cost(11)),
+            limiter.hit(limit, &key).cost(cost(11)),
         )
         .await;
         let over = over.unwrap();
@@ -573,7 +583,9 @@ async fn an_all_or_nothing_call_fails_open_limit_by_limit_and_a_local_count_coun
     let (both, _) = timed(
         BUDGET + SLACK,
         "hit_all_or_nothing",
-        limiter.hit_all_or_nothing(&[(&open, &key), (&local, &key)], one),
+        limiter
+            .hit_all_or_nothing(&[(&open, &key), (&local, &key)])
+            .cost(one),
     )
     .await;
     let both = both.unwrap();
@@ -581,13 +593,14 @@ async fn an_all_or_nothing_call_fails_open_limit_by_limit_and_a_local_count_coun
     let counts: Vec<_> = both.iter().map(Verdict::count).collect();
     assert_eq!(counts, [None, Some(1)]);
     let refused = limiter
-        .hit_all_or_nothing(&[(&closed, &key), (&local, &key)], one)
+        .hit_all_or_nothing(&[(&closed, &key), (&local, &key)])
+        .cost(one)
         .await
         .unwrap();
     assert_eq!(refused.refused_by().map(Verdict::limit), Some("closed"));
     assert!(refused.is_unreachable());
     // The local count counted it all the same.
-    let local_now = limiter.hit_n(&local, &key, one).await.unwrap();
+    let local_now = limiter.hit(&local, &key).cost(one).await.unwrap();
     assert_eq!(
         local_now.count(),
         Some(3),

@@ -17,7 +17,7 @@
 //!   each), over random keys drawn from a million and over one hot key;
 //! - `check_all` and `failed_all` over two limits at once (per account and
 //!   per address), next to `check` and `failed` over one;
-//! - `hit_n` with a cost of 5 (an API call that counts five units), and
+//! - `hit` with a cost of 5 (an API call that counts five units), and
 //!   `hit_all` and `hit_all_or_nothing` over two limits, each right after
 //!   `hit` and compared to it;
 //! - `failed` with `Postgres::with_relaxed_durability`, next to the

@@ -85,7 +85,7 @@ pub(crate) enum What {
     Check,
     Failed,
     Hit,
-    /// `hit_n` with a cost of [`HIT_COST`], right after `hit`.
+    /// `hit` with a cost of [`HIT_COST`], right after `hit`.
     HitN,
     /// `hit_all` over two (limit, key) pairs, right after `hit`.
     HitAll,
@@ -127,7 +127,7 @@ impl What {
             What::Check => "check",
             What::Failed => "failed",
             What::Hit => "hit",
-            What::HitN => "hit_n, cost 5",
+            What::HitN => "hit, cost 5",
             What::HitAll => "hit_all, 2 limits",
             What::HitAllOrNothing => "hit_all_or_nothing, 2 limits",
             What::Reset => "reset",
@@ -366,7 +366,7 @@ pub(crate) fn limiter_op<S: Store + 'static>(
                 | What::SqlxFailed
                 | What::PreparedFailed => limiter.failed(&limit, &key).await,
                 What::Hit => limiter.hit(&limit, &key).await,
-                What::HitN => limiter.hit_n(&limit, &key, HIT_COST).await,
+                What::HitN => limiter.hit(&limit, &key).cost(HIT_COST).await,
                 What::Reset => {
                     if let Err(e) = limiter.reset(&limit, &key).await {
                         panic!("reset: {e}");
@@ -411,11 +411,7 @@ fn several_op<S: Store + 'static>(
                 What::CheckAll => limiter.check_all(&pairs).await,
                 What::FailedAll => limiter.failed_all(&pairs).await,
                 What::HitAll => limiter.hit_all(&pairs).await,
-                What::HitAllOrNothing => {
-                    limiter
-                        .hit_all_or_nothing(&pairs, std::num::NonZeroU32::MIN)
-                        .await
-                }
+                What::HitAllOrNothing => limiter.hit_all_or_nothing(&pairs).await,
                 _ => unreachable!("only the *_all calls take several limits"),
             };
             match verdicts {

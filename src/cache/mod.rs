@@ -1,58 +1,30 @@
-//! The refusal cache: for a key being flooded with attempts, this process
-//! answers "refused" itself, asking the store again at most once per TTL.
+//! The refusal cache: for a flooded key, this process answers "refused"
+//! itself, asking the store again at most once per TTL. Its promises are in
+//! the [guide](crate::guide#the-refusal-cache); here is how it keeps them.
 //!
-//! What it promises (when it engages, how stale it can be, the statements it
-//! leaves) is written once, in the
-//! [guide](crate::guide#the-refusal-cache). This page is how it keeps those
-//! promises.
+//! Each key the store refused has an entry, a small state behind a mutex in
+//! a [`quick_cache`] (which bounds the keys; the expiry is ours):
 //!
-//! Each key the store refused has an entry (a small state behind a mutex,
-//! shared through [`quick_cache`], which bounds how many keys there are):
-//!
-//! - `refusals`: the times of the latest [`FLOOD_REFUSALS`] refusals of the
-//!   key this process answered, from the store or from the cache. The key is
-//!   *flooded* when all of them fall within [`FLOOD_SPAN`].
-//! - `held`: the refusal being answered from the cache, if the key was
-//!   flooded when the store gave it. It is *fresh* for the TTL from the
-//!   moment its call asked (never past the reopening the store reported);
-//!   while fresh, every call is answered with it.
-//! - `claim`: once `held` is past its TTL, the first call claims the refresh
-//!   and asks the store; calls that come while the claim stands are still
-//!   answered with `held`. The claim ends when its call's answer is in (a
-//!   refusal while still flooded is held afresh; an allow clears the entry),
-//!   when its call is dropped, or a budget after it was made, whichever
-//!   comes first: a future that is never polled again cannot pin the cache.
-//!   A call that ends without the store's answer (unreachable) leaves its
-//!   claim to go stale, so a store that is down gets one attempt per budget
-//!   from here, not one per caller.
-//! - Past the reopening, `held` is dropped and every call asks: the key may
-//!   be open.
+//! - `refusals`: the latest [`FLOOD_REFUSALS`] refusals answered; the key is
+//!   *flooded* when all fall within [`FLOOD_SPAN`].
+//! - `held`: the refusal answered while fresh, a TTL from when its call
+//!   asked and never past the reopening the store reported.
+//! - `claim`: past the TTL, the first call claims the refresh and asks the
+//!   store while the others are still answered with `held`. The claim ends
+//!   with its call's answer, its drop, or a budget after it was made; a
+//!   call left with no answer (unreachable) lets it go stale, so a store
+//!   that is down gets one attempt per budget from here.
 //! - By cost: `held` answers only asks of at least the cost it refused
-//!   (`hit_n`, `reserve_n`; every other call costs 1). Its reopening is
-//!   when an ask of that cost may go ahead
-//!   ([`decide`](crate::decide::decide)); a smaller ask may go ahead
-//!   sooner, so it is asked of the store, claiming nothing. While `held` is
-//!   fresh, a newer refusal of a larger cost leaves it in place: the count
-//!   only grew since, so it still holds for its own cost and every larger
-//!   one, and the asks of a flood with mixed costs stay answered here.
-//! - By max: `held` answers only asks under the max it was refused under.
-//!   Tiers are one limit under several maxes
-//!   ([`Limit::with_max`](crate::Limit::with_max)), one stored key and one
-//!   count: a key refused under a free tier's max may be allowed under a
-//!   paid tier's larger one, and a refusal under a larger max would show
-//!   a smaller tier's asks the wrong quota. An ask under another max is
-//!   asked of the store, claiming nothing; its refusal, if newer, is held
-//!   in place of the other tier's.
+//!   (an ask's [cost](crate::Ask::cost); 1 unless set). A smaller ask asks
+//!   the store, claiming nothing; a newer refusal of a larger cost leaves a
+//!   fresh `held` in place, which still holds for its own cost.
+//! - By max: `held` answers only asks under the max it was refused under
+//!   (tiers share a count, not a quota); an ask under another max asks the
+//!   store, and its newer refusal replaces the other tier's.
 //!
-//! All times are on the limiter's local timeline (the store's
-//! [`local_now`](crate::store::sealed::Sealed::local_now): the system clock,
-//! or a [`ManualClock`](crate::ManualClock) in tests). A clock that moves
-//! back before a held refusal's or a claim's moment drops the refusal, or
-//! lets the next call claim, rather than stretching either.
-//!
-//! [`quick_cache`] is used because it is a small, well-kept, sharded
-//! concurrent cache with a hard size bound (S3-FIFO eviction); the expiry,
-//! which is per entry and on the store's clock, is ours.
+//! Times are the store's
+//! [`local_now`](crate::store::sealed::Sealed::local_now); a clock moved
+//! back before a held refusal or a claim drops it rather than stretch it.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,23 +33,16 @@ use std::time::{Duration, SystemTime};
 
 use crate::Verdict;
 
-/// How many refusals of one key, within [`FLOOD_SPAN`], make it flooded: the
-/// refusal cache answers for a key only once the store has refused it this
-/// many times within the span through this process (see
-/// [`LimiterBuilder::refusal_cache`](crate::LimiterBuilder::refusal_cache)).
+/// How many refusals of one key within [`FLOOD_SPAN`] make it flooded.
 pub(crate) const FLOOD_REFUSALS: usize = 3;
 
-/// The span within which [`FLOOD_REFUSALS`] refusals of one key make it
-/// flooded: one second.
+/// The span within which [`FLOOD_REFUSALS`] refusals make a key flooded.
 pub(crate) const FLOOD_SPAN: Duration = Duration::from_secs(1);
 
-/// How long the refusal cache answers for a flooded key before asking the
-/// store again, by default: one second (see
-/// [`LimiterBuilder::refusal_ttl`](crate::LimiterBuilder::refusal_ttl)).
+/// The default TTL ([`LimiterBuilder::refusal_ttl`](crate::LimiterBuilder::refusal_ttl)).
 pub(crate) const DEFAULT_REFUSAL_TTL: Duration = Duration::from_secs(1);
 
-/// The longest a refusal may be held
-/// ([`Limiter::MAX_REFUSAL_TTL`](crate::Limiter::MAX_REFUSAL_TTL)).
+/// The longest TTL ([`Limiter::MAX_REFUSAL_TTL`](crate::Limiter::MAX_REFUSAL_TTL)).
 pub(crate) const MAX_TTL: Duration = Duration::from_secs(60);
 
 /// A refusal the store gave, answered again while fresh.
@@ -122,8 +87,7 @@ impl State {
         }
     }
 
-    /// Whether the key is flooded at `now`: its latest [`FLOOD_REFUSALS`]
-    /// refusals all within [`FLOOD_SPAN`] before `now`.
+    /// Whether the key is flooded at `now`.
     fn flooded(&self, now: SystemTime) -> bool {
         let mut oldest = None;
         for t in &self.refusals {
@@ -138,8 +102,7 @@ impl State {
         })
     }
 
-    /// Whether the entry says nothing any more: nothing held, no claim, and
-    /// no refusal within the span before `now`.
+    /// Whether the entry says nothing any more.
     fn idle(&self, now: SystemTime) -> bool {
         self.held.is_none()
             && self.claim.is_none()
@@ -203,8 +166,7 @@ impl std::fmt::Debug for RefusalCache {
 }
 
 impl RefusalCache {
-    /// A cache of at most `capacity` keys, answering for a flooded key for
-    /// `ttl` at a time.
+    /// A cache of at most `capacity` keys, with a TTL of `ttl`.
     pub(crate) fn new(capacity: usize, ttl: Duration) -> Self {
         RefusalCache {
             entries: Some(quick_cache::sync::Cache::new(capacity)),
@@ -233,11 +195,9 @@ impl RefusalCache {
         self.ttl
     }
 
-    /// What to do with a call for `key` of `cost` under a limit of `max`
-    /// starting at `now`, whose budget is `budget`: answer the held refusal
-    /// (its wait shortened to `now`) if it refused no more than `cost`
-    /// under the same `max`, or ask the store, claiming the refresh if the
-    /// held refusal is past its TTL and no call's claim stands.
+    /// What to do with a call for `key` of `cost` under `max` at `now`:
+    /// answer the held refusal, or ask the store, claiming the refresh if it
+    /// is past its TTL and no claim stands.
     pub(crate) fn get(
         &self,
         key: &str,
@@ -266,8 +226,7 @@ impl RefusalCache {
             return Lookup::Ask(None);
         }
         if cost < held.cost || max != held.max {
-            // Refused for more than this ask, it may go ahead sooner; under
-            // another tier's max, it may go ahead now.
+            // A smaller ask, or another tier: it may go ahead sooner.
             return Lookup::Ask(None);
         }
         let verdict = held.verdict.seen_at(now, held.reopens);
@@ -289,11 +248,9 @@ impl RefusalCache {
         }))
     }
 
-    /// Takes in the store's answer to a call for `key` of `cost` under a
-    /// limit of `max` that asked at `asked_at`: a refusal is counted, and
-    /// held if the key is flooded (unless a fresh refusal of a smaller cost
-    /// under the same max is held); an allow clears the entry. The call's
-    /// claim, if any, ends.
+    /// Takes in the store's answer to a call that asked at `asked_at`: a
+    /// refusal is counted, and held if the key is flooded; an allow clears
+    /// the entry. The call's claim, if any, ends.
     pub(crate) fn answered(
         &self,
         key: &str,
@@ -311,8 +268,7 @@ impl RefusalCache {
             return;
         }
         if verdict.is_allowed() {
-            // Read first: most allowed keys have no entry, and a read takes
-            // only a shared lock.
+            // Read first: most allowed keys have none, and a read shares.
             if entries.contains_key(key) {
                 entries.remove(key);
             }
@@ -344,14 +300,13 @@ impl RefusalCache {
                 }
             });
         }
-        // The claim ends after the entry is updated, so that no call claims
-        // again in between.
+        // The claim ends after the update, so no call claims in between.
         drop(state);
         drop(refresh);
     }
 
-    /// A call that ended without the store's answer: its claim, if any,
-    /// stands until it goes stale, so the next attempt waits a budget.
+    /// A call that ended without the store's answer: its claim stands
+    /// until it goes stale.
     pub(crate) fn unanswered(&self, refresh: Option<Refresh>) {
         if let Some(mut refresh) = refresh {
             refresh.release = false;

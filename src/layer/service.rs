@@ -103,9 +103,9 @@ where
     match &config.mode {
         Mode::Hit | Mode::HitAllOrNothing => {
             let verdicts = if let Mode::Hit = config.mode {
-                limiter.hit_all_n(&pairs, cost).await
+                limiter.hit_all(&pairs).cost(cost).await
             } else {
-                limiter.hit_all_or_nothing(&pairs, cost).await
+                limiter.hit_all_or_nothing(&pairs).cost(cost).await
             };
             let verdicts = match verdicts {
                 Ok(verdicts) => verdicts,
@@ -123,7 +123,7 @@ where
             Ok(response)
         }
         Mode::Attempt(succeeded) => {
-            let permits = match limiter.reserve_all_n(&pairs, cost).await {
+            let permits = match limiter.reserve_all(&pairs).cost(cost).await {
                 Ok(Reservations::Granted(permits)) => permits,
                 Ok(Reservations::Refused(verdicts)) => return Ok(config.refused(&keys, verdicts)),
                 Err(e) => {

@@ -11,18 +11,11 @@ pub use self::builder::LimitBuilder;
 
 /// A named policy: at most `max` attempts per key in each window of `window`.
 ///
-/// Windows start at whole multiples of the window length since the Unix
-/// epoch, on the database's clock, so every replica agrees on when a window
-/// opens and closes. A limit counts in fixed windows by default, or with a
-/// sliding estimate over two of them ([`Strategy::Sliding`]); the
-/// [guide](crate::guide#windows) compares the two.
-///
-/// The name namespaces keys (the same [`Key`](crate::Key) under two limits is
-/// two counters) and labels the metrics. It is 1 to 48 bytes of ASCII
-/// letters, digits, `_`, `-` and `.`: it appears in every stored key and in
-/// every metric series, so it is kept short and plain.
-///
-/// Nonsense is refused here, when the limit is made, never at call time:
+/// Fixed windows by default, or a sliding estimate ([`Strategy::Sliding`]);
+/// both in the [guide](crate::guide#windows). The name namespaces keys (the
+/// same [`Key`](crate::Key) under two limits is two counters) and labels the
+/// metrics, so it is short and plain ([`LimitBuilder::build`]). Nonsense is
+/// refused when the limit is made, never at call time:
 ///
 /// ```
 /// use platformkit_limit::Limit;
@@ -55,41 +48,33 @@ pub struct Limit {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Strategy {
-    /// Fixed windows, aligned to the Unix epoch: the current window's count.
-    /// Up to 2 × max in any interval that spans an edge, however short: max
-    /// just before the edge and max just after.
+    /// Fixed windows, aligned to the Unix epoch: up to 2 × max across an
+    /// edge.
     #[default]
     Fixed,
-    /// A sliding-window estimate over two fixed windows: the current
-    /// window's count plus the previous one's, weighted by how much of it
-    /// still overlaps the last window's length.
+    /// An estimate over the current window and the one before, weighted.
     Sliding,
 }
 
-/// What a limit does when the store cannot be reached within the budget.
-/// Whatever the choice, the verdict says the store was unreachable and the
-/// `unreachable` outcome is counted.
+/// What a limit does when the store cannot be reached within the budget
+/// ([fail-open](crate::guide#fail-open)). The verdict says so either way.
 ///
 /// | choice | the attempt | the risk |
 /// |---|---|---|
 /// | `Allow` (default) | allowed, not counted | whoever can make the database unreachable gets unlimited attempts while it lasts |
 /// | `Refuse` | refused, with no `retry_after` (answer 503) | whoever can make the database unreachable locks everyone out of the route (fail-closed) |
 /// | `CountLocally` | decided by a count in this process, the same limit per replica: the same arithmetic as the store, on the store's clock as this process sees it, for at most [`Limiter::DEFAULT_LOCAL_KEYS`](crate::Limiter::DEFAULT_LOCAL_KEYS) keys ([`LimiterBuilder::local_keys`](crate::LimiterBuilder::local_keys)); a key it has no room for is refused, as `Refuse` | N replicas allow up to N × max while it lasts; counts made meanwhile are not in the database afterwards; past the bound, new keys are locked out until old ones' windows close |
-///
-/// See [fail-open](crate::guide#fail-open) for what counts as unreachable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WhenUnreachable {
     /// Allow the attempt without a count: fail-open.
     #[default]
     Allow,
-    /// Refuse the attempt: fail-closed, for routes that must never run
-    /// unlimited.
+    /// Refuse the attempt: fail-closed.
     Refuse,
     /// Count in this process until the database is back, holding each
-    /// replica to the limit. The local count holds a bounded number of
-    /// keys; a key it has no room for is refused, never allowed uncounted
-    /// (the guide's [fail-open](crate::guide#fail-open) section).
+    /// replica to the limit; a key the bounded count has no room for is
+    /// refused.
     CountLocally,
 }
 
@@ -100,8 +85,7 @@ pub enum OnSuccess {
     /// Take the reserved attempt back: a success costs nothing.
     #[default]
     TakeBack,
-    /// Clear the key (every window): a success forgives earlier failures,
-    /// as a good login usually does.
+    /// Clear the key: a success forgives earlier failures.
     Reset,
 }
 
@@ -118,8 +102,8 @@ impl Limit {
     /// The most attempts a limit may allow in one window.
     pub const MAX_ATTEMPTS: u32 = 1_000_000_000;
 
-    /// The longest lockout a limit may have: a day. `purge` keeps a window's
-    /// row for a day after it closes, and the lockout is read from that row.
+    /// The longest lockout a limit may have: a day, as long as `purge`
+    /// keeps the closed window's row it is read from.
     pub const MAX_LOCKOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
     /// A limit named `name` that allows `max` attempts per key in each
@@ -164,26 +148,12 @@ impl Limit {
         }
     }
 
-    /// The same limit with another `max`: its name, window, strategy,
-    /// lockout and every other setting kept. For tiers: a free plan and a
-    /// paid one on one route are one limit under two maxes, so they count
-    /// in one row per key, and a key moved from one tier to the other keeps
-    /// its count (a separate `Limit` per tier, under its own name, would
-    /// start it again).
-    ///
-    /// A tier is a `Limit` and nothing more, rather than a type of its own:
-    /// every call that takes a limit takes a tier, and what is stored (the
-    /// name and the key) is the same under every tier. Each call decides by
-    /// the max of the limit it is given, and so does its verdict (its
-    /// [`remaining`](crate::Verdict::remaining), the layer's RateLimit
-    /// fields); the refusal cache answers a refusal only to asks under the
-    /// same max (the [guide](crate::guide#the-refusal-cache)). So do the
-    /// operator's reads: [`Limiter::status`](crate::Limiter::status) and
-    /// [`Limiter::refused_keys`](crate::Limiter::refused_keys) under the
-    /// free tier list a paid key past the free max as refused; ask them
-    /// under the tier the key is on. A lockout is read under the max of
-    /// the call too: a window that reached the free max locks a key out on
-    /// the free tier only.
+    /// The same limit with another `max`, every other setting kept: a
+    /// [tier](crate::guide#api-quotas). Tiers count in one row per key, so
+    /// a key moved between them keeps its count. Each call, its verdict, a
+    /// lockout and the operator's reads
+    /// ([`Limiter::status`](crate::Limiter::status)) go by the max of the
+    /// limit they are given: ask under the tier the key is on.
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -198,10 +168,10 @@ impl Limit {
     ///
     /// let client = Key::opaque("client-9");
     /// let batch = NonZeroU32::new(50).unwrap();
-    /// limiter.hit_n(&free, &client, batch).await?;
-    /// limiter.hit_n(&free, &client, batch).await?;
+    /// limiter.hit(&free, &client).cost(batch).await?;
+    /// limiter.hit(&free, &client).cost(batch).await?;
     /// // At 100 and on the free tier: refused (and counted, as every hit).
-    /// let verdict = limiter.hit_n(&free, &client, batch).await?;
+    /// let verdict = limiter.hit(&free, &client).cost(batch).await?;
     /// assert!(verdict.is_refused());
     /// assert_eq!(verdict.count(), Some(150));
     /// // Upgraded: the same count, under the paid tier's max.
@@ -289,8 +259,8 @@ impl Limit {
     }
 
     /// Whether one statement for a key counts and reads alike under this
-    /// limit and `other`: the same limit, or two tiers of one without a
-    /// lockout (the statement reads the max only for a lockout).
+    /// limit and `other`: the same, or tiers without a lockout (which reads
+    /// the max).
     pub(crate) fn counts_alike(&self, other: &Limit) -> bool {
         self == other || (self.lockout_secs == 0 && self.is_tier(other))
     }

@@ -4,10 +4,12 @@
 mod ask;
 mod builder;
 mod clear;
+mod cost;
 mod permit;
 mod several;
 
 pub use builder::LimiterBuilder;
+pub use cost::Ask;
 pub use permit::{Permit, Permits, Reservation, Reservations};
 
 use std::num::NonZeroU32;
@@ -16,7 +18,6 @@ use std::time::Duration;
 
 use crate::cache::RefusalCache;
 
-use self::permit::CountedIn;
 use crate::key::stored;
 use crate::merge::Merging;
 use crate::operation::Counting;
@@ -24,9 +25,8 @@ use crate::store::Store;
 use crate::{Error, Key, Limit, Memory, Verdict};
 
 /// The front of the crate: `check`, `failed`, `hit`, `reserve` and `reset`,
-/// `hit_n` and `reserve_n` for an ask of a cost of its own, and
-/// `check_all`, `failed_all`, `hit_all`, `hit_all_n`, `reserve_all` and
-/// `reserve_all_n` over several limits at once, over a store,
+/// and their `_all` forms over several limits at once (an [`Ask`] of `hit`
+/// or `reserve` may [cost](Ask::cost) more than one unit), over a store,
 /// [`Postgres`](crate::Postgres) in production or [`Memory`] in tests.
 ///
 /// Every call, getting the connection included, ends within the budget
@@ -185,82 +185,14 @@ impl<S: Store> Limiter<S> {
 
     /// Counts this attempt and says whether it may go ahead, in one
     /// statement: for routes where every ask counts, such as "forgot my
-    /// password". Refused asks are counted too.
+    /// password". Refused asks are counted too. Awaited as it is, it asks
+    /// one unit; [`Ask::cost`] asks more.
     ///
     /// # Errors
     ///
     /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
-    pub async fn hit(&self, limit: &Limit, key: &Key) -> Result<Verdict, Error> {
-        self.hit_n(limit, key, NonZeroU32::MIN).await
-    }
-
-    /// [`hit`](Limiter::hit) for an ask that costs `cost` units of the
-    /// limit (an upload of 10 MB, a batch of 50 items, a search that costs
-    /// 5), in the same one statement: `hit` is a cost of 1.
-    ///
-    /// The cost is a [`NonZeroU32`]: an ask of nothing is not an ask, so
-    /// a cost of 0 cannot be written, and `max` is a `u32` too. The ask
-    /// may go ahead when the count after it is at most `max` (for a
-    /// sliding limit: the estimate after it less one is below `max`, as
-    /// for `cost` asks of one in a row); [`Verdict::count`] is the count
-    /// after it.
-    ///
-    /// - **A refused ask is counted**, its whole cost, as every
-    ///   [`hit`](Limiter::hit) is: asking spends the quota. So an ask that
-    ///   would pass `max` from the current count is refused and leaves the
-    ///   window full: the asks after it are refused too until it reopens.
-    ///   [`Verdict::retry_after`] is when an ask of the same cost may go
-    ///   ahead (a smaller one may sooner, with a sliding limit).
-    /// - **A cost above `max`** is refused at once, with no round trip and
-    ///   nothing counted (never an error): no window could ever allow it.
-    ///   The verdict says so ([`Verdict::exceeds_max`]); it has no count
-    ///   ([`Verdict::count`] is `None`) and no
-    ///   [`retry_after`](Verdict::retry_after), as waiting would not help.
-    /// - The refusal cache answers a refusal only to asks of at least the
-    ///   cost refused, and merging adds each caller's own cost (the
-    ///   [guide](crate::guide#the-refusal-cache)).
-    /// - The metrics count calls, not cost units: one `hit` per call
-    ///   ([`metric`](crate::metric)).
-    ///
-    /// ```
-    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    ///
-    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let limiter = Limiter::new(Memory::new());
-    /// let quota = Limit::new("api", 100, Duration::from_secs(60))?;
-    /// let client = Key::opaque("client-9");
-    /// let cost = |n| NonZeroU32::new(n).unwrap();
-    ///
-    /// let verdict = limiter.hit_n(&quota, &client, cost(60)).await?;
-    /// assert!(verdict.is_allowed());
-    /// assert_eq!(verdict.remaining(), Some(40));
-    ///
-    /// // 60 + 50 would pass 100: refused, and counted.
-    /// let verdict = limiter.hit_n(&quota, &client, cost(50)).await?;
-    /// assert!(verdict.is_refused());
-    /// assert_eq!(verdict.count(), Some(110));
-    /// assert!(limiter.hit(&quota, &client).await?.is_refused());
-    ///
-    /// // More than the limit ever allows: refused at once, nothing counted.
-    /// let verdict = limiter.hit_n(&quota, &Key::opaque("client-10"), cost(101)).await?;
-    /// assert!(verdict.is_refused() && verdict.exceeds_max());
-    /// assert_eq!((verdict.count(), verdict.retry_after()), (None, None));
-    /// # Ok::<(), platformkit_limit::Error>(())
-    /// # }).unwrap();
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// A hard failure (see [`Limiter`]); an unreachable store is a verdict.
-    pub async fn hit_n(
-        &self,
-        limit: &Limit,
-        key: &Key,
-        cost: NonZeroU32,
-    ) -> Result<Verdict, Error> {
-        self.counted(Counting::HIT, limit, key, cost).await
+    pub fn hit<'l, 'p>(&'l self, limit: &'p Limit, key: &'p Key) -> Ask<'l, 'p, S, Verdict> {
+        Ask::one(self, Counting::HIT, limit, key)
     }
 
     /// Counts this attempt **before** the work it guards and, when the limit
@@ -303,53 +235,12 @@ impl<S: Store> Limiter<S> {
     ///
     /// A hard failure (see [`Limiter`]); an unreachable store is decided by
     /// the limit's [`WhenUnreachable`](crate::WhenUnreachable).
-    pub async fn reserve(&self, limit: &Limit, key: &Key) -> Result<Reservation<'_, S>, Error> {
-        self.reserve_n(limit, key, NonZeroU32::MIN).await
-    }
-
-    /// [`reserve`](Limiter::reserve) for an attempt that costs `cost`
-    /// units, decided as [`hit_n`](Limiter::hit_n) decides (a refused
-    /// attempt counted, a cost above `max` refused at once with nothing
-    /// counted); [`Permit::succeeded`] takes the whole cost back.
-    /// `reserve` is a cost of 1.
-    ///
-    /// ```
-    /// use platformkit_limit::{Key, Limit, Limiter, Memory, Reservation};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    ///
-    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let limiter = Limiter::new(Memory::new());
-    /// let exports = Limit::new("exports", 100, Duration::from_secs(3600))?;
-    /// let tenant = Key::opaque("tenant-3");
-    /// let rows = NonZeroU32::new(30).unwrap();
-    /// if let Reservation::Granted(permit) = limiter.reserve_n(&exports, &tenant, rows).await? {
-    ///     assert_eq!(permit.verdict().count(), Some(30));
-    ///     permit.succeeded().await?; // takes the 30 back
-    /// }
-    /// assert_eq!(limiter.check(&exports, &tenant).await?.count(), Some(0));
-    /// # Ok::<(), platformkit_limit::Error>(())
-    /// # }).unwrap();
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`Limiter::reserve`].
-    pub async fn reserve_n(
-        &self,
-        limit: &Limit,
-        key: &Key,
-        cost: NonZeroU32,
-    ) -> Result<Reservation<'_, S>, Error> {
-        let stored = stored(limit.name(), key);
-        let (verdict, counted_in) = self.run(Counting::RESERVE, limit, &stored, cost).await?;
-        Ok(Permit::reservation(
-            self,
-            limit,
-            stored,
-            verdict,
-            (counted_in, cost),
-        ))
+    pub fn reserve<'l, 'p>(
+        &'l self,
+        limit: &'p Limit,
+        key: &'p Key,
+    ) -> Ask<'l, 'p, S, Reservation<'l, S>> {
+        Ask::one(self, Counting::RESERVE, limit, key)
     }
 
     /// Clears the key under `limit`: its current window and any older ones.
@@ -374,22 +265,7 @@ impl<S: Store> Limiter<S> {
         key: &Key,
         cost: NonZeroU32,
     ) -> Result<Verdict, Error> {
-        let stored = stored(limit.name(), key);
-        self.run(op, limit, &stored, cost)
-            .await
-            .map(|(verdict, _)| verdict)
-    }
-
-    /// Runs one counting operation of `cost` for a stored key:
-    /// [`run_all`](Limiter::run_all) with one pair.
-    pub(crate) async fn run(
-        &self,
-        op: Counting,
-        limit: &Limit,
-        key: &str,
-        cost: NonZeroU32,
-    ) -> Result<(Verdict, CountedIn), Error> {
-        let mut ran = self.run_all(op, &[(limit, key.to_owned())], cost).await?;
-        Ok(ran.pop().expect("one verdict per pair"))
+        let mut counted = self.counted_all_in(op, &[(limit, key)], cost).await?;
+        Ok(counted.swap_remove(0).0)
     }
 }

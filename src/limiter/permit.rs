@@ -4,6 +4,7 @@
 use std::num::NonZeroU32;
 use std::time::SystemTime;
 
+use super::cost::Ask;
 use crate::key::stored;
 use crate::operation::Counting;
 use crate::store::Store;
@@ -58,32 +59,13 @@ pub struct Permit<'a, S> {
 }
 
 impl<'a, S: Store> Permit<'a, S> {
-    pub(crate) fn reservation(
-        limiter: &'a Limiter<S>,
-        limit: &Limit,
-        key: String,
-        verdict: Verdict,
-        counted_in: (CountedIn, NonZeroU32),
-    ) -> Reservation<'a, S> {
-        if verdict.is_refused() {
-            return Reservation::Refused(verdict);
-        }
-        Reservation::Granted(Permit {
-            limiter,
-            limit: limit.clone(),
-            key,
-            verdict,
-            counted_in,
-        })
-    }
-
     /// The verdict that granted the permit.
     pub fn verdict(&self) -> &Verdict {
         &self.verdict
     }
 
-    /// The attempt succeeded: take it back (its whole cost, for
-    /// [`Limiter::reserve_n`]) from the window it was counted
+    /// The attempt succeeded: take it back (its whole
+    /// [cost](crate::limiter::Ask::cost)) from the window it was counted
     /// in, or clear the key, as the limit's [`OnSuccess`] says. When the
     /// store was unreachable at the reservation and nothing counted it,
     /// there is nothing to take back.
@@ -123,7 +105,23 @@ pub enum Reservations<'a, S> {
     Refused(Verdicts),
 }
 
-impl<S: Store> Reservations<'_, S> {
+impl<'a, S: Store> Reservations<'a, S> {
+    /// The answer for a reservation of one pair.
+    pub(crate) fn one(self) -> Reservation<'a, S> {
+        match self {
+            Reservations::Granted(mut permits) => {
+                Reservation::Granted(permits.permits.swap_remove(0))
+            }
+            Reservations::Refused(verdicts) => Reservation::Refused(
+                verdicts
+                    .into_iter()
+                    .next()
+                    .cloned()
+                    .expect("one verdict per pair"),
+            ),
+        }
+    }
+
     /// The verdicts, granted or refused, in the order of the pairs.
     pub fn verdicts(&self) -> &Verdicts {
         match self {
@@ -216,24 +214,16 @@ impl<S: Store> Limiter<S> {
     /// # Errors
     ///
     /// As [`Limiter::check_all`].
-    pub async fn reserve_all(
-        &self,
-        pairs: &[(&Limit, &Key)],
-    ) -> Result<Reservations<'_, S>, Error> {
-        self.reserve_all_n(pairs, NonZeroU32::MIN).await
+    pub fn reserve_all<'l, 'p>(
+        &'l self,
+        pairs: &'p [(&'p Limit, &'p Key)],
+    ) -> Ask<'l, 'p, S, Reservations<'l, S>> {
+        Ask::all(self, Counting::RESERVE, pairs)
     }
 
-    /// [`reserve_all`](Limiter::reserve_all) for an attempt that costs
-    /// `cost` units under every limit, decided as
-    /// [`hit_all_n`](Limiter::hit_all_n) decides (a cost above a pair's
-    /// `max` refuses at once, nothing counted under any pair);
-    /// [`Permits::succeeded`] takes the whole cost back under each limit.
-    /// `reserve_all` is a cost of 1.
-    ///
-    /// # Errors
-    ///
-    /// As [`Limiter::check_all`].
-    pub async fn reserve_all_n(
+    /// Counts an attempt of `cost` under every pair, and hands back a permit
+    /// for each if every limit allows it.
+    pub(crate) async fn reserved(
         &self,
         pairs: &[(&Limit, &Key)],
         cost: NonZeroU32,

@@ -1,6 +1,5 @@
-//! The several-limits calls: `check_all`, `failed_all`, `hit_all`,
-//! `hit_all_n` and `hit_all_or_nothing`, one statement over several
-//! (limit, key) pairs; and
+//! The several-limits calls, one statement over several (limit, key)
+//! pairs; and
 //! `run_all`, the one path of every counting call, one pair or several,
 //! whatever its cost.
 
@@ -8,6 +7,7 @@ use std::num::NonZeroU32;
 
 use snafu::ensure;
 
+use super::cost::Ask;
 use super::permit::CountedIn;
 use crate::cache::{Lookup, Refresh};
 use crate::call::Call;
@@ -73,53 +73,14 @@ impl<S: Store> Limiter<S> {
     /// # Errors
     ///
     /// As [`Limiter::check_all`].
-    pub async fn hit_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
-        self.hit_all_n(pairs, NonZeroU32::MIN).await
+    pub fn hit_all<'l, 'p>(
+        &'l self,
+        pairs: &'p [(&'p Limit, &'p Key)],
+    ) -> Ask<'l, 'p, S, Verdicts> {
+        Ask::all(self, Counting::HIT, pairs)
     }
 
-    /// [`hit_n`](Limiter::hit_n) over several (limit, key) pairs in one
-    /// statement and one round trip: the ask's `cost` is counted under
-    /// every limit, and it may go ahead only if every limit allows it.
-    /// [`hit_all`](Limiter::hit_all) is a cost of 1.
-    ///
-    /// A cost above a pair's `max` refuses the call at once, as
-    /// [`hit_n`](Limiter::hit_n) says, with no round trip and nothing
-    /// counted under any pair (the other pairs' verdicts are allowed by
-    /// their own limits, with no count).
-    ///
-    /// ```
-    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    ///
-    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let limiter = Limiter::new(Memory::new());
-    /// let per_second = Limit::new("api-second", 20, Duration::from_secs(1))?;
-    /// let per_day = Limit::new("api-day", 10_000, Duration::from_secs(86_400))?;
-    /// let client = Key::opaque("client-9");
-    /// let both = [(&per_second, &client), (&per_day, &client)];
-    ///
-    /// let batch = NonZeroU32::new(15).unwrap();
-    /// let counts: Vec<_> = limiter.hit_all_n(&both, batch).await?.iter().map(|v| v.count()).collect();
-    /// assert_eq!(counts, [Some(15), Some(15)]);
-    /// let too_big = NonZeroU32::new(21).unwrap();
-    /// assert!(limiter.hit_all_n(&both, too_big).await?.refused_by().unwrap().exceeds_max());
-    /// # Ok::<(), platformkit_limit::Error>(())
-    /// # }).unwrap();
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`Limiter::check_all`].
-    pub async fn hit_all_n(
-        &self,
-        pairs: &[(&Limit, &Key)],
-        cost: NonZeroU32,
-    ) -> Result<Verdicts, Error> {
-        self.counted_all(Counting::HIT, pairs, cost).await
-    }
-
-    /// [`hit_all_n`](Limiter::hit_all_n), all or nothing: the ask's `cost`
+    /// [`hit_all`](Limiter::hit_all), all or nothing: the ask's cost
     /// is counted under every limit if every limit allows it, and under
     /// none if one refuses. For quotas: a refusal by the per-second limit
     /// does not spend the per-day quota. `hit_all` stays attack
@@ -134,7 +95,7 @@ impl<S: Store> Limiter<S> {
     /// may allow it); [`Verdicts::refused_by`] names the first refusal.
     ///
     /// A cost above a pair's `max`, a refusal the refusal cache answers, an
-    /// unreachable or a busy store are as [`hit_all_n`](Limiter::hit_all_n)
+    /// unreachable or a busy store are as [`hit_all`](Limiter::hit_all)
     /// says; while the store is unreachable, a limit that
     /// [counts locally](crate::WhenUnreachable::CountLocally) counts the ask
     /// under its own limit whatever the others say. The call is a statement
@@ -143,7 +104,6 @@ impl<S: Store> Limiter<S> {
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
-    /// use std::num::NonZeroU32;
     /// use std::time::{Duration, UNIX_EPOCH};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
@@ -153,16 +113,15 @@ impl<S: Store> Limiter<S> {
     /// let per_day = Limit::new("api-day", 5, Duration::from_secs(86_400))?;
     /// let client = Key::opaque("client-9");
     /// let both = [(&per_second, &client), (&per_day, &client)];
-    /// let one = NonZeroU32::MIN;
     ///
-    /// limiter.hit_all_or_nothing(&both, one).await?;
-    /// limiter.hit_all_or_nothing(&both, one).await?;
-    /// let third = limiter.hit_all_or_nothing(&both, one).await?;
+    /// limiter.hit_all_or_nothing(&both).await?;
+    /// limiter.hit_all_or_nothing(&both).await?;
+    /// let third = limiter.hit_all_or_nothing(&both).await?;
     /// assert_eq!(third.refused_by().map(|v| v.limit()), Some("api-second"));
     /// // The refusal spent none of the day's quota.
     /// assert_eq!(limiter.check(&per_day, &client).await?.count(), Some(2));
     /// clock.advance(Duration::from_secs(1));
-    /// assert!(limiter.hit_all_or_nothing(&both, one).await?.is_allowed());
+    /// assert!(limiter.hit_all_or_nothing(&both).await?.is_allowed());
     /// # Ok::<(), platformkit_limit::Error>(())
     /// # }).unwrap();
     /// ```
@@ -173,13 +132,11 @@ impl<S: Store> Limiter<S> {
     /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
     /// (limit, key) pair given twice: each pair is decided by its own
     /// count.
-    pub async fn hit_all_or_nothing(
-        &self,
-        pairs: &[(&Limit, &Key)],
-        cost: NonZeroU32,
-    ) -> Result<Verdicts, Error> {
-        self.counted_all(Counting::HIT_ALL_OR_NOTHING, pairs, cost)
-            .await
+    pub fn hit_all_or_nothing<'l, 'p>(
+        &'l self,
+        pairs: &'p [(&'p Limit, &'p Key)],
+    ) -> Ask<'l, 'p, S, Verdicts> {
+        Ask::all(self, Counting::HIT_ALL_OR_NOTHING, pairs)
     }
 
     async fn counted_all(
@@ -240,7 +197,7 @@ impl<S: Store> Limiter<S> {
 
     /// Runs one counting operation of `cost` over one or several (limit,
     /// stored key) pairs: the one path of every call, whatever its number
-    /// of pairs and its cost (1 for all but `hit_n` and `reserve_n`).
+    /// of pairs and its [cost](Ask::cost).
     ///
     /// A cost above a pair's `max` first: that pair is refused at once
     /// ([`Verdict::exceeds_max`]). Then the refusal cache, by cost. A pair

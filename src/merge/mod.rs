@@ -1,22 +1,6 @@
-//! Merging: concurrent `failed`, `hit` and `reserve` calls through one
-//! limiter share statements.
-//!
-//! Two merges, each answering every caller with its own count:
-//! - calls for the same stored key add their costs at once (a hot key's
-//!   callers become one row lock and one commit per statement);
-//! - the keys waiting while this limiter's statements are in flight go
-//!   together in the next one (one commit, one WAL flush, for many calls).
-//!
-//! Who sends, who waits and which count each caller gets is written once, in
-//! the [guide](crate::guide#merging). Here: the queue of keys, and the
-//! flights that send it.
-//!
-//! A statement is sent by a *flight*, a task of its own, never by a caller:
-//! a caller only waits for its answer, so a caller that is dropped (its
-//! client went away, its budget ran out, a `select!` chose another branch)
-//! changes nothing for the others. A flight sends what is queued, answers
-//! each caller still waiting, and goes on with what queued meanwhile, until
-//! the queue is empty.
+//! Merging: concurrent writes through one limiter share statements
+//! ([the guide](crate::guide#merging)). Here the queue of keys; the
+//! flights that send it are in `flight.rs`.
 
 mod flight;
 
@@ -38,9 +22,8 @@ use crate::{Error, Limit};
 #[derive(Debug)]
 pub(crate) struct Merging {
     shared: Arc<Shared>,
-    /// The places of all-or-nothing statements, which are never merged:
-    /// as many as the writes have, so that a burst of them waits here, in
-    /// the limiter, and never holds more of the pool than the writes may.
+    /// The places of all-or-nothing statements, never merged: as many as
+    /// the writes have, so a burst of them waits here, not on the pool.
     alone: tokio::sync::Semaphore,
 }
 
@@ -65,9 +48,8 @@ struct Queue {
     in_flight: usize,
     /// Every stored key that has callers waiting or a statement in flight.
     keys: HashMap<String, Waiting>,
-    /// The keys whose callers wait for the next statement, in order of
-    /// arrival; each at most once, and never while its statement is in
-    /// flight.
+    /// The keys whose callers wait for the next statement, in order; each
+    /// at most once, and never while in flight.
     ready: VecDeque<String>,
 }
 
@@ -75,8 +57,7 @@ struct Queue {
 struct Waiting {
     op: Counting,
     limit: Limit,
-    /// The callers waiting for the next statement with the key (its
-    /// earlier callers' may be in flight).
+    /// The callers waiting for the key's next statement.
     callers: Vec<Caller>,
 }
 
@@ -84,22 +65,19 @@ struct Waiting {
 struct Caller {
     deadline: Instant,
     tx: oneshot::Sender<Answer>,
-    /// What its call adds: its cost (1 but for `hit_n` and `reserve_n`).
+    /// What its call adds: its cost.
     cost: u64,
 }
 
-/// What a caller is told: its own count, or the error every caller of a
-/// failed statement shares.
+/// What a caller is told: its own count, or its statement's error.
 type Answer = Result<Counted, Arc<Error>>;
 
 /// How one pair of a caller gets its count.
 enum Wait {
     /// From a flight, with the key's other callers.
     Merged(oneshot::Receiver<Answer>),
-    /// From a statement of its own: the key's callers queued or in flight
-    /// count under a limit that does not count alike (another tier of a
-    /// limit with a lockout, whose reading depends on the max; or another
-    /// limit of the same name).
+    /// From a statement of its own: the key's other callers count under a
+    /// limit that does not count alike ([`Limit::counts_alike`]).
     Alone,
 }
 
@@ -116,9 +94,8 @@ impl Merging {
         }
     }
 
-    /// Runs `statement`, one that is never merged (an all-or-nothing
-    /// write), once one of its places is free: the wait, in order of
-    /// arrival, counts against the caller's budget.
+    /// Runs `statement`, an all-or-nothing write, once one of its places is
+    /// free, in order of arrival, within the caller's budget.
     pub(crate) async fn in_turn<T>(&self, statement: impl Future<Output = T>) -> T {
         let _place = self.alone.acquire().await;
         statement.await
@@ -129,15 +106,10 @@ impl Merging {
         self.shared.places
     }
 
-    /// Adds `cost` to each stored key's count under its limit, with the
-    /// other callers for each key and the other keys waiting; each count
-    /// after this caller's addition, in the order given. The pairs are
-    /// queued together, so that they go in one statement unless a key's
-    /// earlier callers are in flight. A pair whose key waits under a limit
-    /// that does not count alike ([`Limit::counts_alike`]) is sent in a
-    /// statement of its own, beside the flights. Dropping the future gives
-    /// up this caller's wait and nothing else: its cost may or may not be
-    /// counted.
+    /// Adds `cost` to each stored key's count under its limit, merged with
+    /// the other callers; each count after this caller's addition, in the
+    /// order given. Dropping the future gives up this caller's wait and
+    /// nothing else: its cost may or may not be counted.
     pub(crate) async fn add_all<S: Sealed>(
         &self,
         store: &Arc<S>,
@@ -146,8 +118,6 @@ impl Merging {
         cost: u64,
         deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
-        // Only writes merge (the limiter sends a `check` alone): a flight
-        // adds each caller's cost.
         debug_assert!(op.adds(), "only writes merge");
         let operation = op.operation();
         let waits = self.queue(store, op, pairs, cost, deadline);
@@ -162,9 +132,7 @@ impl Merging {
             };
             let answer = match rx.await {
                 Ok(answer) => answer,
-                // A flight answers every caller it takes, even when it is
-                // torn down; this is only reached if the runtime drops it
-                // unrun.
+                // Only if the runtime drops a flight unrun.
                 Err(_) => Err(abandoned()),
             };
             counted.push(
@@ -176,8 +144,7 @@ impl Merging {
         Ok(counted)
     }
 
-    /// Queues one caller for each pair's key, and starts a flight if a
-    /// place is free.
+    /// Queues a caller for each pair's key; starts a flight if one may.
     fn queue<S: Sealed>(
         &self,
         store: &Arc<S>,
@@ -188,8 +155,7 @@ impl Merging {
     ) -> Vec<Wait> {
         let mut waits = Vec::with_capacity(pairs.len());
         let mut start = false;
-        // The keys this call queued first: a flight it starts sends them
-        // (and only them) at once.
+        // The keys this call queued first: a flight it starts sends them.
         let mut first = Vec::new();
         {
             let mut queue = self.shared.lock();
@@ -206,11 +172,9 @@ impl Merging {
                 waits.push(Wait::Merged(rx));
                 let caller = Caller { deadline, tx, cost };
                 if let Some(waiting) = queue.keys.get_mut(key) {
-                    // Queued already, or in flight: it is queued again when
-                    // its statement returns.
+                    // Queued, or in flight (queued again when it returns).
                     waiting.callers.push(caller);
-                    // A place free with keys waiting (a flight torn down
-                    // left them): a flight is started for them.
+                    // A place free and keys waiting (a flight torn down).
                     if !start && queue.in_flight < self.shared.places && !queue.ready.is_empty() {
                         queue.in_flight += 1;
                         start = true;
@@ -246,9 +210,8 @@ impl Shared {
     }
 }
 
-/// What a caller is told when the statement that carried its count ended
-/// without an answer for it (its flight torn down): the count may or may
-/// not have been written, as after a timeout.
+/// What a caller is told when its flight was torn down: the count may or
+/// may not have been written.
 fn abandoned() -> Arc<Error> {
     Arc::new(Error::from(AbandonedSnafu.build()))
 }

@@ -90,16 +90,16 @@ const WINDOWS: &[u64] = &[1, 7, 60];
 pub enum Call {
     Check,
     Failed,
-    /// `hit`, or `hit_n` for a cost above 1.
+    /// `hit`, with its cost.
     Hit,
     Reset,
     /// Reserve, then report success (taking the attempt back) or not;
-    /// `reserve_n` for a cost above 1.
+    /// with its cost.
     Reserve {
         succeed: bool,
     },
     /// The several-limits calls, over every limit of the case with one key
-    /// (`hit_all_n` for a cost above 1).
+    /// (with its cost).
     CheckAll,
     FailedAll,
     HitAll,

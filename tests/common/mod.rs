@@ -23,7 +23,6 @@ pub mod metrics;
 pub mod verdicts;
 pub mod wire;
 
-use std::future::Future;
 use std::time::{Duration, UNIX_EPOCH};
 
 use platformkit_limit::{ErrorKind, Limit, ManualClock, Verdict};
@@ -73,9 +72,13 @@ pub fn pinned_clock() -> ManualClock {
 
 /// Runs `call` and returns its output and how long it took. Fails the test
 /// when the call is still running after `bound`, instead of hanging with it.
-pub async fn timed<T>(bound: Duration, what: &str, call: impl Future<Output = T>) -> (T, Duration) {
+pub async fn timed<T>(
+    bound: Duration,
+    what: &str,
+    call: impl IntoFuture<Output = T>,
+) -> (T, Duration) {
     let started = Instant::now();
-    match tokio::time::timeout(bound, call).await {
+    match tokio::time::timeout(bound, call.into_future()).await {
         Ok(output) => (output, started.elapsed()),
         Err(_) => panic!("{what}: still running after {bound:?}"),
     }

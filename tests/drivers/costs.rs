@@ -1,4 +1,4 @@
-//! Costs: `hit_n`, `reserve_n` and their several-limits forms, each adding
+//! Costs: `hit` and `reserve` of a cost, and their several-limits forms, each adding
 //! its cost in its one statement, on a held connection; and
 //! `hit_all_or_nothing`, adding it under every limit or none.
 
@@ -47,14 +47,14 @@ where
     let alice = Key::opaque("alice");
 
     // Through a flight, then a statement of its own: the same count.
-    let first = merged.hit_n(&quota, &alice, cost(7)).await.unwrap();
+    let first = merged.hit(&quota, &alice).cost(cost(7)).await.unwrap();
     assert_counted(&first, 7, "a cost of 7");
     assert!(first.is_allowed());
     assert_eq!(first.remaining(), Some(3));
-    let fits = alone.hit_n(&quota, &alice, cost(3)).await.unwrap();
+    let fits = alone.hit(&quota, &alice).cost(cost(3)).await.unwrap();
     assert_counted(&fits, 10, "3 more: exactly max");
     assert!(fits.is_allowed());
-    let passes = merged.hit_n(&quota, &alice, cost(2)).await.unwrap();
+    let passes = merged.hit(&quota, &alice).cost(cost(2)).await.unwrap();
     assert_counted(&passes, 12, "refused, and counted");
     assert!(passes.is_refused());
     assert_eq!(passes.retry_after(), Some(Duration::from_secs(50)));
@@ -63,11 +63,11 @@ where
     // Above max: refused at once, nothing counted, not even a row.
     let bob = Key::opaque("bob");
     for limiter in [&merged, &alone] {
-        let over = limiter.hit_n(&quota, &bob, cost(11)).await.unwrap();
+        let over = limiter.hit(&quota, &bob).cost(cost(11)).await.unwrap();
         assert!(over.is_refused() && over.exceeds_max(), "{over:?}");
         assert!(!over.is_unreachable());
         assert_eq!((over.count(), over.retry_after()), (None, None));
-        let reservation = limiter.reserve_n(&quota, &bob, cost(11)).await.unwrap();
+        let reservation = limiter.reserve(&quota, &bob).cost(cost(11)).await.unwrap();
         assert!(reservation.verdict().exceeds_max());
     }
     assert!(!counts(&db).await.contains_key(&stored(&quota, &bob)));
@@ -80,25 +80,26 @@ where
     let carol = Key::opaque("carol");
     assert!(
         merged
-            .hit_n(&sliding, &carol, cost(8))
+            .hit(&sliding, &carol)
+            .cost(cost(8))
             .await
             .unwrap()
             .is_allowed()
     );
-    let refused = alone.hit_n(&sliding, &carol, cost(4)).await.unwrap();
+    let refused = alone.hit(&sliding, &carol).cost(cost(4)).await.unwrap();
     assert_counted(&refused, 12, "8 + 4, counted");
     let reopens = refused.reopens_at().expect("a count");
     // In the next window, the 12 weigh less and less: 4 fit once they
     // weigh below 7.
     assert!(reopens > start + Duration::from_secs(50), "{reopens:?}");
     clock.set(reopens);
-    let again = merged.hit_n(&sliding, &carol, cost(4)).await.unwrap();
+    let again = merged.hit(&sliding, &carol).cost(cost(4)).await.unwrap();
     assert!(again.is_allowed(), "at the reopening: {again:?}");
 
     // A permit takes its whole cost back, on either path.
     let dave = Key::opaque("dave");
     for limiter in [&merged, &alone] {
-        match limiter.reserve_n(&quota, &dave, cost(6)).await.unwrap() {
+        match limiter.reserve(&quota, &dave).cost(cost(6)).await.unwrap() {
             Reservation::Granted(permit) => {
                 assert_eq!(permit.verdict().count(), Some(6));
                 permit.succeeded().await.unwrap();
@@ -117,13 +118,13 @@ where
     let erin = Key::opaque("erin");
     let pairs = [(&quota, &erin), (&small, &erin)];
     let seen = |verdicts: &[Verdict]| verdicts.iter().map(Verdict::count).collect::<Vec<_>>();
-    let both = merged.hit_all_n(&pairs, cost(3)).await.unwrap();
+    let both = merged.hit_all(&pairs).cost(cost(3)).await.unwrap();
     assert_eq!(seen(&both.into_vec()), [Some(3), Some(3)]);
-    let both = alone.hit_all_n(&pairs, cost(2)).await.unwrap();
+    let both = alone.hit_all(&pairs).cost(cost(2)).await.unwrap();
     assert!(both.is_refused(), "5 passes small's 4");
     assert_eq!(seen(&both.into_vec()), [Some(5), Some(5)]);
     // Above small's max: nothing counted under either.
-    let over = merged.hit_all_n(&pairs, cost(5)).await.unwrap();
+    let over = merged.hit_all(&pairs).cost(cost(5)).await.unwrap();
     assert!(over.refused_by().is_some_and(Verdict::exceeds_max));
     assert_eq!(seen(&over.into_vec()), [None, None]);
     let counted = counts(&db).await;
@@ -132,7 +133,7 @@ where
     // And reserved under each, then taken back under each.
     let frank = Key::opaque("frank");
     let pairs = [(&quota, &frank), (&small, &frank)];
-    match alone.reserve_all_n(&pairs, cost(4)).await.unwrap() {
+    match alone.reserve_all(&pairs).cost(cost(4)).await.unwrap() {
         Reservations::Granted(permits) => permits.succeeded().await.unwrap(),
         Reservations::Refused(verdicts) => panic!("refused: {verdicts:?}"),
     }
@@ -174,7 +175,7 @@ where
     }
     // Flooded: answered from the cache, nothing counted.
     assert!(merged.hit(&free, &alice).await.unwrap().is_refused());
-    let upgraded = merged.hit_n(&paid, &alice, cost(3)).await.unwrap();
+    let upgraded = merged.hit(&paid, &alice).cost(cost(3)).await.unwrap();
     assert!(upgraded.is_allowed(), "{upgraded:?}");
     assert_counted(&upgraded, 10, "the free tier's 7, and 3");
     assert_eq!(upgraded.remaining(), Some(90));
@@ -228,11 +229,19 @@ where
     let pairs = [(&per_second, &alice), (&per_day, &alice)];
     let seen = |verdicts: &[Verdict]| verdicts.iter().map(Verdict::count).collect::<Vec<_>>();
 
-    let both = merged.hit_all_or_nothing(&pairs, cost(2)).await.unwrap();
+    let both = merged
+        .hit_all_or_nothing(&pairs)
+        .cost(cost(2))
+        .await
+        .unwrap();
     assert!(both.is_allowed(), "{both:?}");
     assert_eq!(seen(both.as_slice()), [Some(2), Some(2)]);
     for limiter in [&merged, &alone] {
-        let refused = limiter.hit_all_or_nothing(&pairs, cost(2)).await.unwrap();
+        let refused = limiter
+            .hit_all_or_nothing(&pairs)
+            .cost(cost(2))
+            .await
+            .unwrap();
         assert!(refused.is_refused(), "2 + 2 passes the second's 3");
         let by = refused.refused_by().expect("a refusal");
         assert_eq!(by.limit(), "api-second");
@@ -246,24 +255,40 @@ where
     assert_eq!(counted.get(&stored(&per_second, &alice)), Some(&2));
     assert_eq!(counted.get(&stored(&per_day, &alice)), Some(&2));
     // One more fits the second: counted under both.
-    let fits = alone.hit_all_or_nothing(&pairs, cost(1)).await.unwrap();
+    let fits = alone
+        .hit_all_or_nothing(&pairs)
+        .cost(cost(1))
+        .await
+        .unwrap();
     assert!(fits.is_allowed());
     assert_eq!(seen(fits.as_slice()), [Some(3), Some(3)]);
     // Refused beside a key never counted: no row is left of it.
     let frank = Key::opaque("frank");
     let beside = [(&per_second, &alice), (&per_day, &frank)];
-    let refused = merged.hit_all_or_nothing(&beside, cost(1)).await.unwrap();
+    let refused = merged
+        .hit_all_or_nothing(&beside)
+        .cost(cost(1))
+        .await
+        .unwrap();
     assert_eq!(seen(refused.as_slice()), [Some(3), Some(0)]);
     assert!(!counts(&db).await.contains_key(&stored(&per_day, &frank)));
     // Two seconds later the day holds 9 of its 10: it refuses a cost of 3,
     // and the second spends nothing of its 3.
     for day in [6, 9] {
         clock.advance(Duration::from_secs(1));
-        let both = merged.hit_all_or_nothing(&pairs, cost(3)).await.unwrap();
+        let both = merged
+            .hit_all_or_nothing(&pairs)
+            .cost(cost(3))
+            .await
+            .unwrap();
         assert_eq!(seen(both.as_slice()), [Some(3), Some(day)]);
     }
     clock.advance(Duration::from_secs(1));
-    let over = alone.hit_all_or_nothing(&pairs, cost(3)).await.unwrap();
+    let over = alone
+        .hit_all_or_nothing(&pairs)
+        .cost(cost(3))
+        .await
+        .unwrap();
     assert_eq!(over.refused_by().map(Verdict::limit), Some("api-day"));
     assert_eq!(seen(over.as_slice()), [Some(0), Some(9)]);
     assert!(over.as_slice()[0].is_allowed());
@@ -281,21 +306,30 @@ where
     clock.set(UNIX_EPOCH + minute * 30_000_010);
     assert!(
         alone
-            .hit_n(&sliding, &bob, cost(8))
+            .hit(&sliding, &bob)
+            .cost(cost(8))
             .await
             .unwrap()
             .is_allowed()
     );
     clock.set(UNIX_EPOCH + minute * 30_000_011 + Duration::from_secs(30));
-    let six = merged.hit_all_or_nothing(&slid, cost(6)).await.unwrap();
+    let six = merged
+        .hit_all_or_nothing(&slid)
+        .cost(cost(6))
+        .await
+        .unwrap();
     assert!(six.is_allowed(), "{six:?}");
     assert_eq!(seen(six.as_slice()), [Some(10), Some(6)]);
-    let one = alone.hit_all_or_nothing(&slid, cost(1)).await.unwrap();
+    let one = alone.hit_all_or_nothing(&slid).cost(cost(1)).await.unwrap();
     assert_eq!(one.refused_by().map(Verdict::limit), Some("sliding"));
     assert_eq!(seen(one.as_slice()), [Some(10), Some(6)], "nothing counted");
     // A microsecond later the 8 weigh less than 4: 1 fits again.
     clock.advance(Duration::from_micros(1));
-    let later = merged.hit_all_or_nothing(&slid, cost(1)).await.unwrap();
+    let later = merged
+        .hit_all_or_nothing(&slid)
+        .cost(cost(1))
+        .await
+        .unwrap();
     assert!(later.is_allowed(), "{later:?}");
 
     // A lockout of an earlier window refuses, and spends nothing of the
@@ -307,10 +341,18 @@ where
     let carol = Key::opaque("carol");
     let locked = [(&locking, &carol), (&roomy, &carol)];
     clock.set(UNIX_EPOCH + minute * 30_000_020);
-    let full = alone.hit_all_or_nothing(&locked, cost(2)).await.unwrap();
+    let full = alone
+        .hit_all_or_nothing(&locked)
+        .cost(cost(2))
+        .await
+        .unwrap();
     assert!(full.is_allowed());
     clock.advance(minute);
-    let refused = merged.hit_all_or_nothing(&locked, cost(1)).await.unwrap();
+    let refused = merged
+        .hit_all_or_nothing(&locked)
+        .cost(cost(1))
+        .await
+        .unwrap();
     let by = refused.refused_by().expect("locked out");
     assert_eq!(by.limit(), "locking");
     assert_eq!(by.reopens_at(), Some(UNIX_EPOCH + minute * 30_000_023));
@@ -323,7 +365,8 @@ where
     let dave = Key::opaque("dave");
     for limiter in [&merged, &alone] {
         let twice = limiter
-            .hit_all_or_nothing(&[(&roomy, &dave), (&roomy, &dave)], cost(1))
+            .hit_all_or_nothing(&[(&roomy, &dave), (&roomy, &dave)])
+            .cost(cost(1))
             .await
             .unwrap_err();
         assert_eq!(twice.kind(), ErrorKind::InvalidOption, "{twice}");
