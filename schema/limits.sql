@@ -1,61 +1,26 @@
--- platformkit-limit: a limit is a row.
+-- platformkit-limit: a limit is a row. schema.sql is built from this file
+-- and the prologues in schema/; after an edit, run
+-- `PLATFORMKIT_WRITE_SCHEMA=1 cargo test --all-features --test suite schema::`.
+-- What it creates and why: the guide, "The schema" (src/guide/calls.md).
 --
--- schema.sql is built from schema/limits.sql, each routine's prologue put
--- in from schema/prologue.sql or schema/readers_prologue.sql: edit those,
--- then `PLATFORMKIT_WRITE_SCHEMA=1 cargo test --test suite schema::` (a
--- test fails while the two differ).
+-- Safe to apply twice; PostgreSQL 14 or newer. Apply it as the table's owner,
+-- as one transaction that stops at the first error (`Postgres::migrate` does;
+-- `psql -1 -v ON_ERROR_STOP=1 -f schema.sql`), then grant the limiter's role
+-- what `platformkit_limit::grants(role)` prints, again after each new version.
 --
--- One row per key per window, in the table platformkit.platformkit_limits.
--- Only the limiter writes it, inside its own short system transaction; every
--- other transaction can neither read nor write it (FORCE ROW LEVEL SECURITY,
--- one policy, both directions).
+-- Bounds: each bound the Rust side enforces is one IMMUTABLE SQL function
+-- below, which every routine checks against (the planner folds the call into
+-- its constant); a test holds each to its Rust constant.
 --
--- Everything lives in the schema `platformkit`, which PUBLIC cannot use: a
--- login without the grants below cannot even name the table, so it cannot
--- queue for the table's locks either (PostgreSQL takes some table locks
--- before it checks table privileges, but never before schema USAGE).
---
--- Safe to apply twice. Needs PostgreSQL 14 or newer. Apply it as the role that should own the
--- table (the migration role), as one transaction that stops at the first
--- error (`Postgres::migrate` sends it so; with psql,
--- `psql -1 -v ON_ERROR_STOP=1 -f schema.sql`); then grant the limiter's role
--- what `platformkit_limit::grants(role)` prints:
---
---   GRANT USAGE ON SCHEMA platformkit TO app;
---   GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits TO app;
---   GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO app;
---
--- (run that again after applying a newer version of this file).
---
--- Bounds. Each bound the Rust side enforces (the budget, the key's length,
--- the window, the max, the lockout, the pinned clock's years) is one
--- IMMUTABLE SQL function of no arguments, below, and every routine checks
--- against that function: a bound changes in one line here and in its Rust
--- constant, and a test holds the two together. Not literals held together
--- by a test (there were 35 copies of 60000 to edit), and not text generated
--- from the Rust constants (SCHEMA is applied with psql too, so this file
--- must be the plain SQL it ships as). It costs nothing at run time: the
--- planner folds each call into its constant when it plans the check (an
--- EXPLAIN of the generic plan shows the constant), and on PostgreSQL 15 a
--- PL/pgSQL IF over the function and one over the literal took the same
--- time, 70 to 105 ns an evaluation over 2,000,000 in either case.
---
--- Versions. platformkit.platformkit_schema_version() returns the version of
--- the schema this file creates, the crate's SCHEMA_VERSION (a test holds the
--- two together). A release that changes anything this file creates raises
--- both by one, in the same commit, with what an install of the version
--- before needs carried forward. Version 1 is what 0.1.0 ships: the layouts
--- before the first release, which no user has, have no upgrade.
+-- Versions: platformkit_schema_version() is the crate's SCHEMA_VERSION. A
+-- release that changes anything this file creates raises both by one, in the
+-- same commit, carrying forward what an install of the version before needs.
+-- Version 1 is 0.1.0's; the layouts before it have no upgrade.
 
--- Replicas that apply this at the same moment (each on its start-up) take
--- turns: two concurrent CREATE SCHEMA IF NOT EXISTS (or CREATE OR REPLACE of
--- one routine) can collide in the catalog. The lock is the transaction's, so
--- it holds when the file goes as one script (one simple-query message, as
--- Postgres::migrate sends it) or inside a migration tool's transaction.
--- Any login may take any advisory lock, so the wait is bounded (the setting
--- platformkit.migrate_lock_wait, 30 s when unset): past it, nothing is
--- applied and the error (PK005) names who holds the key, so that a session
--- holding it can fail a start-up but never hang one.
+-- Replicas applying this at once take turns (concurrent CREATEs collide in
+-- the catalog) on a transaction-level lock. Any login may hold an advisory
+-- lock, so the wait is bounded (platformkit.migrate_lock_wait, 30 s when
+-- unset): past it, nothing is applied and PK005 names the holder.
 DO $$
 DECLARE
     v_setting pg_catalog.text := pg_catalog.current_setting('platformkit.migrate_lock_wait', true);
@@ -92,10 +57,8 @@ BEGIN
 END
 $$;
 
--- A database whose schema is newer than this file's is left as it is: a
--- replica of the release before, starting during a rolling deploy, must not
--- put its routines back over the newer ones. The number is this file's
--- version (the function below; a test holds the two together).
+-- A newer schema is left as it is: a replica of the release before, starting
+-- during a rolling deploy, must not put its routines back over the newer ones.
 DO $$
 DECLARE
     found integer;
@@ -103,8 +66,7 @@ BEGIN
     IF pg_catalog.to_regprocedure('platformkit.platformkit_schema_version()') IS NULL THEN
         RETURN; -- a new install, or one from before versions were recorded
     END IF;
-    -- EXECUTE: a plain call would be planned, and fail, where the function
-    -- does not exist.
+    -- EXECUTE: a plain call would fail to plan where the function is missing.
     EXECUTE 'SELECT platformkit.platformkit_schema_version()' INTO found;
     IF found > 1 THEN
         RAISE EXCEPTION USING
@@ -119,34 +81,24 @@ $$;
 CREATE SCHEMA IF NOT EXISTS platformkit;
 REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
 
--- The version of this file's schema, the crate's SCHEMA_VERSION: a newcomer,
--- a migration tool or the crate can ask a database which schema it has
--- (`SELECT platformkit.platformkit_schema_version()`). See the top of this
--- file for when it changes.
+-- The crate's SCHEMA_VERSION (see the header).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS integer
     LANGUAGE sql
     IMMUTABLE
     PARALLEL SAFE
 RETURN 1;
 
--- The bounds the Rust side enforces, each written once: the routines below
--- check their parameters against these functions, never against the
--- numbers. Each is an IMMUTABLE SQL function of no arguments, so the
--- planner folds a call into its constant when it plans the check: the
--- check costs what a literal would (see the top of this file). The lower
--- bounds (1, or 0 for the lockout) are written where they are checked.
+-- The bounds (see the header); the lower bounds are written where checked.
 -- Limiter::MAX_BUDGET, in milliseconds.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_budget_ms() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 60000;
--- The longest stored key, in bytes: Limit::MAX_NAME_BYTES, '|' and
--- Key::MAX_BYTES.
+-- The longest stored key: Limit::MAX_NAME_BYTES, '|' and Key::MAX_BYTES.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_key_bytes() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 249;
 -- Limit::MAX_WINDOW, in seconds (366 days). The table's window check and
--- the column purge_after spell it too: a constraint is the table's, and an
--- install keeps the one it was created with (a test holds them to this).
+-- purge_after spell it too: an install keeps its constraints (a test holds them).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_window_secs() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 31622400;
@@ -166,18 +118,16 @@ RETURN -2208988800000000;
 CREATE OR REPLACE FUNCTION platformkit.platformkit_end_at() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 7258118400000000;
--- STABLE, as the operators they use are: an IMMUTABLE wrapper would not be
--- inlined into the statements that call it.
+-- STABLE like their operators: an IMMUTABLE wrapper would not be inlined.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_at(p_us bigint) RETURNS timestamptz
     LANGUAGE sql STABLE PARALLEL SAFE
 RETURN timestamptz '1970-01-01 00:00:00+00' OPERATOR(pg_catalog.+) (p_us OPERATOR(pg_catalog.*) interval '1 microsecond');
 CREATE OR REPLACE FUNCTION platformkit.platformkit_us(p_at timestamptz) RETURNS bigint
     LANGUAGE sql STABLE PARALLEL SAFE
 RETURN (extract(epoch FROM p_at) OPERATOR(pg_catalog.*) 1000000)::bigint;
--- Whether a count is at the limit: decide.rs's estimate, the count plus the
--- previous window's weighted by the part of the window still to pass (p_w
--- and p_elapsed in microseconds), at or above p_max. The one place the SQL
--- decides; the agreement tests hold it to decide.rs.
+-- Whether a count is at the limit: decide.rs's estimate (the count plus the
+-- previous window's, weighted by the part of the window still to pass; p_w and
+-- p_elapsed in microseconds) reaches p_max. The agreement tests hold the two.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_at_max(
     p_count bigint, p_previous bigint, p_w numeric, p_elapsed numeric, p_max bigint) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -186,33 +136,17 @@ RETURN ((p_previous::numeric OPERATOR(pg_catalog.*) (p_w OPERATOR(pg_catalog.-) 
        OPERATOR(pg_catalog.>=) (p_max::numeric OPERATOR(pg_catalog.*) p_w);
 
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
-    -- The limit's name and the encoded key: 'login|email|alice@example.com'.
-    -- Compared byte for byte (collation "C"), whatever the database's
-    -- locale: the keys of one limit are then one range of the primary key,
-    -- which an operator's listing scans (platformkit_limit_list).
+    -- 'login|email|alice@example.com', compared byte for byte (collation "C"):
+    -- a limit's keys are one range of the primary key (platformkit_limit_list).
     key          text        COLLATE "C" NOT NULL,
-    -- When the window opened, on the database's clock.
     window_start timestamptz NOT NULL,
-    -- When the window closes. Limits have windows of different lengths, so
-    -- the close cannot be derived from window_start alone; purge needs it to
-    -- know when a window may go (the column purge_after and its index) and
-    -- to find windows that end far ahead (the index on window_end).
+    -- Stored, as windows differ in length.
     window_end   timestamptz NOT NULL,
-    -- Failures (or asks) counted in the window. Never negative; the
-    -- limiter saturates instead of overflowing.
     count        bigint      NOT NULL CHECK (count >= 0),
-    -- The moment each window may go, in Unix seconds, for the purge: a day
-    -- after it closes, or a window's length after, whichever is later (a
-    -- sliding window still reads the window before the current one). A
-    -- window that breaks the window check may go a day after it closes.
-    -- Generated, so that every row has it however it was written; every
-    -- function in it is immutable (the time zone is named), and no stored
-    -- row can make it fail: the arithmetic is float8, where an infinite end
-    -- gives an infinite moment. A column of its own, not an index
-    -- expression: under row-level security only a leakproof comparison of a
-    -- column can bound an index scan, and purge's scan must be a range of
-    -- its index, so that a batch costs what it deletes, not what the table
-    -- holds.
+    -- When the row may go, in Unix seconds (the guide, "The schema"). Float8,
+    -- so that no stored row, an infinite end included, can make it fail. A
+    -- column, not an index expression: under row-level security only a
+    -- column can bound purge's index scan.
     purge_after double precision GENERATED ALWAYS AS (
         CASE WHEN pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
                   - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) > 0
@@ -223,9 +157,7 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
                       - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)))
         ELSE pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end)) + 86400
         END) STORED,
-    -- When the row was first written (an update leaves it, so it stays
-    -- heap-only): the order of the purge's batches among the rows that may
-    -- go at the same moment (see platformkit_limit_purge_from).
+    -- Orders purge's batches among rows due at once; an update keeps it.
     created_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     PRIMARY KEY (key, window_start),
     -- A window purge can always delete: finite, forwards, at most 366 days.
@@ -234,23 +166,19 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
         AND window_end > window_start
         AND window_end - window_start <= interval '31622400 seconds')
 )
--- Leave room on each page so that an update of count stays on the same page
--- and is heap-only (count is in no index): a hot key churns no index.
+-- Room on each page, so that an update of count (in no index) stays heap-only.
 WITH (fillfactor = 80);
 
--- What needs the table's strongest lock runs only when it changes something:
--- re-applying this file behind a long reader must not queue every limiter
--- call behind it.
+-- The table's strongest lock only when something changes: re-applying this
+-- behind a long reader must not queue every limiter call behind it.
 DO $$
 DECLARE
     t pg_catalog.regclass := 'platformkit.platformkit_limits'::pg_catalog.regclass;
 BEGIN
-    -- The purge finds windows that end far ahead by window_end.
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
         CREATE INDEX platformkit_limits_window_end
             ON platformkit.platformkit_limits (window_end);
     END IF;
-    -- The ranges purge's batches read (see platformkit_limit_purge_from).
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NULL THEN
         CREATE INDEX platformkit_limits_purge_order
             ON platformkit.platformkit_limits (purge_after, created_at);
@@ -263,12 +191,8 @@ BEGIN
 END
 $$;
 
--- The system switch: on only inside the limiter's own transaction, where the
--- procedures below set it with set_config(..., is_local => true). An exact
--- comparison. Every name in it is schema-qualified, so no object on the
--- caller's path can stand in for the built-ins; it has no SET clause, so
--- PostgreSQL inlines it into the policy instead of calling it (a pinned
--- search_path would cost every statement on the table a settings switch).
+-- The switch, on only in the limiter's transactions. Every name qualified, so
+-- nothing on the caller's path stands in; no SET clause, so it is inlined.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_is_system() RETURNS boolean
     LANGUAGE sql
     STABLE
@@ -278,8 +202,7 @@ AS $$
                         OPERATOR(pg_catalog.=) 'on', false)
 $$;
 
--- One policy for every command, in both directions. The call is wrapped in a
--- scalar subquery so that it is evaluated once per statement, not per row.
+-- One policy, both directions; the scalar subquery runs once per statement.
 DO $$
 BEGIN
     IF NOT EXISTS (
@@ -295,45 +218,19 @@ BEGIN
 END
 $$;
 
--- The limiter's operations. Each is called as one statement, in
--- autocommit, its arguments named (`p_key => $1`). The writers are
--- procedures, `CALL platformkit.platformkit_limit_…(…)`, and begin with the
--- same prologue (between `-- prologue` and `-- end of prologue`, written
--- once, in schema/prologue.sql); each then checks its own parameters against the
--- bounds the Rust side enforces (22023 invalid_parameter_value otherwise; a
--- test holds the two to the same numbers), does its one statement, and ends
--- with COMMIT, so that nothing of the limiter's transaction (the switch, the
--- settings, a row lock) outlives the CALL, whoever called it.
+-- The limiter's operations. Each is one statement in autocommit, its
+-- arguments named. The writers are procedures that begin with the prologue
+-- (schema/prologue.sql) and end with COMMIT; the readers are functions with
+-- their own (schema/readers_prologue.sql). Why: the guide, "The procedures'
+-- prologue". Each checks its parameters against the bounds (22023 otherwise).
 --
--- The readers (read, read_many, list) write nothing, so they need no transaction
--- of their own: they are functions, `SELECT
--- platformkit.platformkit_limit_read(…)`, with the search_path pinned and
--- the other settings restored by their SET clauses, the switch turned on for
--- their one read and back when it is done, and their own prologue
--- (schema/readers_prologue.sql). What each step
--- of both prologues is for is described once, in the crate's guide, "The
--- procedures' prologue" (src/guide/calls.md; the module `guide` of the
--- crate's docs).
---
--- In platformkit_limit_add and platformkit_limit_read that statement is
--- written between `-- statement` and `-- end of statement`: the benchmark
--- (benches/limiter/floors.rs) cuts it out of this file, binds the
--- procedure's variables as parameters, and runs it alone, prepared, as the
--- floor the procedure is measured against. It stops if the markers are gone.
---
--- Keys arrive as parameters only. Counts, instants and spans travel as
--- integers, instants in microseconds since the Unix epoch. Time comes from
--- the database's clock unless the caller pins it (p_at, for tests; 1900 to
--- 2200). The window
--- arithmetic adds microsecond intervals and bins from the Unix epoch: the
--- session's TimeZone and DateStyle do not matter.
+-- The markers `-- statement` and `-- end of statement` in add and read are
+-- where benches/limiter/floors.rs cuts out the statement it runs alone.
 
--- Adds p_add to the key's count in the current window and returns the count,
--- the window's end and the time. The addition saturates at the largest
--- bigint. With p_previous it also returns the previous window's count (for
--- sliding windows); with p_lockout_secs > 0, how long the latest lockout of
--- an earlier window of the key whose count reached p_max (that window's end
--- plus the lockout) still runs, 0 if none.
+-- Adds p_add to the key's count in the current window. Returns the count, the
+-- window's end, the time, the previous window's count (p_previous) and the
+-- lockout still to run (p_lockout_secs > 0: the latest earlier window that
+-- reached p_max, its end plus the lockout), 0 where none.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add(
     p_key text, p_add bigint, p_window_secs bigint, p_at bigint,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
@@ -393,14 +290,9 @@ BEGIN
 END
 $$;
 
--- Adds each pair's amount (p_adds) to the count of each (key, window) pair
--- in one statement: the several limits of one request (per account and per
--- address) in one round trip, or the writes of concurrent calls for
--- different keys, which share one statement and one commit. Rows are
--- upserted in (key, window_start) order, so two calls over the same pairs in
--- any order lock them in the same order and cannot deadlock; a pair given
--- twice adds both amounts. Returns the counts and window ends in the order
--- given.
+-- As add, for 1 to 64 (key, window) pairs in one statement, answering in the
+-- order given; a pair given twice adds both amounts. Rows are upserted in
+-- (key, window_start) order, so calls over the same pairs cannot deadlock.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_many(
     p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at bigint,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
@@ -419,8 +311,7 @@ BEGIN
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    -- The parameters against the Rust bounds: each array as a whole here,
-    -- each key's length where the statement below reads the keys.
+    -- Each array here; each key's length where the statement reads the keys.
     IF p_previous IS NULL OR p_relaxed IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
@@ -446,8 +337,7 @@ BEGIN
         -- A key out of bounds is left out here, and refused below.
         WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
     ), counted AS (
-        -- A pair given twice adds both amounts; the sum is numeric, so it
-        -- saturates at the largest bigint instead of overflowing.
+        -- The sum is numeric: it saturates at the largest bigint.
         INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
         SELECT key, start, max(start + width),
                LEAST(sum(add), 9223372036854775807)::bigint
@@ -467,9 +357,7 @@ BEGIN
         -- Raised after the upsert: this transaction, and what it wrote, ends here.
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    -- The previous windows (sliding limits) and the lockouts of earlier
-    -- windows, read only when a pair needs them: the upsert above wrote
-    -- neither. Each pair's window is the one it was counted in.
+    -- The previous windows and the lockouts, only when a pair needs them.
     IF p_previous OR 0 < ANY (p_lockout_secs) THEN
         SELECT array_agg(
                    CASE WHEN p_previous THEN
@@ -499,23 +387,12 @@ BEGIN
 END
 $$;
 
--- Adds each pair's amount (p_adds) to the count of each (key, window) pair
--- only if every pair's ask may go ahead, in one statement: an API's
--- per-second and per-day quotas, where a refusal by one must not spend the
--- other. The amounts are added as add_many adds them, in (key,
--- window_start) order (so two calls over the same keys cannot deadlock),
--- inside a block of its own; each pair is then decided on its count under
--- the row lock the addition took, as the limiter decides an ask of its
--- amount (decide.rs, the one decision both stores share): no lockout of an
--- earlier window runs, and the count after the ask less one, plus for a
--- sliding pair (p_sliding) the previous window's count weighted by the
--- part of the last window's length it still overlaps, is below p_max. If
--- any pair refuses, the block is rolled back (PK003, raised and caught
--- here): nothing is added, no row is left, and no lock is held. The keys
--- must differ (each pair is decided by its own count). Returns the counts
--- after the call (those before it when nothing was added), the window
--- ends, the time, the previous windows' counts (0 for a fixed pair), the
--- lockouts, and o_added, whether the amounts were added.
+-- As add_many, but adds only if every pair's ask may go ahead (an API's
+-- per-second and per-day quotas: a refusal by one must not spend the other).
+-- Each pair is decided as decide.rs decides an ask, on its count under the row
+-- lock the addition took; if any refuses, the block rolls back (PK003, caught
+-- here): nothing added, no row left, no lock held. The keys must differ.
+-- Returns the counts after the call (before it if nothing was added), o_added.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_all_or_none(
     p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at bigint,
     p_budget_ms bigint, p_relaxed boolean, p_sliding boolean[],
@@ -535,8 +412,7 @@ BEGIN
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    -- The parameters against the Rust bounds, as add_many checks them, and
-    -- each key given once.
+    -- As add_many checks them, and each key given once.
     IF p_relaxed IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
@@ -556,15 +432,13 @@ BEGIN
     END IF;
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     o_now := platformkit.platformkit_us(v_now);
-    -- The amounts added, the rows locked, and each pair decided: all in a
-    -- block that a refusal rolls back.
+    -- In a block that a refusal rolls back.
     BEGIN
         WITH asked AS (
             SELECT t.key, t.ord, t.add, make_interval(secs => t.secs) AS width,
                    date_bin(make_interval(secs => t.secs), v_now,
                             timestamptz '1970-01-01 00:00:00+00') AS start
             FROM unnest(p_keys, p_window_secs, p_adds) WITH ORDINALITY AS t(key, secs, add, ord)
-            -- A key out of bounds is left out here, and refused below.
             WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
         ), counted AS (
             INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
@@ -581,12 +455,10 @@ BEGIN
         FROM asked AS a
         JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
         IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
-            -- Raised after the upsert: this transaction, and what it wrote, ends here.
             RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
         END IF;
-        -- The previous windows and the lockouts of earlier windows, as
-        -- add_many reads them; then each pair decided on its count before
-        -- its own last unit, by platformkit_at_max.
+        -- As add_many reads them; then each pair is decided on its count
+        -- before its own last unit.
         SELECT array_agg(d.previous ORDER BY d.ord), array_agg(d.locked_for ORDER BY d.ord),
                bool_and(d.locked_for = 0
                         AND NOT platformkit.platformkit_at_max(d.count - 1, d.previous, d.w,
@@ -617,10 +489,8 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'PK003';
         END IF;
     EXCEPTION WHEN SQLSTATE 'PK003' THEN
-        -- Rolled back: nothing of the call is left to make durable, so its
-        -- commit (the block gave the transaction an id) need not wait for
-        -- the WAL flush. The counts before the call: PL/pgSQL's variables
-        -- keep what they were given in the block.
+        -- Nothing is left to make durable, so the commit need not wait for the
+        -- WAL. The counts before the call: variables keep what the block set.
         PERFORM set_config('synchronous_commit', 'off', true);
         SELECT array_agg(t.count - LEAST(t.add, t.count) ORDER BY t.ord)
         INTO o_counts
@@ -630,12 +500,8 @@ BEGIN
 END
 $$;
 
--- Reads the count of each (key, window) pair; writes nothing. A function,
--- not a procedure: a read needs no transaction of its own (see the readers'
--- prologue above). Its answer is one array of integers, which the server
--- sends cheaper than a row of a function's columns: the time, then for each
--- pair in the order given what add_many answers for it (its count, its
--- window's end, the previous window's count, the lockout still to run).
+-- Reads each pair's count, writing nothing. One int8[]: the time, then per
+-- pair as add_many answers it (count, window end, previous count, lockout).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read_many(
     p_keys text[], p_window_secs bigint[], p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_maxes bigint[], p_lockout_secs bigint[],
@@ -688,8 +554,7 @@ BEGIN
         FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs)
              WITH ORDINALITY AS t(key, secs, max, lockout, ord)
     )
-    -- A correlated subquery per pair: one index probe each, whatever the
-    -- planner guesses of the array's length (a join could scan the table).
+    -- A correlated subquery per pair: one index probe each (a join could scan).
     SELECT ARRAY[v_now_us] || array_agg(x.v ORDER BY a.ord, x.i)
     INTO o_answer
     FROM asked AS a,
@@ -712,9 +577,7 @@ BEGIN
 END
 $$;
 
--- Reads the key's count in the current window; writes nothing. A function,
--- not a procedure (see the readers' prologue above). Answers as read_many
--- does for one pair.
+-- As read_many, for one key.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read(
     p_key text, p_window_secs bigint, p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint,
@@ -783,18 +646,10 @@ BEGIN
 END
 $$;
 
--- Lists the keys under p_prefix (a limit's name and '|') that the limit
--- refuses now, for an operator: the current window's count, or the
--- sliding estimate (p_previous), at p_max, or a lockout of an earlier
--- window running (p_lockout_secs > 0), the same arithmetic as the
--- crate's decision for a check, in exact numeric microseconds. At most
--- p_at_most keys, newest first: by the latest window the key was counted
--- in, then the highest current count, then the key. The scan is one range
--- of the primary key's index, the keys from p_prefix to p_prefix with its
--- '|' made '}' (the next byte): the key column's collation is "C", so the
--- range holds exactly the keys that begin with p_prefix, and no other
--- limit's (login2|... sorts before login|...). Writes nothing: a function
--- (see the readers' prologue above).
+-- The keys under p_prefix (a limit's name and '|') that the limit refuses now,
+-- as the crate decides; at most p_at_most, newest first. Writes nothing. One
+-- range of the primary key, p_prefix to p_prefix with '|' made '}': the key's
+-- collation is "C", so no other limit's keys fall in it.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
     p_prefix text, p_window_secs bigint, p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint, p_at_most bigint,
@@ -884,9 +739,8 @@ BEGIN
 END
 $$;
 
--- Takes p_n back from the key's count in the window that starts at
--- p_window_start (a reserved attempt that succeeded), never below zero;
--- returns the count. A window that is gone stays gone.
+-- Takes p_n back (never below zero) from the key's count in the window that
+-- starts at p_window_start; returns the count. A window gone stays gone.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_take_back(
     p_key text, p_window_start bigint, p_n bigint,
     p_budget_ms bigint, p_relaxed boolean,
@@ -933,23 +787,11 @@ BEGIN
 END
 $$;
 
--- Deletes at most p_batch rows whose window closed more than 24 hours ago
--- and more than one window length ago (a sliding window still reads the
--- window before the current one), skipping rows another transaction holds;
--- returns how many went, and where it stopped. Both scans are index ranges
--- (of (purge_after, created_at), and of window_end), so a batch costs what
--- it deletes, however many closed windows must still be kept. A purge's
--- batches go through the rows due in the order of (purge_after,
--- created_at), each starting where the one before stopped (o_after and
--- o_created, in epoch seconds; NULL for the first), so none steps again
--- over the index entries of the rows the batches before it deleted, which
--- stay until a VACUUM (docs/PERFORMANCE.md, "Purge resumes"). A row
--- due behind that place when the purge passed it (one skipped as held, or
--- one written since with a window long closed) is the next purge's. The test
--- is done in epoch seconds (float8), which cannot overflow or fail on any
--- stored row. A row that breaks the window check (which the table
--- refuses) would go a day after it closes, and a row ending more than 367 days from now (a clock
--- pinned far ahead, a direct insert, an infinite end) goes at once.
+-- Deletes at most p_batch rows due (the guide, "The schema"), skipping held
+-- ones; returns how many went and where it stopped (o_after, o_created, epoch
+-- seconds; NULL for the first batch). The next batch starts there, so none
+-- steps again over the index entries of those before (docs/PERFORMANCE.md,
+-- "Purge resumes").
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge_from(
     p_batch bigint, p_budget_ms bigint,
     INOUT o_deleted bigint DEFAULT NULL,
@@ -958,9 +800,7 @@ CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge_from(
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    -- Where this batch starts, as values the index can start its scan at:
-    -- under row-level security only a comparison of a column with plain
-    -- values (no COALESCE) bounds an index scan.
+    -- Plain values: under row-level security only those bound an index scan.
     from_after pg_catalog.float8;
     from_created pg_catalog.timestamptz;
 BEGIN
@@ -969,27 +809,20 @@ BEGIN
        OR (o_after IS NULL) <> (o_created IS NULL) OR o_after = 'NaN' OR o_created = 'NaN' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    -- A place past either end of the timestamps (one a far-off created_at
-    -- rounds to in float8) starts at that end: never an error.
+    -- A place past either end of the timestamps starts at that end: no error.
     from_after := COALESCE(o_after, '-Infinity');
     from_created := CASE WHEN o_created IS NULL OR o_created < -210866803200 THEN '-infinity'
                          WHEN o_created >= 9224318016000 THEN 'infinity'
                          ELSE to_timestamp(o_created) END;
-    -- The one plan of the limiter's that reaches rows by their ctid; the
-    -- prologue pins the other switches.
+    -- The limiter's one plan by ctid; the prologue pins the other switches.
     PERFORM pg_catalog.set_config('enable_tidscan', 'on', true);
-    -- Each row is deleted by the ctid its locking scan returned: no second
-    -- probe of the primary key's index per row, which halved the batch's
-    -- rate. The lock is what makes the ctid safe: a row this transaction
-    -- holds cannot be updated, deleted or moved by another before the
-    -- DELETE, so the DELETE never follows an update chain to a version it
-    -- did not lock. (A row whose lock followed an update committed after
-    -- the statement's snapshot is locked but not deleted here; a later
-    -- purge takes it.) A row a call holds is skipped, not waited for. ONLY:
-    -- a ctid names a row of one table, never of a table that inherits.
+    -- Each row is deleted by the ctid its locking scan returned, with no second
+    -- probe: safe because a locked row cannot be updated, deleted or moved
+    -- before the DELETE. A held row is skipped, not waited for. ONLY: a ctid
+    -- names a row of one table, never of one that inherits. (A row whose lock
+    -- followed a concurrent update is not deleted here; a later purge takes it.)
     WITH due AS (
-        -- A range of the index platformkit_limits_purge_order, from where
-        -- the batch before stopped (>=: rows may share a place).
+        -- From where the batch before stopped (>=: rows may share a place).
         SELECT d.ctid AS place, d.purge_after, d.created_at
         FROM ONLY platformkit.platformkit_limits AS d
         WHERE d.purge_after < date_part('epoch', statement_timestamp())
@@ -998,9 +831,7 @@ BEGIN
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
     ), ahead AS (
-        -- Windows that end more than 367 days from now, which only a clock
-        -- pinned far ahead or a direct insert stores (an infinite end
-        -- included): a range of platformkit_limits_window_end.
+        -- Ending over 367 days ahead: a clock pinned far ahead, a direct insert.
         SELECT d.ctid AS place FROM ONLY platformkit.platformkit_limits AS d
         WHERE d.window_end > statement_timestamp()
                             + make_interval(secs => platformkit.platformkit_max_window_secs() + 86400)
@@ -1023,6 +854,5 @@ BEGIN
 END
 $$;
 
--- Only the roles granted EXECUTE (see the top of this file) may call the
--- limiter's routines; PUBLIC may not.
+-- Only the roles granted EXECUTE may call the routines.
 REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM PUBLIC;

@@ -26,8 +26,7 @@
             pg_catalog.set_config('cpu_operator_cost', '0.0025', true),
             pg_catalog.set_config('max_parallel_workers_per_gather', '0', true),
             pg_catalog.set_config('jit', 'off', true);
-    -- Every lock wait of the call together within the budget: a quarter
-    -- each, for the at most four waits of one row's upsert.
+    -- A quarter of the budget for each of an upsert's at most four lock waits.
     PERFORM pg_catalog.set_config('lock_timeout', GREATEST(p_budget_ms / 4, 1)::text, true);
     IF p_budget_ms IS NULL OR p_budget_ms < 1 OR p_budget_ms > platformkit.platformkit_max_budget_ms()
        OR (current_setting('statement_timeout') <> '0'

@@ -1,6 +1,5 @@
     -- reader's prologue
-    -- Each refusal below is behind a cheaper test that it implies: a call
-    -- that no check could refuse pays only for those tests.
+    -- Each refusal is behind a cheaper test it implies, all a good call pays for.
     IF pg_catalog.pg_is_in_recovery()
        OR current_setting('transaction_isolation') <> 'read committed' THEN
         IF pg_catalog.pg_is_in_recovery()
@@ -37,8 +36,7 @@
         END IF;
     END IF;
     v_switch := current_setting('platformkit.system', true);
-    -- Assigned rather than PERFORMed, here and where the switch is turned
-    -- back: an assignment is evaluated as an expression, a PERFORM runs a query.
+    -- Assigned, here and at the end, not PERFORMed: an expression, not a query.
     v_set := set_config('platformkit.system', 'on', true);
     v_set := set_config('lock_timeout', p_budget_ms::pg_catalog.text, true);
     -- end of reader's prologue

@@ -1,7 +1,5 @@
-//! [`Call`]: the one envelope of every call to a store. It holds the
-//! operation and the budget, runs the work within the deadline, and records
-//! each limit's outcome in the metrics (and a warning event when the store
-//! was unreachable).
+//! [`Call`]: the envelope of every call to a store: its deadline, and its
+//! outcome in the metrics and events.
 
 use std::future::Future;
 use std::time::Duration;
@@ -49,12 +47,9 @@ impl Call {
     }
 
     /// Runs `work`, a call to `store`, within the budget, unless the latest
-    /// probe found the store down ([`ErrorKind::Connect`](crate::ErrorKind::Connect)
-    /// at once). A call that got no answer (its budget ran out, its
-    /// connection failed without the server saying why) is unreachable
-    /// only if a probe of the server finds it down; else it is
-    /// [`Overloaded`](crate::ErrorKind::Overloaded), shed (the guide's
-    /// [down or overloaded](crate::guide#down-or-overloaded)).
+    /// probe found the store down; a call that got no answer is unreachable
+    /// only if a probe finds it down, else shed
+    /// ([down or overloaded](crate::guide#down-or-overloaded)).
     pub(crate) async fn within_store<T, S: Sealed>(
         &self,
         store: &S,
@@ -88,9 +83,7 @@ impl Call {
         );
     }
 
-    /// Records that the store could not be reached for `limit`: the
-    /// `unreachable` outcome and a warning event naming the cause and what
-    /// the limit's `WhenUnreachable` made of the attempt.
+    /// Records that the store could not be reached for `limit`.
     pub(crate) fn record_unreachable(&self, limit: &Limit, cause: &Error) {
         let decided = match limit.when_unreachable() {
             WhenUnreachable::Allow => Decided::Allowed,
@@ -105,15 +98,13 @@ impl Call {
         self.record(limit, Outcome::Unreachable);
     }
 
-    /// Records that the store was too busy to answer for `limit`: the
-    /// `shed` outcome and a warning event naming the cause.
+    /// Records that the store was too busy to answer for `limit`.
     pub(crate) fn record_shed(&self, limit: &Limit, cause: &Error) {
         crate::trace::shed(limit.name(), self.operation, cause);
         self.record(limit, Outcome::Shed);
     }
 
-    /// Records the outcome of a call that clears (a reset, a take-back):
-    /// `cleared`, `unreachable`, `shed` or `error`.
+    /// Records the outcome of a reset or a take-back.
     pub(crate) fn record_cleared<T>(&self, limit: &Limit, result: &Result<T, Error>) {
         match result {
             Ok(_) => self.record(limit, Outcome::Cleared),

@@ -1,9 +1,5 @@
-//! Where the limiter reads the time.
-//!
-//! In production the time is the database's: every replica asks the same
-//! clock, so they agree on when a window opens and closes. Tests pin the time
-//! with a [`ManualClock`], shared by [`Postgres`](crate::Postgres) and
-//! [`Memory`](crate::Memory) so that both see the same instant.
+//! Where the limiter reads the time: the database's, so that every replica
+//! agrees on the windows; or, in tests, a [`ManualClock`].
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -55,8 +51,7 @@ impl ManualClock {
 /// Which clock a store reads.
 #[derive(Clone, Debug, Default)]
 pub(crate) enum Clock {
-    /// The store's own: the database's for `Postgres`, the system's for
-    /// `Memory`.
+    /// The store's own (the system's for `Memory`).
     #[default]
     Store,
     /// A pinned clock.
@@ -64,8 +59,7 @@ pub(crate) enum Clock {
 }
 
 impl Clock {
-    /// The time as this process sees it: the pinned clock's, or the
-    /// system's.
+    /// The time as this process sees it.
     pub(crate) fn local_now(&self) -> SystemTime {
         self.pinned().unwrap_or_else(SystemTime::now)
     }

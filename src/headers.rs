@@ -3,10 +3,8 @@
 //! `RateLimit` fields of the IETF draft
 //! [draft-ietf-httpapi-ratelimit-headers-10](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/10/).
 //!
-//! Both RateLimit fields are Structured Field Lists; each limit is one item,
-//! named by the limit's name as a Structured Field String. Several limits
-//! are the items joined by `", "`. The partition key parameter (`pk`) is
-//! never rendered: a key is an email, an address, an account.
+//! Each limit is one item of a Structured Field List, named by the limit's
+//! name; the partition key (`pk`) is never rendered.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -26,10 +24,8 @@ impl Limit {
     /// # Ok::<(), platformkit_limit::Error>(())
     /// ```
     ///
-    /// The field tells a client what is left, so send it for the limits
-    /// whose counts are the client's own business (an API quota), not for a
-    /// per-account login limit, where it tells an attacker how many guesses
-    /// remain (the draft's own warning).
+    /// Send it for an API quota, not for a per-account login limit, where
+    /// it tells an attacker how many guesses remain.
     pub fn policy_field(&self) -> String {
         let mut item = sf_string(self.name());
         let _ = write!(item, ";q={};w={}", self.max(), self.window_secs());
@@ -39,16 +35,12 @@ impl Limit {
 
 impl Verdict {
     /// This verdict as an item of the `RateLimit` field: the limit's name,
-    /// what is left `r` (0 on a refusal), and `t`, the whole seconds (rounded
-    /// up) until the window resets or, on a refusal, until the next attempt
-    /// may go ahead, as [`Verdict::retry_after_secs`] says. For a sliding
-    /// limit `t` is the verdict's own reopening time, not the fixed window's
-    /// end. `None` when nothing counted (the store was unreachable, or the
-    /// call was shed).
+    /// what is left `r` (0 on a refusal), and `t`, the whole seconds
+    /// (rounded up; at least 1 on a refusal) until [`Verdict::reopens_at`].
+    /// `None` when nothing counted.
     ///
     /// The same warning as for [`Limit::policy_field`]: opt in per limit.
     pub fn rate_limit_field(&self) -> Option<String> {
-        // Nothing counted (unreachable, or shed): no field.
         self.count()?;
         let (remaining, reset) = if self.is_refused() {
             (0, self.retry_after_secs()?)
@@ -76,9 +68,8 @@ impl Verdict {
 }
 
 impl Verdicts {
-    /// The value of a `Retry-After` header: [`Verdicts::retry_after`] (when
-    /// every refusing limit has reopened) rounded up to whole seconds, and
-    /// at least 1. `None` unless refused by a count.
+    /// The value of a `Retry-After` header: [`Verdicts::retry_after`]
+    /// rounded up to whole seconds, and at least 1.
     pub fn retry_after_secs(&self) -> Option<u64> {
         self.retry_after().map(retry_after_secs)
     }
@@ -93,8 +84,7 @@ fn whole_secs_up(wait: Duration) -> u64 {
 }
 
 /// `text` as a Structured Field String (RFC 9651, section 3.3.3): quoted,
-/// with `"` and `\` escaped. A limit's name is ASCII letters, digits, `_`,
-/// `-` and `.`, so nothing else needs care.
+/// `"` and `\` escaped (a limit's name holds nothing else needing care).
 fn sf_string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');

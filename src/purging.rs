@@ -1,5 +1,4 @@
-//! [`purge`]: empties windows that closed more than a day (and a window
-//! length) ago.
+//! [`purge`] and [`PurgeTask`].
 
 use std::time::Duration;
 
@@ -14,16 +13,11 @@ use crate::store::sql::{self, PurgePlace};
 use crate::store::statement::{call, deleted};
 use crate::{Error, LimitConn, metric};
 
-/// Deletes the rows whose window closed more than 24 hours ago and more than
-/// one window length ago (a sliding window still reads the window before
-/// the current one), and returns how many went.
-///
-/// Run it hourly from the service's sweep job (cron `0 * * * *`). It works in
-/// batches of [`PurgeTask::BATCH_ROWS`], each its own short system transaction on
-/// a connection borrowed from `conns` for that batch alone, skipping rows
-/// that a limiter call holds at that moment, so it never holds locks for long
-/// and never waits on a login. Open windows and windows closed less than a day
-/// (or a window length) ago are never touched.
+/// Deletes the rows whose window closed more than a day and more than a
+/// window length ago, and returns how many went. Run it hourly
+/// ([purge](crate::guide#purge)). It works in batches of
+/// [`PurgeTask::BATCH_ROWS`], each its own short transaction on a connection
+/// of its own, skipping rows a call holds: it never waits on a login.
 ///
 /// # Errors
 ///
@@ -40,8 +34,7 @@ use crate::{Error, LimitConn, metric};
 pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
     metric::purge_started();
     let mut total = 0;
-    // Each batch starts where the one before stopped (docs/PERFORMANCE.md,
-    // "Purge resumes").
+    // Each batch starts where the one before stopped.
     let mut from = None;
     loop {
         let deleted = match purge_batch(conns, from).await {
@@ -88,8 +81,7 @@ async fn purge_batch<C: LimitConn>(
         .await
 }
 
-/// Where the batch that answered `row` stopped: `NULL`, `NULL` before any
-/// row was found.
+/// Where the batch that answered `row` stopped (`NULL`s: nowhere yet).
 fn stopped(row: &Row) -> Result<Option<PurgePlace>, Error> {
     let read = |index| {
         row.maybe_float8(index)
@@ -101,8 +93,7 @@ fn stopped(row: &Row) -> Result<Option<PurgePlace>, Error> {
     })
 }
 
-/// A tokio task that runs [`purge`] on a schedule until it is stopped: for a
-/// service that has no cron-driven sweep job of its own.
+/// A tokio task that runs [`purge`] on a schedule until it is stopped.
 ///
 /// ```no_run
 /// use platformkit_limit::PurgeTask;
@@ -120,9 +111,7 @@ pub struct PurgeTask {
 }
 
 impl PurgeTask {
-    /// Rows [`purge`] deletes per batch: small enough that no batch holds
-    /// row locks for long, large enough that a purge of a million rows is a
-    /// few hundred statements.
+    /// Rows [`purge`] deletes per batch.
     pub const BATCH_ROWS: u32 = 5_000;
 
     /// The budget of one batch.
@@ -165,9 +154,7 @@ impl PurgeTask {
                 tokio::select! {
                     _ = stopped.changed() => return,
                     _ = ticks.tick() => {
-                        // The outcome is in the metrics (and in a tracing
-                        // event with the `tracing` feature); the next tick
-                        // tries again.
+                        // The outcome is in the metrics and events.
                         let _ = purge(&conns).await;
                     }
                 }

@@ -1,5 +1,4 @@
-//! [`KeyStatus`]: a key's state under a limit, as an operator reads it
-//! ([`Limiter::status`], [`Limiter::refused_keys`]).
+//! [`KeyStatus`], and the operator's calls that answer it.
 
 use std::time::{Duration, SystemTime};
 
@@ -14,11 +13,9 @@ use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter};
 
 /// A key's state under a limit, read from the store without counting:
-/// what [`Limiter::status`] and [`Limiter::refused_keys`] answer.
-///
-/// Whether it is refused, and when it reopens, are decided by the same
-/// arithmetic as every verdict, so a status and the next
-/// [`check`](Limiter::check) agree.
+/// what [`Limiter::status`] and [`Limiter::refused_keys`] answer. Decided
+/// as every verdict is, so a status and the next [`check`](Limiter::check)
+/// agree.
 ///
 /// ```
 /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -55,8 +52,7 @@ pub struct KeyStatus {
 }
 
 impl KeyStatus {
-    /// The status of stored key `stored` under `limit`, from what a store
-    /// read: decided as a `check` would decide it.
+    /// The status of stored key `stored` under `limit`, as a `check`.
     pub(crate) fn decided(limit: &Limit, stored: &str, counted: &Counted) -> KeyStatus {
         let decided = decision(Counting::CHECK, limit, 1, counted);
         let key = stored
@@ -75,17 +71,14 @@ impl KeyStatus {
         }
     }
 
-    /// The encoded key, as stored after the limit's name (the form
-    /// [`Key::as_str`] gives): a key too long for the table shows as its
-    /// digest form, a readable prefix, `~` and 64 hex digits. Keys are
-    /// personal data; `Debug` shows this field, so log with care.
+    /// The encoded key, as [`Key::as_str`] gives it (a long key in its
+    /// digest form). Keys are personal data, and `Debug` shows this field:
+    /// log with care.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// The key's count in the current window, or for a sliding limit the
-    /// weighted estimate, rounded up: what
-    /// [`Verdict::count`](crate::Verdict::count) of a `check` says.
+    /// What [`Verdict::count`](crate::Verdict::count) of a `check` says.
     pub fn count(&self) -> u64 {
         self.count
     }
@@ -106,9 +99,8 @@ impl KeyStatus {
         self.window_end
     }
 
-    /// For a refused key, the first moment its next attempt may go ahead
-    /// (the window's end, the moment a sliding estimate falls below max, or
-    /// the end of a lockout); `None` when it is not refused.
+    /// For a refused key, the first moment its next attempt may go ahead;
+    /// `None` when it is not refused.
     pub fn reopens_at(&self) -> Option<SystemTime> {
         self.refused.then_some(self.reopens_at)
     }
@@ -134,13 +126,10 @@ impl KeyStatus {
 
 /// The operator's calls: what a key's state is, and who is refused.
 impl<S: Store> Limiter<S> {
-    /// The state of `key` under `limit` now, read from the store: one read,
-    /// nothing counted, and never answered from the refusal cache, so it is
-    /// the database's state even right after a
-    /// [`reset`](Limiter::reset) through another replica. The statement is
-    /// a `check`'s read (the `check` label in the statement metric); no call
-    /// outcome is recorded. To unlock the key, [`reset`](Limiter::reset) it
-    /// under a limit of the same name.
+    /// The state of `key` under `limit` now: one read of the store (a
+    /// `check`'s statement, no call outcome recorded), nothing counted,
+    /// never from the refusal cache. To unlock the key,
+    /// [`reset`](Limiter::reset) it.
     ///
     /// # Errors
     ///
@@ -158,16 +147,11 @@ impl<S: Store> Limiter<S> {
         Ok(KeyStatus::decided(limit, &stored, &counted))
     }
 
-    /// The keys `limit` refuses now (the count or the sliding estimate at
-    /// max, or a lockout running), at most `at_most` of them, newest first:
-    /// by the latest window the key was counted in, then the highest
-    /// count, then the key. Only `limit`'s own keys, by its name: the keys
-    /// of a limit named `login2` are not `login`'s. One statement, an index
-    /// range over the limit's keys, bounded on the server; nothing counted,
-    /// no refusal cache.
-    ///
-    /// `limit` must be the limit the service uses (its max, window,
-    /// strategy and lockout): that is what decides "refused".
+    /// The keys `limit` refuses now, at most `at_most`, newest first (by
+    /// the latest window counted in, then the highest count, then the
+    /// key): only `limit`'s own, by name. One bounded statement; nothing
+    /// counted, no refusal cache. Give the limit the service uses: its
+    /// numbers decide "refused".
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -214,8 +198,7 @@ impl<S: Store> Limiter<S> {
         Ok(listed
             .iter()
             .map(|(stored, counted)| KeyStatus::decided(limit, stored, counted))
-            // The store's filter is the same arithmetic; the decision is
-            // the crate's, so a listed key is always a refused one.
+            // The crate's decision has the last word.
             .filter(KeyStatus::is_refused)
             .collect())
     }

@@ -1,13 +1,6 @@
-//! Events through `tracing`, with the `tracing` feature: a warning on every
-//! unreachable outcome (saying what the limit's `WhenUnreachable` made of
-//! the attempt), on every
-//! call shed because the store was overloaded, and on a failed purge, and
-//! an info event on a purge that succeeded; with the `tower` feature too, an
-//! error when the layer answers 500 (a hard error, or a per-address rule
-//! with no client address: that one names the limit and the fix) and a
-//! warning when it cannot take back a successful attempt. They carry the cause and, where there is one, the
-//! limit's name and the operation; never the key.
-//! Without the feature these are no-ops.
+//! Events through `tracing` (feature `tracing`; no-ops without it): each
+//! carries the cause and, where there is one, the limit's name and the
+//! operation, never the key.
 
 use crate::Error;
 use crate::operation::Operation;
@@ -25,9 +18,7 @@ pub(crate) enum Decided {
     Nothing,
 }
 
-/// The store was unreachable; `decided` is what became of the attempt, as
-/// the limit's `WhenUnreachable` says (or that a reset or take-back had
-/// nothing to decide).
+/// The store was unreachable; `decided` is what became of the attempt.
 #[cfg(feature = "tracing")]
 pub(crate) fn unreachable(limit: &str, operation: Operation, cause: &Error, decided: Decided) {
     let message = match decided {
@@ -73,8 +64,7 @@ pub(crate) fn purge_failed(rows: u64, cause: &Error) {
     );
 }
 
-/// The tower layer answered 500: the limiter failed, or the request had
-/// no client address for a per-address rule.
+/// The tower layer answered 500.
 #[cfg(all(feature = "tracing", feature = "tower"))]
 pub(crate) fn layer_failed(cause: &Error) {
     tracing::error!(
@@ -83,8 +73,8 @@ pub(crate) fn layer_failed(cause: &Error) {
     );
 }
 
-/// A per-address rule of the tower layer found no client address: the
-/// request was answered 500. `fix` says how to hand the layer the address.
+/// A per-address rule found no client address (answered 500); `fix` says
+/// how to hand the layer the address.
 #[cfg(all(feature = "tracing", feature = "tower"))]
 pub(crate) fn no_client_address(limit: &str, fix: &str) {
     tracing::error!(
@@ -93,8 +83,7 @@ pub(crate) fn no_client_address(limit: &str, fix: &str) {
     );
 }
 
-/// The tower layer could not take back a successful attempt: it stays
-/// counted.
+/// The tower layer could not take back a successful attempt.
 #[cfg(all(feature = "tracing", feature = "tower"))]
 pub(crate) fn take_back_failed(cause: &Error) {
     tracing::warn!(

@@ -1,7 +1,5 @@
 //! [`LimitConn`] for [`bb8::Pool`] of
-//! [`bb8_postgres::PostgresConnectionManager`] (feature `bb8`): its
-//! connections are tokio-postgres clients, whose
-//! [`Session`](super::Session) is `tokio_postgres.rs`'s.
+//! [`bb8_postgres::PostgresConnectionManager`] (feature `bb8`).
 
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::Socket;
@@ -33,11 +31,9 @@ where
         self.get_owned().await
     }
 
-    /// A dedicated connection, outside the pool and its retries; on a
-    /// server that answered, it goes to the pool (while a server is down,
-    /// bb8 backs its own reconnects off up to half its connection timeout,
-    /// so that a pool could otherwise stay empty seconds after the server is
-    /// back).
+    /// A dedicated connection, outside the pool and its retries, given to
+    /// the pool once the server answers: bb8 backs its own reconnects off,
+    /// and the pool could stay empty after the server is back.
     async fn probe(&self) -> Option<Result<(), BoxError>> {
         let started = async {
             let client = self.dedicated_connection().await?;

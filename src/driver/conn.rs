@@ -1,10 +1,5 @@
-//! [`LimitConn`]: the caller's connection source.
-//!
-//! The library keeps no pool and no connection between calls. For each
-//! statement it sends (one call's, or one shared by the calls merged into
-//! it) it asks the caller's source for one connection, sends that one
-//! statement (a `CALL` of a procedure that commits its own transaction, or a
-//! read that runs in none of its own), and hands the connection back idle.
+//! [`LimitConn`]: the caller's connection source. The crate keeps no pool
+//! and no connection between statements.
 
 use std::future::Future;
 
@@ -14,32 +9,18 @@ use crate::error::BoxError;
 /// Where the limiter gets a connection for one call: the counterpart of a
 /// framework's "connection for this request".
 ///
-/// The connection (a [`Session`]: a tokio-postgres client, or an sqlx
-/// connection in a [`SqlxConn`](crate::driver::SqlxConn)) must be for exclusive use
-/// during the call and idle (not inside a transaction) when handed over. The
-/// limiter hands it back outside any transaction. On tokio-postgres, a call
-/// near the end of its budget is cancelled on the server before the
-/// connection is handed back (sqlx cannot cancel). Should the budget run out
-/// anyway, the limiter's own `CALL` may still be running on it, and the next
-/// statement on the connection waits for it (at most the `lock_timeout` the
-/// call carried, plus the statement's own work); what it ends with is the
-/// abandoned call's, never the next call's (see the guide's
-/// [drivers](crate::guide#drivers) section for a connection the service
-/// holds under sqlx). A connection handed over
-/// inside a transaction is an
+/// The connection (a [`Session`]) must be for exclusive use during the call
+/// and idle when handed over; the limiter hands it back outside any
+/// transaction. One handed over inside a transaction is an
 /// [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction) error, and
-/// that transaction is rolled back, never committed.
+/// that transaction is rolled back, never committed. A statement given up
+/// at the deadline may still run on it for a while
+/// ([drivers](crate::guide#drivers)).
 ///
-/// Implemented for:
-/// - an async closure returning a [`Session`]: anything that derefs to a
-///   [`tokio_postgres::Client`] (a pool's object, a mutex guard), or an
-///   [`SqlxConn`](crate::driver::SqlxConn);
-/// - [`tokio_postgres::Config`]: connect for each call, without TLS;
-/// - [`Connect`](crate::driver::Connect): connect for each call, with the TLS connector you give;
-/// - deadpool and bb8 pools of tokio-postgres connections, and
-///   `sqlx::PgPool`, behind the features of the same names.
-///
-/// Implement it for your own pool with an `async fn`:
+/// Implemented for an async closure returning a [`Session`],
+/// [`tokio_postgres::Config`] and [`Connect`](crate::driver::Connect)
+/// (a connection per call), and the pools of deadpool, bb8 and sqlx behind
+/// their features. Implement it for your own pool with an `async fn`:
 ///
 /// ```
 /// use platformkit_limit::LimitConn;
@@ -62,28 +43,20 @@ pub trait LimitConn: Send + Sync + 'static {
     /// The connection lent for one call.
     type Conn: Session;
 
-    /// Why no connection could be had. The limiter treats it as the store
-    /// being unreachable.
+    /// Why no connection could be had: the store unreachable, unless the
+    /// server answered.
     type Error: Into<BoxError>;
 
     /// Lends one connection for one call.
     fn conn(&self) -> impl Future<Output = Result<Self::Conn, Self::Error>> + Send;
 
-    /// Opens a connection of its own to the server the source lends from,
-    /// outside any pool and its retries, and closes it: the store's probe
-    /// of whether the server is down, asked when a call got no answer (the
-    /// guide's [down or overloaded](crate::guide#down-or-overloaded)).
-    /// `Some(Ok(()))` when the server completed the startup, the driver's
-    /// error when it did not; the store reads the error (any SQLSTATE but
-    /// the server going away is an answer) and bounds the wait.
-    ///
-    /// The default, `None`, is a source that cannot open a connection of
-    /// its own (one that lends a held connection): the store then never
-    /// reads the server as down, so a call that got no answer is shed,
-    /// never failed open, unless its connection was refused at the
-    /// transport. Give such a store a probe with
-    /// [`Postgres::with_probe`](crate::Postgres::with_probe). Every source
-    /// this crate implements has one.
+    /// Opens and closes a connection of its own, outside any pool: the
+    /// store's probe of whether the server is down
+    /// ([down or overloaded](crate::guide#down-or-overloaded)).
+    /// `Some(Ok(()))` when the server completed the startup, else the
+    /// driver's error. The default, `None`, is a source that cannot (one
+    /// that lends a held connection): give its store
+    /// [`Postgres::with_probe`](crate::Postgres::with_probe).
     fn probe(&self) -> impl Future<Output = Option<Result<(), BoxError>>> + Send {
         std::future::ready(None)
     }

@@ -1,13 +1,6 @@
-//! [`LimitConn`] for [`deadpool_postgres::Pool`] (feature `deadpool`), and,
-//! opted into, the same pool with each statement prepared once per
-//! connection ([`Prepared`]), with its [`Session`](super::Session).
-//!
-//! Through [`Prepared`], a statement is prepared once per connection (a
-//! named statement in the connection's deadpool statement cache) and each
-//! call sends only Bind, Execute and Sync: still one round trip, after the
-//! first on each connection, and the server neither parses nor plans it
-//! again. A statement still unanswered at the cancel mark is sent a cancel
-//! request, as on any tokio-postgres connection.
+//! [`LimitConn`] for [`deadpool_postgres::Pool`] (feature `deadpool`), and
+//! [`Prepared`], its [`Session`](super::Session) with each statement
+//! prepared once per connection.
 
 use std::future::Future;
 use std::ops::Deref;
@@ -69,28 +62,12 @@ async fn probe(pool: &deadpool_postgres::Pool) -> Option<Result<(), BoxError>> {
 }
 
 /// A deadpool pool, or one of its connections, on which the limiter
-/// prepares each of its statements once per connection and keeps it in
-/// that connection's statement cache (deadpool's `prepare_typed_cached`).
-///
-/// Without it a statement goes as one unnamed Parse, Bind, Execute and
-/// Sync, and the server parses and plans it on every call. Through
-/// `Prepared`, the first call on each connection prepares it (one more
-/// round trip, once) and every later call sends only Bind, Execute and
-/// Sync: still one round trip, and on the server about a quarter of a
-/// read's work and a seventh of a write's saved (the figures are in
-/// `docs/PERFORMANCE.md`). Results, errors, the budget and the cancel
-/// request are the same as without it.
-///
-/// It is opt-in because named prepared statements must reach the
-/// backend that prepared them: through PgBouncer in transaction mode,
-/// only version 1.21 or newer with `max_prepared_statements` set passes
-/// them on; an older one makes calls fail with a hard error
-/// ([`ErrorKind::Query`](crate::ErrorKind::Query)), never count wrong.
-/// Should the connection's statements be deallocated behind the cache
-/// (`DEALLOCATE ALL`, `DISCARD ALL`; deadpool's own recycling never
-/// does), that call fails the same way and the next one prepares the
-/// statement again. Each statement a connection has sent stays prepared
-/// on its backend for the connection's life.
+/// prepares each statement once per connection, in deadpool's statement
+/// cache, then sends only Bind, Execute and Sync: less work for the server
+/// (the saving is in `docs/PERFORMANCE.md`). Opt-in, as it needs what sqlx
+/// needs of PgBouncer; a statement deallocated behind the cache fails one
+/// call with [`ErrorKind::Query`](crate::ErrorKind::Query)
+/// ([drivers](crate::guide#drivers)).
 ///
 /// ```no_run
 /// # async fn demo(pool: deadpool_postgres::Pool) {
@@ -161,8 +138,7 @@ where
     }
 }
 
-/// The statement's one row, as the connection's prepared statement from
-/// its `cache`.
+/// The statement's one row, prepared from the connection's `cache`.
 async fn prepared_row<const N: usize>(
     client: &Client,
     cache: &deadpool_postgres::StatementCache,
@@ -174,12 +150,8 @@ async fn prepared_row<const N: usize>(
     let statement = cache.prepare_typed(client, sql, &types).await?;
     let answer = client.query_one(&statement, &values).await;
     if let Err(e) = &answer {
-        // The statement is gone from the connection (`DEALLOCATE ALL`,
-        // `DISCARD ALL`, a PgBouncer that cannot carry it), or the
-        // schema changed its result type under it ("cached plan must
-        // not change result type"): the Bind ran nothing and the error
-        // stands, loud; the next call on this connection prepares it
-        // again.
+        // Deallocated behind the cache, or its result type changed: the
+        // Bind ran nothing, the error stands, the next call prepares again.
         if [
             SqlState::INVALID_SQL_STATEMENT_NAME,
             SqlState::FEATURE_NOT_SUPPORTED,

@@ -1,12 +1,6 @@
-//! [`Session`](super::Session) for tokio-postgres: anything that derefs to a
-//! [`Client`]; and [`LimitConn`] for [`Config`] and [`Connect`], a
-//! connection made for each call ([`Connected`]).
-//!
-//! The statement goes as one unnamed Parse, Bind, Execute and
-//! Sync, with the parameter types given (`query_typed`): one message, one
-//! round trip, and nothing prepared that outlives the call, so it is safe
-//! through PgBouncer in transaction mode. A statement still
-//! unanswered at the cancel mark is sent a cancel request.
+//! [`Session`](super::Session) for anything that derefs to a tokio-postgres
+//! [`Client`], sending one unnamed statement (`query_typed`); and
+//! [`LimitConn`] for [`Config`] and [`Connect`], a connection per call.
 
 use std::future::Future;
 use std::ops::Deref;
@@ -46,19 +40,15 @@ impl<T: Deref<Target = Client> + Send> sealed::Sealed for T {
     }
 }
 
-/// Awaits `answer`, the statement's one row on `client`, and sends a
-/// cancel request if it is unanswered at `cancel_at`.
+/// Awaits `answer`, cancelling it if unanswered at `cancel_at`.
 pub(super) async fn cancelling(
     client: &Client,
     answer: impl Future<Output = Result<tokio_postgres::Row, tokio_postgres::Error>>,
     cancel_at: Instant,
 ) -> (Result<Row, Failure>, Option<Instant>) {
     let (answer, cancelled) = answer_or_cancel(answer, cancel_at, || {
-        // What psql's Ctrl-C sends, over a new connection without TLS; sent
-        // while this call still holds the connection, so it can only reach
-        // this statement (or, on a connection's first call through
-        // `Prepared`, its Parse), and finished before the connection is
-        // handed back.
+        // Sent while this call holds the connection, so it can reach only
+        // this statement (or, through `Prepared`, its Parse).
         let token = client.cancel_token();
         async move { token.cancel_query(tokio_postgres::NoTls).await.is_ok() }
     })
@@ -131,9 +121,8 @@ fn io_caused(error: &tokio_postgres::Error) -> bool {
 }
 
 /// Whether a connection attempt failed for a reason an outage does not
-/// explain (a misconfiguration, or the server out of a resource), and its
-/// SQLSTATE. tokio-postgres does not expose its error
-/// kinds; its messages for them are stable and are matched here.
+/// explain, and its SQLSTATE. tokio-postgres does not expose its error
+/// kinds; their stable messages are matched.
 fn refused_while_up(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
     match error.code() {
         Some(code) => not_an_outage(code).then(|| Some(code.clone())),
@@ -143,8 +132,7 @@ fn refused_while_up(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
                 "invalid configuration",
                 "invalid connection string",
                 "authentication error",
-                // The server answered, with a certificate the connector
-                // refused (or refused the connector's).
+                // The server answered, with a certificate refused (or refusing).
                 "error performing TLS handshake",
             ]
             .iter()
@@ -154,9 +142,7 @@ fn refused_while_up(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
     }
 }
 
-/// Connects for each call, without TLS. Fine for a demo or a local socket;
-/// in a service, pass your pool: a connection per call costs a handshake
-/// and a backend start each time.
+/// Connects for each call, without TLS: in a service, pass your pool.
 impl LimitConn for Config {
     type Conn = Connected;
     type Error = tokio_postgres::Error;
@@ -213,10 +199,9 @@ where
     }
 }
 
-/// The end of a probe's startup on `client`, a connection it opened: the
-/// server's `in_hot_standby` (PostgreSQL 14 and later), read by a `SHOW`,
-/// which takes no snapshot; through a pooler that answered the startup for
-/// the server, it is the server that answers.
+/// The end of a probe's startup on `client`: the server's
+/// `in_hot_standby`, read by a `SHOW` (no snapshot; through a pooler, the
+/// server answers it).
 pub(super) async fn started(client: &Client) -> Result<(), BoxError> {
     let shown = client.simple_query(super::IN_RECOVERY).await?;
     let on = shown
@@ -253,8 +238,7 @@ pub struct Connected {
     task: Option<JoinHandle<()>>,
 }
 
-/// How long a dropped [`Connected`] may take to close politely before its
-/// socket is simply closed.
+/// How long a dropped [`Connected`] may take to close politely.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 impl Deref for Connected {
@@ -267,9 +251,8 @@ impl Deref for Connected {
 
 impl Drop for Connected {
     fn drop(&mut self) {
-        // Dropping the client lets the connection send Terminate once its
-        // pending answers are in; a server that never answers must not keep
-        // the task alive, so the task is aborted after a grace period.
+        // The connection sends Terminate once its answers are in; a server
+        // that never answers must not keep the task alive.
         drop(self.client.take());
         if let Some(task) = self.task.take() {
             if task.is_finished() {

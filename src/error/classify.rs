@@ -1,6 +1,4 @@
-//! How a failure becomes an [`Error`]: a driver's error through the
-//! SQLSTATE table, a connection source's failure, a budget that ran out;
-//! and what the crate asks of an error it made.
+//! How a failure becomes an [`Error`].
 
 use std::fmt;
 use std::time::Duration;
@@ -18,15 +16,13 @@ impl Error {
         Error(Inner::Timeout { operation, budget })
     }
 
-    /// The error of a call not tried: the latest probe found the server
-    /// down.
+    /// The error of a call not tried: the latest probe found it down.
     pub(crate) fn down(operation: Operation) -> Self {
         Error(Inner::Down { operation })
     }
 
-    /// This error, of a call that got no answer, once a probe of the server
-    /// found it `down` or not: unchanged if down (or not unreachable), else
-    /// shed ([`ErrorKind::Overloaded`]), with this error as its cause.
+    /// This error once a probe found the server `down` or not: unchanged
+    /// if down (or not unreachable), else shed with this as its cause.
     pub(crate) fn probed(self, operation: Operation, down: bool) -> Self {
         if down || !self.is_unreachable() {
             return self;
@@ -37,18 +33,14 @@ impl Error {
         })
     }
 
-    /// Whether this is a statement answered after this call's own cancel
-    /// request: it did its work, late.
+    /// Whether a statement was answered after this call's own cancel.
     pub(crate) fn answered_after_cancel(&self) -> bool {
         matches!(&self.0, Inner::AnsweredAfterCancel { .. })
     }
 
-    /// A connection source's failure: unreachable, unless a driver's error
-    /// in its chain shows a server that is up and refused (`refused`, with
-    /// its SQLSTATE if it has one): overloaded when it is out of a resource
-    /// (class `53`), else a misconfiguration (a refusal with a SQLSTATE that
-    /// is not the server going away, an invalid configuration, a failed
-    /// authentication).
+    /// A connection source's failure: unreachable, unless the server was
+    /// up and `refused` (with its SQLSTATE, if any): overloaded for class
+    /// `53`, else misconfigured.
     pub(crate) fn connect(
         operation: Operation,
         source: BoxError,
@@ -69,11 +61,8 @@ impl Error {
         })
     }
 
-    /// Sorts a driver's error, as it reads (`reading`), into "unreachable"
-    /// (the connection is gone, the server is going away or is a standby)
-    /// and everything else, which is a hard error; see the table in
-    /// [`ErrorKind`]. A cancel is the budget running out
-    /// only when this call sent it (`cancel_sent`).
+    /// A driver's error, read by the table in [`ErrorKind`]. A cancel is
+    /// the budget running out only when this call sent it (`cancel_sent`).
     pub(crate) fn read(
         operation: Operation,
         reading: Reading,
@@ -95,12 +84,10 @@ impl Error {
     }
 }
 
-/// What went wrong in a failure a driver reported: its message, and the
-/// [`ErrorKind`] a caller matches on.
+/// What went wrong in a failure a driver reported: its message and kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fault {
-    /// The connection source failed, or the driver refused its own
-    /// configuration, for a reason an outage does not explain.
+    /// A failure to connect that an outage does not explain.
     Misconfigured,
     /// The connection failed or was lost: the server going away.
     ConnectionLost,
@@ -121,8 +108,7 @@ pub(crate) enum Fault {
 }
 
 impl Fault {
-    /// How a SQLSTATE's class reads; a cancel is the budget running out
-    /// only when this call sent it.
+    /// How a SQLSTATE's class reads (see [`Error::read`]).
     fn of(class: Class, cancel_sent: bool) -> Self {
         match class {
             Class::Gone => Fault::ConnectionLost,
@@ -190,16 +176,12 @@ pub(crate) enum Reading {
         expect(dead_code, reason = "tokio-postgres says so only when connecting")
     )]
     Misconfigured,
-    /// No SQLSTATE otherwise: an answer the limiter could not read, a
-    /// protocol error. A hard error.
+    /// No SQLSTATE otherwise: a hard error.
     Refused,
 }
 
 /// Whether a SQLSTATE that ended a connection attempt shows a server that
-/// is up, so not an outage: anything but the server going away or a
-/// cancel. [`Error::connect`] reads the server out of a resource (class
-/// `53`: connection slots, which a flood of logins can take, memory) as
-/// overloaded, and the rest as a misconfiguration.
+/// is up: anything but the server going away or a cancel.
 pub(crate) fn not_an_outage(code: &SqlState) -> bool {
     !matches!(Class::of(code), Class::Gone | Class::Cancelled)
 }

@@ -1,13 +1,6 @@
-//! The one error type of the crate.
-//!
-//! Being refused is not an error: it is a [`Verdict`](crate::Verdict). An
-//! [`Error`] means the limiter could not give a verdict at all, or was built
-//! with a configuration that makes no sense.
-//!
-//! The error is opaque; classify it with [`Error::kind`],
-//! [`Error::is_unreachable`] and [`Error::code`]. Messages say what failed and
-//! where, never a key: keys are personal data. The cause, when there is one,
-//! is returned by [`std::error::Error::source`] and not repeated in `Display`.
+//! The one error type of the crate. Being refused is a
+//! [`Verdict`](crate::Verdict), not an error. Messages never hold a key; the
+//! cause is [`std::error::Error::source`], not repeated in `Display`.
 
 use std::time::Duration;
 
@@ -27,6 +20,8 @@ pub(crate) use self::classify::{Reading, not_an_outage};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why the limiter could not give a verdict, or refused a configuration.
+/// Opaque: classify it with [`Error::kind`], [`Error::is_unreachable`] and
+/// [`Error::code`].
 ///
 /// ```
 /// use platformkit_limit::{ErrorKind, Limit};
@@ -43,13 +38,11 @@ pub struct Error(Inner);
 /// The kinds of [`Error`] a caller can match on.
 ///
 /// Only [`Connect`](ErrorKind::Connect) and [`Timeout`](ErrorKind::Timeout)
-/// mean the store is unreachable ([`Error::is_unreachable`]), the only
-/// failures a limit may fail open on. [`Overloaded`](ErrorKind::Overloaded)
-/// means the store is up and busy: the limiter sheds the call, a refusal
-/// ([`Verdict::is_shed`](crate::Verdict::is_shed)); where the line between
-/// the two runs is in the [guide](crate::guide#down-or-overloaded). Every SQLSTATE PostgreSQL can answer is
-/// read by this table (an exact code first, then its two-letter class);
-/// anything it does not name is [`Query`](ErrorKind::Query):
+/// are unreachable, the only failures a limit may fail open on;
+/// [`Overloaded`](ErrorKind::Overloaded) is shed
+/// ([down or overloaded](crate::guide#down-or-overloaded)). A SQLSTATE is
+/// read by this table, an exact code first, then its class; anything else
+/// is [`Query`](ErrorKind::Query):
 ///
 /// | SQLSTATE | name | kind |
 /// |---|---|---|
@@ -67,58 +60,40 @@ pub struct Error(Inner);
 /// | `PK001` | a session setting the limiter refuses | Misconfigured |
 /// | `22023` | invalid_parameter_value | Query |
 ///
-/// The schema's refusals of a [`migrate`](crate::Postgres::migrate) are
-/// among those: `PK002`, the database's schema is newer than this crate's,
-/// and `PK005`, the schema's lock held by another session past its bound
-/// (the error names it).
-///
-/// `25006` is what a hot standby answers: the primary is not where the
-/// connection source pointed (a standby, or an old primary during a
-/// failover), so the store is unreachable and the limit's
-/// [`WhenUnreachable`](crate::WhenUnreachable) applies.
+/// A [`migrate`](crate::Postgres::migrate)'s `PK002` and `PK005` are
+/// `Query`. `25006` is a hot standby's answer: the source does not point at
+/// the primary, so the store is unreachable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// No connection could be had, or it was lost during the call, and a
-    /// probe found the server down: refused at the transport, shutting
-    /// down, starting, or a standby; or the latest probe found it down and
-    /// the call was answered at once, not tried. The store is unreachable.
+    /// No connection could be had, or it was lost, and a probe found the
+    /// server down (or the latest one had, and the call was not tried).
+    /// Unreachable.
     Connect,
     /// The call's budget ran out with no answer, and a probe found the
-    /// server down (no answer within its bound either). The store is
-    /// unreachable.
+    /// server down. Unreachable.
     Timeout,
-    /// The store is up and could not answer this call within its budget:
-    /// the call got no answer (a full pool, a queue, a stalled or killed
-    /// backend, a wait for a safe snapshot) and the server answered a probe
-    /// meanwhile; or the server answered this call's own cancel request,
-    /// or is out of a resource (`53`: connection slots, memory). Never an
-    /// allow: the limiter sheds the call, a refusal
-    /// ([`Verdict::is_shed`](crate::Verdict::is_shed)).
+    /// The store is up and could not answer within the budget: no answer
+    /// but a probe answered, this call's own cancel, or out of a resource
+    /// (`53`). The call is shed
+    /// ([`Verdict::is_shed`](crate::Verdict::is_shed)), never allowed.
     Overloaded,
-    /// PostgreSQL refused the limiter's statement: a misconfiguration such as
-    /// a missing table, a missing privilege, a row-level security denial or a
-    /// parameter out of bounds.
+    /// PostgreSQL refused the limiter's statement: a missing table or
+    /// privilege, a parameter out of bounds.
     Query,
     /// No connection could be had for a reason an outage does not explain
-    /// (an invalid configuration, bad credentials, a database that does not
-    /// exist), or a setting of the session the limiter refuses (SQLSTATE
-    /// PK001): a `statement_timeout` or `transaction_timeout` no longer than
-    /// the budget, a SERIALIZABLE READ ONLY DEFERRABLE default, or a
-    /// read-only transaction on a primary. A misconfiguration, never a
-    /// silent allow.
+    /// (bad credentials, a database that does not exist), or a session
+    /// setting the limiter refuses (PK001,
+    /// [the prologue](crate::guide#the-procedures-prologue)).
     Misconfigured,
-    /// The connection source handed over a connection that was inside a
-    /// transaction of the caller's. The limiter never commits a caller's
-    /// work: that transaction was rolled back.
+    /// The connection was lent inside a transaction of the caller's, which
+    /// was rolled back, never committed.
     InTransaction,
     /// A lock the statement needed was held past the server's part of the
-    /// budget (`55P03`). The server answered, so it is not down: another
-    /// session holds a lock on the limiter's table or rows. Never an allow.
+    /// budget (`55P03`). Never an allow.
     LockTimeout,
     /// PostgreSQL cancelled the statement and this limiter did not ask it
-    /// to: another session's `pg_cancel_backend`, or a timeout the limiter
-    /// does not know of. Never an allow.
+    /// to. Never an allow.
     Cancelled,
     /// A [`Limit`](crate::Limit) that makes no sense.
     InvalidLimit,
@@ -137,8 +112,7 @@ pub(crate) enum Inner {
         source: BoxError,
     },
 
-    /// A failure a driver reported, read by the SQLSTATE table when it came
-    /// with a code (see [`Fault`]).
+    /// A failure a driver reported (see [`Fault`]).
     #[snafu(display("{operation}: {fault}"))]
     Driver {
         operation: Operation,
@@ -169,10 +143,8 @@ pub(crate) enum Inner {
     ))]
     Down { operation: Operation },
 
-    /// An answer that came after this call's own cancel request: the budget
-    /// ran out, whatever the answer says. (A commit waiting for a synchronous
-    /// standby is answered, with only a warning, when it is cancelled: not
-    /// replicated, so never to be taken as acknowledged.)
+    /// An answer after this call's own cancel request: the budget ran out,
+    /// whatever the answer says.
     #[snafu(display(
         "{operation}: the answer came after this call's cancel request, at the end of its budget"
     ))]
@@ -226,21 +198,20 @@ impl Error {
         }
     }
 
-    /// Whether the store could not be reached: the only failures that let an
-    /// attempt through (fail-open) and count as `unreachable` in the metrics.
+    /// Whether the store could not be reached: the only failures that may
+    /// fail open.
     pub fn is_unreachable(&self) -> bool {
         matches!(self.kind(), ErrorKind::Connect | ErrorKind::Timeout)
     }
 
     /// Whether the store is up and too busy to answer within the budget:
-    /// the failures the limiter sheds, a refusal that is never an allow.
+    /// the failures the limiter sheds.
     pub fn is_overloaded(&self) -> bool {
         self.kind() == ErrorKind::Overloaded
     }
 
-    /// An option that makes no sense ([`ErrorKind::InvalidOption`]): for
-    /// the crates built on this one (the admin page, the operator's tool)
-    /// to refuse their own options with the crate's error.
+    /// An option that makes no sense ([`ErrorKind::InvalidOption`]), for
+    /// crates built on this one.
     ///
     /// ```
     /// use platformkit_limit::{Error, ErrorKind};

@@ -1,11 +1,9 @@
-//! How the crate reads a SQLSTATE: one table, mirrored row for row in
-//! [`ErrorKind`](super::ErrorKind)'s docs.
+//! How the crate reads a SQLSTATE.
 
 use tokio_postgres::error::SqlState;
 
-/// How the crate reads a SQLSTATE: the rows of the table in
-/// [`ErrorKind`](super::ErrorKind)'s docs, in the same order (a test holds
-/// the two together).
+/// The rows of the table in [`ErrorKind`](super::ErrorKind)'s docs, in
+/// order (a test holds the two together).
 pub(super) const SQLSTATES: &[(&str, &str, Class)] = &[
     ("08P01", "protocol_violation", Class::Refused),
     ("08", "connection_exception (the class)", Class::Gone),
@@ -39,8 +37,7 @@ pub(super) const SQLSTATES: &[(&str, &str, Class)] = &[
 pub(super) enum Class {
     /// The server is going away or is not the primary: unreachable.
     Gone,
-    /// A cancel: this call's budget running out on a server that answered
-    /// (overloaded) when this call sent it, else a hard error.
+    /// A cancel: overloaded when this call sent it, else a hard error.
     Cancelled,
     /// The server is out of a resource: up, and overloaded.
     Exhausted,
@@ -87,8 +84,6 @@ impl Class {
 mod tests {
     use super::*;
 
-    /// The table in `ErrorKind`'s docs is the table the code reads, row for
-    /// row.
     #[test]
     fn the_sqlstate_table_in_the_docs_is_the_one_the_code_reads() {
         let source = include_str!("mod.rs");

@@ -1,5 +1,4 @@
-//! The encoding of a [`Key`]: escaping, joining, the bound and its
-//! digest, and (for the fuzz targets and the admin page) decoding.
+//! The encoding of a [`Key`], and decoding it.
 
 use sha2::{Digest, Sha256};
 
@@ -8,8 +7,7 @@ use super::Key;
 /// Length of the digest suffix: `~` and 64 hex digits.
 pub(super) const DIGEST_SUFFIX_BYTES: usize = 1 + 64;
 
-/// A key being written: the encoding so far and what is left of the budget
-/// of input characters.
+/// A key being written, and what is left of its input budget.
 pub(super) struct Encoder {
     encoded: String,
     pub(super) parts: usize,
@@ -31,9 +29,8 @@ impl Default for Encoder {
 }
 
 impl Encoder {
-    /// Adds `part`, reading no more of it than the budget leaves (its `|`
-    /// counts as one character); `false` once input is left unread, when
-    /// nothing more is read.
+    /// Adds `part`, within the budget (its `|` counts as one character);
+    /// `false` once input is left unread.
     pub(super) fn read(&mut self, part: &str) -> bool {
         if self.cut {
             return false;
@@ -54,8 +51,7 @@ impl Encoder {
         !self.cut
     }
 
-    /// Adds `part` whole: one already bounded (a kind, a normalized prefix,
-    /// an address).
+    /// Adds `part` whole: one already bounded.
     pub(super) fn whole(&mut self, part: &str) {
         if self.parts > 0 {
             self.encoded.push('|');
@@ -64,8 +60,7 @@ impl Encoder {
         escape_into(part, &mut self.encoded);
     }
 
-    /// The key, digested when it is too long or its input was cut (here, or
-    /// as `cut` says, before normalizing).
+    /// The key, digested when too long or cut (here, or before, as `cut`).
     pub(super) fn finish(self, cut: bool) -> Key {
         Key {
             encoded: bound(self.encoded, self.cut || cut).into_boxed_str(),
@@ -73,8 +68,8 @@ impl Encoder {
     }
 }
 
-/// At most the first `n` characters of `s`, the rest, and how many
-/// characters the first part has; reads no further than character `n + 1`.
+/// The first `n` characters of `s` at most, the rest, and how many the
+/// first holds; reads no further than character `n + 1`.
 fn take_chars(s: &str, n: usize) -> (&str, &str, usize) {
     let mut read = 0;
     for (i, _) in s.char_indices() {
@@ -86,7 +81,7 @@ fn take_chars(s: &str, n: usize) -> (&str, &str, usize) {
     (s, "", read)
 }
 
-/// Escapes one part onto `out` (see the module docs).
+/// Escapes one part onto `out` (the table in [`Key`]'s docs).
 pub(super) fn escape_into(part: &str, out: &mut String) {
     for c in part.chars() {
         match c {
@@ -105,9 +100,8 @@ pub(super) fn escape_into(part: &str, out: &mut String) {
     }
 }
 
-/// Cuts an encoding longer than [`Key::MAX_BYTES`] to a prefix and a digest;
-/// the encoding of a cut input always, its digest over the encoding and a
-/// NUL byte.
+/// Digests an encoding longer than [`Key::MAX_BYTES`], or of a cut input
+/// (then over the encoding and a NUL byte).
 pub(super) fn bound(encoded: String, cut: bool) -> String {
     if encoded.len() <= Key::MAX_BYTES && !cut {
         return encoded;

@@ -1,8 +1,4 @@
-//! Default-ignorable code points: characters that text shows as nothing
-//! (zero-width spaces and joiners, the soft hyphen, the byte order mark,
-//! variation selectors, the bidirectional controls), which
-//! [`Key::email`](super::Key::email) and [`Key::username`](super::Key::username)
-//! drop.
+//! Default-ignorable code points, which the email and username keys drop.
 
 use std::cmp::Ordering;
 

@@ -1,5 +1,4 @@
-//! [`Key`]: who or what a limit counts, encoded so that PostgreSQL always
-//! accepts it. The encoding is documented on [`Key`].
+//! [`Key`]: who or what a limit counts, and its encoding.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
@@ -48,7 +47,6 @@ use crate::error::InvalidKeySnafu;
 ///
 /// # The encoding
 ///
-/// A key is a list of parts (for example the subject's kind and the subject).
 /// Each part is escaped and the parts are joined with `|`:
 ///
 /// | in a part                                   | becomes         |
@@ -59,66 +57,34 @@ use crate::error::InvalidKeySnafu;
 /// | a control character (U+0000–U+001F, U+007F–U+009F) | `\xHH`   |
 /// | anything else                               | itself          |
 ///
-/// When the result is longer than [`Key::MAX_BYTES`], it is cut to a readable
-/// prefix (never inside an escape) followed by `~` and the SHA-256 of the
-/// whole encoding in hex.
-///
-/// The result is valid UTF-8 with no NUL and no control character, and at
-/// most [`Key::MAX_BYTES`] long, so it is always a valid `text` value and a
-/// valid btree index entry. The encoding is injective: two different part
-/// lists never give the same key (short of a SHA-256 collision), because
-/// escaping is reversible, an unescaped `|` only ever separates parts, and an
-/// unescaped `~` only ever introduces a digest.
-///
-/// The limiter puts the limit's name in front (`name|…`), so the same key
-/// under two limits is two counters.
+/// An encoding longer than [`Key::MAX_BYTES`] is cut to a readable prefix
+/// (never inside an escape), `~` and the SHA-256 of the whole encoding in
+/// hex. So every key is a valid `text` value and btree entry (UTF-8, no NUL
+/// or control character, at most [`Key::MAX_BYTES`]), and the encoding is
+/// injective short of a SHA-256 collision: an unescaped `|` only separates
+/// parts, an unescaped `~` only starts a digest. The limiter puts the
+/// limit's name in front (`name|…`).
 ///
 /// # Bounded work
 ///
-/// A key reads at most [`Key::MAX_INPUT_CHARS`] characters of its input
-/// (of the parts together, each `|` between them counted as one; of an
-/// address or a name, after its leading white space, the default-ignorable
-/// code points it drops not counted), so normalizing and encoding cost what
-/// that prefix costs, however long the input; beyond it, [`Key::email`] and
-/// [`Key::username`] only step over the white space at either end and the
-/// default-ignorable code points anywhere (one test a character, nothing
-/// kept), to trim and drop them as they would anyway. An input with more is
-/// *cut*: its key is the digest form above, always, over the encoding of
-/// what was read followed by a NUL byte (which no encoding contains), so it
-/// is never the key of an input that was not cut. Two inputs cut alike, the same first
-/// [`Key::MAX_INPUT_CHARS`] characters, are one key whatever follows. White
-/// space and default-ignorable code points after the prefix, and nothing
-/// else, are no cut: [`Key::email`] and [`Key::username`] trim and drop
-/// them, as they do in any input.
+/// A key reads at most [`Key::MAX_INPUT_CHARS`] characters of its input:
+/// the parts together, each `|` between them counted as one; of an address
+/// or a name, what follows its leading white space, default-ignorable code
+/// points not counted. An input with more, beyond white space and
+/// default-ignorable code points (trimmed and dropped anyway), is *cut*: its
+/// key is always the digest form, over what was read and a NUL byte (which
+/// no encoding holds), so never the key of an input that was not cut; two
+/// inputs cut alike are one key.
 ///
-/// Every input within the bound (at most [`Key::MAX_INPUT_CHARS`]
-/// characters, counted as above) has the key it would have without the
-/// bound, and so does every input whose key without the bound is not
-/// digested:
+/// The bound changes no key that would not be digested anyway: [`Key::new`]
+/// and [`Key::opaque`] write a byte or more per character, and
+/// normalization leaves at least about a quarter of an address's
+/// characters, so an address past the bound is digested anyway. The factors
+/// this rests on are checked over every Unicode scalar value
+/// (`the_bound_rests_on_factors_that_hold_for_every_character`).
 ///
-/// - [`Key::new`] and [`Key::opaque`] write at least one byte per character,
-///   so an input past the bound is over [`Key::MAX_BYTES`] and would be
-///   digested anyway.
-/// - [`Key::email`] and [`Key::username`] normalize, and normalization can
-///   shorten: canonical composition puts up to 4 characters into one (the
-///   longest canonical decomposition, as of `U+1F82`), and NFKC, case
-///   folding and the repeated rounds compose no further than that, since
-///   neither lowers the number of characters of the full compatibility
-///   decomposition; and no character decomposes or folds into a
-///   default-ignorable code point unless it is one, so none of the
-///   characters counted is dropped. So an address of `n` characters
-///   (counted as above) normalizes to at least `(n - 288) / 4` characters
-///   (288: what the trims of the at most 8 rounds can take, at most 18
-///   characters at each end a round), and one of more than 1064 characters
-///   to more than the 194 bytes an undigested `email|…` key has room for. The bound, 1600, leaves a margin over that.
-/// - The cost of the prefix is bounded too: NFKC expands a character to at
-///   most 18 (`U+FDFA`), and full case folding to at most 3.
-///
-/// The tests check each of these factors over every Unicode scalar value.
-///
-/// **The encoding is part of the stored data.** Changing it changes every
-/// stored key, which silently resets every counter on deploy; the golden
-/// vectors in the tests pin it.
+/// **The encoding is part of the stored data**: changing it resets every
+/// counter on deploy. Golden vectors in the tests pin it.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Key {
     encoded: Box<str>,
@@ -128,7 +94,7 @@ impl Key {
     /// The longest encoded key, in bytes (without the limit's name).
     pub const MAX_BYTES: usize = 200;
 
-    /// The most characters of its input a key reads: 1600, eight times
+    /// The most characters of its input a key reads: eight times
     /// [`Key::MAX_BYTES`]. Past it, the key is digested from what was read
     /// (see [bounded work](Key#bounded-work)).
     pub const MAX_INPUT_CHARS: usize = 8 * Key::MAX_BYTES;
@@ -181,27 +147,15 @@ impl Key {
     /// An email address, normalized so that one mailbox's spellings are one
     /// key: `email|<normalized>`.
     ///
-    /// Normalization: surrounding white space is trimmed; default-ignorable
-    /// code points (zero-width spaces and joiners, the soft hyphen, the byte
-    /// order mark, variation selectors, bidirectional controls: characters
-    /// that show as nothing) are dropped; the address is put in Unicode
-    /// normalization form KC and case-folded (full Unicode case folding, so
-    /// `Alice@Example.COM`, `ALICE@example.com` and the full-width
-    /// `ＡＬＩＣＥ@example.com` are one key), repeated until it no longer
-    /// changes. So case, width and compatibility forms, and invisible
-    /// characters, are one key; an address of invisible characters alone is
-    /// the empty address.
-    ///
-    /// Not folded, because they are different mailboxes at some providers:
-    /// dots in the local part (`a.lice@` is not `alice@`), plus tags
-    /// (`alice+x@` is not `alice@`), and an internationalized domain in
-    /// Unicode versus its Punycode (`xn--`) form. Accents (`alicé`) and
-    /// homoglyphs from other scripts (a Cyrillic `а` for a Latin `a`) are
-    /// different characters and stay different keys. A collation may equate
-    /// more than this: ICU's case-insensitive one also ignores control
-    /// characters and many combining marks, so where the account lookup
-    /// uses one, key by the account it finds. The address is not
-    /// validated: any string is a key.
+    /// Trimmed; default-ignorable code points (zero-width characters, the
+    /// soft hyphen, bidirectional controls: what shows as nothing) dropped;
+    /// then NFKC and full Unicode case folding until nothing changes. So
+    /// case, width and compatibility forms are one key. Not folded, as some
+    /// providers tell them apart: dots and `+` tags in the local part, and
+    /// a Unicode domain versus its Punycode form; accents and homoglyphs
+    /// stay different keys. Not validated: any string is a key. Where the
+    /// account lookup uses a collation that equates more (ICU's
+    /// case-insensitive one), key by the account it finds.
     ///
     /// ```
     /// use platformkit_limit::Key;
@@ -216,9 +170,7 @@ impl Key {
     }
 
     /// A username, normalized as [`Key::email`] normalizes an address:
-    /// trimmed, default-ignorable code points dropped, NFKC, case-folded;
-    /// so case, width and compatibility forms and invisible characters are
-    /// one key, accents and homoglyphs are not. `user|<normalized>`.
+    /// `user|<normalized>`.
     ///
     /// ```
     /// use platformkit_limit::Key;
@@ -289,10 +241,8 @@ impl Key {
         encoder.finish(false)
     }
 
-    /// `kind|<the normalized input>`, normalizing at most
-    /// [`Key::MAX_INPUT_CHARS`] characters of the input after its leading
-    /// white space, default-ignorable code points dropped and not counted;
-    /// cut when anything but white space and those follows them.
+    /// `kind|<the normalized input>`, within the bound
+    /// ([bounded work](Key#bounded-work)).
     fn normalized(kind: &str, input: &str) -> Self {
         let skipped = |c: char| c.is_whitespace() || is_default_ignorable(c);
         let mut head = String::new();
@@ -334,14 +284,8 @@ impl fmt::Debug for Key {
     }
 }
 
-/// Trims, drops default-ignorable code points, applies NFKC and full case
-/// folding, until nothing changes.
-///
-/// One round of NFKC and case folding is not always closed (folding can
-/// produce a sequence that NFKC composes differently), so the rounds repeat
-/// until a fixed point; in practice that is one or two. Each round drops
-/// default-ignorable code points first, and NFKC and folding never make one
-/// of another character, so none is left. ASCII has none.
+/// Trims, drops default-ignorable code points, and applies NFKC and full
+/// case folding until nothing changes (one round is not always closed).
 #[doc(hidden)]
 pub fn normalize_identity(input: &str) -> String {
     let trimmed = input.trim();

@@ -1,5 +1,4 @@
-//! A [`Key`] as an operator types it (`kind:value`), and a stored key back
-//! as the [`Key`] it is (for the operator's tools).
+//! A [`Key`] as an operator types it, and a stored key back as a [`Key`].
 
 use std::net::IpAddr;
 
@@ -9,15 +8,11 @@ use crate::Error;
 use crate::error::InvalidKeySnafu;
 
 impl Key {
-    /// The key whose encoding is `encoded` (a stored key without its
-    /// limit's name, as [`KeyStatus::key`](crate::KeyStatus::key) shows
-    /// it), so that an operator's tool resets exactly the key it listed.
-    /// `None` unless `encoded` is an encoding as [`Key`] writes one: an
-    /// undigested one is its parts escaped and joined again, byte for
-    /// byte; a digested one is such a prefix, `~` and 64 lowercase hex
-    /// digits, at most [`Key::MAX_BYTES`] long. (A digest cannot be
-    /// checked against an input it hides; its shape can.) So no text gives
-    /// a key the encoding cannot give, and the encoding stays injective.
+    /// The key whose encoding is `encoded` (as
+    /// [`KeyStatus::key`](crate::KeyStatus::key) shows it), so that an
+    /// operator's tool resets exactly the key it listed. `None` unless
+    /// [`Key`] could have written `encoded` (a digest is checked for its
+    /// shape), so the encoding stays injective.
     ///
     /// ```
     /// use platformkit_limit::Key;
@@ -54,11 +49,10 @@ impl Key {
     }
 }
 
-/// A key as an operator writes it, `kind:value`: `email:<address>`
-/// ([`Key::email`]), `user:<name>` ([`Key::username`]), `ip:<address>`
-/// ([`Key::ip`]) or `id:<id>` ([`Key::opaque`]), normalized as the service
-/// normalizes it, so that the key typed is the key counted. The kind may
-/// be in any case, and white space before it is ignored.
+/// A key as an operator writes it, `kind:value`: `email:`
+/// ([`Key::email`]), `user:` ([`Key::username`]), `ip:` ([`Key::ip`]) or
+/// `id:` ([`Key::opaque`]), normalized as the service does, so that the key
+/// typed is the key counted.
 ///
 /// ```
 /// use platformkit_limit::Key;
@@ -125,8 +119,6 @@ mod tests {
         }
     }
 
-    /// Text no key encodes to is no key: an escape the encoding never
-    /// writes, a bare `\`, a digest of the wrong shape, too many bytes.
     #[test]
     fn from_encoded_refuses_what_no_key_encodes_to() {
         let digest = "0".repeat(64);

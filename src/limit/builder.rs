@@ -1,5 +1,4 @@
-//! [`LimitBuilder`]: the options of a [`Limit`] beyond its name, max and
-//! window, validated once in [`LimitBuilder::build`].
+//! [`LimitBuilder`]: a [`Limit`]'s options, checked in [`LimitBuilder::build`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,9 +25,8 @@ pub struct LimitBuilder {
 
 impl LimitBuilder {
     /// Keeps a key refused for `lockout` after the end of a window in which
-    /// its count reached `max`, even though a new window has begun: the
-    /// lockout people expect from a login. Stored in nothing but the window's
-    /// own row, so one row per key per window and `purge` still hold.
+    /// its count reached `max`: the lockout people expect from a login.
+    /// Read from the window's own row.
     pub fn lockout(mut self, lockout: Duration) -> Self {
         self.lockout = Some(lockout);
         self

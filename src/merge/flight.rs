@@ -1,5 +1,4 @@
-//! A flight: the task that sends the queued keys' statements, one after
-//! another, and answers their callers.
+//! A flight: the task that sends the queued keys' statements.
 
 use std::sync::Arc;
 
@@ -18,11 +17,9 @@ struct Member {
     callers: Vec<Caller>,
 }
 
-/// Starts a flight on the runtime; its place is already taken. Its first
-/// statement sends the keys `first` (the call that started it queued them),
-/// so that a write that finds a place free goes at once, alone; then it
-/// sends whatever waits. The flight is made before the task, so that a task
-/// dropped unrun (the runtime shutting down) still gives its place back.
+/// Starts a flight, whose place is already taken: first the keys `first`
+/// (so a write that finds a place free goes at once), then whatever waits.
+/// Made before the task, so a task dropped unrun still gives its place back.
 pub(super) fn start<S: Sealed>(shared: Arc<Shared>, store: Arc<S>, first: Vec<String>) {
     let mut flight = Flight {
         shared,
@@ -35,16 +32,13 @@ pub(super) fn start<S: Sealed>(shared: Arc<Shared>, store: Arc<S>, first: Vec<St
     });
 }
 
-/// A flight, holding one place. Dropped before its work is done (the
-/// runtime shut down, or a panic unwound it), it answers the callers it
-/// took, gives its place back, and answers the callers of every key left
-/// queued with no flight to send it, so that no caller waits for a
-/// statement that will never be sent and no place is lost.
+/// A flight, holding one place. Dropped before its work is done, it
+/// answers the callers it took and those left queued with no flight, and
+/// gives its place back: no caller waits forever, no place is lost.
 struct Flight<S: Sealed> {
     shared: Arc<Shared>,
-    /// The store, until nothing is left to send: let go before the last
-    /// answers are given, so that a caller that then drops its limiter
-    /// gets back what its connection source owns.
+    /// The store, let go before the last answers, so a caller that then
+    /// drops its limiter gets back what its connection source owns.
     store: Option<Arc<S>>,
     members: Vec<Member>,
     /// Whether it still holds its place.
@@ -71,11 +65,10 @@ impl<S: Sealed> Flight<S> {
         }
     }
 
-    /// Takes the keys waiting now (at most [`MAX_PAIRS`]; of
-    /// `only`'s, if given, those still waiting) and their callers still
-    /// waiting, for the next statement: its operation and its deadline, the
-    /// latest of its callers' (the statement goes on while any of them
-    /// waits). `None`, giving the place back, when nothing waits.
+    /// Takes the keys waiting (at most [`MAX_PAIRS`]; only `only`'s, if
+    /// given) and their callers for the next statement: its operation and
+    /// deadline, the latest of its callers'. `None`, giving the place back,
+    /// when nothing waits.
     fn take(&mut self, only: Option<&[String]>) -> Option<(Counting, Instant)> {
         let mut queue = self.shared.lock();
         let mut op = None;
@@ -88,8 +81,7 @@ impl<S: Sealed> Flight<S> {
                     let Some(key) = keys.next() else {
                         break;
                     };
-                    // Still waiting for a statement, unless another flight
-                    // took it already.
+                    // Unless another flight took it.
                     match queue.ready.iter().position(|k| k == key) {
                         Some(at) => queue.ready.remove(at),
                         None => continue,
@@ -100,8 +92,7 @@ impl<S: Sealed> Flight<S> {
                 break;
             };
             let Queue { keys, .. } = &mut *queue;
-            // A key is ready only while its entry holds its callers: its
-            // entry leaves the map only once the key is off `ready`.
+            // A ready key's entry leaves the map only once off `ready`.
             let waiting = keys.get_mut(&key);
             debug_assert!(waiting.is_some(), "a ready key has its entry");
             let Some(waiting) = waiting else {
@@ -125,15 +116,13 @@ impl<S: Sealed> Flight<S> {
         }
         match (op, deadline) {
             (Some(op), Some(deadline)) => Some((op, deadline)),
-            // Its first keys were taken by another flight: it sends what
-            // else waits, if anything, so that nothing waits with no flight.
+            // Its first keys went with another flight: it sends the rest.
             _ if only.is_some() => {
                 drop(queue);
                 self.take(None)
             }
             _ => {
-                // The place is given back once: here, or by `drop` if the
-                // flight never got here.
+                // Given back once: here, or by `drop`.
                 debug_assert!(
                     self.holding && queue.in_flight > 0,
                     "a place given back twice"
@@ -145,18 +134,15 @@ impl<S: Sealed> Flight<S> {
         }
     }
 
-    /// Sends one statement for the members: alone for one key, one
-    /// `add_many` for several, each key adding the sum of its callers'
-    /// costs. Each key's count after every caller's cost.
+    /// Sends one statement for the members, each key adding its callers'
+    /// costs; each key's count after them all.
     async fn send(&self, op: Counting, deadline: Instant) -> Vec<Answer> {
         let Some(store) = self.store.as_deref() else {
             let abandoned = abandoned();
             return vec![Err(abandoned); self.members.len()];
         };
-        // `take` keeps a statement to `MAX_PAIRS` keys, each its
-        // own: a key is ready at most once and never while in flight, so
-        // one flight at a time sends it. `add_many` relies on it: a key
-        // given twice would add both amounts and answer both the total.
+        // A key is ready at most once and never while in flight: `add_many`
+        // given a key twice would answer both the total.
         debug_assert!(self.members.len() <= MAX_PAIRS);
         debug_assert!(
             {
@@ -195,17 +181,13 @@ impl<S: Sealed> Flight<S> {
     }
 
     /// Each member's callers with their answers, each its own position's
-    /// count, to be told; the keys whose callers came while it was in
-    /// flight are queued again.
+    /// count; keys with callers that came meanwhile are queued again.
     fn answer(&mut self, answers: Vec<Answer>) -> Vec<(Caller, Answer)> {
-        // One answer per member (`send` answers so), or a member's callers
-        // would be dropped untold.
         debug_assert_eq!(answers.len(), self.members.len(), "one answer per key");
         let mut told = Vec::new();
         let mut queue = self.shared.lock();
         for (member, answer) in self.members.drain(..).zip(answers) {
-            // What the callers after each one added: the count it sees is
-            // the statement's less that.
+            // What the callers after each one added.
             let mut after: u64 = member.callers.iter().map(|c| c.cost).sum();
             for caller in member.callers {
                 after -= caller.cost;
@@ -213,8 +195,7 @@ impl<S: Sealed> Flight<S> {
                 told.push((caller, answer));
             }
             let Queue { keys, ready, .. } = &mut *queue;
-            // In flight, its entry stays (`take` and `drop` remove only the
-            // ready keys' entries); it is not ready, so it is queued again
+            // In flight, its entry stays and it is not ready: queued again
             // at most once.
             let waiting = keys.get_mut(&member.key);
             debug_assert!(waiting.is_some(), "a key in flight has its entry");
@@ -234,8 +215,6 @@ impl<S: Sealed> Drop for Flight<S> {
     fn drop(&mut self) {
         if !self.members.is_empty() {
             let abandoned = abandoned();
-            // The operation names only an out-of-budget answer, and these
-            // are not: any counting operation does.
             let told = self.answer(vec![Err(abandoned); self.members.len()]);
             tell(told);
         }
@@ -271,9 +250,7 @@ fn tell(told: Vec<(Caller, Answer)>) {
     }
 }
 
-/// The count seen by a caller of a statement that left the count at
-/// `counted.count`, the callers after it having added `after` (the sum of
-/// their costs).
+/// The count a caller sees, the callers after it having added `after`.
 fn at_position(mut counted: Counted, after: u64) -> Counted {
     counted.count = counted.count.saturating_sub(after);
     counted

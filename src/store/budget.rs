@@ -1,36 +1,12 @@
-//! The split of a call's budget between the server and the client: what
-//! the server is sent as `p_budget_ms`, when the client cancels, and when
-//! it gives up.
+//! The split of a call's budget between the server and the client.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// How a call's budget is split between the server and the client, for a
-/// link whose round trip is about `rtt` (what this store measured; zero
-/// before its first answer).
-///
-/// The server's part, sent as `p_budget_ms`, bounds every lock wait of the
-/// call together (each of the at most four waits of a row's upsert gets a
-/// quarter as `lock_timeout`, as the prologue sets it): a lock held past it is answered with `55P03`,
-/// a hard error (the server answered: it is not down), and that answer is
-/// back before the deadline. If the `CALL` is still unanswered at the cancel
-/// mark, the client sends a cancel request, timed to reach the server after
-/// the server's part has ended and to be answered before the deadline; a
-/// `57014` that follows it is this call's own: the server is up and too
-/// slow, so the call is shed. Then the client gives up.
-///
-/// ```text
-/// |- rtt/2 -|------ server: left - rtt - 2a ------|- rtt/2 -|-- 2a --|
-/// sent                                      lock waits end           deadline
-///                          cancel mark: deadline - a - 2 rtt
-/// ```
-///
-/// where `a` is a tenth of what is left, at most 100 ms. A connection had
-/// too late to send a statement and hear back (past `deadline - a - rtt`)
-/// sends nothing. A statement answered otherwise than by the cancel it was
-/// sent keeps its connection until that cancel has surely landed, so that
-/// it cannot reach the connection's next statement.
+/// How a call's budget is split between the server and the client, on a
+/// link whose round trip is about `rtt` (zero before the first answer):
+/// [the budget on the server](crate::guide#the-budget-on-the-server).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Budget {
     /// The server's part, in whole milliseconds (at least 1).
@@ -41,8 +17,7 @@ pub(crate) struct Budget {
     pub(crate) send_by: Instant,
     /// About the link's round trip, as the split counted it.
     pub(crate) rtt: Duration,
-    /// When a cancel request sent at `cancel_at` has surely reached the
-    /// server (a connection, the request, the server's signal), so that it
+    /// When a cancel request sent at `cancel_at` has surely landed, so it
     /// can no longer reach a later statement on the connection.
     pub(crate) cancel_lands: Instant,
 }
@@ -59,8 +34,7 @@ pub(crate) const LEAST_SERVER: Duration = Duration::from_millis(2);
 pub(crate) const CANCEL_LANDS: Duration = Duration::from_millis(2);
 
 impl Budget {
-    /// The split of what is left until `deadline`, on a link whose round
-    /// trip is about `rtt`.
+    /// The split of what is left until `deadline`.
     pub(crate) fn until(deadline: Instant, rtt: Duration) -> Budget {
         let now = Instant::now();
         let left = deadline.saturating_duration_since(now);

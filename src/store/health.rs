@@ -1,17 +1,6 @@
-//! What a store knows of its server: whether it is down, as the latest
-//! probe found it (the guide's
-//! [down or overloaded](crate::guide#down-or-overloaded)), and about how
-//! long a round trip takes.
-//!
-//! A call that got no answer (its budget ran out, or its connection failed
-//! without the server saying why) is not read as an outage by itself: the
-//! store asks the server, with a fresh connection's startup through the
-//! source's own [`LimitConn::probe`](crate::LimitConn::probe). An answer of any kind is a server
-//! that is up, and the call is shed; no answer at the transport, or a server
-//! that says it is starting, shutting down or in recovery, is down. One
-//! probe at a time per store, and its answer stands for [`STANDS`]; while
-//! it says down, calls are answered at once (a breaker), and a call that
-//! finds it aged asks again.
+//! What a store knows of its server: whether the latest probe found it
+//! down ([down or overloaded](crate::guide#down-or-overloaded)), and about
+//! how long a round trip takes.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,14 +12,10 @@ use tokio::time::Instant;
 
 use crate::error::BoxError;
 
-/// How long a probe's answer stands for every call of the store: at most
-/// one probe per store per this much time, and the longest a call is read
-/// as down after the server is back.
+/// How long a probe's answer stands for every call of the store.
 pub(crate) const STANDS: Duration = Duration::from_secs(1);
 
-/// How long a probe waits for the server's answer before it reads the
-/// server as down: many round trips of a distant link, and more than a
-/// busy server takes to start a backend.
+/// How long a probe waits for an answer before it reads the server as down.
 pub(crate) const PROBE_BOUND: Duration = Duration::from_secs(1);
 
 /// What a store knows of its server.
@@ -39,24 +24,19 @@ pub(crate) struct Health {
     base: Instant,
     probe: Mutex<Probed>,
     /// Whether the latest probe found the server down: read without the
-    /// lock by every call before it tries the server, so that the calls of
-    /// a server that is up never take it.
+    /// lock, so calls to a server that is up never take it.
     down: AtomicBool,
     /// Woken when a probe in flight is answered (or dropped).
     answered: Notify,
     /// About the link's round trip: the shortest answered statement of the
-    /// last two windows of [`RTT_WINDOW`] (a statement's time includes the
-    /// server's own work and waits, so never less than the round trip; the
-    /// shortest of recent ones is the closest to it, and a flood of slow
-    /// ones does not raise it while a fast one comes now and then).
+    /// last two windows of [`RTT_WINDOW`], which slow ones cannot raise.
     rtt: Mutex<Shortest>,
 }
 
 /// The latest probe's answer, and whether one is in flight.
 #[derive(Debug, Default)]
 struct Probed {
-    /// When the latest probe was answered, and whether it found the server
-    /// down.
+    /// When the latest probe was answered, and whether it found it down.
     latest: Option<(Instant, bool)>,
     asking: bool,
 }
@@ -88,8 +68,7 @@ impl Default for Health {
 enum Before {
     /// Try it.
     Go,
-    /// The latest probe found the server down and still stands, or another
-    /// call is asking again: answer at once.
+    /// Found down and still standing, or another call asks: answer at once.
     Down,
     /// The latest probe found the server down and has aged: ask again.
     Ask,
@@ -97,9 +76,8 @@ enum Before {
 
 impl Health {
     /// Whether the server is down for a call about to try it: the latest
-    /// probe found it so and that answer stands, or another call's probe
-    /// is asking again. A call that finds a "down" that has aged probes
-    /// (and waits for that answer, at most [`PROBE_BOUND`]).
+    /// probe found it so and still stands, or another call is asking again.
+    /// A call that finds an aged "down" probes.
     pub(crate) async fn down_before(&self, ask: impl Future<Output = Startup>) -> bool {
         if !self.down.load(Ordering::Relaxed) {
             return false;
@@ -120,9 +98,8 @@ impl Health {
     }
 
     /// Whether the server is down, for a call that got no answer: the
-    /// answer of the latest probe if it stands, else of one that `ask`s
-    /// now (one at a time: a call that finds one in flight waits for its
-    /// answer; `ask` is dropped unpolled).
+    /// latest probe's answer if it stands, else the answer of `ask` or of
+    /// the probe already in flight (then `ask` is dropped unpolled).
     pub(crate) async fn down(&self, ask: impl Future<Output = Startup>) -> bool {
         loop {
             let answered = self.answered.notified();
@@ -161,8 +138,7 @@ impl Health {
         rtt.current = Some(rtt.current.map_or(took, |shortest| shortest.min(took)));
     }
 
-    /// About the link's round trip (zero before the first answer, and after
-    /// two windows without one).
+    /// About the link's round trip (zero when nothing was measured lately).
     pub(crate) fn round_trip(&self) -> Duration {
         let window = self.window_now();
         let mut rtt = self.rtt.lock().unwrap_or_else(PoisonError::into_inner);
@@ -179,15 +155,12 @@ impl Health {
     }
 }
 
-/// What a probe heard: `None` from a source that cannot open a connection
-/// of its own; else whether the server completed a startup, or the
-/// driver's error.
+/// What a probe heard: `None` from a source that cannot probe; else a
+/// completed startup, or the driver's error.
 pub(crate) type Startup = Option<Result<(), BoxError>>;
 
 /// Whether a probe's answer (`Err`: none within [`PROBE_BOUND`]) is a
-/// server that is down: no answer at the transport, or one that says it is
-/// starting, shutting down or in recovery. A source that cannot probe is
-/// never read as down.
+/// server that is down. A source that cannot probe is never read as down.
 fn read(heard: Result<Startup, tokio::time::error::Elapsed>) -> bool {
     let down = match heard {
         Err(_) => true,
@@ -198,8 +171,7 @@ fn read(heard: Result<Startup, tokio::time::error::Elapsed>) -> bool {
     down
 }
 
-/// A probe in flight: its answer is recorded, and whoever waits is woken,
-/// also when the call that asks is dropped before the answer.
+/// A probe in flight: whoever waits is woken, even if its call is dropped.
 struct Asking<'a>(&'a Health);
 
 impl Asking<'_> {
@@ -238,8 +210,7 @@ mod tests {
 
     use super::*;
 
-    /// A probe that counts how often it was asked and answers `heard`
-    /// after `takes`.
+    /// A probe that counts its askers and answers `heard` after `takes`.
     async fn asked(count: &AtomicUsize, takes: Duration, heard: Startup) -> Startup {
         count.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(takes).await;

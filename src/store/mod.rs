@@ -1,10 +1,8 @@
 //! The store trait: what [`Limiter`](crate::Limiter) asks of
-//! [`Postgres`](crate::Postgres) and [`Memory`](crate::Memory).
-//!
-//! Stores load and store counts; the verdict is decided by
-//! [`decide`](crate::decide::decide), shared by both. The SQL decides in
-//! one function of its own, `platformkit_at_max`, for all-or-nothing and the
-//! operator's listing; the agreement tests hold it to `decide`.
+//! [`Postgres`](crate::Postgres) and [`Memory`](crate::Memory). Stores
+//! count; [`decide`](crate::decide::decide) turns counts into verdicts, and
+//! the SQL's `platformkit_at_max` (all-or-nothing, the listing) is held to
+//! it by tests.
 
 pub(crate) mod budget;
 pub(crate) mod health;
@@ -22,18 +20,14 @@ use crate::decide::Counted;
 use crate::operation::Counting;
 use crate::{Error, Limit};
 
-/// The most (limit, key) pairs one statement carries: one call's
-/// ([`Limiter::MAX_PAIRS`](crate::Limiter::MAX_PAIRS)), or one flight's of
-/// merged keys.
+/// The most (limit, key) pairs one statement carries
+/// ([`Limiter::MAX_PAIRS`](crate::Limiter::MAX_PAIRS)).
 pub(crate) const MAX_PAIRS: usize = 64;
 
 /// A store of counts: [`Postgres`](crate::Postgres) or
-/// [`Memory`](crate::Memory).
-///
-/// The trait is sealed: the limiter's promises (one statement, one round
-/// trip, the system switch, the budget) belong to the stores this crate
-/// ships. To bring your own connections, implement
-/// [`LimitConn`](crate::LimitConn) instead.
+/// [`Memory`](crate::Memory). Sealed, as the limiter's promises belong to
+/// these stores; bring your own connections through
+/// [`LimitConn`](crate::LimitConn).
 pub trait Store: sealed::Sealed {}
 
 /// One (limit, stored key) pair of a statement over several, and what a
@@ -53,18 +47,15 @@ pub(crate) mod sealed {
 
     /// The methods of [`Store`], out of callers' reach.
     pub trait Sealed: Send + Sync + 'static {
-        /// This process's idea of the store's time: the pinned clock's, or
-        /// the system's. The refusal cache runs on it.
+        /// This process's idea of the store's time; the refusal cache's.
         fn local_now(&self) -> SystemTime;
 
-        /// Whether the store is down for a call about to try it: the
-        /// latest probe found it down (the guide's
-        /// [down or overloaded](crate::guide#down-or-overloaded)).
+        /// Whether the latest probe found the store down
+        /// ([down or overloaded](crate::guide#down-or-overloaded)).
         fn down_before(&self) -> impl Future<Output = bool> + Send;
 
-        /// Whether the store is down for a call that got no answer
-        /// (`error`, which [`Error::is_unreachable`] reads so): a probe of
-        /// the server says.
+        /// Whether the store is down for a call that got `error`, no
+        /// answer: a probe of the server says.
         fn down_after(&self, error: &Error) -> impl Future<Output = bool> + Send;
 
         /// Runs one counting operation for the stored key `key` under
@@ -78,9 +69,8 @@ pub(crate) mod sealed {
             deadline: Instant,
         ) -> impl Future<Output = Result<Counted, Error>> + Send;
 
-        /// Runs one counting operation over several (limit, stored key)
-        /// pairs in one statement, a write adding each pair's `n`; the
-        /// counts come back in the order given.
+        /// [`count`](Sealed::count) over several pairs in one statement;
+        /// the counts in the order given.
         fn count_many(
             &self,
             op: Counting,
@@ -89,11 +79,10 @@ pub(crate) mod sealed {
         ) -> impl Future<Output = Result<Vec<Counted>, Error>> + Send;
 
         /// Adds each pair's `n` in one statement only if every pair's ask
-        /// of its `n` may go ahead (as [`decide`](crate::decide::decide)
-        /// decides a `hit`), the stored keys all different: the counts
-        /// after the call, in the order given (those before it when
-        /// nothing was added), and whether the amounts were added. Nothing
-        /// is left of a call not counted: no count, no window, no lock.
+        /// may go ahead (as [`decide`](crate::decide::decide) decides a
+        /// `hit`), the stored keys all different: the counts after (before,
+        /// when nothing was added), in the order given, and whether it
+        /// added. A call not counted leaves no count, window or lock.
         fn count_all_or_none(
             &self,
             asked: &[Asked<'_>],
@@ -110,11 +99,10 @@ pub(crate) mod sealed {
             deadline: Instant,
         ) -> impl Future<Output = Result<u64, Error>> + Send;
 
-        /// The stored keys under `limit` that begin with `prefix` (the
-        /// limit's name and `|`) and that `limit` refuses now, at most
-        /// `at_most` of them, newest first (the latest window counted in,
-        /// then the highest current count, then the key), each with what a
-        /// `check` would read of it. Nothing is counted.
+        /// The stored keys beginning with `prefix` (the limit's name and
+        /// `|`) that `limit` refuses now, at most `at_most`, in the order of
+        /// [`Limiter::refused_keys`](crate::Limiter::refused_keys), each with
+        /// what a `check` would read. Nothing is counted.
         fn refused(
             &self,
             limit: &Limit,

@@ -1,15 +1,8 @@
-//! Every SQL text the crate sends, in one place.
-//!
-//! `schema.sql` at the crate root is the one source of truth for the schema
-//! and the limiter's procedures; it is exported as [`SCHEMA`](crate::SCHEMA).
-//!
-//! Each operation is one statement, sent in autocommit with the key as a
-//! bind parameter and every argument named (`p_key => $1`): one message, one
-//! network round trip. A write is a `CALL` of a procedure; a read is a
-//! `SELECT` of a function, which needs no transaction of its own. Why, and the prologue every procedure
-//! begins with, are in the guide
-//! ([one call's path](crate::guide#one-calls-path),
-//! [the procedures' prologue](crate::guide#the-procedures-prologue)).
+//! Every SQL text the crate sends, each argument named (`p_key => $1`),
+//! and its arguments; the routines are in `schema.sql`
+//! ([`SCHEMA`](crate::SCHEMA)). Why one statement, and what each routine
+//! does first: [one call's path](crate::guide#one-calls-path),
+//! [the procedures' prologue](crate::guide#the-procedures-prologue).
 
 use snafu::ensure;
 
@@ -20,16 +13,13 @@ use crate::error::InvalidOptionSnafu;
 /// The schema, as a script that is safe to apply twice.
 pub(crate) const SCHEMA: &str = include_str!("../../schema.sql");
 
-/// The version of [`SCHEMA`], which `platformkit.platformkit_schema_version()`
-/// returns in a database it was applied to. Raised by one, together with
-/// the function's body, whenever a release changes `schema.sql` (its header
-/// says how).
+/// The version of [`SCHEMA`] (`platformkit.platformkit_schema_version()`),
+/// raised whenever a release changes `schema.sql`.
 pub(crate) const SCHEMA_VERSION: u32 = 1;
 
 /// Adds `p_add` to the key's count in the current window. Returns the count,
 /// the window's end, the time, the previous window's count and the lockout
-/// still to run. Instants and spans travel as `int8` microseconds (since the
-/// Unix epoch for an instant).
+/// still to run, instants and spans as `int8` microseconds.
 pub(crate) const ADD: &str = "CALL platformkit.platformkit_limit_add(\
     p_key => $1, p_add => $2, p_window_secs => $3, p_at => $4, p_budget_ms => $5, \
     p_relaxed => $6, p_previous => $7, p_max => $8, p_lockout_secs => $9)";
@@ -60,9 +50,8 @@ pub(crate) const READ: &str = "SELECT platformkit.platformkit_limit_read(\
     p_key => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_max => $6, p_lockout_secs => $7)";
 
-/// Lists the keys under the prefix `p_prefix` (a limit's name and `|`)
-/// that the limit refuses now, at most `p_at_most`, newest first; writes
-/// nothing.
+/// Lists the keys under `p_prefix` (a limit's name and `|`) that the limit
+/// refuses now, at most `p_at_most`, newest first; writes nothing.
 pub(crate) const LIST: &str = "SELECT * FROM platformkit.platformkit_limit_list(\
     p_prefix => $1, p_window_secs => $2, p_at => $3, p_budget_ms => $4, \
     p_previous => $5, p_max => $6, p_lockout_secs => $7, p_at_most => $8)";
@@ -76,17 +65,14 @@ pub(crate) const TAKE_BACK: &str = "CALL platformkit.platformkit_limit_take_back
 pub(crate) const RESET: &str = "CALL platformkit.platformkit_limit_reset(\
     p_key => $1, p_budget_ms => $2, p_relaxed => $3)";
 
-/// Deletes at most `p_batch` rows whose window closed more than 24 hours
-/// ago and more than one window length ago, skipping rows another
-/// transaction holds, from the place `o_after`, `o_created` where the
-/// batch before stopped (`NULL` for the first). Returns how many rows went
-/// and where this batch stopped.
+/// Deletes at most `p_batch` rows due ([`purge`](crate::purge)), skipping
+/// held rows, from where the batch before stopped (`o_after`, `o_created`;
+/// `NULL` for the first). Returns how many went and where it stopped.
 pub(crate) const PURGE_BATCH: &str = "CALL platformkit.platformkit_limit_purge_from(\
     p_batch => $1, p_budget_ms => $2, o_after => $3, o_created => $4)";
 
 /// One statement ready to send: its text, and its parameters in the order
-/// of its `$n`. Each procedure's arguments are a struct below, so the order
-/// is written once, beside the text.
+/// of its `$n`, written once in each arguments struct below.
 #[derive(Debug)]
 pub(crate) struct Statement<'a, const N: usize> {
     pub(crate) sql: &'static str,
@@ -99,8 +85,7 @@ pub(crate) struct Add<'a> {
     pub(crate) key: &'a str,
     pub(crate) add: i64,
     pub(crate) window_secs: i64,
-    /// The pinned time in microseconds since the Unix epoch; `None` for
-    /// the server's clock.
+    /// The pinned time in epoch microseconds; `None`: the server's clock.
     pub(crate) at: Option<i64>,
     pub(crate) budget_ms: i64,
     pub(crate) relaxed: bool,
@@ -338,9 +323,8 @@ pub(crate) struct PurgeBatch {
     pub(crate) from: Option<PurgePlace>,
 }
 
-/// Where a purge batch stopped, in the order it goes through the rows due
-/// (`purge_after`, then `created_at` in epoch seconds): where the next
-/// batch of the same purge starts.
+/// Where a purge batch stopped (`purge_after`, `created_at`, in epoch
+/// seconds): where the next batch starts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct PurgePlace {
     pub(crate) after: f64,
@@ -362,16 +346,13 @@ impl PurgeBatch {
 }
 
 /// The times a clock may be pinned to, in microseconds since the Unix
-/// epoch: from 1900-01-01 UTC, and before 2200-01-01 UTC, as the procedures
-/// check them.
+/// epoch: 1900-01-01 UTC up to 2200-01-01 UTC, as the procedures check.
 pub(crate) const PINNED_MICROS: std::ops::Range<i64> =
     -2_208_988_800_000_000..7_258_118_400_000_000;
 
-/// The statements that give `role` what the limiter needs, and nothing
-/// more: the schema, the table's rows (under row-level security, so only
-/// inside the limiter's procedures), and the procedures. Run them as the
-/// schema's owner after applying [`SCHEMA`](crate::SCHEMA), and again after
-/// applying a newer version of it.
+/// The statements that give `role` what the limiter needs and nothing more
+/// ([the schema](crate::guide#the-schema)). Run them as the schema's owner
+/// after applying [`SCHEMA`](crate::SCHEMA), and after each newer version.
 ///
 /// ```
 /// use platformkit_limit::{ErrorKind, grants};
@@ -390,9 +371,8 @@ pub(crate) const PINNED_MICROS: std::ops::Range<i64> =
 /// # Errors
 ///
 /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for an
-/// empty name, and for `public` in any case: no role can have that name,
-/// and PostgreSQL reads it, quoted or not, as PUBLIC, which would hand the
-/// limiter's powers (the switch, and every count) to every login.
+/// empty name, and for `public` in any case, which PostgreSQL reads as
+/// every login: it would hand every login the limiter's powers.
 pub fn grants(role: &str) -> Result<String, Error> {
     ensure!(
         !role.is_empty() && !role.eq_ignore_ascii_case("public"),

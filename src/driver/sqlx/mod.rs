@@ -1,17 +1,8 @@
-//! [`Session`](super::Session) for sqlx (feature `sqlx` for sqlx 0.8,
-//! `sqlx-09` for 0.9): [`SqlxConn`] over any sqlx PostgreSQL connection of
-//! either version, and [`LimitConn`](crate::LimitConn) for each version's
-//! `PgPool` (`version.rs`).
-//!
-//! The statement goes through sqlx's ordinary query path, as the service's
-//! own queries do: prepared once per connection as a named statement and
-//! cached (sqlx's statement cache), then one Bind, Execute and Sync per call:
-//! one round trip. sqlx keeps the backend's cancel key private, so no cancel
-//! request is ever sent: the server's `lock_timeout` bounds the lock waits
-//! and the client gives up at the deadline.
+//! [`Session`](super::Session) for sqlx 0.8 and 0.9: [`SqlxConn`], and
+//! [`LimitConn`](crate::LimitConn) for each version's `PgPool`. Statements
+//! go through sqlx's own query path and statement cache.
 
-// The driver, once for each sqlx version a feature names: the same source,
-// `version.rs`, with `sqlx` naming that version's crate.
+// `version.rs` once per sqlx version a feature names.
 #[cfg(feature = "sqlx")]
 pub(super) mod v08 {
     use ::sqlx;
@@ -35,13 +26,9 @@ use super::{Failure, Param, Row, sealed};
 /// in a mutex, or a `&mut PgConnection`: anything that dereferences to
 /// something that gives a `&mut PgConnection`.
 ///
-/// Like every connection, it must be idle when lent; one inside a
-/// transaction is an [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction)
-/// error, and that transaction is rolled back. sqlx cannot cancel a
-/// statement on the server, and a call given up (at its budget, or dropped)
-/// leaves its `CALL`'s answer owed on the connection: the limiter's next
-/// call reads it first, the service's own next query would not. See the
-/// guide's [drivers](crate::guide#drivers) section.
+/// Like every connection, it must be idle when lent. sqlx cannot cancel a
+/// statement on the server, which changes what a call given up leaves on
+/// the connection: [what sqlx cannot do](crate::guide#what-sqlx-cannot-do-cancel).
 ///
 /// Lend a connection the service holds, one call at a time:
 ///
@@ -64,14 +51,11 @@ use super::{Failure, Param, Row, sealed};
 /// # }
 /// ```
 ///
-/// Or lend the `PoolConnection` a request already holds (a transaction's is
-/// refused: the connection must be idle) to a limiter for that request, and
-/// keep using it through the same lock. The source owns what it lends (a
-/// connection source is `'static`: the limiter's shared statements are sent
-/// by a task of its own, which may still hold the connection for a moment
-/// after a call that ran out of budget). A limiter built per request has
-/// its own refusal cache and merging, so those help only across its calls;
-/// share one limiter over a pool where you can.
+/// Or lend the idle `PoolConnection` a request holds to a limiter for that
+/// request, and keep using it through the same lock. The source owns what
+/// it lends (it is `'static`: a flight may hold the connection a moment
+/// after a call ran out of budget). A limiter per request has its own
+/// refusal cache and merging; share one over a pool where you can.
 ///
 /// ```no_run
 /// use platformkit_limit::driver::SqlxConn;
@@ -114,7 +98,7 @@ where
         &'a mut self,
         sql: &'static str,
         params: &'a [Param<'a>; N],
-        // sqlx keeps the cancel key private: nothing to cancel with.
+        // Unused: see `SqlxConn`.
         _cancel_at: Instant,
     ) -> (Result<Row, Failure>, Option<Instant>) {
         (lent::Lent::send(&mut *self.0, sql, params).await, None)
@@ -132,8 +116,7 @@ where
     }
 }
 
-/// What a lent sqlx connection does, for each version: implemented for
-/// its `PgConnection` and its `PoolConnection<Postgres>`.
+/// What a lent sqlx connection does, for each version's connections.
 pub(crate) mod lent {
     use super::*;
 

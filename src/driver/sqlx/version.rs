@@ -1,6 +1,5 @@
-// One sqlx version's driver, included by `mod.rs` once for each sqlx
-// version a feature names, with `sqlx` naming that version's crate: the
-// connection lent, the pool and its probe, and how errors and rows read.
+// One sqlx version's driver, included by `mod.rs` with `sqlx` naming that
+// version's crate.
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgRow, Postgres};
@@ -73,19 +72,13 @@ impl crate::driver::sqlx::lent::Lent for PoolConnection<Postgres> {
     }
 }
 
-/// Reads what the connection still owes a statement given up before its
-/// answer came (a call dropped at its budget, or by its caller), so that
-/// the answer is not taken for the next statement's: sqlx hands a late
-/// error to whichever statement reads next. An error read here is the
-/// given-up statement's and is dropped; reading goes on to its
-/// ReadyForQuery. Nothing is sent, and nothing waits when nothing is owed.
-/// The call's deadline bounds the wait. See the guide's
-/// [drivers](crate::guide#drivers) section.
+/// Reads and drops what the connection still owes a statement given up
+/// before its answer came, which sqlx would hand to the next statement.
+/// Sends nothing; waits only while something is owed, within the deadline.
 async fn settle(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     loop {
-        // `flush` is sqlx's `wait_until_ready`: it reads up to the
-        // ReadyForQuery of every Sync sent, returning the first error it
-        // reads; each round reads at least one message.
+        // sqlx's `wait_until_ready`: reads to the ReadyForQuery of every
+        // Sync sent, returning the first error.
         match sqlx::Connection::flush(&mut *conn).await {
             Err(sqlx::Error::Database(_)) => continue,
             settled => return settled,
@@ -93,10 +86,7 @@ async fn settle(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     }
 }
 
-/// How the SQLSTATE table reads an sqlx error: a database error by its
-/// code; an I/O or TLS error, or a pool that is closed or timed out, as the
-/// connection gone; a refused configuration as a misconfiguration; anything
-/// else (a protocol error, a value that does not decode) as a hard error.
+/// How the SQLSTATE table reads an sqlx error.
 fn reading(error: &sqlx::Error) -> Reading {
     match error {
         sqlx::Error::Database(e) => match e.code() {
@@ -114,9 +104,7 @@ fn reading(error: &sqlx::Error) -> Reading {
 }
 
 /// Whether a connection attempt failed for a reason an outage does not
-/// explain (a refused configuration, or the server refusing with a SQLSTATE
-/// that is not it going away: a misconfiguration, or it out of a resource),
-/// and its SQLSTATE.
+/// explain, and its SQLSTATE.
 fn refused_while_up(error: &sqlx::Error) -> Option<Option<SqlState>> {
     match reading(error) {
         Reading::Answered(code) => not_an_outage(&code).then_some(Some(code)),
@@ -171,9 +159,8 @@ use sqlx::postgres::PgPool;
 use crate::LimitConn;
 use crate::error::BoxError;
 
-/// Each call borrows one connection from the pool and gives it back idle.
-/// The pool's wait counts against the call's budget. (The example is the
-/// [`driver`](crate::driver) module's.)
+/// Each call borrows one connection from the pool (the example is the
+/// [`driver`](crate::driver) module's).
 impl LimitConn for PgPool {
     type Conn = SqlxConn<sqlx::pool::PoolConnection<Postgres>>;
     type Error = sqlx::Error;
@@ -184,9 +171,8 @@ impl LimitConn for PgPool {
         self.acquire().await.map(SqlxConn)
     }
 
-    /// A connection of its own, made with the pool's options, outside the
-    /// pool and its retries (sqlx's pool retries a refused connection in
-    /// silence until its acquire timeout).
+    /// A connection made with the pool's options, outside the pool and its
+    /// silent retries.
     async fn probe(&self) -> Option<Result<(), BoxError>> {
         let started = async {
             let mut conn = PgConnection::connect_with(&self.connect_options()).await?;

@@ -16,14 +16,9 @@ use crate::{Error, Limit, ManualClock, Strategy};
 /// kept in a map, for callers' unit tests.
 ///
 /// **Not a production limiter.** Its counts live in one process: three
-/// replicas give three limits, and every deploy or restart resets them. That
-/// is exactly the failure a limit in the database exists to prevent. It also
-/// keeps every window it has seen (nothing purges it; the limiter's own
-/// local count, for
-/// [`WhenUnreachable::CountLocally`](crate::WhenUnreachable::CountLocally),
-/// is bounded: see the guide's [fail-open](crate::guide#fail-open)
-/// section). The tests hold it to agree with `Postgres`, verdict for
-/// verdict.
+/// replicas give three limits, and a restart resets them. It keeps every
+/// window it has seen. The tests hold it to agree with `Postgres`, verdict
+/// for verdict.
 ///
 /// ```
 /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -44,8 +39,8 @@ use crate::{Error, Limit, ManualClock, Strategy};
 pub struct Memory {
     state: Mutex<State>,
     clock: Clock,
-    /// The most keys it holds, for the limiter's local count (which nothing
-    /// purges); `None` for the fake, which keeps every window it has seen.
+    /// The most keys it holds, for the limiter's local count; `None` for
+    /// the fake.
     capacity: Option<usize>,
 }
 
@@ -53,8 +48,7 @@ pub struct Memory {
 #[derive(Debug, Default)]
 struct State {
     keys: HashMap<String, Windows>,
-    /// Bounded: when a full map may next be swept for keys nothing reads any
-    /// more, on the store's clock (microseconds since the epoch).
+    /// Bounded: when a full map may next be swept, in microseconds.
     next_sweep: i64,
 }
 
@@ -62,15 +56,13 @@ struct State {
 #[derive(Debug, Default)]
 struct Windows {
     counts: BTreeMap<i64, u64>,
-    /// Bounded: until when a verdict may still read one of these windows
-    /// (a sliding window reads the one before; a lockout the full one that
-    /// started it). Past it the key can go.
+    /// Bounded: until when a verdict may still read one of these windows;
+    /// past it the key can go.
     read_until: i64,
 }
 
-/// How often, at most, a full local count looks for keys nothing reads any
-/// more: once a second, so that a flood of new keys into a full map costs
-/// one pass over it a second, not one a call.
+/// How often, at most, a full local count sweeps out keys nothing reads:
+/// a flood of new keys costs one pass a second, not one a call.
 const SWEEP_EVERY_MICROS: i64 = 1_000_000;
 
 impl Memory {
@@ -85,8 +77,8 @@ impl Memory {
         self
     }
 
-    /// A fake that drops what `purge` would drop as it writes: the
-    /// limiter's local count while the database is unreachable.
+    /// The limiter's local count: at most `keys` keys, dropping windows no
+    /// verdict reads as it writes.
     pub(crate) fn bounded(keys: usize) -> Self {
         Memory {
             capacity: Some(keys),
@@ -186,9 +178,8 @@ impl Memory {
         }
     }
 
-    /// Whether a bounded map has room for one more key (the fake always
-    /// has). A full map first drops the keys nothing reads any more, at most
-    /// once per [`SWEEP_EVERY_MICROS`].
+    /// Whether a bounded map has room for one more key, after a sweep at
+    /// most once per [`SWEEP_EVERY_MICROS`].
     fn room_for_one(&self, state: &mut State, now: i64) -> bool {
         let Some(capacity) = self.capacity else {
             return true;
@@ -206,10 +197,9 @@ impl Memory {
 }
 
 impl Windows {
-    /// Keeps only the windows a verdict can still read, at most three: the
-    /// current one and every later one (a clock moved back), the one before
-    /// (a sliding window reads it), and the latest full one before those
-    /// whose lockout has not ended. Sets until when any of them is read.
+    /// Keeps only the windows a verdict can still read: the current one
+    /// and later (a clock moved back), the one before, and the latest full
+    /// one whose lockout runs. Sets until when any of them is read.
     fn keep_what_is_read(&mut self, limit: &Limit, start: i64, width: i64, lockout: i64, now: i64) {
         let max = u64::from(limit.max());
         let previous = start - width;
@@ -226,8 +216,7 @@ impl Windows {
             .counts
             .iter()
             .map(|(&s, &count)| {
-                // The window after this one's end reads it (sliding); a full
-                // one is read until its lockout ends.
+                // Read by the next window (sliding), or until its lockout ends.
                 let next_ends = s.saturating_add(width.saturating_mul(2));
                 if lockout > 0 && count >= max {
                     next_ends.max(s.saturating_add(width).saturating_add(lockout))
@@ -267,7 +256,7 @@ impl sealed::Sealed for Memory {
         n: u64,
         _deadline: Instant,
     ) -> Result<Counted, Error> {
-        // The fake is unbounded: there is always room.
+        // Unbounded: always room.
         let now = micros_since_epoch(self.clock.local_now());
         Ok(self.count_in(&mut self.lock(), op, limit, key, n, now))
     }
@@ -278,7 +267,6 @@ impl sealed::Sealed for Memory {
         asked: &[Asked<'_>],
         _deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
-        // The fake is unbounded: there is always room.
         let now = micros_since_epoch(self.clock.local_now());
         let mut state = self.lock();
         Ok(asked
@@ -292,7 +280,6 @@ impl sealed::Sealed for Memory {
         asked: &[Asked<'_>],
         _deadline: Instant,
     ) -> Result<(Vec<Counted>, bool), Error> {
-        // The fake is unbounded: there is always room.
         let now = micros_since_epoch(self.clock.local_now());
         let mut state = self.lock();
         let before: Vec<Counted> = asked

@@ -1,6 +1,5 @@
-//! The store's calls on [`Postgres`]: each a statement of
-//! [`sql`], sent through the call's envelope, and its row
-//! read into counts.
+//! The store's calls on [`Postgres`]: each a statement of [`sql`] and its
+//! row read into counts.
 
 use std::time::SystemTime;
 
@@ -325,10 +324,8 @@ fn counted(now: i64, [count, window_end, previous, locked_for]: [i64; 4]) -> Cou
     }
 }
 
-/// The counts of a statement over `pairs` pairs, one for each, in the
-/// order given: a writer's columns (the counts, window ends, the time, the
-/// previous counts, the lockouts), or a reader's one array (the time, then
-/// those four for each pair).
+/// The counts of a statement over `pairs` pairs, in the order given: a
+/// writer's columns, or a reader's one array ([`sql::READ_MANY`]).
 fn counted_pairs(
     row: &Row,
     operation: Operation,

@@ -1,9 +1,5 @@
-//! [`Postgres`]: the real store. A limit is a row.
-//!
-//! - `mod.rs`: the type, `migrate`, and the envelope of each call: the
-//!   connection, the budget left on it, what the server was heard to do;
-//! - `counts.rs`: the store's calls, each a statement of
-//!   [`sql`] and its row read into counts.
+//! [`Postgres`]: the real store. Here the type, `migrate` and each call's
+//! envelope; `counts.rs` the calls, each a statement of [`sql`].
 
 mod counts;
 
@@ -28,13 +24,9 @@ use crate::{Error, LimitConn, ManualClock};
 /// The real store: each key's count in each window is a row of
 /// `platformkit_limits`, shared by every replica and kept across deploys.
 ///
-/// Each call borrows one connection from the caller's [`LimitConn`] and sends
-/// one statement: a write is a `CALL` of the limiter's procedure, which runs
-/// inside the limiter's own short system transaction; a read is a `SELECT`
-/// of its function, which needs no transaction of its own. One message, one
-/// network round trip. Keys travel only as bind parameters. The window
-/// comes from the database's clock. The [guide](crate::guide#one-calls-path)
-/// follows one call through it.
+/// Each call borrows one connection from the caller's [`LimitConn`] and
+/// sends one statement, one round trip, on the database's clock
+/// ([one call's path](crate::guide#one-calls-path)).
 ///
 /// ```no_run
 /// use platformkit_limit::{Key, Limit, Limiter, Postgres};
@@ -81,11 +73,9 @@ impl<C: LimitConn> Postgres<C> {
         }
     }
 
-    /// Probes the server through `source` (its
-    /// [`LimitConn::probe`]) instead of the connection source's own: for a
-    /// source that lends a held connection and cannot open one of its own,
-    /// which is otherwise never read as down (every call that got no
-    /// answer is shed).
+    /// Probes the server through `source`'s [`LimitConn::probe`]: for a
+    /// source that lends a held connection, which otherwise is never read
+    /// as down ([down or overloaded](crate::guide#down-or-overloaded)).
     ///
     /// ```no_run
     /// use platformkit_limit::Postgres;
@@ -120,16 +110,11 @@ impl<C: LimitConn> Postgres<C> {
     }
 
     /// Commits the limiter's transactions without waiting for their WAL
-    /// flush: `synchronous_commit = off` for those transactions only, never
-    /// for the caller's. The default is durable.
-    ///
-    /// What it can lose, exactly: when the **server crashes** (not when a
-    /// client or a connection fails), the calls it acknowledged in the last
-    /// moments before the crash, at most three times `wal_writer_delay` (600
-    /// ms with the default of 200 ms), come back uncounted: those failures
-    /// and asks are forgotten and the rows hold their earlier counts. Nothing
-    /// is corrupted, no other transaction is affected, and a crash of the
-    /// limiter's process loses nothing.
+    /// flush (`synchronous_commit = off` for those alone). The default is
+    /// durable. What it can lose: when the **server crashes**, the calls
+    /// acknowledged in at most three times `wal_writer_delay` before it come
+    /// back uncounted. Nothing is corrupted, no other transaction is
+    /// affected, and a crash of the limiter's process loses nothing.
     pub fn with_relaxed_durability(mut self) -> Self {
         self.relaxed = true;
         self
@@ -141,18 +126,11 @@ impl<C: LimitConn> Postgres<C> {
     }
 
     /// Applies [`SCHEMA`](crate::SCHEMA) through one connection of the
-    /// source: the service's start-up step, safe to run again (on every
-    /// start, by every replica at once). The role that runs it owns the
-    /// schema and needs no [`grants`](crate::grants); a service that runs as
-    /// another role runs `grants(role)` as the owner after it.
-    ///
-    /// The script waits for its locks as a migration does (it takes the
-    /// table's strongest lock only when it changes the table), so it has
-    /// no budget: run it before serving. Replicas starting at once take
-    /// turns on one advisory lock, waited for at most
-    /// `platformkit.migrate_lock_wait` (a setting of the session, 30 s when
-    /// unset): any login may take that lock, and one that holds it makes
-    /// `migrate` fail with `PK005`, naming it, never hang.
+    /// source: the start-up step, safe to run again, by every replica at
+    /// once. The role that runs it owns the schema; another role needs
+    /// [`grants`](crate::grants). It has no budget: run it before serving.
+    /// Replicas take turns on one advisory lock, waited for at most
+    /// `platformkit.migrate_lock_wait` (30 s when unset), then `PK005`.
     ///
     /// ```no_run
     /// use platformkit_limit::{Limiter, Postgres};
@@ -172,12 +150,10 @@ impl<C: LimitConn> Postgres<C> {
     ///
     /// [`ErrorKind::Connect`](crate::ErrorKind::Connect) when no connection could be had;
     /// [`ErrorKind::Query`](crate::ErrorKind::Query) when PostgreSQL refused the script: a role that
-    /// may not create the schema, or that does not own the one there; or a
-    /// database whose schema is newer than this crate's
-    /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION) (SQLSTATE `PK002`), left as
-    /// it is, so that a replica of the release before, starting during a
-    /// rolling deploy, cannot put its routines back over the newer ones; or
-    /// the schema's lock held past its bound (`PK005`, naming the session).
+    /// may not create the schema or does not own it; a schema newer than
+    /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION) (`PK002`, left as it is,
+    /// so an older replica cannot roll it back); or the lock held past its
+    /// bound (`PK005`, naming the session).
     pub async fn migrate(&self) -> Result<(), Error> {
         let operation = Operation::Migrate;
         let mut conn = self
@@ -190,8 +166,8 @@ impl<C: LimitConn> Postgres<C> {
             .map_err(|failure| failure.into_error(operation, false))
     }
 
-    /// The pinned time in microseconds since the Unix epoch, if the clock
-    /// is pinned: within the years the procedures accept (1900 to 2199).
+    /// The pinned time in epoch microseconds, if pinned, within
+    /// [`sql::PINNED_MICROS`].
     fn pinned(&self) -> Result<Option<i64>, Error> {
         let Some(pinned) = self.clock.pinned() else {
             return Ok(None);
@@ -215,10 +191,8 @@ impl<C: LimitConn> Postgres<C> {
             .map_err(|e| crate::driver::connect_error(operation, e.into()))
     }
 
-    /// A connection for one call and the budget left on it, unless the
-    /// connection came too late to send a statement and hear back within
-    /// the budget: then nothing is sent, and the
-    /// call ran out of budget waiting for the connection.
+    /// A connection for one call and the budget left on it; out of budget
+    /// when it came too late to send a statement and hear back.
     async fn session(
         &self,
         operation: Operation,
@@ -228,9 +202,8 @@ impl<C: LimitConn> Postgres<C> {
         let conn = self.connection(operation).await?;
         let rtt = self.health.round_trip();
         let left = deadline.saturating_duration_since(Instant::now());
-        // The split counts at most a quarter of what is left: a measure too
-        // long for the link cannot starve a call of the time to send. But a
-        // statement that cannot come back in what is left is not sent.
+        // At most a quarter of what is left: a measure too long cannot
+        // starve the call.
         let budget = Budget::until(deadline, rtt.min(left / 4));
         if left < rtt + budget::LEAST_SERVER || Instant::now() >= budget.send_by {
             let waited = Instant::now().saturating_duration_since(since);
@@ -239,8 +212,7 @@ impl<C: LimitConn> Postgres<C> {
         Ok((conn, budget))
     }
 
-    /// Runs `work` (a connection, then one statement through
-    /// [`call`]) until `deadline`.
+    /// Runs `work` (a connection, then [`call`]) until `deadline`.
     async fn within<T>(
         &self,
         operation: Operation,
@@ -256,8 +228,7 @@ impl<C: LimitConn> Postgres<C> {
         })
     }
 
-    /// Asks the server, as [`LimitConn::probe`] does: through the probe
-    /// given to the store, else the connection source's own.
+    /// Probes through the store's probe, else the connection source's.
     async fn ask_server(&self) -> Startup {
         match &self.probe {
             Some(Probe(probe)) => probe().await,
@@ -265,8 +236,7 @@ impl<C: LimitConn> Postgres<C> {
         }
     }
 
-    /// Sends one statement through [`call`],
-    /// and notes how long an answered one took.
+    /// Sends one statement through [`call`], noting how long it took.
     async fn call<S: Session, const N: usize>(
         &self,
         session: &mut S,
@@ -278,10 +248,8 @@ impl<C: LimitConn> Postgres<C> {
         let answer = call(session, operation, statement, budget).await;
         match &answer {
             Ok(_) => self.health.took(sent.elapsed()),
-            // An error's time says nothing of the link (a lock wait, a
-            // cancel), except for a statement that did its work and was
-            // answered after this call's cancel, whose time keeps the
-            // measure from staying above what the link gives.
+            // An error's time says nothing of the link, except an answer
+            // after this call's cancel, which keeps the measure from sticking.
             Err(e) if e.answered_after_cancel() => self.health.took(sent.elapsed()),
             Err(_) => {}
         }
