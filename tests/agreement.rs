@@ -110,10 +110,7 @@ impl Fixture {
 // ---------------------------------------------------------------------------
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(64)
+    crate::common::cases(64)
 }
 
 fn play(case: &Case) -> Result<(), TestCaseError> {

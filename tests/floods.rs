@@ -360,11 +360,7 @@ fn play(db: &TestDb, callers: &[Caller]) -> Result<(), TestCaseError> {
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(24)
-        .max(8)
+    crate::common::cases(24)
 }
 
 #[test]

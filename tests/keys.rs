@@ -409,7 +409,7 @@ fn pairs() -> impl Strategy<Value = (Vec<String>, Vec<String>)> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 256,
+        cases: crate::common::cases(256),
         // A failure prints its minimal input; nothing is written beside the
         // sources.
         failure_persistence: None,
@@ -648,7 +648,7 @@ fn identity_chars(input: &str) -> usize {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 256,
+        cases: crate::common::cases(256),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
@@ -676,7 +676,7 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig {
         // Each case normalizes about 1600 characters twice.
-        cases: 24,
+        cases: crate::common::cases(24),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
@@ -1052,7 +1052,7 @@ fn sprinkled(
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 256,
+        cases: crate::common::cases(256),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
@@ -1073,7 +1073,7 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig {
         // Each case normalizes about 1600 characters twice.
-        cases: 24,
+        cases: crate::common::cases(24),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]

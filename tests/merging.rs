@@ -449,7 +449,7 @@ fn concurrent_merged_writes_count_as_memory_counts_them_one_by_one() {
     let conns = Arc::new(conns);
     let case = AtomicUsize::new(0);
     let config = ProptestConfig {
-        cases: 16,
+        cases: crate::common::cases(16),
         failure_persistence: None,
         ..ProptestConfig::default()
     };

@@ -31,27 +31,29 @@ use tokio::sync::RwLock;
 
 /// A connection source over `db` that counts the connections it lends: one
 /// per statement the limiter sends.
-fn counting(db: &TestDb) -> (impl LimitConn + 'static, Arc<AtomicUsize>) {
-    let (conns, lent, _gate) = gated(db);
+async fn counting(db: &TestDb) -> (impl LimitConn + 'static, Arc<AtomicUsize>) {
+    let (conns, lent, _gate) = gated(db).await;
     (conns, lent)
 }
 
 /// As [`counting`], and each connection waits for a read of the gate: hold
 /// its write lock to keep a call waiting for its connection (counted, never
-/// sent).
-fn gated(db: &TestDb) -> (impl LimitConn + 'static, Arc<AtomicUsize>, Arc<RwLock<()>>) {
+/// sent). The calls share one connection, lent to one call at a time.
+async fn gated(db: &TestDb) -> (impl LimitConn + 'static, Arc<AtomicUsize>, Arc<RwLock<()>>) {
     let lent = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(RwLock::new(()));
-    let config = db.config();
+    let client = Arc::new(tokio::sync::Mutex::new(
+        platformkit_limit_testdb::connect(&db.config()).await,
+    ));
     let counter = lent.clone();
     let door = gate.clone();
     let conns = move || {
         counter.fetch_add(1, Ordering::SeqCst);
-        let config = config.clone();
+        let client = client.clone();
         let door = door.clone();
         async move {
             drop(door.read().await);
-            LimitConn::conn(&config).await
+            Ok::<_, std::convert::Infallible>(client.lock_owned().await)
         }
     };
     (conns, lent, gate)
@@ -87,7 +89,7 @@ async fn poll_once<F: Future>(call: &mut std::pin::Pin<Box<F>>) {
 async fn a_flooded_key_costs_no_round_trip_within_the_ttl_and_never_past_the_reopening() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent) = counting(&db);
+    let (conns, lent) = counting(&db).await;
     let limiter = Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
         .refusal_ttl(Limiter::MAX_REFUSAL_TTL)
         .build()
@@ -161,7 +163,7 @@ async fn a_flooded_key_costs_no_round_trip_within_the_ttl_and_never_past_the_reo
 async fn a_reset_through_another_replica_is_seen_by_the_next_call_here() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent) = counting(&db);
+    let (conns, lent) = counting(&db).await;
     let here = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
     let elsewhere = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
     let limit = Limit::new("login", 1, Duration::from_secs(24 * 60 * 60)).expect("a limit");
@@ -195,7 +197,7 @@ async fn a_reset_through_another_replica_is_seen_by_the_next_call_here() {
 async fn a_reset_here_clears_a_flooded_key_at_once() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent) = counting(&db);
+    let (conns, lent) = counting(&db).await;
     let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
     let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
     let key = Key::opaque("account");
@@ -226,7 +228,7 @@ const BATCH: usize = 4;
 async fn a_flood_costs_one_statement_per_ttl_and_a_reset_elsewhere_is_seen_within_one() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent) = counting(&db);
+    let (conns, lent) = counting(&db).await;
     let here = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
     let elsewhere = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
     let ttl = here.refusal_ttl();
@@ -320,7 +322,7 @@ async fn a_flood_costs_one_statement_per_ttl_and_a_reset_elsewhere_is_seen_withi
 async fn a_dropped_refresh_does_not_pin_the_cache() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent, gate) = gated(&db);
+    let (conns, lent, gate) = gated(&db).await;
     let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
     let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
     let key = Key::opaque("victim");
@@ -355,7 +357,7 @@ async fn a_dropped_refresh_does_not_pin_the_cache() {
 async fn a_refresh_never_polled_again_frees_the_cache_after_the_budget() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent, gate) = gated(&db);
+    let (conns, lent, gate) = gated(&db).await;
     let limiter = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
     assert_eq!(limiter.budget(), Limiter::DEFAULT_BUDGET);
     let limit = Limit::new("login", 1, Duration::from_secs(60)).expect("a limit");
@@ -388,7 +390,7 @@ async fn a_refresh_never_polled_again_frees_the_cache_after_the_budget() {
 async fn the_cache_never_allows_and_is_bounded() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent) = counting(&db);
+    let (conns, lent) = counting(&db).await;
     let limiter = Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
         .refusal_cache(10)
         .build()
@@ -419,7 +421,7 @@ async fn the_cache_never_allows_and_is_bounded() {
     );
 
     // With the cache off, every call asks.
-    let (conns, lent) = counting(&db);
+    let (conns, lent) = counting(&db).await;
     let uncached = Limiter::builder(Postgres::new(conns).with_clock(clock))
         .no_refusal_cache()
         .build()
@@ -522,7 +524,7 @@ async fn refused_at<S: platformkit_limit::Store>(
 async fn a_refusal_is_answered_from_the_cache_only_to_asks_of_at_least_its_cost() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent) = counting(&db);
+    let (conns, lent) = counting(&db).await;
     let limiter = Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
         .refusal_ttl(Limiter::MAX_REFUSAL_TTL)
         .build()
@@ -595,7 +597,7 @@ async fn a_cost_above_max_sends_nothing_and_is_counted_with_source_cost() {
 async fn a_refusal_under_one_tier_is_not_answered_to_a_larger_tier() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent) = counting(&db);
+    let (conns, lent) = counting(&db).await;
     let limiter = Limiter::builder(Postgres::new(conns).with_clock(clock.clone()))
         .refusal_ttl(Limiter::MAX_REFUSAL_TTL)
         .build()

@@ -70,6 +70,23 @@ pub fn pinned_clock() -> ManualClock {
     ManualClock::new(UNIX_EPOCH + Duration::from_secs(JAN_1_1030_UTC))
 }
 
+/// How many cases a property test plays: `PROPTEST_CASES` if set, else
+/// `full` under CI (`CI` set, as `.ci/run` sets it) and a quarter of it, at
+/// least 8, on a developer's machine, for a fast loop.
+pub fn cases(full: u32) -> u32 {
+    let local = || {
+        if std::env::var_os("CI").is_some() {
+            full
+        } else {
+            (full / 4).max(8)
+        }
+    };
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(local)
+}
+
 /// Runs `call` and returns its output and how long it took. Fails the test
 /// when the call is still running after `bound`, instead of hanging with it.
 pub async fn timed<T>(
