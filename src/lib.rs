@@ -2,15 +2,11 @@
 //! every replica, outliving every deploy.
 //!
 //! A [`Limiter`] answers "may this attempt go ahead?" with a [`Verdict`] and
-//! counts what you tell it to. Its store is [`Postgres`], where each key's
-//! count in each window is a row of `platformkit.platformkit_limits` (apply
-//! [`SCHEMA`] in your migrations, then [`grants`]), or [`Memory`], the same
-//! limiter in a map for your unit tests. Each call to `Postgres` borrows one
-//! connection from your [`LimitConn`] (a pool, an async closure, a config)
-//! and sends one statement. When the database cannot be reached within the
-//! budget, the limit's [`WhenUnreachable`] decides and the verdict says so;
-//! every other failure is an [`Error`]. [`Postgres::migrate`] applies the
-//! schema at start-up.
+//! counts what you tell it to, in [`Postgres`] (apply [`SCHEMA`] and
+//! [`grants`], or [`Postgres::migrate`] at start-up; each call sends one
+//! statement over a connection of your [`LimitConn`]) or, for unit tests,
+//! [`Memory`]. An unreachable database leaves the verdict to the limit's
+//! [`WhenUnreachable`]; any other failure is an [`Error`].
 //!
 //! ```
 //! use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -35,11 +31,8 @@
 //! # }).unwrap();
 //! ```
 //!
-//! How a call works, and why (the procedures, the refusal cache, merging,
-//! windows, fail-open), is in the [`guide`]. Start from [`Limiter`]
-//! (`check`, `failed`, `hit`, [`reserve`](Limiter::reserve), `reset`, and
-//! an [`Ask`]'s cost for an ask of several units),
-//! [`Limit`] and [`Key`]; then [`Postgres`], [`purge`] and the [`metric`]s.
+//! Start from [`Limiter`], [`Limit`] and [`Key`]; then [`Postgres`],
+//! [`purge`] and the [`metric`]s. How it works, and why, is in the [`guide`].
 //!
 //! # Features
 //!
@@ -50,18 +43,15 @@
 //! - `sqlx` (sqlx 0.8) and `sqlx-09` (sqlx 0.9): [`LimitConn`] for
 //!   `sqlx::PgPool`, and `driver::SqlxConn` to lend any sqlx PostgreSQL
 //!   connection ([what sqlx cannot do](guide#what-sqlx-cannot-do-cancel));
-//! - `tracing` (on by default): a warning on every fail-open, shed call
-//!   and failed purge, an error when the layer answers 500, info on a purge
-//!   (never the key);
+//! - `tracing` (on by default): events on fail-open, shed calls, purges
+//!   and the layer's 500s, never with the key;
 //! - `tower`: `layer::LimitLayer`, a tower layer that limits requests by
-//!   keys read from the request head, in front of any `http` service (axum,
-//!   tonic, hyper); the [guide](guide#behind-a-tower-layer) says what it does;
+//!   keys read from the request head ([guide](guide#behind-a-tower-layer));
 //! - `axum`: `tower`, and `layer::client_ip` also reads axum's
 //!   `ConnectInfo<SocketAddr>`.
 //!
-//! The admin page for support staff and the operator's tool are crates of
-//! their own over this one's public API: `platformkit-limit-admin` and
-//! `platformkit-limit-cli`.
+//! The admin page and the operator's tool are crates of their own:
+//! `platformkit-limit-admin` and `platformkit-limit-cli`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 
@@ -106,18 +96,14 @@ pub use crate::store::postgres::Postgres;
 pub use crate::store::sql::grants;
 pub use crate::verdict::{Verdict, Verdicts};
 
-/// The schema `platformkit`: the table `platformkit_limits` under row-level
-/// security, and the limiter's routines. A script that is safe to apply
-/// twice, for your own migrations; then run [`grants`] for the limiter's
-/// role. PostgreSQL 14 or newer. The [guide](crate::guide#the-schema) says
-/// what each part is for.
+/// The schema `platformkit` ([guide](crate::guide#the-schema)), a script
+/// safe to apply twice, for your own migrations; then run [`grants`] for the
+/// limiter's role. PostgreSQL 14 or newer.
 pub const SCHEMA: &str = store::sql::SCHEMA;
 
-/// The version of [`SCHEMA`]: `SELECT platformkit.platformkit_schema_version()`
-/// returns it in a database [`SCHEMA`] was applied to (the limiter's role may
-/// run it once [`grants`] are given). It is raised by one whenever a release
-/// changes the schema, so a database that returns less, or lacks the
-/// function, needs [`SCHEMA`] applied again.
+/// The version of [`SCHEMA`], raised by one whenever a release changes it.
+/// A database where `SELECT platformkit.platformkit_schema_version()`
+/// answers less, or fails, needs [`SCHEMA`] applied again.
 pub const SCHEMA_VERSION: u32 = store::sql::SCHEMA_VERSION;
 
 /// Internals exposed for the fuzz targets and property tests (feature

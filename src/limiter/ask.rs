@@ -1,7 +1,5 @@
-//! The part of a call that goes to the store: the pairs the refusal cache
-//! did not answer, in one statement (merged with other callers' where the
-//! limiter merges), and what an unreachable or overloaded store makes of
-//! them.
+//! The part of a call that goes to the store, and what an unreachable or
+//! overloaded store makes of it.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -16,9 +14,8 @@ use crate::store::{Asked, Store};
 use crate::{Error, Limit, Limiter, Verdict, WhenUnreachable};
 
 impl<S: Store> Limiter<S> {
-    /// Asks the store for the pairs `stored` in one statement (see
-    /// [`run_all`](Limiter::run_all)), a write adding `cost` to each, each
-    /// with its claim to refresh a cached refusal, if it holds one.
+    /// Asks the store for the pairs in one statement, each with its claim to
+    /// refresh a cached refusal, if it holds one.
     pub(super) async fn ask(
         &self,
         op: Counting,
@@ -28,16 +25,13 @@ impl<S: Store> Limiter<S> {
         cost: NonZeroU32,
         refreshes: Vec<Option<Refresh>>,
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
-        // A subset of `run_all`'s pairs, never none: `watches[0]` is there.
         debug_assert!(!stored.is_empty(), "a statement for no pairs");
         debug_assert_eq!(stored.len(), refreshes.len(), "one claim per pair");
         let deadline = call.deadline();
         let n = u64::from(cost.get());
-        // The counts, and whether the call's cost was added (always, but
-        // for an all-or-nothing call that a pair refused). Boxed: a store's
-        // future (a connection, a statement, a cancel) is large, and a
-        // caller's own future (a service's, a layer's) should not carry it
-        // on the stack.
+        // The counts, and whether the cost was added (not by an
+        // all-or-nothing call a pair refused). Boxed: a store's future is
+        // large, and a caller's should not carry it.
         let counting = Box::pin(async {
             let asked = || -> Vec<Asked<'_>> {
                 stored
@@ -70,8 +64,7 @@ impl<S: Store> Limiter<S> {
         });
         match call.within_store(&*self.store, counting).await {
             Ok((counted, added)) => {
-                // Every store, and merging, answers one count per pair, in
-                // order (`Postgres` errs otherwise): no pair goes undecided.
+                // One count per pair, in order (`Postgres` errs otherwise).
                 debug_assert_eq!(counted.len(), stored.len(), "one count per pair");
                 let verdicts = stored
                     .iter()
@@ -143,8 +136,7 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// The verdict when the store could not be reached: the limit decides
-    /// (a local count adds `cost`).
+    /// The verdict when the store could not be reached: the limit decides.
     pub(super) fn when_unreachable(
         &self,
         op: Counting,
@@ -158,8 +150,7 @@ impl<S: Store> Limiter<S> {
                 (Verdict::uncounted(limit, false, cause), CountedIn::Nowhere)
             }
             WhenUnreachable::CountLocally => {
-                // On the store's clock as this process sees it (a pinned
-                // clock in tests), so the local count agrees with the store.
+                // On the store's clock, so the local count agrees with it.
                 let counted = self.fallback.count_at(
                     op,
                     limit,
@@ -200,9 +191,8 @@ fn after_the_call(stored: &[(&Limit, String)], mut counted: Vec<Counted>) -> Vec
     counted
 }
 
-/// The verdicts of a call whose cost was not `added` (an all-or-nothing
-/// call a pair refused) refuse it: were every pair's verdict an allow (the
-/// store's decision and the crate's disagreeing), each becomes a refusal
+/// A call whose cost was not `added` is refused: should every verdict
+/// allow it (the store and the crate disagreeing), each becomes a refusal
 /// that reopens at once, so that nothing goes ahead uncounted.
 fn refused_unless_added(added: bool, verdicts: Vec<Verdict>) -> Vec<Verdict> {
     if added || verdicts.iter().any(Verdict::is_refused) {

@@ -1,11 +1,8 @@
-//! [`LimiterBuilder`]: a limiter's settings, each checked once by
-//! [`build`](LimiterBuilder::build); and the bounds and defaults every
-//! limiter shares, as associated constants of [`Limiter`].
+//! [`LimiterBuilder`], and the bounds and defaults of every limiter.
 //!
-//! The naming convention of the crate: a builder sets `x` with `x(value)`
-//! (or turns it off with `no_x()`), the built value reads it with `x()`, and
-//! a setting that cannot fail on a value (a store's clock) is
-//! `with_x(value)`.
+//! The crate's naming: a builder sets `x` with `x(value)` (`no_x()` turns it
+//! off), the built value reads it with `x()`, and a setting that cannot fail
+//! (a store's clock) is `with_x(value)`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,72 +15,55 @@ use crate::merge::Merging;
 use crate::store::Store;
 use crate::{Error, Limiter, Memory, metric};
 
-/// The bounds and defaults of every limiter, whatever its store: write
-/// `Limiter::MAX_BUDGET`, in generic code too.
-///
-/// They sit on `Limiter<Memory>` only, so that the bare `Limiter` resolves
-/// to it. On `impl<S> Limiter<S>` every use would need the store written
-/// out (`Limiter::<Memory>::MAX_BUDGET`): Rust infers no type parameter,
-/// nor a default one, from a path to a constant. So `Self::MAX_BUDGET` and
-/// `Limiter::<Postgres<_>>::MAX_BUDGET` do not resolve, though they bound a
-/// `Limiter<Postgres<_>>` all the same.
+/// The bounds and defaults of every limiter, whatever its store. On
+/// `Limiter<Memory>` so that `Limiter::MAX_BUDGET` resolves, in generic code
+/// too (Rust infers no type parameter from a path to a constant).
 impl Limiter<Memory> {
-    /// The default budget of one call: 2 seconds.
+    /// The default budget of one call.
     pub const DEFAULT_BUDGET: Duration = Duration::from_secs(2);
 
-    /// The longest budget a limiter accepts: a minute. A login that waits
-    /// longer on its limiter has a bigger problem.
+    /// The longest budget a limiter accepts.
     pub const MAX_BUDGET: Duration = Duration::from_secs(60);
 
-    /// The most (limit, key) pairs one [`Limiter::check_all`] (or
-    /// `failed_all`, `hit_all`, `reserve_all`) call takes.
+    /// The most (limit, key) pairs one `_all` call takes.
     pub const MAX_PAIRS: usize = crate::store::MAX_PAIRS;
 
-    /// The most keys one [`Limiter::refused_keys`] call lists: a thousand,
-    /// a page an operator can read. The procedure holds the same bound.
+    /// The most keys one [`Limiter::refused_keys`] call lists (the
+    /// procedure holds the same bound).
     pub const MAX_REFUSED_KEYS: usize = 1_000;
 
     /// How many keys the refusal cache holds by default.
     pub const DEFAULT_REFUSAL_CACHE_KEYS: usize = 100_000;
 
-    /// The most keys a refusal cache may hold: ten million.
+    /// The most keys a refusal cache may hold.
     pub const MAX_REFUSAL_CACHE_KEYS: usize = 10_000_000;
 
-    /// How many keys the local count of [`WhenUnreachable::CountLocally`]
-    /// limits holds by default (at most about 60 MB at the longest keys).
-    /// What happens when it is full is in the guide's
-    /// [fail-open](crate::guide#fail-open) section.
-    ///
-    /// [`WhenUnreachable::CountLocally`]: crate::WhenUnreachable::CountLocally
+    /// How many keys the local count holds by default.
     pub const DEFAULT_LOCAL_KEYS: usize = 100_000;
 
-    /// The most keys a local count may hold: ten million.
+    /// The most keys a local count may hold.
     pub const MAX_LOCAL_KEYS: usize = 10_000_000;
 
-    /// How long the refusal cache answers for a flooded key before asking
-    /// the store again, by default: one second.
+    /// How long the refusal cache answers for a flooded key, by default.
     pub const DEFAULT_REFUSAL_TTL: Duration = cache::DEFAULT_REFUSAL_TTL;
 
-    /// The longest TTL the refusal cache accepts: a minute.
+    /// The longest TTL the refusal cache accepts.
     pub const MAX_REFUSAL_TTL: Duration = crate::cache::MAX_TTL;
 
-    /// How many refusals of one key, within [`Limiter::FLOOD_SPAN`], make
-    /// it flooded: the refusal cache answers for a key only once the store
-    /// has refused it this many times within the span through this process.
+    /// How many refusals of one key within [`Limiter::FLOOD_SPAN`] make it
+    /// flooded, answered by the refusal cache.
     pub const FLOOD_REFUSALS: usize = cache::FLOOD_REFUSALS;
 
     /// The span within which [`Limiter::FLOOD_REFUSALS`] refusals of one key
-    /// make it flooded: one second.
+    /// make it flooded.
     pub const FLOOD_SPAN: Duration = cache::FLOOD_SPAN;
 
-    /// With [merging](crate::guide#merging) on, how many statements of one
-    /// limiter's writes may be in flight at once, by default: 1. Set with
-    /// [`LimiterBuilder::writes_in_flight`].
+    /// The default of [`LimiterBuilder::writes_in_flight`].
     pub const DEFAULT_WRITES_IN_FLIGHT: usize = 1;
 }
 
-/// A [`Limiter`]'s settings; [`build`](LimiterBuilder::build) checks them
-/// and makes the limiter. From [`Limiter::builder`].
+/// A [`Limiter`]'s settings, from [`Limiter::builder`]; each is checked by
+/// [`build`](LimiterBuilder::build).
 ///
 /// | setting | default | bounds |
 /// |---|---|---|
@@ -118,17 +98,16 @@ impl<S: Store> LimiterBuilder<S> {
         }
     }
 
-    /// The budget of every call: the longest a call may take, getting the
-    /// connection included. A call that spends it is shed, or, if a probe
-    /// finds the server down, unreachable (the guide's
-    /// [down or overloaded](crate::guide#down-or-overloaded)).
+    /// The longest a call may take, getting the connection included; then
+    /// it is shed or unreachable
+    /// ([down or overloaded](crate::guide#down-or-overloaded)).
     pub fn budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
         self
     }
 
     /// How many keys the [refusal cache](crate::guide#the-refusal-cache)
-    /// holds (it is on by default).
+    /// holds.
     pub fn refusal_cache(mut self, keys: usize) -> Self {
         self.refusal_cache = Some(keys);
         self
@@ -141,54 +120,41 @@ impl<S: Store> LimiterBuilder<S> {
     }
 
     /// How long the refusal cache answers for a flooded key before one call
-    /// asks the store again (see the guide's
-    /// [refusal cache](crate::guide#the-refusal-cache) for what it bounds).
+    /// asks the store again ([refusal cache](crate::guide#the-refusal-cache)).
     pub fn refusal_ttl(mut self, ttl: Duration) -> Self {
         self.refusal_ttl = ttl;
         self
     }
 
     /// How many keys the local count of
-    /// [`WhenUnreachable::CountLocally`](crate::WhenUnreachable::CountLocally)
-    /// limits may hold while the store is unreachable; a key it has no room
-    /// for is refused (the guide's [fail-open](crate::guide#fail-open)
-    /// section).
+    /// [`CountLocally`](crate::WhenUnreachable::CountLocally) limits may hold
+    /// while the store is unreachable ([fail-open](crate::guide#fail-open)).
     pub fn local_keys(mut self, keys: usize) -> Self {
         self.local_keys = keys;
         self
     }
 
-    /// Turns off [merging](crate::guide#merging): by default, concurrent
-    /// `failed`, `hit` and `reserve` calls through this limiter share
-    /// statements. Off, every call sends its own statement.
+    /// Turns off [merging](crate::guide#merging): every call sends its own
+    /// statement.
     pub fn no_merging(mut self) -> Self {
         self.merging = false;
         self
     }
 
     /// With merging on, how many statements of this limiter's writes may be
-    /// in flight at once. A write that finds fewer sends at once, alone; one
-    /// that finds this many waits for the first to return, then goes in one
-    /// statement with every write waiting with it. Fewer places make larger
-    /// shared statements (less database CPU and fewer commits per call), more
-    /// places shorter waits: the guide's [merging](crate::guide#merging)
-    /// section says how to choose. All-or-nothing writes, never
-    /// merged, have as many places of their own: a burst of them waits for
-    /// those in the limiter, never on the pool.
+    /// in flight at once; [merging](crate::guide#merging) says how to
+    /// choose.
     pub fn writes_in_flight(mut self, places: usize) -> Self {
         self.writes_in_flight = places;
         self
     }
 
-    /// Checks every setting and makes the limiter.
-    ///
-    /// Describes the crate's metrics to the recorder installed now (see
-    /// [`metric::describe`]).
+    /// Checks every setting and makes the limiter, as [`Limiter::new`] does.
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
-    /// setting outside its bounds (the table above), naming the setting.
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption), naming
+    /// a setting outside its bounds.
     pub fn build(self) -> Result<Limiter<S>, Error> {
         ensure!(
             self.budget >= Duration::from_millis(1),
@@ -258,8 +224,7 @@ impl<S: Store> LimiterBuilder<S> {
         Ok(self.assemble())
     }
 
-    /// The limiter, without the checks: for [`Limiter::new`], whose
-    /// defaults are within every bound.
+    /// The limiter, unchecked: for [`Limiter::new`]'s defaults.
     pub(super) fn assemble(self) -> Limiter<S> {
         metric::describe();
         Limiter {

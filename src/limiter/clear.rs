@@ -1,5 +1,4 @@
-//! What clears a count: a reset, and a reserved attempt's take-back, each
-//! with the budget and the metrics, in the store and in the local count.
+//! What clears a count: a reset, and a reserved attempt's take-back.
 
 use std::num::NonZeroU32;
 

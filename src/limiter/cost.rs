@@ -1,5 +1,4 @@
-//! [`Ask`]: an ask of [`Limiter::hit`], [`Limiter::reserve`] or their
-//! `_all` forms, awaited as it is or given a cost first.
+//! [`Ask`]: an ask of `hit`, `reserve` or their `_all` forms.
 
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
@@ -10,16 +9,9 @@ use crate::operation::Counting;
 use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter, Reservation, Reservations, Verdict, Verdicts};
 
-/// An ask that has not been sent: await it for its answer (`T`), or set
-/// its [`cost`](Ask::cost) first. `limiter.hit(&limit, &key).await` asks one
-/// unit; `limiter.hit(&limit, &key).cost(n).await` asks `n`.
-///
-/// An ask of `n` units is decided as `n` asks of one in a row would be: it
-/// may go ahead while the count after it is at most `max`, and a refused
-/// ask is counted, its whole cost, as every `hit` is. A cost above `max` is
-/// refused at once, with no round trip and nothing counted
-/// ([`Verdict::exceeds_max`]). [`Permit::succeeded`](crate::Permit::succeeded)
-/// takes the whole cost back.
+/// An ask not yet sent: await it to ask one unit, or set its
+/// [`cost`](Ask::cost) first. An ask of `n` units is decided as `n` asks of
+/// one in a row would be ([API quotas](crate::guide#api-quotas)).
 ///
 /// ```
 /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -100,9 +92,9 @@ impl<'l, 'p, S, T> Ask<'l, 'p, S, T> {
         }
     }
 
-    /// Asks `cost` units of every limit asked instead of one: an upload of
-    /// 10 MB, a batch of 50 items. A cost of 0 cannot be written: an ask of
-    /// nothing is not an ask.
+    /// Asks `cost` units of every limit asked instead of one: a batch of 50
+    /// items, say. A cost above a limit's `max` is refused at once, nothing
+    /// counted ([`Verdict::exceeds_max`]).
     pub fn cost(mut self, cost: NonZeroU32) -> Self {
         self.cost = cost;
         self

@@ -1,5 +1,4 @@
-//! [`Limiter`]: the front. Check before an attempt, record a failure after
-//! it, or do both at once.
+//! [`Limiter`]: the front.
 
 mod ask;
 mod builder;
@@ -24,53 +23,20 @@ use crate::operation::Counting;
 use crate::store::Store;
 use crate::{Error, Key, Limit, Memory, Verdict};
 
-/// The front of the crate: `check`, `failed`, `hit`, `reserve` and `reset`,
-/// and their `_all` forms over several limits at once (an [`Ask`] of `hit`
-/// or `reserve` may [cost](Ask::cost) more than one unit), over a store,
-/// [`Postgres`](crate::Postgres) in production or [`Memory`] in tests.
+/// The front of the crate, over [`Postgres`](crate::Postgres) or
+/// [`Memory`]; the [crate docs](crate) show a login.
 ///
 /// Every call, getting the connection included, ends within the budget
-/// (2 seconds unless set with [`LimiterBuilder::budget`]). Only when a probe
-/// finds the server down is the attempt **allowed** (unless the limit chose
-/// otherwise with [`WhenUnreachable`](crate::WhenUnreachable)), the verdict
-/// saying so ([`Verdict::is_unreachable`]): [fail-open](crate::guide#fail-open),
-/// loudly. A call the server is up for but does not answer in time is shed
-/// ([`Verdict::is_shed`]); any other failure is an [`Error`]. Never a
-/// silent allow.
-///
-/// The usual shape of a login:
-///
-/// ```
-/// use platformkit_limit::{Key, Limit, Limiter, Memory};
-/// use std::time::Duration;
-///
-/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-/// let limiter = Limiter::new(Memory::new());
-/// let login = Limit::new("login", 3, Duration::from_secs(15 * 60))?;
-/// let account = Key::opaque("account-42");
-///
-/// for _ in 0..3 {
-///     let verdict = limiter.check(&login, &account).await?;
-///     assert!(verdict.is_allowed());
-///     // ... the password was wrong:
-///     limiter.failed(&login, &account).await?;
-/// }
-/// let verdict = limiter.check(&login, &account).await?;
-/// assert!(verdict.is_refused());
-/// assert!(verdict.retry_after().unwrap() <= Duration::from_secs(15 * 60));
-///
-/// // A good login may clear the count.
-/// limiter.reset(&login, &account).await?;
-/// assert!(limiter.check(&login, &account).await?.is_allowed());
-/// # Ok::<(), platformkit_limit::Error>(())
-/// # }).unwrap();
-/// ```
+/// ([`LimiterBuilder::budget`]). A server that a probe finds down leaves
+/// the verdict to the limit's [`WhenUnreachable`](crate::WhenUnreachable)
+/// ([fail-open](crate::guide#fail-open)); one that is up but does not
+/// answer in time sheds the call ([`Verdict::is_shed`]); any other failure
+/// is an [`Error`]. Never a silent allow.
 #[derive(Debug)]
 pub struct Limiter<S> {
     store: Arc<S>,
     budget: Duration,
-    /// The local count of limits that count locally while the store is
-    /// unreachable ([`WhenUnreachable::CountLocally`](crate::WhenUnreachable::CountLocally)).
+    /// The count of `CountLocally` limits while the store is unreachable.
     fallback: Memory,
     /// Refusals this process answers without a round trip.
     refusals: RefusalCache,
@@ -80,17 +46,13 @@ pub struct Limiter<S> {
 
 impl<S: Store> Limiter<S> {
     /// A limiter over `store` with every default (the table on
-    /// [`LimiterBuilder`]): a budget of 2 seconds, the refusal cache and
-    /// merging on.
-    ///
-    /// Describes the crate's metrics to the recorder installed now (see
-    /// [`metric::describe`](crate::metric::describe)).
+    /// [`LimiterBuilder`]). Describes the crate's metrics to the recorder
+    /// installed now ([`metric::describe`](crate::metric::describe)).
     pub fn new(store: S) -> Self {
         Limiter::builder(store).assemble()
     }
 
-    /// A builder for a limiter over `store` with settings of your own; each
-    /// is checked once, by [`LimiterBuilder::build`].
+    /// A builder for a limiter over `store` with settings of your own.
     ///
     /// ```
     /// use platformkit_limit::{Limiter, Memory};
@@ -108,33 +70,29 @@ impl<S: Store> Limiter<S> {
         LimiterBuilder::new(store)
     }
 
-    /// Whether concurrent writes share statements
-    /// ([`LimiterBuilder::no_merging`] turns it off).
+    /// Whether merging is on ([`LimiterBuilder::no_merging`]).
     pub fn merging(&self) -> bool {
         self.merging.is_some()
     }
 
-    /// With merging on, how many statements of writes may be in flight at
-    /// once ([`LimiterBuilder::writes_in_flight`]); `None` with merging off.
+    /// How many statements of writes may be in flight at once
+    /// ([`LimiterBuilder::writes_in_flight`]); `None` with merging off.
     pub fn writes_in_flight(&self) -> Option<usize> {
         self.merging.as_ref().map(Merging::places)
     }
 
-    /// How many keys the refusal cache holds, or `None` when it is off
-    /// ([`LimiterBuilder::refusal_cache`]).
+    /// How many keys the refusal cache may hold
+    /// ([`LimiterBuilder::refusal_cache`]); `None` when it is off.
     pub fn refusal_cache(&self) -> Option<usize> {
         self.refusals.capacity()
     }
 
-    /// How long the refusal cache answers for a flooded key before asking
-    /// the store again ([`LimiterBuilder::refusal_ttl`]).
+    /// The refusal cache's TTL ([`LimiterBuilder::refusal_ttl`]).
     pub fn refusal_ttl(&self) -> Duration {
         self.refusals.ttl()
     }
 
-    /// How many keys the local count of
-    /// [`WhenUnreachable::CountLocally`](crate::WhenUnreachable::CountLocally) limits may hold
-    /// ([`LimiterBuilder::local_keys`]).
+    /// How many keys the local count may hold ([`LimiterBuilder::local_keys`]).
     pub fn local_keys(&self) -> usize {
         self.fallback.capacity().unwrap_or(usize::MAX)
     }
@@ -155,9 +113,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Reads the verdict for an attempt before it is made; writes nothing.
-    ///
-    /// Allowed while the key's failures in the current window are fewer than
-    /// the limit's `max`.
+    /// Allowed while the key's failures are fewer than the limit's `max`.
     ///
     /// # Errors
     ///
@@ -167,13 +123,9 @@ impl<S: Store> Limiter<S> {
             .await
     }
 
-    /// Records a failed attempt (a wrong password, a wrong code). The verdict
-    /// says whether the next attempt may go ahead.
-    ///
-    /// When the store is unreachable the verdict does not count this
-    /// failure, and says so. If the budget ran out while the call was
-    /// already in flight, the server may still record it: the request was
-    /// sent, and the server finishes it alone.
+    /// Records a failed attempt (a wrong password, a wrong code); the verdict
+    /// says whether the next may go ahead. A call whose budget ran out in
+    /// flight may still be counted by the server.
     ///
     /// # Errors
     ///
@@ -183,10 +135,9 @@ impl<S: Store> Limiter<S> {
             .await
     }
 
-    /// Counts this attempt and says whether it may go ahead, in one
-    /// statement: for routes where every ask counts, such as "forgot my
-    /// password". Refused asks are counted too. Awaited as it is, it asks
-    /// one unit; [`Ask::cost`] asks more.
+    /// Counts this ask and says whether it may go ahead, in one statement:
+    /// for routes where every ask counts, refused ones too ("forgot my
+    /// password", an API). [`Ask::cost`] asks more than one unit.
     ///
     /// # Errors
     ///
@@ -195,17 +146,12 @@ impl<S: Store> Limiter<S> {
         Ask::one(self, Counting::HIT, limit, key)
     }
 
-    /// Counts this attempt **before** the work it guards and, when the limit
-    /// allows it, hands back a [`Permit`]: at most `max` attempts per window
-    /// can hold one, however many arrive at once.
-    ///
-    /// `check` then `failed` races: a thousand concurrent requests all pass
-    /// the check before the first failure is written. `reserve` closes that
-    /// hole: the attempt is counted in the same statement that decides.
-    /// Report [`Permit::succeeded`] after a success to take the attempt
-    /// back (or clear the key, as the limit's [`OnSuccess`](crate::OnSuccess)
-    /// says); a permit dropped without a report stays counted as a failure,
-    /// the safe default.
+    /// Counts this attempt **before** the work it guards, in the statement
+    /// that decides, and when the limit allows it hands back a [`Permit`]:
+    /// at most `max` attempts per window hold one, however many arrive at
+    /// once (concurrent `check`s all pass before the first `failed` is
+    /// written). [`Permit::succeeded`] takes a success back; a dropped
+    /// permit stays counted.
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory, Reservation};
@@ -233,8 +179,7 @@ impl<S: Store> Limiter<S> {
     ///
     /// # Errors
     ///
-    /// A hard failure (see [`Limiter`]); an unreachable store is decided by
-    /// the limit's [`WhenUnreachable`](crate::WhenUnreachable).
+    /// As [`Limiter::check`].
     pub fn reserve<'l, 'p>(
         &'l self,
         limit: &'p Limit,
@@ -243,17 +188,14 @@ impl<S: Store> Limiter<S> {
         Ask::one(self, Counting::RESERVE, limit, key)
     }
 
-    /// Clears the key under `limit`: its current window and any older ones.
-    /// The caller's choice, for example after a good login. Returns how
-    /// many windows the store held for the key: 0 when it held none (a key
-    /// never counted, or one of another spelling: an operator's tool says
-    /// so).
+    /// Clears the key under `limit`, every window of it (after a good login,
+    /// say). Returns how many windows the store held: 0 for a key never
+    /// counted, or one of another spelling.
     ///
     /// # Errors
     ///
-    /// Any failure, unreachable included (see [`Error::is_unreachable`]):
-    /// nothing is allowed or refused by a reset, so there is nothing to fail
-    /// open to.
+    /// Any failure, unreachable included ([`Error::is_unreachable`]): a
+    /// reset decides nothing, so there is nothing to fail open to.
     pub async fn reset(&self, limit: &Limit, key: &Key) -> Result<u64, Error> {
         self.reset_stored(limit, &stored(limit.name(), key)).await
     }

@@ -1,5 +1,4 @@
-//! [`Permit`]: an attempt counted before the work it guards; [`Permits`],
-//! the same under several limits at once.
+//! [`Permit`] and [`Permits`]: attempts counted before the work they guard.
 
 use std::num::NonZeroU32;
 use std::time::SystemTime;
@@ -10,16 +9,14 @@ use crate::operation::Counting;
 use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter, OnSuccess, Verdict, Verdicts};
 
-/// Where a reserved attempt was counted, and in which window: what a
-/// success takes back.
+/// Where a reserved attempt was counted: what a success takes back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CountedIn {
     /// In the store, in the window starting at `window_start`.
     Store { window_start: SystemTime },
     /// In the limiter's local fallback, the store being unreachable.
     Fallback { window_start: SystemTime },
-    /// Nowhere: the store was unreachable and the limit does not count
-    /// locally.
+    /// Not counted.
     Nowhere,
 }
 
@@ -29,8 +26,7 @@ pub(crate) enum CountedIn {
 pub enum Reservation<'a, S> {
     /// The attempt is counted and may go ahead.
     Granted(Permit<'a, S>),
-    /// The attempt is refused (and was counted, as every ask is, unless its
-    /// cost is above the limit's max: [`Verdict::exceeds_max`]).
+    /// The attempt is refused (counted, unless [`Verdict::exceeds_max`]).
     Refused(Verdict),
 }
 
@@ -53,8 +49,7 @@ pub struct Permit<'a, S> {
     limit: Limit,
     key: String,
     verdict: Verdict,
-    /// Where the attempt was counted, and its cost: what a success takes
-    /// back.
+    /// What a success takes back.
     counted_in: (CountedIn, NonZeroU32),
 }
 
@@ -64,16 +59,12 @@ impl<'a, S: Store> Permit<'a, S> {
         &self.verdict
     }
 
-    /// The attempt succeeded: take it back (its whole
-    /// [cost](crate::limiter::Ask::cost)) from the window it was counted
-    /// in, or clear the key, as the limit's [`OnSuccess`] says. When the
-    /// store was unreachable at the reservation and nothing counted it,
-    /// there is nothing to take back.
+    /// The attempt succeeded: take its whole cost back from the window it
+    /// was counted in, or clear the key, as the limit's [`OnSuccess`] says.
     ///
     /// # Errors
     ///
-    /// Any failure, unreachable included: the attempt then stays counted,
-    /// which errs on the safe side.
+    /// Any failure, unreachable included: the attempt then stays counted.
     pub async fn succeeded(self) -> Result<(), Error> {
         match self.limit.on_success() {
             OnSuccess::Reset => self
@@ -89,8 +80,7 @@ impl<'a, S: Store> Permit<'a, S> {
         }
     }
 
-    /// The attempt failed: it stays counted. The same as dropping the
-    /// permit, said out loud.
+    /// The attempt failed: it stays counted, as when the permit is dropped.
     pub fn failed(self) {}
 }
 
@@ -100,8 +90,7 @@ impl<'a, S: Store> Permit<'a, S> {
 pub enum Reservations<'a, S> {
     /// Every limit allows the attempt, and it is counted under each.
     Granted(Permits<'a, S>),
-    /// A limit refuses the attempt. It was counted under every limit all the
-    /// same, as every ask is, and nothing takes it back.
+    /// A limit refuses the attempt, counted under every limit all the same.
     Refused(Verdicts),
 }
 
@@ -131,10 +120,9 @@ impl<'a, S: Store> Reservations<'a, S> {
     }
 }
 
-/// One attempt counted up front under several limits: a [`Permit`] per
-/// (limit, key) pair. Report [`succeeded`](Permits::succeeded) after a
-/// success; dropped without a report, the attempt stays counted under every
-/// limit.
+/// A [`Permit`] per (limit, key) pair of one attempt: report
+/// [`succeeded`](Permits::succeeded) after a success; dropped, the attempt
+/// stays counted under every limit.
 #[derive(Debug)]
 #[must_use = "permits dropped without a report stay counted as a failure"]
 pub struct Permits<'a, S> {
@@ -148,68 +136,26 @@ impl<S: Store> Permits<'_, S> {
         &self.verdicts
     }
 
-    /// The attempt succeeded: take it back under every limit, each as its
-    /// [`OnSuccess`] says ([`Permit::succeeded`] for each pair, one
-    /// statement per pair, sent concurrently).
+    /// The attempt succeeded: [`Permit::succeeded`] for each pair, at once.
     ///
     /// # Errors
     ///
-    /// The first failure among the pairs, unreachable included: that pair's
-    /// attempt stays counted (the others are still taken back).
+    /// The first failure among the pairs; the others are still taken back.
     pub async fn succeeded(self) -> Result<(), Error> {
         let results =
             futures::future::join_all(self.permits.into_iter().map(Permit::succeeded)).await;
         results.into_iter().collect()
     }
 
-    /// The attempt failed: it stays counted under every limit. The same as
-    /// dropping the permits, said out loud.
+    /// The attempt failed: it stays counted, as when the permits are dropped.
     pub fn failed(self) {}
 }
 
 impl<S: Store> Limiter<S> {
-    /// [`reserve`](Limiter::reserve) over several (limit, key) pairs: the
-    /// attempt is counted under every limit in one statement and one round
-    /// trip (the statement of [`hit_all`](Limiter::hit_all)), and may go
-    /// ahead only if every limit allows it. On success,
-    /// [`Permits::succeeded`] takes it back under each limit.
-    ///
-    /// A refused attempt stays counted under every limit, the ones that
-    /// allowed it included, as a refused [`hit_all`](Limiter::hit_all) does.
-    /// With one pair this is [`reserve`](Limiter::reserve), refusal cache and
-    /// merging included; with more, the metrics count one `reserve` per
-    /// pair. Each permit takes its attempt back from the window the store
-    /// counted it in.
-    ///
-    /// ```
-    /// use platformkit_limit::{Key, Limit, Limiter, Memory, Reservations};
-    /// use std::net::{IpAddr, Ipv4Addr};
-    /// use std::time::Duration;
-    ///
-    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-    /// let limiter = Limiter::new(Memory::new());
-    /// let per_account = Limit::new("login-account", 5, Duration::from_secs(900))?;
-    /// let per_address = Limit::new("login-address", 20, Duration::from_secs(900))?;
-    /// let account = Key::email("alice@example.com");
-    /// let address = Key::ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)));
-    /// let both = [(&per_account, &account), (&per_address, &address)];
-    ///
-    /// match limiter.reserve_all(&both).await? {
-    ///     Reservations::Granted(permits) => {
-    ///         let password_was_right = true; // the guarded work
-    ///         if password_was_right {
-    ///             permits.succeeded().await?;
-    ///         }
-    ///     }
-    ///     Reservations::Refused(verdicts) => {
-    ///         let _retry_after = verdicts.retry_after();
-    ///     }
-    /// }
-    /// let counts: Vec<_> = limiter.check_all(&both).await?.iter().map(|v| v.count()).collect();
-    /// assert_eq!(counts, [Some(0), Some(0)]);
-    /// # Ok::<(), platformkit_limit::Error>(())
-    /// # }).unwrap();
-    /// ```
+    /// As [`reserve`](Limiter::reserve), over several pairs in one
+    /// statement: the attempt may go ahead only if every limit allows it,
+    /// and a refused one stays counted under every limit, as with
+    /// [`hit_all`](Limiter::hit_all).
     ///
     /// # Errors
     ///
@@ -221,8 +167,6 @@ impl<S: Store> Limiter<S> {
         Ask::all(self, Counting::RESERVE, pairs)
     }
 
-    /// Counts an attempt of `cost` under every pair, and hands back a permit
-    /// for each if every limit allows it.
     pub(crate) async fn reserved(
         &self,
         pairs: &[(&Limit, &Key)],

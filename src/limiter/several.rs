@@ -1,7 +1,4 @@
-//! The several-limits calls, one statement over several (limit, key)
-//! pairs; and
-//! `run_all`, the one path of every counting call, one pair or several,
-//! whatever its cost.
+//! The `_all` calls, and `run_all`, the one path of every counting call.
 
 use std::num::NonZeroU32;
 
@@ -19,10 +16,10 @@ use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter, Verdict, Verdicts};
 
 impl<S: Store> Limiter<S> {
-    /// [`check`](Limiter::check) over several (limit, key) pairs in one
-    /// statement and one round trip: a login's per-account and per-address
-    /// limits at once. The verdicts come back in the order given;
-    /// [`Verdicts::refused_by`] says which limit refused.
+    /// As [`check`](Limiter::check), over several (limit, key) pairs in one
+    /// statement: a login's per-account and per-address limits at once.
+    /// The verdicts come in the order given; [`Verdicts::refused_by`] says
+    /// which limit refused.
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -54,9 +51,8 @@ impl<S: Store> Limiter<S> {
             .await
     }
 
-    /// [`failed`](Limiter::failed) over several (limit, key) pairs in one
-    /// statement and one round trip. Rows are locked in one order whatever
-    /// the order given, so concurrent calls cannot deadlock.
+    /// As [`failed`](Limiter::failed), over several pairs in one statement.
+    /// Concurrent calls cannot deadlock, whatever their order.
     ///
     /// # Errors
     ///
@@ -66,9 +62,8 @@ impl<S: Store> Limiter<S> {
             .await
     }
 
-    /// [`hit`](Limiter::hit) over several (limit, key) pairs in one
-    /// statement and one round trip: the ask is counted under every limit,
-    /// and may go ahead only if every limit allows it.
+    /// As [`hit`](Limiter::hit), over several pairs in one statement: the
+    /// ask is counted under every limit, and goes ahead only if all allow it.
     ///
     /// # Errors
     ///
@@ -80,27 +75,10 @@ impl<S: Store> Limiter<S> {
         Ask::all(self, Counting::HIT, pairs)
     }
 
-    /// [`hit_all`](Limiter::hit_all), all or nothing: the ask's cost
-    /// is counted under every limit if every limit allows it, and under
-    /// none if one refuses. For quotas: a refusal by the per-second limit
-    /// does not spend the per-day quota. `hit_all` stays attack
-    /// accounting, where every ask counts.
-    ///
-    /// One statement and one round trip, as `hit_all`: the rows are locked
-    /// in one order whatever the order given, so concurrent calls cannot
-    /// deadlock, and each limit is decided on its count under that lock, so
-    /// concurrent asks never together go past a limit. The verdicts come
-    /// back in the order given. When one refuses, nothing is counted, and
-    /// each verdict tells what the ask found under its limit (the others
-    /// may allow it); [`Verdicts::refused_by`] names the first refusal.
-    ///
-    /// A cost above a pair's `max`, a refusal the refusal cache answers, an
-    /// unreachable or a busy store are as [`hit_all`](Limiter::hit_all)
-    /// says; while the store is unreachable, a limit that
-    /// [counts locally](crate::WhenUnreachable::CountLocally) counts the ask
-    /// under its own limit whatever the others say. The call is a statement
-    /// of its own, never merged with other callers' (see the guide's
-    /// [merging](crate::guide#merging)).
+    /// As [`hit_all`](Limiter::hit_all), all or nothing: the cost is counted
+    /// under every limit if all allow it, under none if one refuses. For
+    /// quotas, where a refusal per second must not spend the day's quota
+    /// ([all or nothing](crate::guide#api-quotas)).
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
@@ -130,8 +108,7 @@ impl<S: Store> Limiter<S> {
     ///
     /// As [`Limiter::check_all`], and
     /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
-    /// (limit, key) pair given twice: each pair is decided by its own
-    /// count.
+    /// (limit, key) pair given twice.
     pub fn hit_all_or_nothing<'l, 'p>(
         &'l self,
         pairs: &'p [(&'p Limit, &'p Key)],
@@ -151,9 +128,7 @@ impl<S: Store> Limiter<S> {
         ))
     }
 
-    /// Runs one counting operation of `cost` over several pairs in one
-    /// statement: each pair's verdict and where (and in which window) it
-    /// was counted.
+    /// Each pair's verdict, and where it was counted.
     pub(crate) async fn counted_all_in(
         &self,
         op: Counting,
@@ -195,28 +170,17 @@ impl<S: Store> Limiter<S> {
         self.run_all(op, &stored, cost).await
     }
 
-    /// Runs one counting operation of `cost` over one or several (limit,
-    /// stored key) pairs: the one path of every call, whatever its number
-    /// of pairs and its [cost](Ask::cost).
-    ///
-    /// A cost above a pair's `max` first: that pair is refused at once
-    /// ([`Verdict::exceeds_max`]). Then the refusal cache, by cost. A pair
-    /// refused by either refuses the call, and
-    /// no statement is sent for any pair (the pairs not asked are allowed by
-    /// their own limits, with nothing counted). Then one statement: a write
-    /// through merging when it is on, each pair a caller of its own key; a
-    /// read, or a write with merging off, as one statement of its own. Then
-    /// each pair's verdict: decided by its count, or by its limit's
-    /// [`WhenUnreachable`](crate::WhenUnreachable) when the store is down,
-    /// or shed when it is overloaded.
+    /// The one path of every counting call, whatever its pairs and cost
+    /// ([one call's path](crate::guide#one-calls-path)). A pair refused
+    /// before the store (by its cost or the refusal cache) refuses the call,
+    /// and nothing is sent but a `failed_all`'s count under its other pairs.
     pub(crate) async fn run_all(
         &self,
         op: Counting,
         stored: &[(&Limit, String)],
         cost: NonZeroU32,
     ) -> Result<Vec<(Verdict, CountedIn)>, Error> {
-        // Its callers give one pair (`run`) or have checked the number
-        // (`counted_all_in`): one statement takes them all.
+        // `counted_all_in` checked the number.
         debug_assert!(
             (1..=Limiter::MAX_PAIRS).contains(&stored.len()),
             "between one and Limiter::MAX_PAIRS pairs"
@@ -227,7 +191,6 @@ impl<S: Store> Limiter<S> {
         let mut cached: Vec<Option<Verdict>> = Vec::with_capacity(stored.len());
         for (i, (limit, key)) in stored.iter().enumerate() {
             if cost.get() > limit.max() {
-                // No window ever allows it: refused before any lookup.
                 cached.push(Some(Verdict::over_max(limit)));
                 refreshes.push(None);
                 continue;
@@ -256,18 +219,14 @@ impl<S: Store> Limiter<S> {
         if cached.iter().all(Option::is_none) {
             return self.ask(op, &call, asked_at, stored, cost, refreshes).await;
         }
-        // Refused without a round trip. A failure happened all the same: it
-        // is still counted under the pairs the cache does not answer, so
-        // that no limit of the call under-counts a burst. Any other call
-        // asks the store nothing; the claims of the others end here.
+        // Refused without a round trip. A failure happened all the same: a
+        // `failed` is counted under the other pairs. Other claims end here.
         let rest: Vec<(&Limit, String)> = stored
             .iter()
             .zip(&cached)
             .filter(|(_, cached)| cached.is_none())
             .map(|((limit, key), _)| (*limit, key.clone()))
             .collect();
-        // (A `failed` costs 1, which no limit's max is below: only the
-        // refusal cache answers one.)
         let mut asked = if op == Counting::FAILED && !rest.is_empty() {
             let refreshes = refreshes
                 .into_iter()
