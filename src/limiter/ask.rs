@@ -7,10 +7,10 @@ use std::sync::Arc;
 use super::permit::CountedIn;
 use crate::cache::Refresh;
 use crate::call::Call;
-use crate::decide::{Counted, decide};
+use crate::decide::decide;
 use crate::metric::Outcome;
 use crate::operation::Counting;
-use crate::store::{Asked, Store};
+use crate::store::{Asked, Store, count_pairs};
 use crate::{Error, Limit, Limiter, Verdict, WhenUnreachable};
 
 impl<S: Store> Limiter<S> {
@@ -33,33 +33,13 @@ impl<S: Store> Limiter<S> {
         // all-or-nothing call a pair refused). Boxed: a store's future is
         // large, and a caller's should not carry it.
         let counting = Box::pin(async {
-            let asked = || -> Vec<Asked<'_>> {
-                stored
-                    .iter()
-                    .map(|(limit, key)| Asked { limit, key, n })
-                    .collect()
-            };
-            match (&self.merging, stored) {
-                (Some(merging), _) if op.all_or_nothing() => {
-                    let asked = asked();
-                    let statement = self.store.count_all_or_none(&asked, deadline);
-                    merging.in_turn(statement).await
-                }
-                _ if op.all_or_nothing() => self.store.count_all_or_none(&asked(), deadline).await,
-                (Some(merging), _) if op.adds() => merging
-                    .add_all(&self.store, op, stored, n, deadline)
-                    .await
-                    .map(|counted| (after_the_call(stored, counted), true)),
-                (_, [(limit, key)]) => self
-                    .store
-                    .count(op, limit, key, n, deadline)
-                    .await
-                    .map(|counted| (vec![counted], true)),
-                _ => self
-                    .store
-                    .count_many(op, &asked(), deadline)
-                    .await
-                    .map(|counted| (counted, true)),
+            let asked: Vec<Asked<'_>> = stored
+                .iter()
+                .map(|(limit, key)| Asked { limit, key, n })
+                .collect();
+            match &self.merging {
+                Some(merging) => merging.count(&self.store, op, &asked, deadline).await,
+                None => count_pairs(&*self.store, op, &asked, deadline).await,
             }
         });
         match call.within_store(&*self.store, counting).await {
@@ -173,22 +153,6 @@ impl<S: Store> Limiter<S> {
             WhenUnreachable::Allow => (Verdict::uncounted(limit, true, cause), CountedIn::Nowhere),
         }
     }
-}
-
-/// The counts of a merged write as one statement gives them: a pair given
-/// twice in one call reads the count after all of the call's additions,
-/// as `add_many` answers it, not its own position's.
-fn after_the_call(stored: &[(&Limit, String)], mut counted: Vec<Counted>) -> Vec<Counted> {
-    for i in 0..stored.len() {
-        let last = (i..stored.len())
-            .rev()
-            .find(|&j| stored[j].1 == stored[i].1)
-            .unwrap_or(i);
-        if last != i {
-            counted[i] = counted[last].clone();
-        }
-    }
-    counted
 }
 
 /// A call whose cost was not `added` is refused: should every verdict

@@ -5,7 +5,6 @@
 mod flight;
 
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use snafu::ResultExt;
@@ -16,6 +15,7 @@ use crate::decide::Counted;
 use crate::error::{AbandonedSnafu, MergedSnafu};
 use crate::operation::Counting;
 use crate::store::sealed::Sealed;
+use crate::store::{Asked, count_pairs};
 use crate::{Error, Limit};
 
 /// Merging, for one limiter.
@@ -94,11 +94,25 @@ impl Merging {
         }
     }
 
-    /// Runs `statement`, an all-or-nothing write, once one of its places is
-    /// free, in order of arrival, within the caller's budget.
-    pub(crate) async fn in_turn<T>(&self, statement: impl Future<Output = T>) -> T {
-        let _place = self.alone.acquire().await;
-        statement.await
+    /// As [`count_pairs`]: writes merged with other callers' (the counts
+    /// each caller's own), all-or-nothing writes alone once one of their
+    /// places is free, reads as they come.
+    pub(crate) async fn count<S: Sealed>(
+        &self,
+        store: &Arc<S>,
+        op: Counting,
+        pairs: &[Asked<'_>],
+        deadline: Instant,
+    ) -> Result<(Vec<Counted>, bool), Error> {
+        if op.all_or_nothing() {
+            let _place = self.alone.acquire().await;
+            return count_pairs(&**store, op, pairs, deadline).await;
+        }
+        if !op.adds() {
+            return count_pairs(&**store, op, pairs, deadline).await;
+        }
+        let counted = self.add_all(store, op, pairs, deadline).await?;
+        Ok((after_the_call(pairs, counted), true))
     }
 
     /// How many statements of writes may be in flight at once.
@@ -110,23 +124,22 @@ impl Merging {
     /// the other callers; each count after this caller's addition, in the
     /// order given. Dropping the future gives up this caller's wait and
     /// nothing else: its cost may or may not be counted.
-    pub(crate) async fn add_all<S: Sealed>(
+    async fn add_all<S: Sealed>(
         &self,
         store: &Arc<S>,
         op: Counting,
-        pairs: &[(&Limit, String)],
-        cost: u64,
+        pairs: &[Asked<'_>],
         deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
-        debug_assert!(op.adds(), "only writes merge");
         let operation = op.operation();
-        let waits = self.queue(store, op, pairs, cost, deadline);
+        let waits = self.queue(store, op, pairs, deadline);
         let mut counted = Vec::with_capacity(waits.len());
-        for (wait, (limit, key)) in waits.into_iter().zip(pairs) {
+        for (wait, pair) in waits.into_iter().zip(pairs) {
             let rx = match wait {
                 Wait::Merged(rx) => rx,
                 Wait::Alone => {
-                    counted.push(store.count(op, limit, key, cost, deadline).await?);
+                    let Asked { limit, key, n } = *pair;
+                    counted.push(store.count(op, limit, key, n, deadline).await?);
                     continue;
                 }
             };
@@ -149,8 +162,7 @@ impl Merging {
         &self,
         store: &Arc<S>,
         op: Counting,
-        pairs: &[(&Limit, String)],
-        cost: u64,
+        pairs: &[Asked<'_>],
         deadline: Instant,
     ) -> Vec<Wait> {
         let mut waits = Vec::with_capacity(pairs.len());
@@ -159,7 +171,12 @@ impl Merging {
         let mut first = Vec::new();
         {
             let mut queue = self.shared.lock();
-            for (limit, key) in pairs {
+            for &Asked {
+                limit,
+                key,
+                n: cost,
+            } in pairs
+            {
                 if queue
                     .keys
                     .get(key)
@@ -182,15 +199,15 @@ impl Merging {
                     continue;
                 }
                 queue.keys.insert(
-                    key.clone(),
+                    key.to_owned(),
                     Waiting {
                         op,
-                        limit: (*limit).clone(),
+                        limit: limit.clone(),
                         callers: vec![caller],
                     },
                 );
-                queue.ready.push_back(key.clone());
-                first.push(key.clone());
+                queue.ready.push_back(key.to_owned());
+                first.push(key.to_owned());
                 if !start && queue.in_flight < self.shared.places {
                     queue.in_flight += 1;
                     start = true;
@@ -204,6 +221,22 @@ impl Merging {
     }
 }
 
+/// The counts of a merged write as one statement gives them: a pair given
+/// twice in one call reads the count after all of the call's additions,
+/// as `add_many` answers it, not its own position's.
+fn after_the_call(pairs: &[Asked<'_>], mut counted: Vec<Counted>) -> Vec<Counted> {
+    for i in 0..pairs.len() {
+        let last = (i..pairs.len())
+            .rev()
+            .find(|&j| pairs[j].key == pairs[i].key)
+            .unwrap_or(i);
+        if last != i {
+            counted[i] = counted[last].clone();
+        }
+    }
+    counted
+}
+
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
@@ -215,3 +248,6 @@ impl Shared {
 fn abandoned() -> Arc<Error> {
     Arc::new(Error::from(AbandonedSnafu.build()))
 }
+
+#[cfg(test)]
+mod tests;

@@ -42,6 +42,28 @@ pub struct Asked<'a> {
     pub n: u64,
 }
 
+/// Runs one counting operation over `pairs` in one statement of `store`:
+/// the counts in the order given, and whether the asks were added (always,
+/// but for an all-or-nothing call a pair refused).
+pub(crate) async fn count_pairs<S: sealed::Sealed>(
+    store: &S,
+    op: Counting,
+    pairs: &[Asked<'_>],
+    deadline: Instant,
+) -> Result<(Vec<Counted>, bool), Error> {
+    match pairs {
+        _ if op.all_or_nothing() => store.count_all_or_none(pairs, deadline).await,
+        [one] => store
+            .count(op, one.limit, one.key, one.n, deadline)
+            .await
+            .map(|counted| (vec![counted], true)),
+        _ => store
+            .count_many(op, pairs, deadline)
+            .await
+            .map(|counted| (counted, true)),
+    }
+}
+
 pub(crate) mod sealed {
     use super::*;
 

@@ -1,0 +1,143 @@
+//! Merging alone, over the in-process store: what it promises of the
+//! statements it sends and the counts it hands back.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use futures::future::join_all;
+
+use super::*;
+use crate::Memory;
+
+/// `Memory`, counting the statements it is sent.
+#[derive(Default)]
+struct Tally {
+    store: Memory,
+    statements: AtomicUsize,
+}
+
+impl Tally {
+    fn sent(&self) -> usize {
+        self.statements.fetch_add(1, Ordering::SeqCst)
+    }
+}
+
+impl Sealed for Tally {
+    fn local_now(&self) -> SystemTime {
+        self.store.local_now()
+    }
+    async fn down_before(&self) -> bool {
+        self.store.down_before().await
+    }
+    async fn down_after(&self, error: &Error) -> bool {
+        self.store.down_after(error).await
+    }
+    async fn count(
+        &self,
+        op: Counting,
+        limit: &Limit,
+        key: &str,
+        n: u64,
+        deadline: Instant,
+    ) -> Result<Counted, Error> {
+        self.sent();
+        self.store.count(op, limit, key, n, deadline).await
+    }
+    async fn count_many(
+        &self,
+        op: Counting,
+        asked: &[Asked<'_>],
+        deadline: Instant,
+    ) -> Result<Vec<Counted>, Error> {
+        self.sent();
+        self.store.count_many(op, asked, deadline).await
+    }
+    async fn count_all_or_none(
+        &self,
+        asked: &[Asked<'_>],
+        deadline: Instant,
+    ) -> Result<(Vec<Counted>, bool), Error> {
+        self.sent();
+        self.store.count_all_or_none(asked, deadline).await
+    }
+    async fn take_back(
+        &self,
+        key: &str,
+        window_start: SystemTime,
+        n: u64,
+        deadline: Instant,
+    ) -> Result<u64, Error> {
+        self.store.take_back(key, window_start, n, deadline).await
+    }
+    async fn refused(
+        &self,
+        limit: &Limit,
+        prefix: &str,
+        at_most: usize,
+        deadline: Instant,
+    ) -> Result<Vec<(String, Counted)>, Error> {
+        self.store.refused(limit, prefix, at_most, deadline).await
+    }
+    async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
+        self.store.reset(key, deadline).await
+    }
+}
+
+fn limit() -> Limit {
+    Limit::new("m", 1_000, Duration::from_secs(60)).expect("a limit")
+}
+
+/// Fifty concurrent callers of one key, costs 1 to 3, through one place.
+async fn fifty(merging: &Merging, store: &Arc<Tally>, op: Counting) -> Vec<u64> {
+    let limit = limit();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let pairs: Vec<[Asked<'_>; 1]> = (0..50)
+        .map(|i| {
+            [Asked {
+                limit: &limit,
+                key: "m|k",
+                n: i % 3 + 1,
+            }]
+        })
+        .collect();
+    let answers = join_all(
+        pairs
+            .iter()
+            .map(|pair| merging.count(store, op, pair, deadline)),
+    )
+    .await;
+    answers
+        .into_iter()
+        .map(|answer| {
+            let (counted, added) = answer.expect("counted");
+            assert!(added);
+            counted[0].count
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn concurrent_writes_of_one_key_share_statements_and_each_caller_reads_its_own_count() {
+    let store = Arc::new(Tally::default());
+    let merging = Merging::new(1);
+    let mut counts = fifty(&merging, &store, Counting::HIT).await;
+    let total: u64 = (0..50).map(|i| i % 3 + 1).sum();
+    // Each caller's count is the count after its own addition: all
+    // different, the last the total.
+    counts.sort_unstable();
+    counts.dedup();
+    assert_eq!(counts.len(), 50, "{counts:?}");
+    assert_eq!(counts.last(), Some(&total));
+    let sent = store.statements.load(Ordering::SeqCst);
+    assert!(sent < 50, "{sent} statements for 50 writes of one key");
+}
+
+#[tokio::test]
+async fn reads_and_all_or_nothing_writes_are_never_merged() {
+    let store = Arc::new(Tally::default());
+    let merging = Merging::new(1);
+    fifty(&merging, &store, Counting::CHECK).await;
+    assert_eq!(store.statements.load(Ordering::SeqCst), 50);
+    fifty(&merging, &store, Counting::HIT_ALL_OR_NOTHING).await;
+    assert_eq!(store.statements.load(Ordering::SeqCst), 100);
+}
