@@ -14,8 +14,14 @@
 --
 -- Versions: platformkit_schema_version() is the crate's SCHEMA_VERSION. A
 -- release that changes anything this file creates raises both by one, in the
--- same commit, carrying forward what an install of the version before needs.
--- Version 1 is 0.1.0's; the layouts before it have no upgrade.
+-- same commit. Routines change by being applied again; a change this file
+-- cannot make by applying itself over the version before (a table's) goes in
+-- a numbered upgrade, schema/upgrades/NNNN.sql, taking version NNNN - 1 to
+-- NNNN, applied before this file. The test
+-- reapplying_the_schema_over_an_install_with_rows_gives_a_fresh_installs_catalog
+-- compares the catalog an install applied again leaves with a fresh
+-- install's; the release that brings the first upgrade makes it apply the
+-- upgrades too. Version 1 is 0.1.0's; the layouts before it have no upgrade.
 
 -- Replicas applying this at once take turns (concurrent CREATEs collide in
 -- the catalog) on a transaction-level lock. Any login may hold an advisory

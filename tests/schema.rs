@@ -1014,3 +1014,89 @@ async fn migrating_over_a_newer_schema_changes_nothing_and_says_so() {
     .await;
     assert_eq!(kept, ["the newer release's"], "the newer routines stay");
 }
+
+/// What a database holds of the schema, one sorted line per object: the
+/// table and its row-level security, columns, constraints, indexes, the
+/// policy, each routine's signature, settings and a digest of its body, and
+/// who may use what.
+const CATALOG: &str = "
+    SELECT line FROM (
+        SELECT format('schema %s acl=%s', n.nspname, n.nspacl) AS line
+        FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'platformkit'
+        UNION ALL
+        SELECT format('relation %s kind=%s rls=%s force=%s acl=%s', c.relname, c.relkind,
+                      c.relrowsecurity, c.relforcerowsecurity, c.relacl)
+        FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'platformkit'::regnamespace
+        UNION ALL
+        SELECT format('column %s.%s %s not_null=%s default=%s collation=%s', c.relname, a.attname,
+                      pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                      pg_catalog.pg_get_expr(d.adbin, d.adrelid), a.attcollation::regcollation)
+        FROM pg_catalog.pg_attribute AS a
+        JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
+        LEFT JOIN pg_catalog.pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE c.relnamespace = 'platformkit'::regnamespace AND c.relkind = 'r'
+          AND a.attnum > 0 AND NOT a.attisdropped
+        UNION ALL
+        SELECT format('constraint %s.%s %s', c.relname, k.conname, pg_catalog.pg_get_constraintdef(k.oid))
+        FROM pg_catalog.pg_constraint AS k JOIN pg_catalog.pg_class AS c ON c.oid = k.conrelid
+        WHERE c.relnamespace = 'platformkit'::regnamespace
+        UNION ALL
+        SELECT format('index %s', pg_catalog.pg_get_indexdef(i.indexrelid))
+        FROM pg_catalog.pg_index AS i JOIN pg_catalog.pg_class AS c ON c.oid = i.indrelid
+        WHERE c.relnamespace = 'platformkit'::regnamespace
+        UNION ALL
+        SELECT format('policy %s.%s cmd=%s roles=%s using=%s check=%s', p.tablename, p.policyname,
+                      p.cmd, p.roles, p.qual, p.with_check)
+        FROM pg_catalog.pg_policies AS p WHERE p.schemaname = 'platformkit'
+        UNION ALL
+        SELECT format('routine %s kind=%s returns=%s volatile=%s security_definer=%s config=%s acl=%s body=%s',
+                      p.oid::regprocedure, p.prokind, pg_catalog.pg_get_function_result(p.oid),
+                      p.provolatile, p.prosecdef, p.proconfig, p.proacl,
+                      pg_catalog.md5(coalesce(p.prosrc, '') || coalesce(pg_catalog.pg_get_function_sqlbody(p.oid), '')))
+        FROM pg_catalog.pg_proc AS p WHERE p.pronamespace = 'platformkit'::regnamespace
+    ) AS catalog ORDER BY line";
+
+/// Applying the schema again over an install with rows, as every start
+/// of a new release does, gives the catalog of a fresh install: each
+/// object, its settings and its grants, compared line by line. A release
+/// whose schema needs more than that (a changed table) brings a numbered
+/// upgrade, as the header of `schema/limits.sql` says, and makes this test
+/// apply it before the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reapplying_the_schema_over_an_install_with_rows_gives_a_fresh_installs_catalog() {
+    let fresh = Server::shared().database(SCHEMA).await;
+    let admin = fresh.connect_admin().await;
+    let expected = texts(&admin, CATALOG).await;
+
+    let db = Server::shared().database(SCHEMA).await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let login = Limit::new("login", 5, Duration::from_secs(60)).unwrap();
+    limiter
+        .failed(&login, &Key::email("alice@example.com"))
+        .await
+        .unwrap();
+    db.connect().await.batch_execute(SCHEMA).await.unwrap();
+    let reapplied = texts(&db.connect_admin().await, CATALOG).await;
+    assert!(
+        reapplied == expected,
+        "applied again: {}",
+        first_difference(&reapplied, &expected)
+    );
+    assert!(
+        expected
+            .iter()
+            .any(|line| line.starts_with("routine platformkit.platformkit_limit_add("))
+    );
+}
+
+/// The first line where `a` and `b` differ, for a failure message.
+fn first_difference(a: &[String], b: &[String]) -> String {
+    let (mut a, mut b) = (a.iter(), b.iter());
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return "the same".to_owned(),
+            (x, y) if x != y => return format!("found {x:?}, a fresh install has {y:?}"),
+            _ => {}
+        }
+    }
+}
