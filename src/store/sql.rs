@@ -94,8 +94,8 @@ pub(crate) struct Add<'a> {
     pub(crate) lockout_secs: i64,
 }
 
-impl Add<'_> {
-    pub(crate) fn statement(&self) -> Statement<'_, 9> {
+impl<'a> Add<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 9> {
         Statement {
             sql: ADD,
             params: [
@@ -125,8 +125,8 @@ pub(crate) struct Read<'a> {
     pub(crate) lockout_secs: i64,
 }
 
-impl Read<'_> {
-    pub(crate) fn statement(&self) -> Statement<'_, 7> {
+impl<'a> Read<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 7> {
         Statement {
             sql: READ,
             params: [
@@ -155,8 +155,8 @@ pub(crate) struct List<'a> {
     pub(crate) at_most: i64,
 }
 
-impl List<'_> {
-    pub(crate) fn statement(&self) -> Statement<'_, 8> {
+impl<'a> List<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 8> {
         Statement {
             sql: LIST,
             params: [
@@ -187,8 +187,8 @@ pub(crate) struct AddMany<'a> {
     pub(crate) lockout_secs: &'a [i64],
 }
 
-impl AddMany<'_> {
-    pub(crate) fn statement(&self) -> Statement<'_, 9> {
+impl<'a> AddMany<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 9> {
         Statement {
             sql: ADD_MANY,
             params: [
@@ -220,8 +220,8 @@ pub(crate) struct AddAllOrNone<'a> {
     pub(crate) lockout_secs: &'a [i64],
 }
 
-impl AddAllOrNone<'_> {
-    pub(crate) fn statement(&self) -> Statement<'_, 9> {
+impl<'a> AddAllOrNone<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 9> {
         Statement {
             sql: ADD_ALL_OR_NONE,
             params: [
@@ -251,8 +251,8 @@ pub(crate) struct ReadMany<'a> {
     pub(crate) lockout_secs: &'a [i64],
 }
 
-impl ReadMany<'_> {
-    pub(crate) fn statement(&self) -> Statement<'_, 7> {
+impl<'a> ReadMany<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 7> {
         Statement {
             sql: READ_MANY,
             params: [
@@ -279,8 +279,8 @@ pub(crate) struct TakeBack<'a> {
     pub(crate) relaxed: bool,
 }
 
-impl TakeBack<'_> {
-    pub(crate) fn statement(&self) -> Statement<'_, 5> {
+impl<'a> TakeBack<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 5> {
         Statement {
             sql: TAKE_BACK,
             params: [
@@ -302,8 +302,8 @@ pub(crate) struct Reset<'a> {
     pub(crate) relaxed: bool,
 }
 
-impl Reset<'_> {
-    pub(crate) fn statement(&self) -> Statement<'_, 3> {
+impl<'a> Reset<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 3> {
         Statement {
             sql: RESET,
             params: [

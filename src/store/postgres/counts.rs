@@ -48,39 +48,37 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let previous = limit.strategy() == Strategy::Sliding;
         let max = i64::from(limit.max());
         let lockout = i64::try_from(limit.lockout_secs()).expect("at most a day");
-        let since = Instant::now();
-        let row = self
-            .within(operation, deadline, since, async {
-                let (mut conn, budget) = self.session(operation, since, deadline).await?;
-                if op.adds() {
-                    let add = sql::Add {
-                        key,
-                        add: i64::try_from(n).unwrap_or(i64::MAX),
-                        window_secs: window,
-                        at: pinned,
-                        budget_ms: budget.server_ms,
-                        relaxed: self.relaxed,
-                        previous,
-                        max,
-                        lockout_secs: lockout,
-                    };
-                    self.call(&mut conn, operation, add.statement(), budget)
-                        .await
-                } else {
-                    let read = sql::Read {
-                        key,
-                        window_secs: window,
-                        at: pinned,
-                        budget_ms: budget.server_ms,
-                        previous,
-                        max,
-                        lockout_secs: lockout,
-                    };
-                    self.call(&mut conn, operation, read.statement(), budget)
-                        .await
+        let row = if op.adds() {
+            self.send(operation, deadline, |budget_ms| {
+                sql::Add {
+                    key,
+                    add: i64::try_from(n).unwrap_or(i64::MAX),
+                    window_secs: window,
+                    at: pinned,
+                    budget_ms,
+                    relaxed: self.relaxed,
+                    previous,
+                    max,
+                    lockout_secs: lockout,
                 }
+                .statement()
             })
-            .await?;
+            .await?
+        } else {
+            self.send(operation, deadline, |budget_ms| {
+                sql::Read {
+                    key,
+                    window_secs: window,
+                    at: pinned,
+                    budget_ms,
+                    previous,
+                    max,
+                    lockout_secs: lockout,
+                }
+                .statement()
+            })
+            .await?
+        };
         if !op.adds() {
             let mut one = counted_pairs(&row, operation, 1, true)?;
             return Ok(one.remove(0));
@@ -102,39 +100,37 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let pinned = self.pinned()?;
         let pairs = Pairs::of(asked);
         let previous = pairs.sliding.iter().any(|&sliding| sliding);
-        let since = Instant::now();
-        let row = self
-            .within(operation, deadline, since, async {
-                let (mut conn, budget) = self.session(operation, since, deadline).await?;
-                if op.adds() {
-                    let add = sql::AddMany {
-                        keys: &pairs.keys,
-                        window_secs: &pairs.windows,
-                        adds: &pairs.adds,
-                        at: pinned,
-                        budget_ms: budget.server_ms,
-                        relaxed: self.relaxed,
-                        previous,
-                        maxes: &pairs.maxes,
-                        lockout_secs: &pairs.lockouts,
-                    };
-                    self.call(&mut conn, operation, add.statement(), budget)
-                        .await
-                } else {
-                    let read = sql::ReadMany {
-                        keys: &pairs.keys,
-                        window_secs: &pairs.windows,
-                        at: pinned,
-                        budget_ms: budget.server_ms,
-                        previous,
-                        maxes: &pairs.maxes,
-                        lockout_secs: &pairs.lockouts,
-                    };
-                    self.call(&mut conn, operation, read.statement(), budget)
-                        .await
+        let row = if op.adds() {
+            self.send(operation, deadline, |budget_ms| {
+                sql::AddMany {
+                    keys: &pairs.keys,
+                    window_secs: &pairs.windows,
+                    adds: &pairs.adds,
+                    at: pinned,
+                    budget_ms,
+                    relaxed: self.relaxed,
+                    previous,
+                    maxes: &pairs.maxes,
+                    lockout_secs: &pairs.lockouts,
                 }
+                .statement()
             })
-            .await?;
+            .await?
+        } else {
+            self.send(operation, deadline, |budget_ms| {
+                sql::ReadMany {
+                    keys: &pairs.keys,
+                    window_secs: &pairs.windows,
+                    at: pinned,
+                    budget_ms,
+                    previous,
+                    maxes: &pairs.maxes,
+                    lockout_secs: &pairs.lockouts,
+                }
+                .statement()
+            })
+            .await?
+        };
         counted_pairs(&row, operation, asked.len(), !op.adds())
     }
 
@@ -146,23 +142,20 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let operation = Counting::HIT_ALL_OR_NOTHING.operation();
         let pinned = self.pinned()?;
         let pairs = Pairs::of(asked);
-        let since = Instant::now();
         let row = self
-            .within(operation, deadline, since, async {
-                let (mut conn, budget) = self.session(operation, since, deadline).await?;
-                let add = sql::AddAllOrNone {
+            .send(operation, deadline, |budget_ms| {
+                sql::AddAllOrNone {
                     keys: &pairs.keys,
                     window_secs: &pairs.windows,
                     adds: &pairs.adds,
                     at: pinned,
-                    budget_ms: budget.server_ms,
+                    budget_ms,
                     relaxed: self.relaxed,
                     sliding: &pairs.sliding,
                     maxes: &pairs.maxes,
                     lockout_secs: &pairs.lockouts,
-                };
-                self.call(&mut conn, operation, add.statement(), budget)
-                    .await
+                }
+                .statement()
             })
             .await?;
         let counted = counted_pairs(&row, operation, asked.len(), false)?;
@@ -178,19 +171,16 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         deadline: Instant,
     ) -> Result<u64, Error> {
         let operation = Operation::TakeBack;
-        let since = Instant::now();
         let row = self
-            .within(operation, deadline, since, async {
-                let (mut conn, budget) = self.session(operation, since, deadline).await?;
-                let take_back = sql::TakeBack {
+            .send(operation, deadline, |budget_ms| {
+                sql::TakeBack {
                     key,
                     window_start: micros_since_epoch(window_start),
                     n: i64::try_from(n).unwrap_or(i64::MAX),
-                    budget_ms: budget.server_ms,
+                    budget_ms,
                     relaxed: self.relaxed,
-                };
-                self.call(&mut conn, operation, take_back.statement(), budget)
-                    .await
+                }
+                .statement()
             })
             .await?;
         deleted(&row, Operation::TakeBack)
@@ -205,22 +195,19 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     ) -> Result<Vec<(String, Counted)>, Error> {
         let operation = Operation::RefusedKeys;
         let pinned = self.pinned()?;
-        let since = Instant::now();
         let row = self
-            .within(operation, deadline, since, async {
-                let (mut conn, budget) = self.session(operation, since, deadline).await?;
-                let list = sql::List {
+            .send(operation, deadline, |budget_ms| {
+                sql::List {
                     prefix,
                     window_secs: i64::try_from(limit.window_secs()).expect("at most 366 days"),
                     at: pinned,
-                    budget_ms: budget.server_ms,
+                    budget_ms,
                     previous: limit.strategy() == Strategy::Sliding,
                     max: i64::from(limit.max()),
                     lockout_secs: i64::try_from(limit.lockout_secs()).expect("at most a day"),
                     at_most: i64::try_from(at_most).unwrap_or(i64::MAX),
-                };
-                self.call(&mut conn, operation, list.statement(), budget)
-                    .await
+                }
+                .statement()
             })
             .await?;
         let get = |e: Failure| e.into_error(operation, false);
@@ -253,17 +240,14 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
 
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
         let operation = Operation::Reset;
-        let since = Instant::now();
         let row = self
-            .within(operation, deadline, since, async {
-                let (mut conn, budget) = self.session(operation, since, deadline).await?;
-                let reset = sql::Reset {
+            .send(operation, deadline, |budget_ms| {
+                sql::Reset {
                     key,
-                    budget_ms: budget.server_ms,
+                    budget_ms,
                     relaxed: self.relaxed,
-                };
-                self.call(&mut conn, operation, reset.statement(), budget)
-                    .await
+                }
+                .statement()
             })
             .await?;
         deleted(&row, Operation::Reset)

@@ -3,7 +3,6 @@
 
 mod counts;
 
-use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::{Instant, timeout_at};
@@ -212,14 +211,20 @@ impl<C: LimitConn> Postgres<C> {
         Ok((conn, budget))
     }
 
-    /// Runs `work` (a connection, then [`call`]) until `deadline`.
-    async fn within<T>(
+    /// Sends the statement `statement` makes for the server's share of the
+    /// budget, on a connection of its own, finished by `deadline`.
+    async fn send<'a, const N: usize>(
         &self,
         operation: Operation,
         deadline: Instant,
-        since: Instant,
-        work: impl Future<Output = Result<T, Error>>,
-    ) -> Result<T, Error> {
+        statement: impl FnOnce(i64) -> Statement<'a, N>,
+    ) -> Result<Row, Error> {
+        let since = Instant::now();
+        let work = async {
+            let (mut conn, budget) = self.session(operation, since, deadline).await?;
+            self.call(&mut conn, operation, statement(budget.server_ms), budget)
+                .await
+        };
         timeout_at(deadline, work).await.unwrap_or_else(|_| {
             let budget = deadline.saturating_duration_since(since);
             let budget =
