@@ -165,6 +165,15 @@ async fn the_sqlx_service_limits_logins_and_the_api_over_http_then_keeps_its_pol
         );
     }
     assert!(!exposition.body.contains("alice"), "no key in the metrics");
+    // The example's recorder gives the call duration buckets: the series
+    // the dashboard's percentile panels query (a summary has none).
+    assert!(
+        exposition
+            .body
+            .contains("platformkit_limit_call_duration_seconds_bucket{"),
+        "no duration buckets in\n{}",
+        exposition.body
+    );
 
     // The database stops. The login's limits refuse: 503. The API's allows,
     // and says so in the metrics.
