@@ -34,6 +34,8 @@ mod failover;
 mod floods;
 #[cfg(feature = "internal-checks")]
 mod fuzz_corpus;
+#[cfg(feature = "tower")]
+mod grpc;
 mod hostile_keys;
 mod hostile_sessions;
 #[cfg(feature = "internal-checks")]

@@ -7,7 +7,7 @@ use http::request::Parts;
 
 use super::LimitLayer;
 use super::config::{Config, KeyOf, Rule, TierFn};
-use super::response::Rejection;
+use super::response::{GrpcOnRejection, Rejection};
 use crate::{Key, Limit, Limiter};
 
 impl<S, R> LimitLayer<S, R> {
@@ -219,6 +219,16 @@ impl<S, R> LimitLayer<S, R> {
     where
         F: Fn(Rejection) -> http::Response<B> + Send + Sync + 'static,
     {
+        self.answering(respond)
+    }
+
+    /// Answers as a gRPC client understands ([`GrpcOnRejection`]): for a
+    /// tonic service.
+    pub fn grpc(self) -> LimitLayer<S, GrpcOnRejection> {
+        self.answering(GrpcOnRejection)
+    }
+
+    fn answering<F>(self, respond: F) -> LimitLayer<S, F> {
         let Config {
             limiter,
             mode,

@@ -18,7 +18,7 @@ use crate::store::Store;
 
 pub use self::client_ip::{ClientIp, client_ip};
 use self::config::{Config, Mode};
-pub use self::response::{DefaultOnRejection, OnRejection, Rejection};
+pub use self::response::{DefaultOnRejection, GrpcOnRejection, OnRejection, Rejection};
 pub use self::service::LimitService;
 
 /// A [tower `Layer`](tower::Layer) that limits requests before they reach

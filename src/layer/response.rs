@@ -213,6 +213,40 @@ impl<B: From<&'static str>> OnRejection<B> for DefaultOnRejection {
     }
 }
 
+/// The answers a gRPC client understands, for a tonic service
+/// ([`LimitLayer::grpc`](super::LimitLayer::grpc)): HTTP 200, an empty body,
+/// and the status in `grpc-status` and `grpc-message` (a trailers-only
+/// response): `RESOURCE_EXHAUSTED` for a refusal or a cost above max,
+/// `UNAVAILABLE` when no limit counted, `INVALID_ARGUMENT` for a missing
+/// key, `INTERNAL` otherwise. `Retry-After` and the `RateLimit` fields
+/// travel as metadata.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GrpcOnRejection;
+
+impl<B: Default> OnRejection<B> for GrpcOnRejection {
+    fn on_rejection(&self, rejection: Rejection) -> Response<B> {
+        let (code, message) = match rejection {
+            Rejection::Refused(_) => ("8", "too many requests"),
+            Rejection::TooLarge(_) => ("8", "the request costs more than a rate limit ever allows"),
+            Rejection::Unavailable(_) => ("14", "service unavailable"),
+            Rejection::MissingKey { .. } => {
+                ("3", "the request lacks the key a rate limit counts it by")
+            }
+            Rejection::NoClientAddress { .. } | Rejection::Failed(_) => ("13", "internal error"),
+        };
+        let mut response = Response::new(B::default());
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(GRPC_STATUS, HeaderValue::from_static(code));
+        headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
+        response
+    }
+}
+
+/// gRPC's status fields.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
 /// The field `RateLimit-Policy`.
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// The field `RateLimit`.
