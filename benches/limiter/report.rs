@@ -158,9 +158,10 @@ impl Results {
 #[derive(Serialize)]
 struct Capacity {
     name: String,
-    /// The row it comes from: its operation and keys.
+    /// The row it comes from: its operation, keys and connections.
     operation: &'static str,
     keys: &'static str,
+    connections: usize,
     attempts_per_sec: f64,
     /// How many cores the server kept busy, per round.
     server_cores_busy: Summary,
@@ -169,12 +170,13 @@ struct Capacity {
 }
 
 fn capacity(results: &Results, attack: &AttackResults) -> Vec<Capacity> {
-    let wide = |name: &str, what: What| {
-        let row = results.row(what, Some(Keys::Random), WIDE);
+    let at = |name: &str, what: What, connections: usize| {
+        let row = results.row(what, Some(Keys::Random), connections);
         Capacity {
             name: name.to_owned(),
             operation: what.json_name(),
             keys: Keys::Random.name(),
+            connections,
             attempts_per_sec: row.ops_per_sec(),
             server_cores_busy: Summary::of(row.samples.iter().map(Sample::server_cores_busy)),
             attempts_per_server_core_sec: row.per_server_core(),
@@ -186,6 +188,7 @@ fn capacity(results: &Results, attack: &AttackResults) -> Vec<Capacity> {
             name,
             operation: "failed_attack_defaults",
             keys: keys.name(),
+            connections: WIDE,
             attempts_per_sec: row.ops_per_sec(),
             server_cores_busy: Summary::of(row.samples.iter().map(Sample::server_cores_busy)),
             attempts_per_server_core_sec: Summary::of(
@@ -193,7 +196,14 @@ fn capacity(results: &Results, attack: &AttackResults) -> Vec<Capacity> {
             ),
         }
     };
+    let wide = |name: &str, what: What| at(name, what, WIDE);
     vec![
+        at("the upsert alone, durable (floor)", What::Upsert, 1),
+        at(
+            "durable commits, defaults, a lone caller",
+            What::DefaultsFailed,
+            1,
+        ),
         wide("the upsert alone, durable (floor)", What::Upsert),
         wide("durable commits (failed, store path)", What::Failed),
         wide(
@@ -469,11 +479,11 @@ impl Report<'_> {
         println!(
             "capacity: login attempts (failed) per second one PostgreSQL core sustains, = attempts \
              / CPU seconds of the server's processes over the same time (/proc/<pid>/stat of the \
-             postmaster and its children), {WIDE} callers; median [range] over rounds"
+             postmaster and its children); median [range] over rounds"
         );
         println!(
-            "  {:<46} {:>10} {:>20} {:>30}",
-            "", "attempts/s", "server cores busy", "attempts/s per server core"
+            "  {:<46} {:>5} {:>10} {:>20} {:>30}",
+            "", "conns", "attempts/s", "server cores busy", "attempts/s per server core"
         );
         if self.mode.quick {
             println!(
@@ -501,8 +511,9 @@ impl Report<'_> {
                 "- (no server CPU measured)".to_owned()
             };
             println!(
-                "  {:<46} {:>10} {:>20} {:>30}",
+                "  {:<46} {:>5} {:>10} {:>20} {:>30}",
                 line.name,
+                line.connections,
                 show_ops(line.attempts_per_sec),
                 busy,
                 per_core
