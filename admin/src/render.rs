@@ -20,7 +20,6 @@ table{border-collapse:collapse;width:100%;background:#fff}\
 th,td{text-align:left;padding:.45em .7em;border-bottom:1px solid #e1e4ea;vertical-align:middle}\
 th{font-size:.85em;color:#5a6273;font-weight:600;background:#eef0f4;white-space:nowrap}\
 td.key{font-family:ui-monospace,monospace;word-break:break-all;min-width:14em}\
-td.key small{font-family:system-ui,sans-serif;word-break:normal;white-space:nowrap}\
 td.num{font-variant-numeric:tabular-nums;white-space:nowrap}\
 small{color:#5a6273}\
 form{margin:0}\
@@ -166,10 +165,11 @@ pub(super) fn limit_page(view: &LimitPage<'_>) -> String {
         body,
         "<h2>Look up a key</h2><form method=\"get\" action=\"{action}\">\
          <input type=\"text\" name=\"key\" value=\"{typed}\" \
-         placeholder=\"email:alice@example.com\" aria-label=\"key\" required> \
+         placeholder=\"alice@example.com\" aria-label=\"key\" required> \
          <button type=\"submit\">Look up</button></form>\
-         <p class=\"hint\">Type <code>email:…</code>, <code>user:…</code>, \
-         <code>ip:…</code> or <code>id:…</code>.</p>",
+         <p class=\"hint\">Type an email address or an IP address, or a key as \
+         this page shows it (<code>email|alice@example.com</code>); a username as \
+         <code>user:bob</code>.</p>",
         action = escape(&href),
         typed = escape(typed),
     );
@@ -182,7 +182,7 @@ pub(super) fn limit_page(view: &LimitPage<'_>) -> String {
         Some(Lookup::Invalid { reason, .. }) => {
             let _ = write!(
                 body,
-                "<p class=\"notice bad\">Not a key: {}</p>",
+                "<p class=\"notice bad\">Not a key: {}.</p>",
                 escape(reason)
             );
         }
@@ -258,39 +258,19 @@ fn row(status: &KeyStatus, unlock: &str, guard: &Guard, limit: &str) -> String {
         "<small>nothing to clear</small>".to_owned()
     };
     format!(
-        "<tr><td class=\"key\" title=\"{title}\">{key}</td><td class=\"num\">{count}</td>\
+        "<tr><td class=\"key\">{key}</td><td class=\"num\">{count}</td>\
          <td class=\"num\">{window_end}</td><td class=\"num\">{reopens}</td>\
          <td class=\"num\">{locked}</td><td>{button}</td></tr>",
-        title = escape(status.key()),
-        key = shown_key(status.key()),
+        key = escape(&shown_key(status.key())),
         window_end = at_and_in(status.window_end(), now),
     )
 }
 
-/// How much of a digested key's readable prefix a row shows.
-const SHOWN_PREFIX_CHARS: usize = 40;
-
-/// A stored key as a row shows it, escaped: a digested key with its
-/// readable prefix and the digest's first 12 digits (the whole key is the
-/// cell's title and the form's field).
+/// A stored key as a row shows it: its spelling ([`Key::spelling`]),
+/// which typed in the lookup finds it. A stored text that no key encodes
+/// to (a row written by hand) is quoted, with Rust's escapes.
 fn shown_key(stored: &str) -> String {
-    let digested = Key::from_encoded(stored).is_some_and(|key| key.is_digested());
-    match stored.len().checked_sub(65) {
-        Some(at) if digested => {
-            let readable = &stored[..at];
-            let cut = readable
-                .char_indices()
-                .nth(SHOWN_PREFIX_CHARS)
-                .map_or(readable.len(), |(i, _)| i);
-            let more = if cut < readable.len() { "…" } else { "" };
-            format!(
-                "{}{more}~{}…&nbsp;<small>(digest)</small>",
-                escape(&readable[..cut]),
-                &stored[at + 1..at + 13]
-            )
-        }
-        _ => escape(stored),
-    }
+    Key::from_encoded(stored).map_or_else(|| format!("{stored:?}"), |key| key.spelling())
 }
 
 /// An error page's body: a heading and a message (escaped here).
@@ -324,15 +304,12 @@ mod tests {
     }
 
     #[test]
-    fn a_digested_key_shows_its_prefix_and_a_short_digest() {
+    fn a_row_shows_a_key_as_it_is_typed() {
         let long = Key::opaque(&"<b>".repeat(100));
-        let shown = shown_key(long.as_str());
-        let digest = &long.as_str()[long.as_str().len() - 64..];
-        let prefix = escape(&format!("id|{}", "<b>".repeat(13))[..SHOWN_PREFIX_CHARS]);
-        let expected = format!("{prefix}…~{}…&nbsp;<small>(digest)</small>", &digest[..12]);
-        assert_eq!(shown, expected);
-        // An escaped `~` and 64 hex digits is no digest: shown whole.
-        let tilde = Key::opaque(&format!("~{digest}"));
-        assert_eq!(shown_key(tilde.as_str()), tilde.as_str());
+        assert!(long.is_digested());
+        for key in [long, Key::new(["alice@example.com"]).unwrap()] {
+            assert_eq!(shown_key(key.as_str()), key.spelling());
+        }
+        assert_eq!(shown_key("id|a~b"), r#""id|a~b""#, "no key: quoted");
     }
 }

@@ -189,9 +189,13 @@ async fn limit_page<S: Store>(
             },
             Err(e) => {
                 status = StatusCode::BAD_REQUEST;
+                // The library's message says what to type; the page says
+                // "Not a key" for its "invalid key".
+                let reason = e.to_string();
+                let reason = reason.strip_prefix("invalid key: ").unwrap_or(&reason);
                 Some(Lookup::Invalid {
                     typed: typed.to_owned(),
-                    reason: e.to_string(),
+                    reason: reason.to_owned(),
                 })
             }
         },

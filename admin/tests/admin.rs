@@ -164,6 +164,30 @@ fn listed(body: &str) -> Vec<String> {
         .collect()
 }
 
+/// The keys a part of a page shows, as a browser shows them: the text of
+/// each key's cell.
+fn shown_keys(part: &str) -> Vec<String> {
+    part.split("<td class=\"key\"")
+        .skip(1)
+        .map(|cell| {
+            let text = &cell[cell.find('>').unwrap() + 1..];
+            unescape(&text[..text.find("</td>").unwrap()])
+        })
+        .collect()
+}
+
+/// The answer to looking `typed` up on `limit`'s page, as the page's
+/// lookup form sends it.
+async fn look_up(app: &Router, limit: &str, typed: &str) -> Answer {
+    get(app, &format!("{MOUNT}/{limit}?key={}", urlencode(typed))).await
+}
+
+/// The part of a limit's page above the refused keys: the lookup and its
+/// answer.
+fn lookup_part(body: &str) -> &str {
+    &body[..body.find("Refused now").expect("the refused keys' section")]
+}
+
 #[track_caller]
 fn assert_secured(answer: &Answer, what: &str) {
     let field = |name| answer.headers.get(name).and_then(|v| v.to_str().ok());
@@ -308,11 +332,77 @@ async fn looking_up_a_key_shows_its_count() {
         let answer = get(&app, &format!("{MOUNT}/login?key={nonsense}")).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{nonsense}");
         assert!(
-            answer.body.contains("Not a key: invalid key"),
+            answer.body.contains("Not a key: "),
             "{}",
             answer.body
         );
     }
+}
+
+/// A key is shown as it is typed: each listed key, whichever constructor
+/// built it, is looked up by the text its row shows; an email address or
+/// an IP address typed alone is the service's key of it; a text that is
+/// none is told, in words, what to type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_looked_up_by_the_text_its_row_shows() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 2);
+    let app = app(&limiter, std::slice::from_ref(&login));
+    let keys = [
+        Key::new(["account", "42", "203.0.113.7"]).unwrap(),
+        Key::new(["alice@example.com"]).unwrap(),
+        Key::opaque(&"session-".repeat(40)),
+        Key::email("alice@example.com"),
+        Key::ip("2001:db8:1:2::9".parse().unwrap()),
+    ];
+    for key in &keys {
+        fail(&limiter, &login, key, 2).await;
+    }
+
+    let page = get(&app, &format!("{MOUNT}/login")).await;
+    let refused = &page.body[page.body.find("Refused now").unwrap()..];
+    let mut shown = shown_keys(refused);
+    shown.sort();
+    let mut spelled: Vec<String> = keys.iter().map(Key::spelling).collect();
+    spelled.sort();
+    assert_eq!(shown, spelled);
+    for key in &keys {
+        let typed = key.spelling();
+        let answer = look_up(&app, "login", &typed).await;
+        assert_eq!(answer.status, StatusCode::OK, "{typed}: {}", answer.body);
+        let found = lookup_part(&answer.body);
+        assert_eq!(shown_keys(found), [typed.as_str()], "{typed}");
+        assert!(found.contains("2 / 2"), "{typed}: {}", answer.body);
+        assert_eq!(unlock_forms(found)[0].1, key.as_str(), "{typed}");
+    }
+
+    for (typed, key) in [
+        (" Alice@Example.COM ", &keys[3]),
+        ("2001:db8:1:2::1", &keys[4]),
+    ] {
+        let answer = look_up(&app, "login", typed).await;
+        let found = lookup_part(&answer.body);
+        assert_eq!(
+            shown_keys(found),
+            [key.spelling()],
+            "{typed}: {}",
+            answer.body
+        );
+        assert!(found.contains("2 / 2"), "{typed}: {}", answer.body);
+    }
+
+    let answer = look_up(&app, "login", "alice").await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    let said = lookup_part(&answer.body);
+    for words in [
+        "Not a key: type an email address",
+        "an IP address",
+        "email|alice@example.com",
+    ] {
+        assert!(said.contains(words), "{words:?}: {}", answer.body);
+    }
+    assert!(!said.contains("invalid key"), "{}", answer.body);
 }
 
 /// Unlock, posted from the page with its token, resets exactly the listed

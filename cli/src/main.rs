@@ -32,8 +32,10 @@ LIMIT is the limit's name; LIMIT-OPTIONS say what the service's limit is:
   --sliding        a sliding window (fixed unless given)
   --lockout D      the lockout after a full window, if the limit has one
 
-KEY is written kind:value, normalized as the service normalizes it:
-  email:alice@example.com   user:bob   ip:203.0.113.7   id:abc123
+KEY is an email address or an IP address, a key as this tool shows it
+(email|alice@example.com, account|42), or kind:value, the kind email, user,
+ip or id; an address or a kind:value is normalized as the service does:
+  alice@example.com   203.0.113.7   user:bob   email:alice@example.com   id:abc123
 
 exit status: 0 done, 1 error, 2 usage";
 
@@ -186,10 +188,10 @@ async fn reset(args: &[String]) -> Result<(), Failure> {
         // nothing was unlocked, and the operator must know.
         return Err(Failure::Failed(format!(
             "nothing to reset: no window of {name} {} is stored (check the limit's name and the key)",
-            key.as_str()
+            key.spelling()
         )));
     }
-    println!("reset {name} {}: {windows} windows", key.as_str());
+    println!("reset {name} {}: {windows} windows", key.spelling());
     Ok(())
 }
 
@@ -211,7 +213,7 @@ async fn locked(args: &[String]) -> Result<(), Failure> {
             .map_or_else(String::new, |at| format!(" locked until {}", utc(at)));
         println!(
             "{} count {} of {}{reopens}{locked}",
-            status.key(),
+            shown(status),
             status.count(),
             status.max()
         );
@@ -220,7 +222,7 @@ async fn locked(args: &[String]) -> Result<(), Failure> {
 }
 
 fn print_status(status: &KeyStatus) {
-    println!("key: {}", status.key());
+    println!("key: {}", shown(status));
     println!("count: {} of {}", status.count(), status.max());
     println!(
         "refused: {}",
@@ -236,6 +238,14 @@ fn print_status(status: &KeyStatus) {
     if let Some(at) = status.locked_until() {
         println!("locked until: {}", when(at, status.read_at()));
     }
+}
+
+/// A status's key as the tool shows it: its spelling, which the tool reads
+/// back as that key; a stored text no key encodes to (a row written by
+/// hand) quoted, with Rust's escapes.
+fn shown(status: &KeyStatus) -> String {
+    Key::from_encoded(status.key())
+        .map_or_else(|| format!("{:?}", status.key()), |key| key.spelling())
 }
 
 /// LIMIT and KEY, the first two arguments.

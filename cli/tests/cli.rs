@@ -176,6 +176,61 @@ async fn status_locked_and_reset_of_a_locked_out_key() {
     );
 }
 
+/// A key is typed as the tool shows it: each key `locked` lists, whichever
+/// constructor built it, is the key `status` and `reset` find by that
+/// text; an email address typed alone is the service's key of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_typed_as_the_tool_shows_it() {
+    let db = fresh_db().await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let login = limit("login", 2);
+    let window = format!("{}s", LONG_WINDOW.as_secs());
+    let options = ["--max", "2", "--window", &window];
+    let keys = [
+        Key::new(["account", "42", "203.0.113.7"]).unwrap(),
+        Key::new(["alice@example.com"]).unwrap(),
+        Key::opaque("alice\u{200B}"),
+        Key::email("carol@example.com"),
+    ];
+    for key in &keys {
+        for _ in 0..2 {
+            limiter.failed(&login, key).await.unwrap();
+        }
+    }
+
+    let out = tool(Some(&db), &[&["locked", "login"][..], &options].concat());
+    assert_exit(&out, 0, "locked");
+    let mut shown: Vec<String> = stdout(&out)
+        .lines()
+        .map(|line| line[..line.find(" count ").unwrap()].to_owned())
+        .collect();
+    shown.sort();
+    let mut spelled: Vec<String> = keys.iter().map(Key::spelling).collect();
+    spelled.sort();
+    assert_eq!(shown, spelled);
+
+    for typed in &shown {
+        let out = tool(
+            Some(&db),
+            &[&["status", "login", typed][..], &options].concat(),
+        );
+        assert_exit(&out, 0, typed);
+        let text = stdout(&out);
+        assert!(
+            text.starts_with(&format!("key: {typed}\ncount: 2 of 2\n")),
+            "{text}"
+        );
+    }
+    for (typed, key) in [(" Carol@Example.com", &keys[3]), (&shown[0], &keys[0])] {
+        let out = tool(Some(&db), &["reset", "login", typed]);
+        assert_exit(&out, 0, typed);
+        assert!(
+            limiter.check(&login, key).await.unwrap().is_allowed(),
+            "{typed}"
+        );
+    }
+}
+
 /// `purge` runs until done and says how many rows went.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_says_how_many_rows_went() {
@@ -197,9 +252,15 @@ async fn errors_are_clear_with_their_exit_codes() {
     assert_exit(&out, 1, "no DATABASE_URL");
     assert!(stderr(&out).contains("DATABASE_URL is not set"), "{out:?}");
 
-    let out = tool(Some(&db), &["reset", "login", "alice@example.com"]);
-    assert_exit(&out, 1, "a key with no kind");
-    assert!(stderr(&out).contains("invalid key: "), "{out:?}");
+    let out = tool(Some(&db), &["reset", "login", "alice"]);
+    assert_exit(&out, 1, "a text in no form of key");
+    for words in [
+        "invalid key: type an email address",
+        "an IP address",
+        "user:bob",
+    ] {
+        assert!(stderr(&out).contains(words), "{words:?}: {out:?}");
+    }
 
     let out = tool(Some(&db), &["reset", "login", "ip:300.1.2.3"]);
     assert_exit(&out, 1, "a bad address");

@@ -1,9 +1,11 @@
-//! A [`Key`] as an operator types it, and a stored key back as a [`Key`].
+//! A [`Key`] as an operator reads and types it, and a stored key back as
+//! a [`Key`].
 
+use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use super::Key;
 use super::encode::{decode, escape_into, unescaped_tilde};
+use super::{Key, is_default_ignorable};
 use crate::Error;
 use crate::error::InvalidKeySnafu;
 
@@ -49,10 +51,95 @@ impl Key {
     }
 }
 
-/// A key as an operator writes it, `kind:value`: `email:`
-/// ([`Key::email`]), `user:` ([`Key::username`]), `ip:` ([`Key::ip`]) or
-/// `id:` ([`Key::opaque`]), normalized as the service does, so that the key
-/// typed is the key counted.
+/// The kinds an operator types before a `:`: a constructor's, or `key`
+/// before a key as [`Key::spelling`] writes it.
+#[derive(Clone, Copy)]
+enum Kind {
+    Email,
+    User,
+    Ip,
+    Id,
+    Shown,
+}
+
+const KINDS: [(&str, Kind); 5] = [
+    ("email", Kind::Email),
+    ("user", Kind::User),
+    ("ip", Kind::Ip),
+    ("id", Kind::Id),
+    ("key", Kind::Shown),
+];
+
+/// What a text that is no key is told: every form an operator may type.
+const FORMS: &str = "type an email address (alice@example.com), an IP address \
+                     (203.0.113.7), a key as it is shown (email|alice@example.com), \
+                     or a kind and a value (user:bob; the kinds are email, user, ip and id)";
+
+/// What a text read as a shown key, which is none, is told.
+const NOT_SHOWN: &str = "a text with | is read as a key is shown, and no key is shown so: \
+                         copy the key whole, or type an email address, an IP address, \
+                         or a kind and a value (user:bob)";
+
+impl Key {
+    /// The key as an operator reads and types it, one spelling for every
+    /// key whichever constructor built it: what the admin page and the
+    /// operator's tool show, and what [`FromStr`](#impl-FromStr-for-Key)
+    /// reads back as this very key. Like [`Key::as_str`], it shows the key:
+    /// personal data.
+    ///
+    /// It is the encoding, except that a character that shows as nothing
+    /// or as a plain space is written `\u{…}`: a default-ignorable code
+    /// point (zero-width characters, bidirectional controls), white space
+    /// other than a space, the braille blank, and a space at either end.
+    /// So two keys never look alike. A key whose encoding would read as
+    /// another form (one part, or a first part that starts with `email:`,
+    /// `user:`, `ip:`, `id:` or `key:`) is spelled with `key:` in front.
+    ///
+    /// ```
+    /// use platformkit_limit::Key;
+    ///
+    /// assert_eq!(Key::email("Alice@Example.com").spelling(), "email|alice@example.com");
+    /// let both = Key::new(["account", "42", "203.0.113.7"])?;
+    /// assert_eq!(both.spelling(), "account|42|203.0.113.7");
+    /// let hidden = Key::opaque("alice\u{200B}");
+    /// assert_eq!(hidden.spelling(), r"id|alice\u{200b}");
+    /// let one_part = Key::new(["alice@example.com"])?;
+    /// assert_eq!(one_part.spelling(), "key:alice@example.com");
+    /// for key in [both, hidden, one_part] {
+    ///     assert_eq!(key.spelling().parse::<Key>()?, key);
+    /// }
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// ```
+    pub fn spelling(&self) -> String {
+        let encoded = self.as_str();
+        let mut spelled = String::with_capacity(encoded.len());
+        let last = encoded.len().saturating_sub(1);
+        for (i, c) in encoded.char_indices() {
+            if unseen(c) || (c == ' ' && (i == 0 || i == last)) {
+                let _ = write!(spelled, "\\u{{{:x}}}", u32::from(c));
+            } else {
+                spelled.push(c);
+            }
+        }
+        if !separated(&spelled) || kind(&spelled).is_some() {
+            spelled.insert_str(0, "key:");
+        }
+        spelled
+    }
+}
+
+/// A key as an operator types it, in one of these forms:
+///
+/// - a kind and a value, `email:`, `user:`, `ip:` or `id:` (the kind in any
+///   case), built by [`Key::email`], [`Key::username`], [`Key::ip`] or
+///   [`Key::opaque`], so normalized as the service does and the key typed
+///   is the key counted;
+/// - a key as it is shown ([`Key::spelling`]): a text with a `|`, or any
+///   text after `key:`, read exactly as that key;
+/// - an IP address alone, as [`Key::ip`];
+/// - an email address alone (one `@` with text on either side, and no
+///   white space or `:`), as [`Key::email`]. An address with a `|` in it
+///   is typed `email:…`.
 ///
 /// ```
 /// use platformkit_limit::Key;
@@ -63,37 +150,122 @@ impl Key {
 /// assert_eq!("ip:203.0.113.7".parse::<Key>()?.as_str(), "ip|203.0.113.7");
 /// assert_eq!("id:abc123".parse::<Key>()?, Key::opaque("abc123"));
 /// assert_eq!(" Email:bob@example.com".parse::<Key>()?, Key::email("bob@example.com"));
+/// assert_eq!("email|alice@example.com".parse::<Key>()?, alice);
+/// assert_eq!("account|42".parse::<Key>()?, Key::new(["account", "42"])?);
+/// assert_eq!(" Alice@Example.com ".parse::<Key>()?, alice);
+/// assert_eq!("2001:db8::7".parse::<Key>()?.as_str(), "ip|2001:db8::/64");
 /// assert!("ip:not-an-address".parse::<Key>().is_err());
-/// assert!("alice@example.com".parse::<Key>().is_err());
+/// assert!("alice".parse::<Key>().is_err());
 /// # Ok::<(), platformkit_limit::Error>(())
 /// ```
 ///
 /// # Errors
 ///
-/// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) for another
-/// kind, no `:`, or an `ip:` that is no IP address.
+/// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey), whose message
+/// names the forms, for a text in none of them, an `ip:` that is no IP
+/// address, or a shown key that no key is shown as.
 impl std::str::FromStr for Key {
     type Err = Error;
 
     fn from_str(typed: &str) -> Result<Key, Error> {
         let invalid = |reason| Error::from(InvalidKeySnafu { reason }.build());
-        let kinds = "an operator's key is kind:value, the kind email, user, ip or id";
-        let (kind, value) = typed
-            .trim_start()
-            .split_once(':')
-            .ok_or_else(|| invalid(kinds))?;
-        match kind.to_ascii_lowercase().as_str() {
-            "email" => Ok(Key::email(value)),
-            "user" => Ok(Key::username(value)),
-            "id" => Ok(Key::opaque(value)),
-            "ip" => value
-                .trim()
-                .parse::<IpAddr>()
-                .map(Key::ip)
-                .map_err(|_| invalid("an ip: key needs an IPv4 or IPv6 address")),
-            _ => Err(invalid(kinds)),
+        let typed = typed.trim_start();
+        if let Some((kind, value)) = kind(typed) {
+            return match kind {
+                Kind::Email => Ok(Key::email(value)),
+                Kind::User => Ok(Key::username(value)),
+                Kind::Id => Ok(Key::opaque(value)),
+                Kind::Ip => value
+                    .trim()
+                    .parse::<IpAddr>()
+                    .map(Key::ip)
+                    .map_err(|_| invalid("an ip: key needs an IPv4 or IPv6 address")),
+                Kind::Shown => spelled(value.trim()).ok_or_else(|| invalid(NOT_SHOWN)),
+            };
+        }
+        let typed = typed.trim_end();
+        if let Ok(address) = typed.parse::<IpAddr>() {
+            Ok(Key::ip(address))
+        } else if separated(typed) {
+            spelled(typed).ok_or_else(|| invalid(NOT_SHOWN))
+        } else if is_email_address(typed) {
+            Ok(Key::email(typed))
+        } else {
+            Err(invalid(FORMS))
         }
     }
+}
+
+/// The kind `text` starts with, and the value after its `:`.
+fn kind(text: &str) -> Option<(Kind, &str)> {
+    let (kind, value) = text.split_once(':')?;
+    KINDS
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(kind))
+        .map(|&(_, kind)| (kind, value))
+}
+
+/// Whether `c` shows as nothing or as a plain space, so that a spelling
+/// writes it `\u{…}`.
+fn unseen(c: char) -> bool {
+    is_default_ignorable(c) || (c.is_whitespace() && c != ' ') || c == '\u{2800}'
+}
+
+/// Whether `text` holds a `|` that is not escaped: a separator of parts.
+fn separated(text: &str) -> bool {
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '|' => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Whether `text` reads as an email address: one `@` with text on either
+/// side, no white space, no `:`.
+fn is_email_address(text: &str) -> bool {
+    let one_at = matches!(
+        text.split_once('@'),
+        Some((local, domain)) if !local.is_empty() && !domain.is_empty() && !domain.contains('@')
+    );
+    one_at && !text.contains(|c: char| c.is_whitespace() || c == ':')
+}
+
+/// The key `text` spells ([`Key::spelling`]): its `\u{…}` escapes read
+/// (of characters a spelling writes so, only), the encoding read back
+/// exactly.
+fn spelled(text: &str) -> Option<Key> {
+    let mut encoded = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('\\') {
+        encoded.push_str(&rest[..at]);
+        let escape = &rest[at..];
+        if let Some(tail) = escape.strip_prefix("\\u{") {
+            let end = tail.find('}')?;
+            let hex = &tail[..end];
+            if !(1..=6).contains(&hex.len()) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return None;
+            }
+            let c = u32::from_str_radix(hex, 16).ok().and_then(char::from_u32)?;
+            if !(c == ' ' || unseen(c)) {
+                return None;
+            }
+            encoded.push(c);
+            rest = &tail[end + 1..];
+        } else {
+            // An escape of the encoding's, for `from_encoded` to read.
+            let after = escape[1..].chars().next().map_or(0, char::len_utf8);
+            encoded.push_str(&escape[..1 + after]);
+            rest = &escape[1 + after..];
+        }
+    }
+    encoded.push_str(rest);
+    Key::from_encoded(&encoded)
 }
 
 #[cfg(test)]
@@ -142,5 +314,156 @@ mod tests {
             Key::from_encoded(&digested).map(|k| k.is_digested()),
             Some(true)
         );
+    }
+
+    /// Keys of every constructor, and of `Key::new` with parts that read
+    /// as another form alone or hold what shows as nothing.
+    fn keys_of_every_shape() -> Vec<Key> {
+        let new = |parts: &[&str]| Key::new(parts).unwrap();
+        vec![
+            Key::email("Alice@Example.com"),
+            Key::username("bob"),
+            Key::opaque("a|b~c\\d\u{0}e\u{7f}"),
+            Key::opaque(" padded "),
+            Key::opaque("alice\u{200B}"),
+            Key::opaque("\u{202E}moc.elpmaxe@ecila"),
+            Key::opaque("\u{A0}\u{3000}\u{2800}\u{FEFF}"),
+            Key::opaque(r"\u{20}"),
+            Key::ip("203.0.113.7".parse().unwrap()),
+            Key::ip("2001:db8:1:2::9".parse().unwrap()),
+            Key::ip_grouped("2001:db8::1".parse().unwrap(), 48).unwrap(),
+            new(&["account", "42", "203.0.113.7"]),
+            new(&["alice@example.com"]),
+            new(&["203.0.113.7"]),
+            new(&["alice"]),
+            new(&[""]),
+            new(&["", "", ""]),
+            new(&["email:alice@example.com", "x"]),
+            new(&["ID:7", "x"]),
+            new(&["key:id|a"]),
+            new(&[" ", " "]),
+            Key::opaque(&"a|~\\\u{200B}".repeat(100)),
+            Key::email(&"alice".repeat(100)),
+        ]
+    }
+
+    /// What is shown is what is typed: every key reads back from its
+    /// spelling as that very key, and its spelling shows nothing unseen.
+    #[test]
+    fn every_key_reads_back_from_its_spelling() {
+        for key in keys_of_every_shape() {
+            assert_spelled_plainly_and_read_back(&key);
+        }
+    }
+
+    #[track_caller]
+    fn assert_spelled_plainly_and_read_back(key: &Key) {
+        let spelled = key.spelling();
+        assert!(!spelled.contains(unseen), "{spelled:?}");
+        assert_eq!(spelled.trim(), spelled, "no white space at either end");
+        let read = spelled.parse::<Key>();
+        assert_eq!(read.as_ref().ok(), Some(key), "{spelled:?}: {read:?}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_key_of_any_parts_reads_back_from_its_spelling(
+            parts in proptest::collection::vec(part(), 1..4)
+        ) {
+            assert_spelled_plainly_and_read_back(&Key::new(parts).unwrap());
+        }
+    }
+
+    /// A part of a few characters, mostly ones that read as another form
+    /// or show as nothing.
+    fn part() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let c = prop_oneof![
+            3 => proptest::sample::select(vec![
+                'a', 'e', 'i', 'd', 'k', 'y', 'u', '@', ':', '|', '\\', '~', ' ', '{', '}', '2',
+                '0', '\0', '\u{200B}', '\u{202E}', '\u{A0}', '\u{2800}', '\u{3000}', 'é',
+            ]),
+            1 => any::<char>(),
+        ];
+        proptest::collection::vec(c, 0..8).prop_map(|cs| cs.into_iter().collect())
+    }
+
+    /// Keys that differ only by a character that shows as nothing, or by
+    /// a space at the end, are spelled apart, each such character visibly.
+    #[test]
+    fn keys_that_differ_only_by_unseen_characters_are_spelled_apart() {
+        let plain = Key::opaque("alice@example.com");
+        let cases = [
+            ("alice@example.com\u{200B}", r"id|alice@example.com\u{200b}"),
+            ("alice@exam\u{200D}ple.com", r"id|alice@exam\u{200d}ple.com"),
+            ("\u{202E}alice@example.com", r"id|\u{202e}alice@example.com"),
+            ("alice@example.com\u{A0}", r"id|alice@example.com\u{a0}"),
+            ("alice@example.com ", r"id|alice@example.com\u{20}"),
+        ];
+        for (id, spelled) in cases {
+            let key = Key::opaque(id);
+            assert_ne!(key, plain);
+            assert_eq!(key.spelling(), spelled);
+        }
+    }
+
+    /// An email address or an IP address typed alone is the key the
+    /// service builds of it; the kind forms stay as they were.
+    #[test]
+    fn an_address_typed_alone_is_the_services_key() {
+        let parsed = |typed: &str| typed.parse::<Key>().unwrap();
+        assert_eq!(parsed("alice@example.com"), Key::email("alice@example.com"));
+        assert_eq!(
+            parsed(" Alice@Example.COM\n"),
+            Key::email("alice@example.com")
+        );
+        assert_eq!(parsed("a+tag@example.com"), Key::email("a+tag@example.com"));
+        for ip in ["203.0.113.7", "2001:db8:1:2::9", "::ffff:203.0.113.7"] {
+            assert_eq!(parsed(ip), Key::ip(ip.parse().unwrap()), "{ip}");
+        }
+        assert_eq!(parsed("id:a:b|c"), Key::opaque("a:b|c"));
+        assert_eq!(
+            parsed("email:a|b@example.com"),
+            Key::email("a|b@example.com")
+        );
+    }
+
+    /// A text in no form is `InvalidKey`, and its message names the forms
+    /// in words a support person reads; a shown key no key is shown as
+    /// says to copy it whole.
+    #[test]
+    fn a_text_in_no_form_is_told_the_forms() {
+        for typed in [
+            "alice",
+            "",
+            "  ",
+            "phone:555",
+            "alice@",
+            "@example.com",
+            "a@b@c",
+            "a b@c",
+        ] {
+            let e = typed.parse::<Key>().unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::InvalidKey, "{typed:?}");
+            let said = e.to_string();
+            for form in [
+                "email address",
+                "IP address",
+                "email|alice@example.com",
+                "user:bob",
+            ] {
+                assert!(said.contains(form), "{typed:?}: {said}");
+            }
+        }
+        for typed in [
+            "email|a~b",
+            r"id|\q",
+            r"id|\u{41}",
+            r"id|\u{200b",
+            "key:id|a\\",
+        ] {
+            let said = typed.parse::<Key>().unwrap_err().to_string();
+            assert!(said.contains("copy the key whole"), "{typed:?}: {said}");
+        }
     }
 }
