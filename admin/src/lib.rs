@@ -20,7 +20,9 @@
 //! [`Admin::secret`]); `Sec-Fetch-Site`, when the browser sends it, must
 //! be `same-origin`, and `Origin`, when sent, must name the request's own
 //! host. Anything else is a 403 and resets nothing. Every value on a page
-//! is escaped (keys are whatever an attacker typed), and every answer
+//! is escaped (keys are whatever an attacker typed), a key is shown in its
+//! [`spelling`](platformkit_limit::Key::spelling), so that no two keys look
+//! alike (what shows as nothing is written `\u{…}`), and every answer
 //! carries `Cache-Control: no-store`, `X-Content-Type-Options: nosniff`,
 //! `X-Frame-Options: DENY`, `Referrer-Policy: same-origin` and a
 //! `Content-Security-Policy` that allows no script, no frame and forms

@@ -19,7 +19,7 @@ h1{font-size:1.5em;margin:.4em 0 .1em}h2{font-size:1.1em;margin:1.4em 0 .5em}\
 table{border-collapse:collapse;width:100%;background:#fff}\
 th,td{text-align:left;padding:.45em .7em;border-bottom:1px solid #e1e4ea;vertical-align:middle}\
 th{font-size:.85em;color:#5a6273;font-weight:600;background:#eef0f4;white-space:nowrap}\
-td.key{font-family:ui-monospace,monospace;word-break:break-all;min-width:14em}\
+td.key{white-space:pre-wrap;font-family:ui-monospace,monospace;word-break:break-all;min-width:14em}\
 td.num{font-variant-numeric:tabular-nums;white-space:nowrap}\
 small{color:#5a6273}\
 form{margin:0}\

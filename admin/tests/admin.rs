@@ -331,11 +331,7 @@ async fn looking_up_a_key_shows_its_count() {
     for nonsense in ["carol", "phone%3A123", "ip%3Anot-an-address"] {
         let answer = get(&app, &format!("{MOUNT}/login?key={nonsense}")).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{nonsense}");
-        assert!(
-            answer.body.contains("Not a key: "),
-            "{}",
-            answer.body
-        );
+        assert!(answer.body.contains("Not a key: "), "{}", answer.body);
     }
 }
 
@@ -403,6 +399,64 @@ async fn a_key_is_looked_up_by_the_text_its_row_shows() {
         assert!(said.contains(words), "{words:?}: {}", answer.body);
     }
     assert!(!said.contains("invalid key"), "{}", answer.body);
+}
+
+/// Keys that differ only by what shows as nothing (a zero-width space, a
+/// right-to-left override, a space at the end, a second space) are shown
+/// apart, each such character as a visible `\u{…}`, and each row unlocks
+/// its own key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_that_look_alike_are_shown_apart() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 1);
+    let app = app(&limiter, std::slice::from_ref(&login));
+    let email = |text: &str| Key::new(["email", text]).unwrap();
+    let keys = [
+        Key::email("alice@example.com"),
+        email("alice@example.com\u{200B}"),
+        email("\u{202E}moc.elpmaxe@ecila"),
+        email("alice@example.com "),
+        email("alice  bob@example.com"),
+        email("alice bob@example.com"),
+    ];
+    for key in &keys {
+        fail(&limiter, &login, key, 1).await;
+    }
+
+    let page = get(&app, &format!("{MOUNT}/login")).await;
+    let refused = &page.body[page.body.find("Refused now").unwrap()..];
+    let rows: Vec<(String, String)> = shown_keys(refused)
+        .into_iter()
+        .zip(listed(&page.body))
+        .collect();
+    assert_eq!(rows.len(), keys.len());
+    for key in &keys {
+        let (shown, _) = rows
+            .iter()
+            .find(|(_, stored)| stored == key.as_str())
+            .unwrap_or_else(|| panic!("no row for {:?} in {}", key.spelling(), page.body));
+        assert_eq!(*shown, key.spelling(), "each row shows its own key");
+        assert!(!shown.contains(['\u{200B}', '\u{202E}']), "{shown:?}");
+    }
+    let mut shown: Vec<&str> = rows.iter().map(|(shown, _)| shown.as_str()).collect();
+    shown.sort_unstable();
+    shown.dedup();
+    assert_eq!(shown.len(), keys.len(), "no two rows look alike: {shown:?}");
+    assert!(
+        shown.contains(&"email|alice@example.com\\u{200b}"),
+        "{shown:?}"
+    );
+    assert!(
+        shown.contains(&"email|\\u{202e}moc.elpmaxe@ecila"),
+        "{shown:?}"
+    );
+    // A run of spaces shows as it is, not as one.
+    assert!(
+        page.body.contains("td.key{white-space:pre-wrap;"),
+        "{}",
+        page.body
+    );
 }
 
 /// Unlock, posted from the page with its token, resets exactly the listed
