@@ -761,7 +761,8 @@ BEGIN
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_n IS NULL OR p_n < 1 OR p_relaxed IS NULL
        OR p_window_start IS NULL
-       OR p_window_start < platformkit.platformkit_min_at() OR p_window_start >= platformkit.platformkit_end_at() THEN
+       OR p_window_start < platformkit.platformkit_min_at() - platformkit.platformkit_max_window_secs() * 1000000
+       OR p_window_start >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     UPDATE platformkit.platformkit_limits

@@ -38,7 +38,13 @@ impl UnaryService<Ping> for EchoPing {
     type Future = BoxFuture<'static, Result<Response<Ping>, Status>>;
 
     fn call(&mut self, request: Request<Ping>) -> Self::Future {
-        Box::pin(async move { Ok(Response::new(request.into_inner())) })
+        Box::pin(async move {
+            let ping = request.into_inner();
+            if ping.name == "wrong" {
+                return Err(Status::unauthenticated("wrong password"));
+            }
+            Ok(Response::new(ping))
+        })
     }
 }
 
@@ -60,9 +66,13 @@ impl tower::Service<http::Request<tonic::body::Body>> for Echo {
 }
 
 async fn ping(channel: Channel, api_key: &str) -> Result<Ping, Status> {
+    call(channel, api_key, "hi").await
+}
+
+async fn call(channel: Channel, api_key: &str, name: &str) -> Result<Ping, Status> {
     let mut client = tonic::client::Grpc::new(channel);
     client.ready().await.expect("ready");
-    let mut request = Request::new(Ping { name: "hi".into() });
+    let mut request = Request::new(Ping { name: name.into() });
     request
         .metadata_mut()
         .insert("x-api-key", api_key.parse().expect("ascii"));
@@ -85,22 +95,7 @@ async fn a_refused_grpc_call_is_resource_exhausted_with_retry_after() {
             Some(Key::opaque(key))
         })
         .grpc();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let address = listener.local_addr().expect("an address");
-    tokio::spawn(
-        Server::builder()
-            .layer(layer)
-            .add_service(Echo)
-            .serve_with_incoming(tokio_stream_of(listener)),
-    );
-    let channel = Channel::from_shared(format!("http://{address}"))
-        .expect("a uri")
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .expect("connected");
+    let channel = serve(layer).await;
 
     for _ in 0..2 {
         assert_eq!(
@@ -133,6 +128,70 @@ async fn a_refused_grpc_call_is_resource_exhausted_with_retry_after() {
         .await
         .expect_err("no key");
     assert_eq!(keyless.code(), Code::InvalidArgument, "{keyless:?}");
+}
+
+/// In `attempt` mode, a call that fails with a gRPC status is a failure
+/// although its HTTP status is 200: it counts, and a success is taken back.
+#[tokio::test]
+async fn in_attempt_mode_a_failed_grpc_call_counts_and_a_success_is_taken_back() {
+    let guesses = limit("grpc-login", 2);
+    let layer = LimitLayer::attempt(
+        Limiter::new(Memory::new()),
+        |response: &http::response::Parts| response.status.is_success(),
+    )
+    .require(&guesses, |parts| {
+        let key = parts.headers.get("x-api-key")?.to_str().ok()?;
+        Some(Key::opaque(key))
+    })
+    .grpc();
+    let channel = serve(layer).await;
+    for _ in 0..5 {
+        call(channel.clone(), "alice", "right")
+            .await
+            .expect("taken back");
+    }
+    for _ in 0..2 {
+        let wrong = call(channel.clone(), "alice", "wrong")
+            .await
+            .expect_err("wrong");
+        assert_eq!(wrong.code(), Code::Unauthenticated, "{wrong:?}");
+    }
+    let refused = call(channel, "alice", "right")
+        .await
+        .expect_err("two failures fill the limit");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+}
+
+/// Serves `Echo` behind `layer` on a free port; a channel to it.
+async fn serve<L>(layer: L) -> Channel
+where
+    L: tower::Layer<tonic::service::Routes> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let address = listener.local_addr().expect("an address");
+    tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(Echo)
+            .serve_with_incoming(tokio_stream_of(listener)),
+    );
+    Channel::from_shared(format!("http://{address}"))
+        .expect("a uri")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connected")
 }
 
 /// The listener's connections, as tonic's server takes them.

@@ -1021,11 +1021,12 @@ async fn migrating_over_a_newer_schema_changes_nothing_and_says_so() {
 /// who may use what.
 const CATALOG: &str = "
     SELECT line FROM (
-        SELECT format('schema %s acl=%s', n.nspname, n.nspacl) AS line
+        SELECT format('schema %s owner=%s acl=%s', n.nspname, n.nspowner::regrole, n.nspacl) AS line
         FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'platformkit'
         UNION ALL
-        SELECT format('relation %s kind=%s rls=%s force=%s acl=%s', c.relname, c.relkind,
-                      c.relrowsecurity, c.relforcerowsecurity, c.relacl)
+        SELECT format('relation %s kind=%s rls=%s force=%s owner=%s options=%s acl=%s', c.relname,
+                      c.relkind, c.relrowsecurity, c.relforcerowsecurity, c.relowner::regrole,
+                      c.reloptions, c.relacl)
         FROM pg_catalog.pg_class AS c WHERE c.relnamespace = 'platformkit'::regnamespace
         UNION ALL
         SELECT format('column %s.%s %s not_null=%s default=%s collation=%s', c.relname, a.attname,
@@ -1049,9 +1050,9 @@ const CATALOG: &str = "
                       p.cmd, p.roles, p.qual, p.with_check)
         FROM pg_catalog.pg_policies AS p WHERE p.schemaname = 'platformkit'
         UNION ALL
-        SELECT format('routine %s kind=%s returns=%s volatile=%s security_definer=%s config=%s acl=%s body=%s',
+        SELECT format('routine %s kind=%s returns=%s volatile=%s security_definer=%s config=%s owner=%s acl=%s body=%s',
                       p.oid::regprocedure, p.prokind, pg_catalog.pg_get_function_result(p.oid),
-                      p.provolatile, p.prosecdef, p.proconfig, p.proacl,
+                      p.provolatile, p.prosecdef, p.proconfig, p.proowner::regrole, p.proacl,
                       pg_catalog.md5(coalesce(p.prosrc, '') || coalesce(pg_catalog.pg_get_function_sqlbody(p.oid), '')))
         FROM pg_catalog.pg_proc AS p WHERE p.pronamespace = 'platformkit'::regnamespace
     ) AS catalog ORDER BY line";

@@ -148,6 +148,9 @@ impl<S: Store> LimitLayer<S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
+    ///
+    /// A response with a `grpc-status` other than 0 (a gRPC call's failure,
+    /// which is HTTP 200) is never a success, whatever `succeeded` says.
     pub fn attempt(
         limiter: impl Into<Arc<Limiter<S>>>,
         succeeded: impl Fn(&http::response::Parts) -> bool + Send + Sync + 'static,

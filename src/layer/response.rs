@@ -216,9 +216,9 @@ impl<B: From<&'static str>> OnRejection<B> for DefaultOnRejection {
 /// The answers a gRPC client understands, for a tonic service
 /// ([`LimitLayer::grpc`](super::LimitLayer::grpc)): HTTP 200, an empty body,
 /// and the status in `grpc-status` and `grpc-message` (a trailers-only
-/// response): `RESOURCE_EXHAUSTED` for a refusal or a cost above max,
-/// `UNAVAILABLE` when no limit counted, `INVALID_ARGUMENT` for a missing
-/// key, `INTERNAL` otherwise. `Retry-After` and the `RateLimit` fields
+/// response): `RESOURCE_EXHAUSTED` for a refusal, `FAILED_PRECONDITION`
+/// for a cost above max (waiting never helps), `UNAVAILABLE` when no limit
+/// counted, `INVALID_ARGUMENT` for a missing key, `INTERNAL` otherwise. `Retry-After` and the `RateLimit` fields
 /// travel as metadata.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GrpcOnRejection;
@@ -227,7 +227,7 @@ impl<B: Default> OnRejection<B> for GrpcOnRejection {
     fn on_rejection(&self, rejection: Rejection) -> Response<B> {
         let (code, message) = match rejection {
             Rejection::Refused(_) => ("8", "too many requests"),
-            Rejection::TooLarge(_) => ("8", "the request costs more than a rate limit ever allows"),
+            Rejection::TooLarge(_) => ("9", "the request costs more than a rate limit ever allows"),
             Rejection::Unavailable(_) => ("14", "service unavailable"),
             Rejection::MissingKey { .. } => {
                 ("3", "the request lacks the key a rate limit counts it by")

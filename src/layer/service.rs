@@ -135,7 +135,14 @@ where
             // An error from the service drops the permits: counted.
             let response = inner.call(request).await?;
             let (mut head, body) = response.into_parts();
-            if succeeded(&head) {
+            // A gRPC call's failure is HTTP 200 with a grpc-status other
+            // than 0 (a trailers-only answer): never a success, whatever the
+            // predicate reads of the status line.
+            let grpc_failed = head
+                .headers
+                .get("grpc-status")
+                .is_some_and(|status| status != "0");
+            if succeeded(&head) && !grpc_failed {
                 if let Err(e) = permits.succeeded().await {
                     crate::trace::take_back_failed(&e);
                 }

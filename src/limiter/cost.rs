@@ -11,7 +11,9 @@ use crate::{Error, Key, Limit, Limiter, Reservation, Reservations, Verdict, Verd
 
 /// An ask not yet sent: await it to ask one unit, or set its
 /// [`cost`](Ask::cost) first. An ask of `n` units is decided as `n` asks of
-/// one in a row would be ([API quotas](crate::guide#api-quotas)).
+/// one in a row would be ([API quotas](crate::guide#api-quotas)). An
+/// `Ask` is an [`IntoFuture`], boxed once when awaited; where a [`Future`]
+/// itself is wanted (`join_all`, `Box::pin`), call `into_future()`.
 ///
 /// ```
 /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -135,13 +137,8 @@ impl<'l: 'p, 'p, S: Store> IntoFuture for Ask<'l, 'p, S, Verdicts> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let counted = self
-                .limiter
-                .counted_all_in(self.op, self.pairs.as_slice(), self.cost)
-                .await?;
-            Ok(Verdicts::from_vec(
-                counted.into_iter().map(|(verdict, _)| verdict).collect(),
-            ))
+            let pairs = self.pairs.as_slice();
+            self.limiter.counted_all(self.op, pairs, self.cost).await
         })
     }
 }

@@ -116,7 +116,7 @@ impl<S: Store> Limiter<S> {
         Ask::all(self, Counting::HIT_ALL_OR_NOTHING, pairs)
     }
 
-    async fn counted_all(
+    pub(super) async fn counted_all(
         &self,
         op: Counting,
         pairs: &[(&Limit, &Key)],

@@ -87,7 +87,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             row.int8(i)
                 .map_err(|e: Failure| e.into_error(operation, false))
         };
-        Ok(counted(get(2)?, [get(0)?, get(1)?, get(3)?, get(4)?]))
+        counted(operation, get(2)?, [get(0)?, get(1)?, get(3)?, get(4)?])
     }
 
     async fn count_many(
@@ -227,15 +227,15 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                 what: "a listing whose columns disagree, or longer than asked",
             }
         );
-        Ok(keys
-            .into_iter()
+        keys.into_iter()
             .zip(counts)
             .zip(previous)
             .zip(locked_for)
             .map(|(((key, count), previous), locked_for)| {
-                (key, counted(now, [count, window_end, previous, locked_for]))
+                counted(operation, now, [count, window_end, previous, locked_for])
+                    .map(|counted| (key, counted))
             })
-            .collect())
+            .collect()
     }
 
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
@@ -298,14 +298,27 @@ impl<'a> Pairs<'a> {
 /// A pair's count as the statements answer it, at `now`: its count, its
 /// window's end, the previous window's count, and the lockout still to run
 /// (0 for none); instants and spans in microseconds.
-fn counted(now: i64, [count, window_end, previous, locked_for]: [i64; 4]) -> Counted {
-    Counted {
+/// A lockout still to run below 0 is a row the crate cannot read: an
+/// error, never read as no lockout.
+fn counted(
+    operation: Operation,
+    now: i64,
+    [count, window_end, previous, locked_for]: [i64; 4],
+) -> Result<Counted, Error> {
+    ensure!(
+        locked_for >= 0,
+        UnexpectedSnafu {
+            operation,
+            what: "a lockout that ended before the time it was read at",
+        }
+    );
+    Ok(Counted {
         count: stored_count(count),
         previous: stored_count(previous),
         locked_until: (locked_for > 0).then(|| from_micros(now.saturating_add(locked_for))),
         window_end: from_micros(window_end),
         now: from_micros(now),
-    }
+    })
 }
 
 /// The counts of a statement over `pairs` pairs, in the order given: a
@@ -357,5 +370,8 @@ fn counted_pairs(
             what: "a different number of counts than pairs asked",
         }
     );
-    Ok(quads.into_iter().map(|quad| counted(now, quad)).collect())
+    quads
+        .into_iter()
+        .map(|quad| counted(operation, now, quad))
+        .collect()
 }
