@@ -5,16 +5,18 @@
 use std::fmt::Write as _;
 
 use hmac::{Hmac, KeyInit, Mac};
-use http::HeaderMap;
 use http::header::{HOST, ORIGIN};
+use http::{HeaderMap, Uri};
 use sha2::Sha256;
 
 use platformkit_limit::Error;
 
 /// The key of the unlock tokens: an HMAC-SHA256 of the limit's name and
-/// the key, which only a page this router rendered carries.
+/// the key, which only a page this router rendered carries; and the page's
+/// origin, when configured.
 pub(super) struct Guard {
     mac: Hmac<Sha256>,
+    origin: Option<String>,
 }
 
 /// Why an unlock was refused: said on the 403 page.
@@ -22,7 +24,8 @@ pub(super) struct Guard {
 pub(super) enum Refusal {
     /// `Sec-Fetch-Site` was sent and is not `same-origin`.
     FetchSite,
-    /// `Origin` was sent and names another host, or none (`null`).
+    /// `Origin` was sent and names another origin (scheme, host, port), or
+    /// none (`null`).
     Origin,
     /// The token is missing, malformed, or not this router's for this key.
     Token,
@@ -36,7 +39,10 @@ impl Refusal {
                 "The browser says this request came from another site \
                  (Sec-Fetch-Site is not same-origin). Nothing was unlocked."
             }
-            Refusal::Origin => "The request's Origin is not this site. Nothing was unlocked.",
+            Refusal::Origin => {
+                "The request's Origin (its scheme, host and port) is not this \
+                 site's. Nothing was unlocked."
+            }
             Refusal::Token => {
                 "The form's token is missing or not valid for this key (a page of \
                  another server, or of an earlier start of this one?). Nothing was \
@@ -51,7 +57,13 @@ impl Guard {
     pub(super) fn new(secret: &[u8]) -> Guard {
         Guard {
             mac: Hmac::new_from_slice(secret).expect("HMAC takes a key of any length"),
+            origin: None,
         }
+    }
+
+    /// The guard with `origin` ([`serialized_origin`]'s) as the page's own.
+    pub(super) fn with_origin(self, origin: Option<String>) -> Guard {
+        Guard { origin, ..self }
     }
 
     /// A guard with 32 random bytes from the operating system as its key.
@@ -95,13 +107,35 @@ impl Guard {
         self.mac(limit, key).verify_slice(&bytes).is_ok()
     }
 
+    /// Whether `origin` is the page's own: the configured origin; else the
+    /// request's host, under the request's scheme when its URI is absolute
+    /// and `http` or `https` when it does not say (`Forwarded` and
+    /// `X-Forwarded-Proto` are anyone's to send, so never read).
+    fn is_own(&self, origin: &str, headers: &HeaderMap, uri: &Uri) -> bool {
+        if let Some(own) = &self.origin {
+            return origin.eq_ignore_ascii_case(own);
+        }
+        let host = uri
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()));
+        let (Some((scheme, origin_host)), Some(host)) = (origin.split_once("://"), host) else {
+            return false;
+        };
+        let scheme_is_own = match uri.scheme_str() {
+            Some(own) => scheme.eq_ignore_ascii_case(own),
+            None => scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("http"),
+        };
+        scheme_is_own && origin_host.eq_ignore_ascii_case(host)
+    }
+
     /// Every check of an unlock of `key` under `limit` with `token`, given
-    /// the request's header fields (`authority`: the request URI's, for
-    /// HTTP/2, which has no `Host`).
+    /// the request's header fields and its URI (absolute under HTTP/2,
+    /// which has no `Host`).
     pub(super) fn check(
         &self,
         headers: &HeaderMap,
-        authority: Option<&str>,
+        uri: &Uri,
         limit: &str,
         key: &str,
         token: Option<&str>,
@@ -112,18 +146,9 @@ impl Guard {
             }
         }
         if let Some(origin) = headers.get(ORIGIN) {
-            let host = headers
-                .get(HOST)
-                .and_then(|h| h.to_str().ok())
-                .or(authority);
-            let origin_host = origin
-                .to_str()
-                .ok()
-                .and_then(|o| o.split_once("://"))
-                .map(|(_, host)| host);
-            match (origin_host, host) {
-                (Some(o), Some(h)) if o.eq_ignore_ascii_case(h) => {}
-                _ => return Err(Refusal::Origin),
+            let origin = origin.to_str().unwrap_or_default();
+            if !self.is_own(origin, headers, uri) {
+                return Err(Refusal::Origin);
             }
         }
         match token {
@@ -131,6 +156,40 @@ impl Guard {
             _ => Err(Refusal::Token),
         }
     }
+}
+
+/// The origin `text` names as a browser sends it in `Origin`:
+/// `scheme://host[:port]`, lowercase, without the scheme's default port.
+///
+/// # Errors
+///
+/// [`Error::invalid_option`] unless `text` is `http://` or `https://` and a
+/// host (and port), with no user, path or query.
+pub(super) fn serialized_origin(text: &str) -> Result<String, Error> {
+    let invalid = || {
+        Error::invalid_option(
+            "origin",
+            format!("{text:?} is no origin: https://host or https://host:port"),
+        )
+    };
+    let uri: Uri = text.parse().map_err(|_| invalid())?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(invalid());
+    };
+    let default_port = match scheme {
+        "https" => 443,
+        "http" => 80,
+        _ => return Err(invalid()),
+    };
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() || authority.as_str().contains('@')
+    {
+        return Err(invalid());
+    }
+    let host = authority.host().to_ascii_lowercase();
+    Ok(match authority.port_u16() {
+        Some(port) if port != default_port => format!("{scheme}://{host}:{port}"),
+        _ => format!("{scheme}://{host}"),
+    })
 }
 
 /// The bytes of a string of an even number of hex digits.
@@ -203,34 +262,34 @@ mod tests {
     fn the_headers_must_say_same_origin_when_sent() {
         let guard = Guard::new(&[7; 32]);
         let token = guard.token("login", "id|a");
-        let check = |fields: &[(&'static str, &str)], authority| {
-            guard.check(&headers(fields), authority, "login", "id|a", Some(&token))
+        let check = |fields: &[(&'static str, &str)], uri: &str| {
+            let uri: Uri = uri.parse().unwrap();
+            guard.check(&headers(fields), &uri, "login", "id|a", Some(&token))
         };
-        let host = ("host", "staff.example:8080");
-        assert_eq!(check(&[host], None), Ok(()));
+        let (host, path) = (("host", "staff.example:8080"), "/login/unlock");
+        assert_eq!(check(&[host], path), Ok(()));
         assert_eq!(
-            check(&[host, ("sec-fetch-site", "same-origin")], None),
+            check(&[host, ("sec-fetch-site", "same-origin")], path),
             Ok(())
         );
         for site in ["cross-site", "same-site", "none", ""] {
             assert_eq!(
-                check(&[host, ("sec-fetch-site", site)], None),
+                check(&[host, ("sec-fetch-site", site)], path),
                 Err(Refusal::FetchSite),
                 "{site:?}"
             );
         }
-        assert_eq!(
-            check(&[host, ("origin", "https://staff.example:8080")], None),
-            Ok(())
-        );
-        assert_eq!(
-            check(&[host, ("origin", "https://STAFF.example:8080")], None),
-            Ok(())
-        );
+        for origin in [
+            "https://staff.example:8080",
+            "https://STAFF.example:8080",
+            "http://staff.example:8080",
+        ] {
+            assert_eq!(check(&[host, ("origin", origin)], path), Ok(()), "{origin}");
+        }
         assert_eq!(
             check(
                 &[("origin", "https://staff.example")],
-                Some("staff.example")
+                "https://staff.example/login/unlock"
             ),
             Ok(())
         );
@@ -238,26 +297,97 @@ mod tests {
             "https://evil.example",
             "https://staff.example",
             "https://staff.example:8080.evil.example",
+            "ftp://staff.example:8080",
             "null",
             "",
         ] {
             assert_eq!(
-                check(&[host, ("origin", origin)], None),
+                check(&[host, ("origin", origin)], path),
                 Err(Refusal::Origin),
                 "{origin:?}"
             );
         }
         assert_eq!(
-            check(&[("origin", "https://staff.example")], None),
+            check(&[("origin", "https://staff.example")], path),
             Err(Refusal::Origin)
         );
+        let uri: Uri = path.parse().unwrap();
         assert_eq!(
-            guard.check(&headers(&[host]), None, "login", "id|a", None),
+            guard.check(&headers(&[host]), &uri, "login", "id|a", None),
             Err(Refusal::Token)
         );
         assert_eq!(
-            guard.check(&headers(&[host]), None, "login", "id|b", Some(&token)),
+            guard.check(&headers(&[host]), &uri, "login", "id|b", Some(&token)),
             Err(Refusal::Token)
         );
+    }
+
+    /// `Origin` must name the page's scheme too: the configured origin's,
+    /// else the request's when its URI is absolute; a header that says
+    /// otherwise (`X-Forwarded-Proto`) is not read.
+    #[test]
+    fn an_origin_of_another_scheme_is_not_the_pages() {
+        let plain = Guard::new(&[7; 32]);
+        let configured = Guard::new(&[7; 32]).with_origin(Some(
+            serialized_origin("HTTPS://Staff.Example:443/").unwrap(),
+        ));
+        let forwarded = ("x-forwarded-proto", "http");
+        let cases: &[(&Guard, &str, &str, bool)] = &[
+            (
+                &plain,
+                "https://staff.example/x",
+                "https://staff.example",
+                true,
+            ),
+            (
+                &plain,
+                "https://staff.example/x",
+                "http://staff.example",
+                false,
+            ),
+            (
+                &plain,
+                "http://staff.example/x",
+                "https://staff.example",
+                false,
+            ),
+            (&configured, "/x", "https://staff.example", true),
+            (&configured, "/x", "https://STAFF.example", true),
+            (&configured, "/x", "http://staff.example", false),
+            (&configured, "/x", "https://staff.example:8443", false),
+            (
+                &configured,
+                "http://staff.example/x",
+                "https://staff.example",
+                true,
+            ),
+        ];
+        for (guard, uri, origin, own) in cases {
+            let token = guard.token("login", "id|a");
+            let fields = headers(&[("host", "staff.example"), ("origin", origin), forwarded]);
+            let checked = guard.check(
+                &fields,
+                &uri.parse().unwrap(),
+                "login",
+                "id|a",
+                Some(&token),
+            );
+            let expected = if *own { Ok(()) } else { Err(Refusal::Origin) };
+            assert_eq!(checked, expected, "{uri} {origin}");
+        }
+        assert_eq!(
+            serialized_origin("http://staff.example:8080").unwrap(),
+            "http://staff.example:8080"
+        );
+        for text in [
+            "staff.example",
+            "ftp://staff.example",
+            "https://staff.example/support",
+            "https://staff.example/?a",
+            "https://user@staff.example",
+            "",
+        ] {
+            assert!(serialized_origin(text).is_err(), "{text:?}");
+        }
     }
 }

@@ -18,8 +18,9 @@
 //! unlock must carry a token the page embeds, an HMAC-SHA256 of the limit's
 //! name and the key under the router's secret (random unless given with
 //! [`Admin::secret`]); `Sec-Fetch-Site`, when the browser sends it, must
-//! be `same-origin`, and `Origin`, when sent, must name the request's own
-//! host. Anything else is a 403 and resets nothing. Every value on a page
+//! be `same-origin`, and `Origin`, when sent, must be the page's own,
+//! scheme included ([`Admin::origin`] says how the page knows it).
+//! Anything else is a 403 and resets nothing. Every value on a page
 //! is escaped (keys are whatever an attacker typed), a key is shown in its
 //! [`spelling`](platformkit_limit::Key::spelling), so that no two keys look
 //! alike (what shows as nothing is written `\u{…}`), and every answer
@@ -81,7 +82,7 @@ use std::sync::Arc;
 use platformkit_limit::Store;
 use platformkit_limit::{Error, Limit, Limiter};
 
-use self::csrf::Guard;
+use self::csrf::{Guard, serialized_origin};
 
 /// The admin router's configuration: the limiter, its limits, and the
 /// secret of its unlock tokens. [`router`] is `Admin::new(…).router()`.
@@ -107,6 +108,7 @@ pub struct Admin<S> {
     limiter: Arc<Limiter<S>>,
     limits: Vec<Limit>,
     secret: Option<Vec<u8>>,
+    origin: Option<String>,
 }
 
 impl<S> fmt::Debug for Admin<S> {
@@ -117,6 +119,7 @@ impl<S> fmt::Debug for Admin<S> {
                 "secret",
                 &self.secret.as_ref().map(|_| "<given, not shown>"),
             )
+            .field("origin", &self.origin)
             .finish_non_exhaustive()
     }
 }
@@ -139,6 +142,7 @@ impl<S: Store> Admin<S> {
             limiter: limiter.into(),
             limits: limits.into_iter().collect(),
             secret: None,
+            origin: None,
         }
     }
 
@@ -151,6 +155,19 @@ impl<S: Store> Admin<S> {
         self
     }
 
+    /// The page's origin as the staff's browsers see it,
+    /// `https://staff.example.com` (and `:port` if not the scheme's
+    /// default): an unlock's `Origin`, when sent, must be exactly it.
+    /// Without it, `Origin` must name the request's host, under the
+    /// request's scheme when its URI says it (HTTP/2) and `http` or `https`
+    /// when not (HTTP/1.1: the page cannot know whether a proxy in front
+    /// took TLS off, and `Forwarded` or `X-Forwarded-Proto` are anyone's to
+    /// send).
+    pub fn origin(mut self, origin: &str) -> Self {
+        self.origin = Some(origin.to_owned());
+        self
+    }
+
     /// The router, to nest under a path of the service, behind its own
     /// authentication (see the [module docs](self)).
     ///
@@ -160,7 +177,8 @@ impl<S: Store> Admin<S> {
     /// two limits have one name, a limit is named `.` or `..` (no page can
     /// have that name in its path), the secret is shorter than
     /// [`Admin::MIN_SECRET_BYTES`], or none was given and the operating
-    /// system has no random bytes for one.
+    /// system has no random bytes for one, or the origin is not `http://`
+    /// or `https://` and a host (and port) alone.
     pub fn router(self) -> Result<axum::Router, Error> {
         let mut names = HashSet::new();
         for limit in &self.limits {
@@ -189,6 +207,8 @@ impl<S: Store> Admin<S> {
             }
             None => Guard::random()?,
         };
+        let origin = self.origin.as_deref().map(serialized_origin).transpose()?;
+        let guard = guard.with_origin(origin);
         Ok(routes::router(routes::Admin {
             limiter: self.limiter,
             limits: self.limits,

@@ -238,10 +238,9 @@ async fn unlock<S: Store>(
         );
     };
     let stored = field(&fields, "key").unwrap_or("");
-    let authority = original.authority().map(|a| a.as_str());
     if let Err(refusal) = admin.guard.check(
         &headers,
-        authority,
+        &original,
         limit.name(),
         stored,
         field(&fields, "token"),

@@ -19,7 +19,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use db::{fresh_db, nothing_listens};
-use platformkit_limit::{Key, Limit, Limiter, Memory, Postgres};
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, Postgres};
 use platformkit_limit_admin as admin;
 use tower::ServiceExt;
 
@@ -623,6 +623,72 @@ async fn a_cross_site_unlock_is_403_and_resets_nothing() {
         let status = limiter.status(limit, key).await.unwrap();
         assert_eq!(status.count(), 2, "nothing was reset");
         assert!(status.is_refused());
+    }
+}
+
+/// An unlock whose `Origin` names another scheme than the page's is a 403
+/// that resets nothing: the page's scheme is its configured origin's, or
+/// the request's own when its URI is absolute (HTTP/2); the page's own
+/// scheme unlocks. An origin that is none is refused when the router is
+/// built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_of_another_scheme_is_403() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 1);
+    let configured = Router::new().nest(
+        MOUNT,
+        admin::Admin::new(limiter.clone(), [login.clone()])
+            .origin("https://staff.example:8443")
+            .router()
+            .unwrap(),
+    );
+    let plain = app(&limiter, std::slice::from_ref(&login));
+    let (alice, bob) = (
+        Key::email("alice@example.com"),
+        Key::email("bob@example.com"),
+    );
+    fail(&limiter, &login, &alice, 1).await;
+    fail(&limiter, &login, &bob, 1).await;
+
+    let absolute = format!("https://{HOST}{MOUNT}/login/unlock");
+    for (app, action, key) in [
+        (&configured, format!("{MOUNT}/login/unlock"), &alice),
+        (&plain, absolute, &bob),
+    ] {
+        let page = get(app, &format!("{MOUNT}/login")).await;
+        let (_, token) = unlock_form(&page.body, key.as_str());
+        let form = [("key", key.as_str()), ("token", token.as_str())];
+        for origin in ["http://staff.example:8443", "ftp://staff.example:8443"] {
+            let answer = post(app, &action, &[("origin", origin)], &form).await;
+            assert_eq!(answer.status, StatusCode::FORBIDDEN, "{origin} to {action}");
+            assert!(answer.body.contains("Origin"), "{}", answer.body);
+            assert!(limiter.check(&login, key).await.unwrap().is_refused());
+        }
+        let own = [("origin", "https://staff.example:8443")];
+        let answer = post(app, &action, &own, &form).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::SEE_OTHER,
+            "{action}: {}",
+            answer.body
+        );
+        assert!(limiter.check(&login, key).await.unwrap().is_allowed());
+    }
+
+    for origin in [
+        "staff.example",
+        "ftp://staff.example",
+        "https://staff.example/support",
+    ] {
+        let built = admin::Admin::new(limiter.clone(), [login.clone()])
+            .origin(origin)
+            .router();
+        assert_eq!(
+            built.unwrap_err().kind(),
+            ErrorKind::InvalidOption,
+            "{origin:?}"
+        );
     }
 }
 
