@@ -3,19 +3,30 @@
 //! `Sec-Fetch-Site`, `Origin`.
 
 use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, KeyInit, Mac};
 use http::header::{HOST, ORIGIN};
 use http::{HeaderMap, Uri};
 use sha2::Sha256;
 
-use platformkit_limit::Error;
+use platformkit_limit::{Error, ManualClock};
 
-/// The key of the unlock tokens: an HMAC-SHA256 of the limit's name and
-/// the key, which only a page this router rendered carries; and the page's
-/// origin, when configured.
+use super::time::span;
+
+/// How long an unlock token unlocks after its page was rendered.
+pub(super) const TOKEN_LIFETIME: Duration = Duration::from_secs(15 * 60);
+
+/// How far ahead of this replica's clock another replica's may run: a
+/// token issued later than that is none.
+const CLOCK_SKEW: Duration = Duration::from_secs(60);
+
+/// The key of the unlock tokens: an HMAC-SHA256 of the time a page was
+/// rendered, the limit's name and the key, which only a page this router
+/// rendered carries; the clock; and the page's origin, when configured.
 pub(super) struct Guard {
     mac: Hmac<Sha256>,
+    clock: Option<ManualClock>,
     origin: Option<String>,
 }
 
@@ -29,25 +40,30 @@ pub(super) enum Refusal {
     Origin,
     /// The token is missing, malformed, or not this router's for this key.
     Token,
+    /// The token is this router's for this key, from a page rendered longer
+    /// than [`TOKEN_LIFETIME`] ago.
+    Expired,
 }
 
 impl Refusal {
     /// What the 403 page says.
-    pub(super) fn explain(&self) -> &'static str {
+    pub(super) fn explain(&self) -> String {
         match self {
-            Refusal::FetchSite => {
-                "The browser says this request came from another site \
-                 (Sec-Fetch-Site is not same-origin). Nothing was unlocked."
-            }
-            Refusal::Origin => {
-                "The request's Origin (its scheme, host and port) is not this \
-                 site's. Nothing was unlocked."
-            }
-            Refusal::Token => {
-                "The form's token is missing or not valid for this key (a page of \
-                 another server, or of an earlier start of this one?). Nothing was \
-                 unlocked: reload the limit's page and try again."
-            }
+            Refusal::FetchSite => "The browser says this request came from another site \
+                                   (Sec-Fetch-Site is not same-origin). Nothing was unlocked."
+                .to_owned(),
+            Refusal::Origin => "The request's Origin (its scheme, host and port) is not this \
+                                site's. Nothing was unlocked."
+                .to_owned(),
+            Refusal::Token => "The form's token is missing or not valid for this key (a page \
+                               of another server, or of an earlier start of this one?). \
+                               Nothing was unlocked: reload the limit's page and try again."
+                .to_owned(),
+            Refusal::Expired => format!(
+                "This page has expired: its Unlock buttons work for {} after it is \
+                 loaded. Nothing was unlocked: reload the limit's page and try again.",
+                span(TOKEN_LIFETIME)
+            ),
         }
     }
 }
@@ -57,8 +73,14 @@ impl Guard {
     pub(super) fn new(secret: &[u8]) -> Guard {
         Guard {
             mac: Hmac::new_from_slice(secret).expect("HMAC takes a key of any length"),
+            clock: None,
             origin: None,
         }
+    }
+
+    /// The guard with its clock pinned to `clock` (the system's if none).
+    pub(super) fn with_clock(self, clock: Option<ManualClock>) -> Guard {
+        Guard { clock, ..self }
     }
 
     /// The guard with `origin` ([`serialized_origin`]'s) as the page's own.
@@ -78,33 +100,57 @@ impl Guard {
         Ok(Guard::new(&secret))
     }
 
-    /// The MAC of unlocking `key` under the limit `limit`: the name's
-    /// length first, so that no name and key run into another pair.
-    fn mac(&self, limit: &str, key: &str) -> Hmac<Sha256> {
+    /// The time now, in whole seconds since the Unix epoch.
+    fn now(&self) -> u64 {
+        let now = self
+            .clock
+            .as_ref()
+            .map_or_else(SystemTime::now, ManualClock::now);
+        now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    }
+
+    /// The MAC of unlocking `key` under the limit `limit` with a token
+    /// issued at `issued`: fixed-width fields, and the name's length before
+    /// it, so that no name and key run into another pair.
+    fn mac(&self, issued: u64, limit: &str, key: &str) -> Hmac<Sha256> {
         let mut mac = self.mac.clone();
-        mac.update(b"platformkit-limit admin unlock\0");
+        mac.update(b"platformkit-limit admin unlock 2\0");
+        mac.update(&issued.to_be_bytes());
         mac.update(&(limit.len() as u64).to_be_bytes());
         mac.update(limit.as_bytes());
         mac.update(key.as_bytes());
         mac
     }
 
-    /// The token a page embeds to unlock `key` under `limit`: 64 hex digits.
+    /// The token a page embeds to unlock `key` under `limit`: the time now
+    /// (seconds since the Unix epoch), `.`, and the MAC's 64 hex digits.
     pub(super) fn token(&self, limit: &str, key: &str) -> String {
-        let mut hex = String::with_capacity(64);
-        for byte in self.mac(limit, key).finalize().into_bytes() {
-            let _ = write!(hex, "{byte:02x}");
+        let issued = self.now();
+        let mut token = format!("{issued}.");
+        for byte in self.mac(issued, limit, key).finalize().into_bytes() {
+            let _ = write!(token, "{byte:02x}");
         }
-        hex
+        token
     }
 
-    /// Whether `token` is this guard's for `key` under `limit`, compared in
-    /// constant time.
-    fn verifies(&self, limit: &str, key: &str, token: &str) -> bool {
-        let Some(bytes) = unhex(token) else {
-            return false;
-        };
-        self.mac(limit, key).verify_slice(&bytes).is_ok()
+    /// Whether `token` is this guard's for `key` under `limit` (its MAC
+    /// compared in constant time), issued no longer than
+    /// [`TOKEN_LIFETIME`] ago.
+    fn verify(&self, limit: &str, key: &str, token: &str) -> Result<(), Refusal> {
+        let (issued, hex) = token.split_once('.').ok_or(Refusal::Token)?;
+        let issued = issued.parse::<u64>().map_err(|_| Refusal::Token)?;
+        let mac = unhex(hex).ok_or(Refusal::Token)?;
+        self.mac(issued, limit, key)
+            .verify_slice(&mac)
+            .map_err(|_| Refusal::Token)?;
+        let now = self.now();
+        if issued > now.saturating_add(CLOCK_SKEW.as_secs()) {
+            Err(Refusal::Token)
+        } else if now.saturating_sub(issued) > TOKEN_LIFETIME.as_secs() {
+            Err(Refusal::Expired)
+        } else {
+            Ok(())
+        }
     }
 
     /// Whether `origin` is the page's own: the configured origin; else the
@@ -151,10 +197,7 @@ impl Guard {
                 return Err(Refusal::Origin);
             }
         }
-        match token {
-            Some(token) if self.verifies(limit, key, token) => Ok(()),
-            _ => Err(Refusal::Token),
-        }
+        self.verify(limit, key, token.ok_or(Refusal::Token)?)
     }
 }
 
@@ -227,25 +270,66 @@ mod tests {
     }
 
     /// A token unlocks its own key under its own limit, with its own
-    /// secret, and nothing else; a name and a key cannot run together.
+    /// secret, and nothing else; a name and a key cannot run together,
+    /// nor a time and a name.
     #[test]
     fn a_token_is_for_one_limit_one_key_one_secret() {
         let guard = Guard::new(&[7; 32]);
-        let token = guard.token("login", "email|alice@example.com");
-        assert_eq!(token.len(), 64);
-        assert!(guard.verifies("login", "email|alice@example.com", &token));
-        assert!(guard.verifies("login", "email|alice@example.com", &token.to_uppercase()));
-        assert!(!guard.verifies("login", "email|bob@example.com", &token));
-        assert!(!guard.verifies("login2", "email|alice@example.com", &token));
-        assert!(!guard.verifies("logi", "nemail|alice@example.com", &token));
-        assert!(!Guard::new(&[8; 32]).verifies("login", "email|alice@example.com", &token));
-        assert!(!guard.verifies("login", "email|alice@example.com", &token[..62]));
-        assert!(!guard.verifies("login", "email|alice@example.com", "zz"));
-        assert!(!guard.verifies("login", "email|alice@example.com", ""));
+        let (login, alice) = ("login", "email|alice@example.com");
+        let token = guard.token(login, alice);
+        let (issued, mac) = token.split_once('.').unwrap();
+        assert!(issued.parse::<u64>().is_ok() && mac.len() == 64, "{token}");
+        let verify = |limit, key, token: &str| guard.verify(limit, key, token);
+        assert_eq!(verify(login, alice, &token), Ok(()));
+        assert_eq!(
+            verify(login, alice, &format!("{issued}.{}", mac.to_uppercase())),
+            Ok(())
+        );
+        let another_time = format!("{}.{mac}", issued.parse::<u64>().unwrap() - 1);
+        for (limit, key, token) in [
+            (login, "email|bob@example.com", token.as_str()),
+            ("login2", alice, &token),
+            ("logi", "nemail|alice@example.com", &token),
+            (login, alice, &token[..token.len() - 2]),
+            (login, alice, &another_time),
+            (login, alice, mac),
+            (login, alice, "zz"),
+            (login, alice, ""),
+        ] {
+            assert_eq!(
+                verify(limit, key, token),
+                Err(Refusal::Token),
+                "{limit} {key} {token}"
+            );
+        }
+        assert_eq!(
+            Guard::new(&[8; 32]).verify(login, alice, &token),
+            Err(Refusal::Token)
+        );
         assert_ne!(
             Guard::random().unwrap().token("login", "id|a"),
             Guard::random().unwrap().token("login", "id|a")
         );
+    }
+
+    /// A token unlocks for [`TOKEN_LIFETIME`] after it is issued, then says
+    /// it expired; one issued further ahead than another replica's clock
+    /// may run is none.
+    #[test]
+    fn a_token_expires_after_its_lifetime() {
+        let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+        let guard = Guard::new(&[7; 32]).with_clock(Some(clock.clone()));
+        let token = guard.token("login", "id|a");
+        clock.advance(TOKEN_LIFETIME);
+        assert_eq!(guard.verify("login", "id|a", &token), Ok(()));
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(guard.verify("login", "id|a", &token), Err(Refusal::Expired));
+        assert!(Refusal::Expired.explain().contains("15 min"));
+
+        clock.advance(CLOCK_SKEW + TOKEN_LIFETIME + Duration::from_secs(2));
+        let ahead = guard.token("login", "id|a");
+        clock.set(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+        assert_eq!(guard.verify("login", "id|a", &ahead), Err(Refusal::Token));
     }
 
     fn headers(fields: &[(&'static str, &str)]) -> HeaderMap {

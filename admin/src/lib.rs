@@ -15,19 +15,20 @@
 //!
 //! What it does guard against is a cross-site request: a page elsewhere
 //! that makes a signed-in staff member's browser post an unlock. Each
-//! unlock must carry a token the page embeds, an HMAC-SHA256 of the limit's
-//! name and the key under the router's secret (random unless given with
-//! [`Admin::secret`]); `Sec-Fetch-Site`, when the browser sends it, must
-//! be `same-origin`, and `Origin`, when sent, must be the page's own,
-//! scheme included ([`Admin::origin`] says how the page knows it).
-//! Anything else is a 403 and resets nothing. Every value on a page
-//! is escaped (keys are whatever an attacker typed), a key is shown in its
+//! unlock must carry a token the page embeds, an HMAC-SHA256 of the time
+//! the page was rendered, the limit's name and the key under the router's
+//! secret (random unless given with [`Admin::secret`]), younger than
+//! [`Admin::UNLOCK_TOKEN_LIFETIME`]; `Sec-Fetch-Site`, when the browser
+//! sends it, must be `same-origin`, and `Origin`, when sent, must be the
+//! page's own, scheme included ([`Admin::origin`] says how the page knows
+//! it). Anything else is a 403 and resets nothing. Every value on a page is
+//! escaped (keys are whatever an attacker typed), a key is shown in its
 //! [`spelling`](platformkit_limit::Key::spelling), so that no two keys look
 //! alike (what shows as nothing is written `\u{…}`), and every answer
 //! carries `Cache-Control: no-store`, `X-Content-Type-Options: nosniff`,
 //! `X-Frame-Options: DENY`, `Referrer-Policy: same-origin` and a
-//! `Content-Security-Policy` that allows no script, no frame and forms
-//! only to the page's own origin.
+//! `Content-Security-Policy` that allows no script, no frame and forms only
+//! to the page's own origin.
 //!
 //! The routes, under wherever the router is nested:
 //!
@@ -78,9 +79,10 @@ mod time;
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use platformkit_limit::Store;
-use platformkit_limit::{Error, Limit, Limiter};
+use platformkit_limit::{Error, Limit, Limiter, ManualClock};
 
 use self::csrf::{Guard, serialized_origin};
 
@@ -109,6 +111,7 @@ pub struct Admin<S> {
     limits: Vec<Limit>,
     secret: Option<Vec<u8>>,
     origin: Option<String>,
+    clock: Option<ManualClock>,
 }
 
 impl<S> fmt::Debug for Admin<S> {
@@ -120,6 +123,7 @@ impl<S> fmt::Debug for Admin<S> {
                 &self.secret.as_ref().map(|_| "<given, not shown>"),
             )
             .field("origin", &self.origin)
+            .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
 }
@@ -130,6 +134,10 @@ impl<S: Store> Admin<S> {
 
     /// The shortest secret [`Admin::secret`] takes, in bytes.
     pub const MIN_SECRET_BYTES: usize = 32;
+
+    /// How long a page's Unlock buttons work after it is rendered: an
+    /// older token is refused with a page that says to reload.
+    pub const UNLOCK_TOKEN_LIFETIME: Duration = csrf::TOKEN_LIFETIME;
 
     /// The admin of `limits` over `limiter`. Each limit must be the one the
     /// service uses (its max, window, strategy and lockout decide who is
@@ -143,6 +151,7 @@ impl<S: Store> Admin<S> {
             limits: limits.into_iter().collect(),
             secret: None,
             origin: None,
+            clock: None,
         }
     }
 
@@ -165,6 +174,13 @@ impl<S: Store> Admin<S> {
     /// send).
     pub fn origin(mut self, origin: &str) -> Self {
         self.origin = Some(origin.to_owned());
+        self
+    }
+
+    /// Pins the clock the unlock tokens are issued and checked by, for
+    /// tests (the system's unless given).
+    pub fn clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
         self
     }
 
@@ -208,7 +224,7 @@ impl<S: Store> Admin<S> {
             None => Guard::random()?,
         };
         let origin = self.origin.as_deref().map(serialized_origin).transpose()?;
-        let guard = guard.with_origin(origin);
+        let guard = guard.with_origin(origin).with_clock(self.clock);
         Ok(routes::router(routes::Admin {
             limiter: self.limiter,
             limits: self.limits,

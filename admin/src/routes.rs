@@ -249,7 +249,7 @@ async fn unlock<S: Store>(
             StatusCode::FORBIDDEN,
             &base,
             "Forbidden: not unlocked",
-            refusal.explain(),
+            &refusal.explain(),
         );
     }
     // The token was this router's for this key: a key it listed or looked

@@ -8,7 +8,7 @@
 //! says so; every answer carries the security header fields.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The suite's database helpers, shared with the library's tests.
 #[path = "../../tests/common/db.rs"]
@@ -19,7 +19,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use db::{fresh_db, nothing_listens};
-use platformkit_limit::{ErrorKind, Key, Limit, Limiter, Memory, Postgres};
+use platformkit_limit::{ErrorKind, Key, Limit, Limiter, ManualClock, Memory, Postgres};
 use platformkit_limit_admin as admin;
 use tower::ServiceExt;
 
@@ -691,6 +691,90 @@ async fn an_origin_of_another_scheme_is_403() {
         );
     }
 }
+
+/// An unlock token is bound to its limit, its key and the time its page
+/// was loaded: replayed for another key it is a 403; older than
+/// `Admin::UNLOCK_TOKEN_LIFETIME` it is a 403 page that says the page
+/// expired and to reload it; until then, and from a reloaded page, it
+/// unlocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlock_token_expires_and_unlocks_only_its_key() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 1);
+    let clock = ManualClock::new(SystemTime::now());
+    let app = Router::new().nest(
+        MOUNT,
+        admin::Admin::new(limiter.clone(), [login.clone()])
+            .clock(clock.clone())
+            .router()
+            .unwrap(),
+    );
+    let keys = ["alice", "bob", "carol"].map(|name| Key::email(&format!("{name}@example.com")));
+    for key in &keys {
+        fail(&limiter, &login, key, 1).await;
+    }
+    let [alice, bob, carol] = &keys;
+    let page = get(&app, &format!("{MOUNT}/login")).await;
+    let (action, alices) = unlock_form(&page.body, alice.as_str());
+    let (_, bobs) = unlock_form(&page.body, bob.as_str());
+
+    let replayed = post(
+        &app,
+        &action,
+        SAME_ORIGIN,
+        &[("key", carol.as_str()), ("token", &alices)],
+    )
+    .await;
+    assert_eq!(replayed.status, StatusCode::FORBIDDEN, "{}", replayed.body);
+    assert!(
+        replayed.body.contains("not valid for this key"),
+        "{}",
+        replayed.body
+    );
+    assert!(limiter.check(&login, carol).await.unwrap().is_refused());
+
+    clock.advance(UNLOCK_TOKEN_LIFETIME);
+    let in_time = post(
+        &app,
+        &action,
+        SAME_ORIGIN,
+        &[("key", bob.as_str()), ("token", &bobs)],
+    )
+    .await;
+    assert_eq!(in_time.status, StatusCode::SEE_OTHER, "{}", in_time.body);
+
+    clock.advance(Duration::from_secs(1));
+    let expired = post(
+        &app,
+        &action,
+        SAME_ORIGIN,
+        &[("key", alice.as_str()), ("token", &alices)],
+    )
+    .await;
+    assert_eq!(expired.status, StatusCode::FORBIDDEN, "{}", expired.body);
+    let said = unescape(&expired.body);
+    for words in ["expired", "Nothing was unlocked", "reload the limit's page"] {
+        assert!(said.contains(words), "{words:?}: {said}");
+    }
+    assert!(limiter.check(&login, alice).await.unwrap().is_refused());
+
+    let reloaded = get(&app, &format!("{MOUNT}/login")).await;
+    let (_, fresh) = unlock_form(&reloaded.body, alice.as_str());
+    let answer = post(
+        &app,
+        &action,
+        SAME_ORIGIN,
+        &[("key", alice.as_str()), ("token", &fresh)],
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert!(limiter.check(&login, alice).await.unwrap().is_allowed());
+}
+
+/// How long an unlock token unlocks.
+const UNLOCK_TOKEN_LIFETIME: Duration =
+    admin::Admin::<Postgres<tokio_postgres::Config>>::UNLOCK_TOKEN_LIFETIME;
 
 /// A key that holds markup renders as text, in the list, in the hidden
 /// field and in the lookup's echo, and still unlocks.
