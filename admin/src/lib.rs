@@ -36,7 +36,7 @@
 //! |---|---|
 //! | `GET /` | the limits: name, max, window, lockout |
 //! | `GET /{limit}` | who the limit refuses now, newest first (at most [`Admin::LISTED_KEYS`]), with counts, window end, reopening and lockout |
-//! | `GET /{limit}?key=alice@example.com` | the same, and one key's status; staff type a key as a row shows it (its [`spelling`](platformkit_limit::Key::spelling)), an email or IP address alone, or `user:…` (every form: [`Key`'s `FromStr`](platformkit_limit::Key#impl-FromStr-for-Key)) |
+//! | `POST /{limit}` | the same, and the status of the key of the form (`key`), which so stays out of the address (access logs, history); staff type a key as a row shows it (its [`spelling`](platformkit_limit::Key::spelling)), an email or IP address alone, or `user:…` (every form: [`Key`'s `FromStr`](platformkit_limit::Key#impl-FromStr-for-Key)) |
 //! | `POST /{limit}/unlock` | resets the key of the form (`key`, `token`), then a 303 back to the limit's page |
 //!
 //! A store that cannot answer is a page that says so (503 when it is

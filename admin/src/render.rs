@@ -163,7 +163,7 @@ pub(super) fn limit_page(view: &LimitPage<'_>) -> String {
     };
     let _ = write!(
         body,
-        "<h2>Look up a key</h2><form method=\"get\" action=\"{action}\">\
+        "<h2>Look up a key</h2><form method=\"post\" action=\"{action}\">\
          <input type=\"text\" name=\"key\" value=\"{typed}\" \
          placeholder=\"alice@example.com\" aria-label=\"key\" required> \
          <button type=\"submit\">Look up</button></form>\

@@ -53,7 +53,7 @@ const POLICY: &str = "default-src 'none'; style-src 'unsafe-inline'; form-action
 pub(super) fn router<S: Store>(admin: Admin<S>) -> Router {
     Router::new()
         .route("/", get(index::<S>))
-        .route("/{limit}", get(limit_page::<S>))
+        .route("/{limit}", get(limit_page::<S>).post(look_up::<S>))
         .route("/{limit}/unlock", post(unlock::<S>))
         .fallback(not_found)
         .layer(middleware::map_response(secured))
@@ -69,8 +69,8 @@ async fn secured(mut response: Response) -> Response {
     // Not `no-referrer`: under it, a browser sends a form's POST with
     // `Origin: null` (the Fetch standard's "append a request Origin
     // header"), which the guard refuses, as it must (a sandboxed frame
-    // sends it too). `same-origin` keeps the page's address, a looked-up
-    // key in its query, from any other site, and the Origin as it is.
+    // sends it too). `same-origin` keeps the page's address from any
+    // other site, and the Origin as it is.
     fields.insert(REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     fields.insert(CONTENT_SECURITY_POLICY, HeaderValue::from_static(POLICY));
     response
@@ -161,6 +161,8 @@ async fn not_found(OriginalUri(original): OriginalUri, uri: Uri) -> Response {
     )
 }
 
+/// `GET /{limit}`: the page, with the notice its query asks for; no key
+/// is looked up from an address.
 async fn limit_page<S: Store>(
     State(admin): State<Arc<Admin<S>>>,
     OriginalUri(original): OriginalUri,
@@ -176,8 +178,42 @@ async fn limit_page<S: Store>(
     let Ok(Query(query)) = query else {
         return bad_request(&base, "The address's query cannot be read.");
     };
+    let notice = field(&query, "unlocked").map(|_| Notice::Unlocked);
+    page(&admin, &base, limit, None, notice).await
+}
+
+/// `POST /{limit}`: the page, with the status of the key of the form
+/// (`key`), which stays out of the page's address.
+async fn look_up<S: Store>(
+    State(admin): State<Arc<Admin<S>>>,
+    OriginalUri(original): OriginalUri,
+    uri: Uri,
+    name: Result<Path<String>, PathRejection>,
+    form: Result<Form<Vec<(String, String)>>, FormRejection>,
+) -> Response {
+    let base = base(&original, &uri);
+    let limit = match admin.named(name) {
+        Ok(limit) => limit,
+        Err(name) => return no_such_limit(&base, &name),
+    };
+    let Ok(Form(fields)) = form else {
+        return bad_request(&base, "A lookup is a form with a key.");
+    };
+    let typed = field(&fields, "key").filter(|typed| !typed.trim().is_empty());
+    page(&admin, &base, limit, typed, None).await
+}
+
+/// A limit's page under `base`: the key `typed` looked up, if any, and the
+/// keys the limit refuses now.
+async fn page<S: Store>(
+    admin: &Admin<S>,
+    base: &str,
+    limit: &Limit,
+    typed: Option<&str>,
+    notice: Option<Notice>,
+) -> Response {
     let mut status = StatusCode::OK;
-    let lookup = match field(&query, "key").filter(|typed| !typed.trim().is_empty()) {
+    let lookup = match typed {
         None => None,
         Some(typed) => match typed.parse::<Key>() {
             Ok(key) => match admin.limiter.status(limit, &key).await {
@@ -185,7 +221,7 @@ async fn limit_page<S: Store>(
                     typed: typed.to_owned(),
                     status: found,
                 }),
-                Err(e) => return store_failed(&base, "The key's status could not be read", &e),
+                Err(e) => return store_failed(base, "The key's status could not be read", &e),
             },
             Err(e) => {
                 status = StatusCode::BAD_REQUEST;
@@ -203,11 +239,10 @@ async fn limit_page<S: Store>(
     let at_most = super::Admin::<S>::LISTED_KEYS;
     let refused = match admin.limiter.refused_keys(limit, at_most).await {
         Ok(refused) => refused,
-        Err(e) => return store_failed(&base, "The refused keys could not be read", &e),
+        Err(e) => return store_failed(base, "The refused keys could not be read", &e),
     };
-    let notice = field(&query, "unlocked").map(|_| Notice::Unlocked);
     let view = LimitPage {
-        base: &base,
+        base,
         limit,
         guard: &admin.guard,
         more: refused.len() >= at_most,

@@ -133,15 +133,16 @@ fn unlock_forms(body: &str) -> Vec<(String, String, String)> {
     };
     body.split("<form method=\"post\"")
         .skip(1)
-        .map(|form| {
-            let form = &form[..form.find("</form>").unwrap()];
+        .map(|form| &form[..form.find("</form>").unwrap()])
+        // Not the lookup's, which has no token.
+        .filter_map(|form| {
+            let token_at = form.find("name=\"token\"")?;
             let key_at = form.find("name=\"key\"").unwrap();
-            let token_at = form.find("name=\"token\"").unwrap();
-            (
+            Some((
                 attribute(form, "action"),
                 attribute(&form[key_at..], "value"),
                 attribute(&form[token_at..], "value"),
-            )
+            ))
         })
         .collect()
 }
@@ -177,9 +178,9 @@ fn shown_keys(part: &str) -> Vec<String> {
 }
 
 /// The answer to looking `typed` up on `limit`'s page, as the page's
-/// lookup form sends it.
+/// lookup form sends it: a POST, the key in the body.
 async fn look_up(app: &Router, limit: &str, typed: &str) -> Answer {
-    get(app, &format!("{MOUNT}/{limit}?key={}", urlencode(typed))).await
+    post(app, &format!("{MOUNT}/{limit}"), &[], &[("key", typed)]).await
 }
 
 /// The part of a limit's page above the refused keys: the lookup and its
@@ -295,11 +296,7 @@ async fn looking_up_a_key_shows_its_count() {
     )
     .await;
 
-    let carol = get(
-        &app,
-        &format!("{MOUNT}/login?key=email%3A%20Carol%40Example.COM"),
-    )
-    .await;
+    let carol = look_up(&app, "login", "email: Carol@Example.COM").await;
     assert_eq!(carol.status, StatusCode::OK);
     let lookup = &carol.body[..carol.body.find("Refused now").unwrap()];
     assert!(lookup.contains("email|carol@example.com"), "{}", carol.body);
@@ -311,7 +308,7 @@ async fn looking_up_a_key_shows_its_count() {
     );
     assert!(listed(&carol.body).is_empty(), "carol is not refused");
 
-    let ip = get(&app, &format!("{MOUNT}/login?key=ip%3A203.0.113.7")).await;
+    let ip = look_up(&app, "login", "ip:203.0.113.7").await;
     let lookup = &ip.body[..ip.body.find("Refused now").unwrap()];
     assert!(
         lookup.contains("ip|203.0.113.7") && lookup.contains("2 / 3"),
@@ -319,7 +316,7 @@ async fn looking_up_a_key_shows_its_count() {
         ip.body
     );
 
-    let untouched = get(&app, &format!("{MOUNT}/login?key=user%3Anobody")).await;
+    let untouched = look_up(&app, "login", "user:nobody").await;
     let lookup = &untouched.body[..untouched.body.find("Refused now").unwrap()];
     assert!(
         lookup.contains("user|nobody") && lookup.contains("0 / 3"),
@@ -328,11 +325,46 @@ async fn looking_up_a_key_shows_its_count() {
     );
     assert!(unlock_forms(lookup).is_empty(), "nothing to clear");
 
-    for nonsense in ["carol", "phone%3A123", "ip%3Anot-an-address"] {
-        let answer = get(&app, &format!("{MOUNT}/login?key={nonsense}")).await;
+    for nonsense in ["carol", "phone:123", "ip:not-an-address"] {
+        let answer = look_up(&app, "login", nonsense).await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{nonsense}");
         assert!(answer.body.contains("Not a key: "), "{}", answer.body);
     }
+}
+
+/// A lookup keeps the address out of the page's URL, so out of access
+/// logs and the browser's history: the page's lookup form is a POST to the
+/// limit's page, whose answer shows the key's status; a GET of the page
+/// looks up no key, whatever its query says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_keeps_the_address_out_of_the_url() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 3);
+    let app = app(&limiter, std::slice::from_ref(&login));
+    let carol = Key::email("carol@example.com");
+    fail(&limiter, &login, &carol, 1).await;
+
+    let page = get(&app, &format!("{MOUNT}/login")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let form = &page.body[page.body.find("<h2>Look up a key</h2><form").unwrap()..];
+    assert!(
+        form.starts_with(&format!(
+            r#"<h2>Look up a key</h2><form method="post" action="{MOUNT}/login">"#
+        )),
+        "{form}"
+    );
+
+    let answer = look_up(&app, "login", "carol@example.com").await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert!(answer.headers.get("location").is_none());
+    let found = lookup_part(&answer.body);
+    assert_eq!(shown_keys(found), [carol.spelling()]);
+    assert!(found.contains("1 / 3"), "{}", answer.body);
+
+    let linked = get(&app, &format!("{MOUNT}/login?key=carol%40example.com")).await;
+    assert_eq!(linked.status, StatusCode::OK);
+    assert!(!linked.body.contains("carol"), "{}", linked.body);
 }
 
 /// A key is shown as it is typed: each listed key, whichever constructor
@@ -789,8 +821,7 @@ async fn a_hostile_key_renders_as_text() {
     fail(&limiter, &login, &script, 1).await;
     fail(&limiter, &login, &attribute, 1).await;
 
-    let typed = urlencode("user:<script>alert(2)</script>");
-    let page = get(&app, &format!("{MOUNT}/login?key={typed}")).await;
+    let page = look_up(&app, "login", "user:<script>alert(2)</script>").await;
     assert_eq!(page.status, StatusCode::OK);
     for raw in ["<script", "<img", "\"><img", "alert(2)</"] {
         assert!(!page.body.contains(raw), "{raw:?} in {}", page.body);
@@ -879,11 +910,13 @@ async fn an_unreachable_store_is_a_page_that_says_so() {
         .router()
         .unwrap();
     let app = Router::new().nest(MOUNT, router);
-    for path in ["/support/limits/login", "/support/limits/login?key=id%3Aa"] {
-        let answer = get(&app, path).await;
-        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+    for (what, answer) in [
+        ("the page", get(&app, &format!("{MOUNT}/login")).await),
+        ("a lookup", look_up(&app, "login", "id:a").await),
+    ] {
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{what}");
         assert!(answer.body.contains("did not answer"), "{}", answer.body);
-        assert_secured(&answer, path);
+        assert_secured(&answer, what);
     }
     // A page of a replica that answers, with the same secret: its token
     // is good here too, and the unlock says the store did not answer.
