@@ -53,7 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let support = admin::router(limiter.clone(), [login, reset_password])?;
     let app = Router::new()
         .route("/", get(|| async { Redirect::to("/support/limits") }))
-        .nest("/support/limits", support);
+        .nest_service("/support/limits", support);
     let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!(

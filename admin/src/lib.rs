@@ -30,11 +30,11 @@
 //! `Content-Security-Policy` that allows no script, no frame and forms only
 //! to the page's own origin.
 //!
-//! The routes, under wherever the router is nested:
+//! The routes, under the path the router is mounted at:
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /` | the limits: name, max, window, lockout |
+//! | `GET /` | the limits: name, max, window, lockout (at the path, with or without a trailing slash) |
 //! | `GET /{limit}` | who the limit refuses now, newest first (at most [`Admin::LISTED_KEYS`]), with counts, window end, reopening and lockout |
 //! | `POST /{limit}` | the same, and the status of the key of the form (`key`), which so stays out of the address (access logs, history); staff type a key as a row shows it (its [`spelling`](platformkit_limit::Key::spelling)), an email or IP address alone, or `user:…` (every form: [`Key`'s `FromStr`](platformkit_limit::Key#impl-FromStr-for-Key)) |
 //! | `POST /{limit}/unlock` | resets the key of the form (`key`, `token`), then a 303 back to the limit's page |
@@ -58,8 +58,9 @@
 //! let support = admin::router(limiter.clone(), [login.clone(), reset_password.clone()])?;
 //! let app: Router = Router::new()
 //!     // Behind the service's own staff authentication: the admin router
-//!     // has none.
-//!     .nest("/support/limits", support);
+//!     // has none. `nest_service`, under which `/support/limits/` is the
+//!     // index too (under `nest`, axum routes no path with the slash).
+//!     .nest_service("/support/limits", support);
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! # axum::serve(listener, app).await?;
 //! # Ok(())
@@ -184,8 +185,9 @@ impl<S: Store> Admin<S> {
         self
     }
 
-    /// The router, to nest under a path of the service, behind its own
-    /// authentication (see the [module docs](self)).
+    /// The router, to mount under a path of the service with
+    /// `nest_service`, behind its own authentication (see the
+    /// [module docs](self)).
     ///
     /// # Errors
     ///

@@ -39,12 +39,14 @@ fn limiter_on(config: tokio_postgres::Config) -> Arc<PgLimiter> {
     )
 }
 
-/// The service: the admin router of `limits`, nested under [`MOUNT`].
+/// The service: the admin router of `limits`, [`mounted`].
 fn app(limiter: &Arc<PgLimiter>, limits: &[Limit]) -> Router {
-    Router::new().nest(
-        MOUNT,
-        admin::router(limiter.clone(), limits.to_vec()).expect("an admin router"),
-    )
+    mounted(admin::router(limiter.clone(), limits.to_vec()).expect("an admin router"))
+}
+
+/// A service with `admin` under [`MOUNT`], as the crate's docs mount it.
+fn mounted(admin: Router) -> Router {
+    Router::new().nest_service(MOUNT, admin)
 }
 
 /// An answer: its status, its header fields, its body.
@@ -668,8 +670,7 @@ async fn an_origin_of_another_scheme_is_403() {
     let db = fresh_db().await;
     let limiter = limiter_on(db.config());
     let login = limit("login", 1);
-    let configured = Router::new().nest(
-        MOUNT,
+    let configured = mounted(
         admin::Admin::new(limiter.clone(), [login.clone()])
             .origin("https://staff.example:8443")
             .router()
@@ -735,8 +736,7 @@ async fn an_unlock_token_expires_and_unlocks_only_its_key() {
     let limiter = limiter_on(db.config());
     let login = limit("login", 1);
     let clock = ManualClock::new(SystemTime::now());
-    let app = Router::new().nest(
-        MOUNT,
+    let app = mounted(
         admin::Admin::new(limiter.clone(), [login.clone()])
             .clock(clock.clone())
             .router()
@@ -858,6 +858,26 @@ async fn a_hostile_key_renders_as_text() {
     }
 }
 
+/// The index answers under the path the router is nested at, with or
+/// without a trailing slash, and links to the limits' pages under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_answers_with_or_without_a_trailing_slash() {
+    let limiter = Arc::new(Limiter::new(Memory::new()));
+    let app = mounted(admin::router(limiter, [limit("login", 1)]).unwrap());
+    for path in [MOUNT.to_owned(), format!("{MOUNT}/")] {
+        let index = get(&app, &path).await;
+        assert_eq!(index.status, StatusCode::OK, "{path}: {}", index.body);
+        assert_secured(&index, &path);
+        assert!(
+            index
+                .body
+                .contains(r#"<a href="/support/limits/login">login</a>"#),
+            "{path}: {}",
+            index.body
+        );
+    }
+}
+
 /// A limit the router was not given has no page and no unlock, even when
 /// the store has its keys; nor has any other path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -909,7 +929,7 @@ async fn an_unreachable_store_is_a_page_that_says_so() {
         .secret(&[7; 32])
         .router()
         .unwrap();
-    let app = Router::new().nest(MOUNT, router);
+    let app = mounted(router);
     for (what, answer) in [
         ("the page", get(&app, &format!("{MOUNT}/login")).await),
         ("a lookup", look_up(&app, "login", "id:a").await),
@@ -923,8 +943,7 @@ async fn an_unreachable_store_is_a_page_that_says_so() {
     let replica = Arc::new(Limiter::new(Memory::new()));
     let alice = Key::email("alice@example.com");
     replica.failed(&limit("login", 1), &alice).await.unwrap();
-    let replica = Router::new().nest(
-        MOUNT,
+    let replica = mounted(
         admin::Admin::new(replica, [limit("login", 1)])
             .secret(&[7; 32])
             .router()
