@@ -111,6 +111,9 @@ pub(crate) enum What {
     /// `failed` over an sqlx `PgPool` of as many connections as callers
     /// (feature `sqlx`, [`crate::sqlx`]).
     SqlxFailed,
+    /// `failed` with the defaults through one limiter over that `PgPool`,
+    /// shared by its callers: the README's path.
+    SqlxDefaults,
     /// `check` through `Prepared`: its statement prepared once per
     /// connection (feature `deadpool`, [`crate::prepared`]).
     PreparedCheck,
@@ -143,6 +146,7 @@ impl What {
             What::DefaultsPlaces(16) => "  the same, 16 writes in flight",
             What::DefaultsPlaces(_) => unreachable!("only SWEPT_PLACES are measured"),
             What::SqlxFailed => "failed over sqlx",
+            What::SqlxDefaults => "failed over sqlx, defaults, 1 limiter",
             What::PreparedCheck => "check, Prepared",
             What::PreparedFailed => "failed, Prepared",
         }
@@ -172,6 +176,7 @@ impl What {
             What::DefaultsPlaces(16) => "failed_defaults_16_writes_in_flight",
             What::DefaultsPlaces(_) => unreachable!("only SWEPT_PLACES are measured"),
             What::SqlxFailed => "failed_sqlx",
+            What::SqlxDefaults => "failed_sqlx_defaults_shared_limiter",
             What::PreparedCheck => "check_prepared",
             What::PreparedFailed => "failed_prepared",
         }
@@ -186,7 +191,8 @@ impl What {
             | What::Reset
             | What::DefaultsFailed
             | What::DefaultsPlaces(_)
-            | What::SqlxFailed => Some(What::Upsert),
+            | What::SqlxFailed
+            | What::SqlxDefaults => Some(What::Upsert),
             What::CheckAll | What::PreparedCheck => Some(What::Check),
             What::HitN | What::HitAll | What::HitAllOrNothing => Some(What::Hit),
             What::FailedAll | What::RelaxedFailed | What::ConnectPerCall | What::PreparedFailed => {
@@ -376,7 +382,7 @@ pub(crate) fn limiter_op<S: Store + 'static>(
                 What::CheckAll | What::FailedAll | What::HitAll | What::HitAllOrNothing => {
                     unreachable!("several limits have an operation of their own")
                 }
-                What::DefaultsFailed | What::DefaultsPlaces(_) => {
+                What::DefaultsFailed | What::DefaultsPlaces(_) | What::SqlxDefaults => {
                     unreachable!("one shared limiter has an op of its own")
                 }
                 What::Select1 | What::Upsert | What::Read => {
@@ -426,7 +432,10 @@ fn several_op<S: Store + 'static>(
 }
 
 /// `failed` through one limiter shared by every worker.
-pub(crate) fn shared_failed_op(limiter: Arc<Limiter<Postgres<Pool>>>, limit: Arc<Limit>) -> Op {
+pub(crate) fn shared_failed_op<S: Store + 'static>(
+    limiter: Arc<Limiter<S>>,
+    limit: Arc<Limit>,
+) -> Op {
     Arc::new(move |_worker, id| {
         let limiter = Arc::clone(&limiter);
         let limit = Arc::clone(&limit);
@@ -444,8 +453,9 @@ pub(crate) struct Bench {
     /// The same connections, lent to whichever caller of a shared limiter.
     pool: Pool,
     ops: Vec<(What, Op)>,
-    /// `failed` over sqlx, by connections: empty without the feature.
-    sqlx: Vec<(usize, Op)>,
+    /// `failed` over sqlx, one statement per call and with the defaults,
+    /// by connections: empty without the feature.
+    sqlx: Vec<(usize, Op, Op)>,
 }
 
 impl Bench {
@@ -524,7 +534,7 @@ impl Bench {
     /// Whether `what` is measured in this build.
     fn measures(&self, what: What) -> bool {
         match what {
-            What::SqlxFailed => !self.sqlx.is_empty(),
+            What::SqlxFailed | What::SqlxDefaults => !self.sqlx.is_empty(),
             What::PreparedCheck | What::PreparedFailed => self.ops.iter().any(|(w, _)| *w == what),
             _ => true,
         }
@@ -532,20 +542,24 @@ impl Bench {
 
     /// Adds `failed` over sqlx: an op for each number of connections.
     #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
-    pub(crate) fn with_sqlx(mut self, ops: Vec<(usize, Op)>) -> Bench {
+    pub(crate) fn with_sqlx(mut self, ops: Vec<(usize, Op, Op)>) -> Bench {
         self.sqlx = ops;
         self
     }
 
     fn op(&self, what: What, conns: usize) -> Op {
         match what {
-            What::SqlxFailed => {
-                let (_, op) = self
+            What::SqlxFailed | What::SqlxDefaults => {
+                let (_, one, defaults) = self
                     .sqlx
                     .iter()
-                    .find(|(c, _)| *c == conns)
+                    .find(|(c, _, _)| *c == conns)
                     .expect("sqlx is measured at this concurrency");
-                Arc::clone(op)
+                Arc::clone(if what == What::SqlxFailed {
+                    one
+                } else {
+                    defaults
+                })
             }
             // A fresh one each time: the fake never forgets a key.
             What::Memory => {
@@ -605,6 +619,10 @@ pub(crate) async fn run_block(bench: &Bench, results: &mut Results, keys: Keys) 
         if keys == Keys::Random {
             // At 1 connection: a lone caller, which merging must not delay.
             whats.push(What::DefaultsFailed);
+            if bench.measures(What::SqlxDefaults) {
+                // The README's path, right after the same over tokio-postgres.
+                whats.push(What::SqlxDefaults);
+            }
         }
         if keys == Keys::Random && conns == WIDE {
             whats.extend(SWEPT_PLACES.map(What::DefaultsPlaces));

@@ -109,6 +109,8 @@ impl Results {
             add(What::PreparedCheck, Some(Keys::Random), conns);
             add(What::PreparedFailed, Some(Keys::Random), conns);
             add(What::DefaultsFailed, Some(Keys::Random), conns);
+            // Measured with the feature `sqlx` only.
+            add(What::SqlxDefaults, Some(Keys::Random), conns);
             if conns == 1 {
                 add(What::ConnectPerCall, Some(Keys::Random), 1);
                 add(What::Memory, Some(Keys::Random), 1);

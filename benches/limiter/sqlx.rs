@@ -9,25 +9,26 @@
 //! the report says so.
 
 use crate::WIDE;
-use crate::measure::Summary;
+use crate::measure::{Sample, Summary};
 use crate::operations::{Keys, What};
 use crate::report::{Results, show_ratio};
 
 /// `failed` over an sqlx pool for 1 and for [`WIDE`] callers: a pool of
 /// that many connections, all open before the run, with one limiter per
 /// caller over it (each with neither merging nor the refusal cache, as the
-/// tokio-postgres limiters).
+/// tokio-postgres limiters); and with the defaults, through one limiter
+/// over the pool that its callers share.
 #[cfg(feature = "sqlx")]
 pub(crate) async fn ops(
     url: &str,
     limit: &platformkit_limit::Limit,
-) -> Vec<(usize, crate::operations::Op)> {
+) -> Vec<(usize, crate::operations::Op, crate::operations::Op)> {
     use std::sync::Arc;
 
     use platformkit_limit::Postgres;
     use sqlx::postgres::PgPoolOptions;
 
-    use crate::operations::{limiter, limiter_op};
+    use crate::operations::{defaults_limiter, limiter, limiter_op, shared_failed_op};
 
     let mut ops = Vec::new();
     for conns in [1, WIDE] {
@@ -49,7 +50,15 @@ pub(crate) async fn ops(
                 .map(|_| limiter(Postgres::new(pool.clone())))
                 .collect::<Vec<_>>(),
         );
-        ops.push((conns, limiter_op(limiters, limit.clone(), What::SqlxFailed)));
+        let defaults = shared_failed_op(
+            Arc::new(defaults_limiter(Postgres::new(pool.clone()))),
+            Arc::new(limit.clone()),
+        );
+        ops.push((
+            conns,
+            limiter_op(limiters, limit.clone(), What::SqlxFailed),
+            defaults,
+        ));
     }
     ops
 }
@@ -67,7 +76,19 @@ pub(crate) fn measured(results: &Results) -> bool {
 pub(crate) fn over_tokio_postgres(results: &Results, conns: usize) -> (Summary, Summary) {
     let sqlx = results.row(What::SqlxFailed, Some(Keys::Random), conns);
     let tokio_postgres = results.row(What::Failed, Some(Keys::Random), conns);
-    let rounds = || sqlx.samples.iter().zip(&tokio_postgres.samples);
+    ratios(&sqlx.samples, &tokio_postgres.samples)
+}
+
+/// Per round, at `conns`: `failed` with the defaults over sqlx over the
+/// same over tokio-postgres, p50 and ops/s.
+pub(crate) fn defaults_over_tokio_postgres(results: &Results, conns: usize) -> (Summary, Summary) {
+    let sqlx = results.row(What::SqlxDefaults, Some(Keys::Random), conns);
+    let tokio_postgres = results.row(What::DefaultsFailed, Some(Keys::Random), conns);
+    ratios(&sqlx.samples, &tokio_postgres.samples)
+}
+
+fn ratios(sqlx: &[Sample], tokio_postgres: &[Sample]) -> (Summary, Summary) {
+    let rounds = || sqlx.iter().zip(tokio_postgres);
     (
         Summary::of(rounds().map(|(s, t)| s.p50_us / t.p50_us)),
         Summary::of(rounds().map(|(s, t)| s.ops_per_sec / t.ops_per_sec)),
@@ -83,13 +104,21 @@ pub(crate) fn print(results: &Results) {
         "failed over sqlx (PgPool, test_before_acquire off) / failed over tokio-postgres, random \
          keys, the same rounds; median [range] of per-round ratios:"
     );
-    for conns in [1, WIDE] {
-        let (p50, ops) = over_tokio_postgres(results, conns);
-        println!(
-            "  {conns:>2} connection{}: p50 {}, ops/s {}",
-            if conns == 1 { " " } else { "s" },
-            show_ratio(&p50),
-            show_ratio(&ops)
-        );
+    for (what, over) in [
+        (
+            "one statement per call",
+            over_tokio_postgres as fn(&Results, usize) -> _,
+        ),
+        ("the defaults, one limiter", defaults_over_tokio_postgres),
+    ] {
+        for conns in [1, WIDE] {
+            let (p50, ops) = over(results, conns);
+            println!(
+                "  {what}, {conns:>2} connection{}: p50 {}, ops/s {}",
+                if conns == 1 { " " } else { "s" },
+                show_ratio(&p50),
+                show_ratio(&ops)
+            );
+        }
     }
 }

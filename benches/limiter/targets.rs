@@ -245,6 +245,29 @@ pub(crate) fn all(
             AtLeast,
             0.9,
         ));
+        // The README's path: the defaults over sqlx within 1.1 of the same
+        // over tokio-postgres.
+        for conns in [1, WIDE] {
+            let (p50, ops) = crate::sqlx::defaults_over_tokio_postgres(results, conns);
+            let at = format!(
+                "random keys, {conns} connection{}",
+                if conns == 1 { "" } else { "s" }
+            );
+            targets.push(Target::new(
+                format!("failed p50 with the defaults over sqlx PgPool ({at})"),
+                "the same over tokio-postgres, measured right before it",
+                p50.each.clone(),
+                AtMost,
+                1.10,
+            ));
+            targets.push(Target::new(
+                format!("failed ops/s with the defaults over sqlx PgPool ({at})"),
+                "the same over tokio-postgres, measured right before it",
+                ops.each.clone(),
+                AtLeast,
+                1.0 / 1.10,
+            ));
+        }
     }
     targets.extend([
         Target::new(
