@@ -35,12 +35,13 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /` | the limits: name, max, window, lockout (at the path, with or without a trailing slash) |
-//! | `GET /{limit}` | who the limit refuses now, newest first (at most [`Admin::LISTED_KEYS`]), with counts, window end, reopening and lockout |
-//! | `POST /{limit}` | the same, and the status of the key of the form (`key`), which so stays out of the address (access logs, history); staff type a key as a row shows it (its [`spelling`](platformkit_limit::Key::spelling)), an email or IP address alone, or `user:…` (every form: [`Key`'s `FromStr`](platformkit_limit::Key#impl-FromStr-for-Key)) |
+//! | `GET /{limit}` | who the limit refuses now, newest first (at most [`Admin::LISTED_KEYS`]), with counts, window end, reopening and lockout; a key in the query is not looked up |
+//! | `POST /{limit}` | the same, and the status of the key the form names (`key`): a POST, so that the key stays out of the address (access logs, history). Staff type a key as a row shows it (its [`spelling`](platformkit_limit::Key::spelling)), an email or IP address alone, or `user:…` (every form: [`Key`'s `FromStr`](platformkit_limit::Key#impl-FromStr-for-Key)); a text in none is a 400 that says what to type |
 //! | `POST /{limit}/unlock` | resets the key of the form (`key`, `token`), then a 303 back to the limit's page |
 //!
 //! A store that cannot answer is a page that says so (503 when it is
-//! unreachable or overloaded, 500 otherwise); an unknown limit is a 404.
+//! unreachable or overloaded, 500 otherwise); an unknown limit, or any
+//! other path, is a 404 page.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -70,7 +71,9 @@
 //! With several replicas behind a load balancer, give every replica the
 //! same secret ([`Admin::secret`]): with a random one, a page rendered by
 //! one replica can unlock only through that replica (a 403 elsewhere,
-//! which says to reload the page).
+//! which says to reload the page). Give the page its origin
+//! ([`Admin::origin`]) when it is served over HTTP/1.1, so that an
+//! unlock's `Origin` is checked with its scheme.
 
 mod csrf;
 mod render;

@@ -1,9 +1,11 @@
-//! The admin page, over HTTP against a real server: a
-//! limit's page lists exactly its refused keys; a lookup shows a key's
-//! count; Unlock with the page's token and same-origin header fields
-//! resets the key (a digested one too) and answers 303; a cross-site POST
-//! (`Sec-Fetch-Site`, a foreign `Origin`, a missing, wrong or foreign
-//! token) is a 403 that resets nothing; a hostile key renders as text;
+//! The admin page, over HTTP against a real server, mounted as its docs
+//! show: a limit's page lists exactly its refused keys, each shown as it
+//! is typed and none like another; a lookup, a POST, shows a key's count;
+//! Unlock with the page's token and same-origin header fields resets the
+//! key (a digested one too) and answers 303; a cross-site POST
+//! (`Sec-Fetch-Site`, a foreign `Origin` or scheme, a missing, wrong,
+//! foreign or expired token) is a 403 that resets nothing; a hostile key
+//! renders as text; the index answers with or without a trailing slash;
 //! an unknown limit is a 404; a store that does not answer is a page that
 //! says so; every answer carries the security header fields.
 
