@@ -36,6 +36,8 @@ KEY is an email address or an IP address, a key as this tool shows it
 (email|alice@example.com, account|42), or kind:value, the kind email, user,
 ip or id; an address or a kind:value is normalized as the service does:
   alice@example.com   203.0.113.7   user:bob   email:alice@example.com   id:abc123
+A key as shown holds | and may hold \\: quote it for the shell,
+  platformkit-limit reset login 'account|42|203.0.113.7'
 
 exit status: 0 done, 1 error, 2 usage";
 

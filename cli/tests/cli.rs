@@ -314,6 +314,7 @@ async fn errors_are_clear_with_their_exit_codes() {
     let out = tool(None, &["--help"]);
     assert_exit(&out, 0, "--help");
     assert!(stdout(&out).contains("email:alice@example.com"));
+    assert!(stdout(&out).contains("quote it for the shell"));
 }
 
 /// A window no test straddles (the suite's `LONG_WINDOW`).

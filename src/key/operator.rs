@@ -343,6 +343,7 @@ mod tests {
             new(&["key:id|a"]),
             new(&[" ", " "]),
             Key::opaque(&"a|~\\\u{200B}".repeat(100)),
+            new(&["alice\u{200B} ".repeat(100).as_str()]),
             Key::email(&"alice".repeat(100)),
         ]
     }
