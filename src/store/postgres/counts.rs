@@ -297,9 +297,8 @@ impl<'a> Pairs<'a> {
 
 /// A pair's count as the statements answer it, at `now`: its count, its
 /// window's end, the previous window's count, and the lockout still to run
-/// (0 for none); instants and spans in microseconds.
-/// A lockout still to run below 0 is a row the crate cannot read: an
-/// error, never read as no lockout.
+/// (0 for none; below 0 an error, never read as no lockout); instants and
+/// spans in microseconds.
 fn counted(
     operation: Operation,
     now: i64,
