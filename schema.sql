@@ -1,5 +1,5 @@
 -- platformkit-limit: a limit is a row. schema.sql is built from this file
--- and the prologues in schema/; after an edit, run
+-- and the prologues and readers' settings in schema/; after an edit, run
 -- `PLATFORMKIT_WRITE_SCHEMA=1 cargo test --all-features --test suite schema::`.
 -- What it creates and why: the guide, "The schema" (src/guide/calls.md).
 --

@@ -1,5 +1,5 @@
 -- platformkit-limit: a limit is a row. schema.sql is built from this file
--- and the prologues in schema/; after an edit, run
+-- and the prologues and readers' settings in schema/; after an edit, run
 -- `PLATFORMKIT_WRITE_SCHEMA=1 cargo test --all-features --test suite schema::`.
 -- What it creates and why: the guide, "The schema" (src/guide/calls.md).
 --
@@ -513,22 +513,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read_many(
     p_previous boolean, p_maxes bigint[], p_lockout_secs bigint[],
     OUT o_answer bigint[])
 LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET lock_timeout = 0
-SET row_security = on
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET enable_indexscan = on
-SET enable_bitmapscan = off
-SET enable_nestloop = on
-SET seq_page_cost = 1
-SET random_page_cost = 4
-SET cpu_tuple_cost = 0.01
-SET cpu_index_tuple_cost = 0.005
-SET cpu_operator_cost = 0.0025
-SET max_parallel_workers_per_gather = 0
-SET jit = off
+-- reader's settings: schema/readers_settings.sql
 AS $$
 DECLARE
     v_switch pg_catalog.text;
@@ -589,22 +574,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read(
     p_previous boolean, p_max bigint, p_lockout_secs bigint,
     OUT o_answer bigint[])
 LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET lock_timeout = 0
-SET row_security = on
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET enable_indexscan = on
-SET enable_bitmapscan = off
-SET enable_nestloop = on
-SET seq_page_cost = 1
-SET random_page_cost = 4
-SET cpu_tuple_cost = 0.01
-SET cpu_index_tuple_cost = 0.005
-SET cpu_operator_cost = 0.0025
-SET max_parallel_workers_per_gather = 0
-SET jit = off
+-- reader's settings: schema/readers_settings.sql
 AS $$
 DECLARE
     v_switch pg_catalog.text;
@@ -666,22 +636,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
     OUT o_previous bigint[],
     OUT o_locked_for bigint[])
 LANGUAGE plpgsql
-VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET lock_timeout = 0
-SET row_security = on
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET enable_indexscan = on
-SET enable_bitmapscan = off
-SET enable_nestloop = on
-SET seq_page_cost = 1
-SET random_page_cost = 4
-SET cpu_tuple_cost = 0.01
-SET cpu_index_tuple_cost = 0.005
-SET cpu_operator_cost = 0.0025
-SET max_parallel_workers_per_gather = 0
-SET jit = off
+-- reader's settings: schema/readers_settings.sql
 AS $$
 DECLARE
     v_switch pg_catalog.text;

@@ -605,8 +605,9 @@ fn every_routines_variables_have_schema_qualified_types() {
 
 /// `schema.sql` is `schema/limits.sql` with each routine's prologue put in
 /// from its one home (`schema/prologue.sql` for the writers,
-/// `schema/readers_prologue.sql` for the readers): no prologue is kept by
-/// hand in ten places. With `PLATFORMKIT_WRITE_SCHEMA=1` the test writes
+/// `schema/readers_prologue.sql` for the readers, and the readers' pinned
+/// settings from `schema/readers_settings.sql`): nothing is kept by hand in
+/// several places. With `PLATFORMKIT_WRITE_SCHEMA=1` the test writes
 /// `schema.sql` instead of failing.
 #[test]
 fn schema_sql_is_built_from_its_source() {
@@ -614,15 +615,17 @@ fn schema_sql_is_built_from_its_source() {
     let read = |path: &str| {
         std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
     };
-    let (writers, readers) = (
+    let (writers, readers, settings) = (
         read("schema/prologue.sql"),
         read("schema/readers_prologue.sql"),
+        read("schema/readers_settings.sql"),
     );
     let built: String = read("schema/limits.sql")
         .split_inclusive('\n')
         .map(|line| match line.trim_end() {
             "    -- prologue: schema/prologue.sql" => writers.as_str(),
             "    -- reader's prologue: schema/readers_prologue.sql" => readers.as_str(),
+            "-- reader's settings: schema/readers_settings.sql" => settings.as_str(),
             _ => line,
         })
         .collect();

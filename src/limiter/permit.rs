@@ -101,13 +101,9 @@ impl<'a, S: Store> Reservations<'a, S> {
             Reservations::Granted(mut permits) => {
                 Reservation::Granted(permits.permits.swap_remove(0))
             }
-            Reservations::Refused(verdicts) => Reservation::Refused(
-                verdicts
-                    .into_iter()
-                    .next()
-                    .cloned()
-                    .expect("one verdict per pair"),
-            ),
+            Reservations::Refused(verdicts) => {
+                Reservation::Refused(verdicts.into_vec().swap_remove(0))
+            }
         }
     }
 
