@@ -178,8 +178,6 @@ WITH (fillfactor = 80);
 -- The table's strongest lock only when something changes: re-applying this
 -- behind a long reader must not queue every limiter call behind it.
 DO $$
-DECLARE
-    t pg_catalog.regclass := 'platformkit.platformkit_limits'::pg_catalog.regclass;
 BEGIN
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
         CREATE INDEX platformkit_limits_window_end
@@ -189,11 +187,35 @@ BEGIN
         CREATE INDEX platformkit_limits_purge_order
             ON platformkit.platformkit_limits (purge_after, created_at);
     END IF;
-    IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
-            FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
-        ALTER TABLE platformkit.platformkit_limits ENABLE ROW LEVEL SECURITY;
-        ALTER TABLE platformkit.platformkit_limits FORCE ROW LEVEL SECURITY;
-    END IF;
+END
+$$;
+
+-- Each limit as a service defines it, recorded by the limiter the first time
+-- it uses the limit (platformkit_limit_define), so that the operator's tools
+-- read the limits rather than being told them. A limit's tiers share its row:
+-- max is the limit's as built (the guide, "Operating it").
+CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_defs (
+    name         text        COLLATE "C" PRIMARY KEY,
+    max          bigint      NOT NULL,
+    window_secs  bigint      NOT NULL,
+    sliding      boolean     NOT NULL,
+    lockout_secs bigint      NOT NULL,
+    defined_at   timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+);
+
+-- Both tables under row-level security, forced on their owner too.
+DO $$
+DECLARE
+    t pg_catalog.regclass;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['platformkit.platformkit_limits'::pg_catalog.regclass,
+                             'platformkit.platformkit_limit_defs'::pg_catalog.regclass] LOOP
+        IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
+                FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
+            EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', t);
+            EXECUTE pg_catalog.format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', t);
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -208,19 +230,25 @@ AS $$
                         OPERATOR(pg_catalog.=) 'on', false)
 $$;
 
--- One policy, both directions; the scalar subquery runs once per statement.
+-- One policy a table, both directions; the scalar subquery runs once per
+-- statement.
 DO $$
+DECLARE
+    t pg_catalog.text;
 BEGIN
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_catalog.pg_policy
-        WHERE polrelid OPERATOR(pg_catalog.=) 'platformkit.platformkit_limits'::pg_catalog.regclass
-          AND polname OPERATOR(pg_catalog.=) 'platformkit_limits_system_only'
-    ) THEN
-        CREATE POLICY platformkit_limits_system_only ON platformkit.platformkit_limits
-            FOR ALL
-            USING ((SELECT platformkit.platformkit_is_system()))
-            WITH CHECK ((SELECT platformkit.platformkit_is_system()));
-    END IF;
+    FOREACH t IN ARRAY ARRAY['platformkit_limits', 'platformkit_limit_defs'] LOOP
+        IF NOT EXISTS (
+            SELECT 1 FROM pg_catalog.pg_policy
+            WHERE polrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.concat('platformkit.', t))
+              AND polname OPERATOR(pg_catalog.=) pg_catalog.concat(t, '_system_only')
+        ) THEN
+            EXECUTE pg_catalog.format(
+                'CREATE POLICY %I ON platformkit.%I FOR ALL '
+                'USING ((SELECT platformkit.platformkit_is_system())) '
+                'WITH CHECK ((SELECT platformkit.platformkit_is_system()))',
+                pg_catalog.concat(t, '_system_only'), t);
+        END IF;
+    END LOOP;
 END
 $$;
 
@@ -726,6 +754,55 @@ BEGIN
         RETURNING count INTO o_count;
     o_count := COALESCE(o_count, 0);
     COMMIT;
+END
+$$;
+
+-- Records a limit's definition (p_name as LimitBuilder::build allows it),
+-- replacing another under the name; writes nothing when it is recorded.
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_define(
+    p_name text, p_max bigint, p_window_secs bigint, p_sliding boolean,
+    p_lockout_secs bigint, p_budget_ms bigint)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- prologue: schema/prologue.sql
+    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.-]{1,48}$'
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
+       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
+       OR p_sliding IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    INSERT INTO platformkit.platformkit_limit_defs AS d (name, max, window_secs, sliding, lockout_secs)
+    VALUES (p_name, p_max, p_window_secs, p_sliding, p_lockout_secs)
+    ON CONFLICT (name) DO UPDATE
+        SET max = excluded.max, window_secs = excluded.window_secs, sliding = excluded.sliding,
+            lockout_secs = excluded.lockout_secs, defined_at = excluded.defined_at
+        WHERE (d.max, d.window_secs, d.sliding, d.lockout_secs)
+              IS DISTINCT FROM (excluded.max, excluded.window_secs, excluded.sliding, excluded.lockout_secs);
+    COMMIT;
+END
+$$;
+
+-- The limits recorded, by name, at most 1,000: their names, and four integers
+-- a name (max, window_secs, sliding as 0 or 1, lockout_secs).
+CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_defs(
+    p_budget_ms bigint, OUT o_names text[], OUT o_numbers bigint[])
+LANGUAGE plpgsql
+-- reader's settings: schema/readers_settings.sql
+AS $$
+DECLARE
+    v_switch pg_catalog.text;
+    v_set pg_catalog.text;
+BEGIN
+    -- reader's prologue: schema/readers_prologue.sql
+    SELECT COALESCE(array_agg(d.name ORDER BY d.name) FILTER (WHERE u.i = 1), '{}'),
+           COALESCE(array_agg(u.n ORDER BY d.name, u.i), '{}')
+    INTO o_names, o_numbers
+    FROM (SELECT * FROM platformkit.platformkit_limit_defs ORDER BY name LIMIT 1000) AS d
+    CROSS JOIN LATERAL unnest(ARRAY[d.max, d.window_secs, d.sliding::pg_catalog.int4, d.lockout_secs])
+        WITH ORDINALITY AS u(n, i);
+    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
 

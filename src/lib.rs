@@ -75,7 +75,6 @@ mod merge;
 pub mod metric;
 mod operation;
 mod purging;
-mod status;
 mod store;
 mod trace;
 mod verdict;
@@ -86,10 +85,9 @@ pub use crate::error::{BoxError, Error, ErrorKind};
 pub use crate::key::Key;
 pub use crate::limit::{Limit, LimitBuilder, OnSuccess, Strategy, WhenUnreachable};
 pub use crate::limiter::{
-    Ask, Limiter, LimiterBuilder, Permit, Permits, Reservation, Reservations,
+    Ask, KeyStatus, Limiter, LimiterBuilder, Permit, Permits, Reservation, Reservations,
 };
 pub use crate::purging::{PurgeTask, purge};
-pub use crate::status::KeyStatus;
 pub use crate::store::Store;
 pub use crate::store::memory::Memory;
 pub use crate::store::postgres::Postgres;

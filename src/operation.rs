@@ -24,11 +24,13 @@ pub(crate) enum Operation {
     RefusedKeys,
     /// Applies the schema (in errors only).
     Migrate,
+    /// Records a limit's definition, or reads them (in errors only).
+    Limits,
 }
 
 impl Operation {
     /// Every operation the metrics label, in the order the docs list them
-    /// (all but [`Operation::Migrate`]).
+    /// (all but [`Operation::Migrate`] and [`Operation::Limits`]).
     #[cfg(test)]
     pub(crate) const ALL: [Operation; 8] = [
         Operation::Check,
@@ -50,7 +52,8 @@ impl Operation {
             | Operation::TakeBack
             | Operation::Purge
             | Operation::RefusedKeys
-            | Operation::Migrate => false,
+            | Operation::Migrate
+            | Operation::Limits => false,
         }
     }
 
@@ -65,7 +68,8 @@ impl Operation {
             | Operation::TakeBack
             | Operation::Purge
             | Operation::RefusedKeys
-            | Operation::Migrate => false,
+            | Operation::Migrate
+            | Operation::Limits => false,
         }
     }
 
@@ -81,6 +85,7 @@ impl Operation {
             Operation::Purge => "purge",
             Operation::RefusedKeys => "refused_keys",
             Operation::Migrate => "migrate",
+            Operation::Limits => "limits",
         }
     }
 }

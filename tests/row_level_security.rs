@@ -170,6 +170,38 @@ async fn assert_out_of_reach(db: &TestDb, client: &Client, login: &Limit, key: &
     assert_eq!(deleted, 0, "DELETE reached the limiter's row");
 
     assert_eq!(stored_rows(db).await, [(key, 2)], "the row changed");
+
+    // The limit's definition, recorded by the limiter, is as far out of reach.
+    let defs = "platformkit.platformkit_limit_defs";
+    let seen: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {defs}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 0, "SELECT saw the recorded limits");
+    let insert = client
+        .execute(
+            &format!(
+                "INSERT INTO {defs} (name, max, window_secs, sliding, lockout_secs)                  VALUES ('forged', 1, 60, false, 0)"
+            ),
+            &[],
+        )
+        .await
+        .expect_err("INSERT of a definition went through row-level security");
+    assert!(
+        insert
+            .as_db_error()
+            .is_some_and(|e| e.message().contains("row-level security")),
+        "{insert:?}"
+    );
+    for change in [
+        format!("UPDATE {defs} SET max = 1000000"),
+        format!("DELETE FROM {defs}"),
+    ] {
+        assert_eq!(client.execute(&change, &[]).await.unwrap(), 0, "{change}");
+    }
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    assert_eq!(limiter.limits().await.unwrap(), [login.clone()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -361,3 +361,93 @@ async fn the_key_column_is_compared_byte_for_byte() {
         .get(0);
     assert_eq!(collation, "C");
 }
+
+/// Each limit a limiter uses is recorded as it was built, once its call is
+/// answered, and any replica reads it back: a tier records its limit, a
+/// new deploy's definition replaces the old, and a name nobody recorded is
+/// an error naming the ones that are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_limit_is_recorded_as_built_and_any_replica_reads_it_back() {
+    let db = fresh_db().await;
+    let (service, operator) = (limiter_on(db.config()), limiter_on(db.config()));
+    assert_eq!(operator.limits().await.unwrap(), []);
+
+    let login = Limit::builder("login", 5, Duration::from_secs(900))
+        .strategy(platformkit_limit::Strategy::Sliding)
+        .lockout(Duration::from_secs(3600))
+        .when_unreachable(platformkit_limit::WhenUnreachable::Refuse)
+        .build()
+        .unwrap();
+    let api = limit("api", 100);
+    service.failed(&login, &Key::username("bob")).await.unwrap();
+    // Only a tier of `api` is used: `api` itself is what is recorded.
+    service
+        .hit(&api.with_max(1000).unwrap(), &Key::opaque("client-9"))
+        .await
+        .unwrap();
+
+    let recorded = operator.limits().await.unwrap();
+    let as_built = Limit::builder("login", 5, Duration::from_secs(900))
+        .strategy(platformkit_limit::Strategy::Sliding)
+        .lockout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    assert_eq!(recorded, [api.clone(), as_built.clone()]);
+    assert_eq!(operator.limit("login").await.unwrap(), as_built);
+
+    let unknown = operator.limit("Login").await.unwrap_err();
+    assert_eq!(unknown.kind(), ErrorKind::InvalidLimit);
+    assert!(
+        unknown.to_string().contains("the limits recorded: api, login"),
+        "{unknown}"
+    );
+
+    // The next deploy changes the limit: its definition replaces the old.
+    let next_deploy = limiter_on(db.config());
+    let stricter = limit("login", 3);
+    next_deploy
+        .check(&stricter, &Key::username("bob"))
+        .await
+        .unwrap();
+    assert_eq!(operator.limit("login").await.unwrap(), stricter);
+}
+
+/// One account under every limit: the limits with a count for it, each
+/// decided under its own definition (refused under one, open under
+/// another), none for a limit it never touched; a reset everywhere clears
+/// them all and says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accounts_statuses_across_limits_and_its_reset_everywhere() {
+    let db = fresh_db().await;
+    let service = limiter_on(db.config());
+    let (login, api, export) = (limit("login", 2), limit("api", 100), limit("export", 1));
+    let alice = Key::email("alice@example.com");
+    for _ in 0..2 {
+        service.failed(&login, &alice).await.unwrap();
+    }
+    service.hit(&api, &alice).await.unwrap();
+    service.hit(&export, &Key::email("bob@example.com")).await.unwrap();
+
+    let operator = limiter_on(db.config());
+    let statuses = operator.statuses(&alice).await.unwrap();
+    let seen: Vec<_> = statuses
+        .iter()
+        .map(|s| (s.limit(), s.key(), s.count(), s.max(), s.is_refused()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("api", "email|alice@example.com", 1, 100, false),
+            ("login", "email|alice@example.com", 2, 2, true),
+        ]
+    );
+
+    let cleared = operator.reset_everywhere(&alice).await.unwrap();
+    let cleared: Vec<_> = cleared.iter().map(|(l, n)| (l.name(), *n)).collect();
+    assert_eq!(cleared, [("api", 1), ("login", 1)]);
+    assert_eq!(operator.statuses(&alice).await.unwrap(), []);
+    assert!(service.check(&login, &alice).await.unwrap().is_allowed());
+    // Bob's count under another limit is untouched.
+    let bob = operator.statuses(&Key::email("bob@example.com")).await;
+    assert_eq!(bob.unwrap().len(), 1);
+}

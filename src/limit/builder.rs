@@ -135,6 +135,7 @@ impl LimitBuilder {
         Ok(Limit {
             name: Arc::from(name.as_str()),
             max,
+            defined_max: max,
             window_secs: window.as_secs(),
             when_unreachable,
             on_success,

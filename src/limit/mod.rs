@@ -32,10 +32,14 @@ pub use self::builder::LimitBuilder;
 /// assert!(Limit::new("login", 10, Duration::from_millis(1500)).is_err());
 /// # Ok::<(), platformkit_limit::Error>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Limit {
     name: Arc<str>,
     max: u32,
+    /// The max of the limit as built, which its tiers keep: what the
+    /// limiter records as the limit's definition. Not compared: a tier
+    /// equals the same limit built with its max.
+    defined_max: u32,
     window_secs: u64,
     when_unreachable: WhenUnreachable,
     on_success: OnSuccess,
@@ -197,7 +201,24 @@ impl Limit {
         if let Some(lockout) = self.lockout() {
             builder = builder.lockout(lockout);
         }
-        builder.build()
+        let tier = builder.build()?;
+        Ok(Limit {
+            defined_max: self.defined_max,
+            ..tier
+        })
+    }
+
+    /// What the limiter records of the limit
+    /// ([`Limiter::limits`](crate::Limiter::limits)): its name, window,
+    /// strategy, lockout and its max as built, before any
+    /// [`with_max`](Limit::with_max); the other settings the defaults.
+    pub(crate) fn defined(&self) -> Limit {
+        Limit {
+            max: self.defined_max,
+            when_unreachable: WhenUnreachable::default(),
+            on_success: OnSuccess::default(),
+            ..self.clone()
+        }
     }
 
     /// The lockout, if the limit has one ([`LimitBuilder::lockout`]).
@@ -265,6 +286,41 @@ impl Limit {
         self == other || (self.lockout_secs == 0 && self.is_tier(other))
     }
 }
+
+impl PartialEq for Limit {
+    /// Every setting but `defined_max`, named so a new one is not missed.
+    fn eq(&self, other: &Limit) -> bool {
+        let Limit {
+            name,
+            max,
+            defined_max: _,
+            window_secs,
+            when_unreachable,
+            on_success,
+            strategy,
+            lockout_secs,
+        } = self;
+        (
+            name,
+            max,
+            window_secs,
+            when_unreachable,
+            on_success,
+            strategy,
+            lockout_secs,
+        ) == (
+            &other.name,
+            &other.max,
+            &other.window_secs,
+            &other.when_unreachable,
+            &other.on_success,
+            &other.strategy,
+            &other.lockout_secs,
+        )
+    }
+}
+
+impl Eq for Limit {}
 
 #[cfg(test)]
 mod tests {

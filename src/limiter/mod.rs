@@ -6,10 +6,12 @@ mod clear;
 mod cost;
 mod permit;
 mod several;
+mod status;
 
 pub use builder::LimiterBuilder;
 pub use cost::Ask;
 pub use permit::{Permit, Permits, Reservation, Reservations};
+pub use status::KeyStatus;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use crate::merge::Merging;
 use crate::operation::Counting;
 use crate::store::Store;
 use crate::{Error, Key, Limit, Memory, Verdict};
+use status::Recorded;
 
 /// The front of the crate, over [`Postgres`](crate::Postgres) or
 /// [`Memory`]; the [crate docs](crate) show a login.
@@ -42,6 +45,7 @@ pub struct Limiter<S> {
     refusals: RefusalCache,
     /// Merges concurrent writes into shared statements.
     merging: Option<Merging>,
+    recorded: Recorded,
 }
 
 impl<S: Store> Limiter<S> {

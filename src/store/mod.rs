@@ -133,6 +133,20 @@ pub(crate) mod sealed {
             deadline: Instant,
         ) -> impl Future<Output = Result<Vec<(String, Counted)>, Error>> + Send;
 
+        /// Records `limit`'s definition ([`Limit::defined`]), replacing
+        /// another under its name.
+        fn define(
+            &self,
+            limit: &Limit,
+            deadline: Instant,
+        ) -> impl Future<Output = Result<(), Error>> + Send;
+
+        /// The limits recorded, by name.
+        fn limits(
+            &self,
+            deadline: Instant,
+        ) -> impl Future<Output = Result<Vec<Limit>, Error>> + Send;
+
         /// Clears the stored key `key`; returns how many windows went.
         fn reset(
             &self,

@@ -61,6 +61,16 @@ pub(crate) const LIST: &str = "SELECT * FROM platformkit.platformkit_limit_list(
 pub(crate) const TAKE_BACK: &str = "CALL platformkit.platformkit_limit_take_back(\
     p_key => $1, p_window_start => $2, p_n => $3, p_budget_ms => $4, p_relaxed => $5)";
 
+/// Records a limit's definition, replacing another under its name.
+pub(crate) const DEFINE: &str = "CALL platformkit.platformkit_limit_define(\
+    p_name => $1, p_max => $2, p_window_secs => $3, p_sliding => $4, \
+    p_lockout_secs => $5, p_budget_ms => $6)";
+
+/// The limits recorded, by name: their names, and four integers a name
+/// (max, window in seconds, sliding as 0 or 1, lockout in seconds).
+pub(crate) const LIMITS: &str =
+    "SELECT * FROM platformkit.platformkit_limit_defs(p_budget_ms => $1)";
+
 /// Deletes every window of the key. Returns how many rows went.
 pub(crate) const RESET: &str = "CALL platformkit.platformkit_limit_reset(\
     p_key => $1, p_budget_ms => $2, p_relaxed => $3)";
@@ -315,6 +325,48 @@ impl<'a> Reset<'a> {
     }
 }
 
+/// The arguments of [`DEFINE`].
+#[derive(Debug)]
+pub(crate) struct Define<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) max: i64,
+    pub(crate) window_secs: i64,
+    pub(crate) sliding: bool,
+    pub(crate) lockout_secs: i64,
+    pub(crate) budget_ms: i64,
+}
+
+impl<'a> Define<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 6> {
+        Statement {
+            sql: DEFINE,
+            params: [
+                Param::Text(self.name),
+                Param::Int8(self.max),
+                Param::Int8(self.window_secs),
+                Param::Bool(self.sliding),
+                Param::Int8(self.lockout_secs),
+                Param::Int8(self.budget_ms),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`LIMITS`].
+#[derive(Debug)]
+pub(crate) struct Limits {
+    pub(crate) budget_ms: i64,
+}
+
+impl Limits {
+    pub(crate) fn statement(self) -> Statement<'static, 1> {
+        Statement {
+            sql: LIMITS,
+            params: [Param::Int8(self.budget_ms)],
+        }
+    }
+}
+
 /// The arguments of [`PURGE_BATCH`].
 #[derive(Debug)]
 pub(crate) struct PurgeBatch {
@@ -360,7 +412,8 @@ pub(crate) const PINNED_MICROS: std::ops::Range<i64> =
 /// assert_eq!(
 ///     grants("app")?,
 ///     "GRANT USAGE ON SCHEMA platformkit TO \"app\";\n\
-///      GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits TO \"app\";\n\
+///      GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits, \
+///      platformkit.platformkit_limit_defs TO \"app\";\n\
 ///      GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO \"app\";\n"
 /// );
 /// // PostgreSQL reads `public`, quoted or not, as PUBLIC: every login.
@@ -386,7 +439,8 @@ pub fn grants(role: &str) -> Result<String, Error> {
     let role = format!("\"{}\"", role.replace('"', "\"\""));
     Ok(format!(
         "GRANT USAGE ON SCHEMA platformkit TO {role};\n\
-         GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits TO {role};\n\
+         GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits, \
+         platformkit.platformkit_limit_defs TO {role};\n\
          GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO {role};\n"
     ))
 }

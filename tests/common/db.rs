@@ -291,7 +291,7 @@ pub async fn drop_role(owner: &Client, admin: &Client, role: &str) {
     owner
         .batch_execute(&format!(
             "REVOKE ALL ON ALL ROUTINES IN SCHEMA platformkit FROM \"{role}\";
-             REVOKE ALL ON platformkit.platformkit_limits FROM \"{role}\";
+             REVOKE ALL ON ALL TABLES IN SCHEMA platformkit FROM \"{role}\";
              REVOKE ALL ON SCHEMA platformkit FROM \"{role}\";"
         ))
         .await

@@ -48,6 +48,8 @@ pub struct Memory {
 #[derive(Debug, Default)]
 struct State {
     keys: HashMap<String, Windows>,
+    /// The limits recorded, by name.
+    limits: BTreeMap<String, Limit>,
     /// Bounded: when a full map may next be swept, in microseconds.
     next_sweep: i64,
 }
@@ -361,6 +363,18 @@ impl sealed::Sealed for Memory {
             .into_iter()
             .map(|(_, key, counted)| (key, counted))
             .collect())
+    }
+
+    async fn define(&self, limit: &Limit, _deadline: Instant) -> Result<(), Error> {
+        let defined = limit.defined();
+        self.lock()
+            .limits
+            .insert(defined.name().to_owned(), defined);
+        Ok(())
+    }
+
+    async fn limits(&self, _deadline: Instant) -> Result<Vec<Limit>, Error> {
+        Ok(self.lock().limits.values().cloned().collect())
     }
 
     async fn reset(&self, key: &str, _deadline: Instant) -> Result<u64, Error> {

@@ -1,7 +1,7 @@
 //! The store's calls on [`Postgres`]: each a statement of [`sql`] and its
 //! row read into counts.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use snafu::ensure;
 use tokio::time::Instant;
@@ -234,6 +234,75 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             .map(|(((key, count), previous), locked_for)| {
                 counted(operation, now, [count, window_end, previous, locked_for])
                     .map(|counted| (key, counted))
+            })
+            .collect()
+    }
+
+    async fn define(&self, limit: &Limit, deadline: Instant) -> Result<(), Error> {
+        let limit = limit.defined();
+        self.send(Operation::Limits, deadline, |budget_ms| {
+            sql::Define {
+                name: limit.name(),
+                max: i64::from(limit.max()),
+                window_secs: i64::try_from(limit.window_secs()).expect("at most 366 days"),
+                sliding: limit.strategy() == Strategy::Sliding,
+                lockout_secs: i64::try_from(limit.lockout_secs()).expect("at most a day"),
+                budget_ms,
+            }
+            .statement()
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn limits(&self, deadline: Instant) -> Result<Vec<Limit>, Error> {
+        let operation = Operation::Limits;
+        let row = self
+            .send(operation, deadline, |budget_ms| {
+                sql::Limits { budget_ms }.statement()
+            })
+            .await?;
+        let get = |e: Failure| e.into_error(operation, false);
+        let names: Vec<String> = row.texts(0).map_err(get)?;
+        let numbers: Vec<i64> = row.int8s(1).map_err(get)?;
+        let bad = || {
+            Error::from(
+                UnexpectedSnafu {
+                    operation,
+                    what: "a recorded limit out of bounds",
+                }
+                .build(),
+            )
+        };
+        ensure!(
+            numbers.len() == 4 * names.len(),
+            UnexpectedSnafu {
+                operation,
+                what: "a different number of settings than limits",
+            }
+        );
+        names
+            .iter()
+            .zip(numbers.chunks_exact(4))
+            .map(|(name, settings)| {
+                let &[max, window, sliding, lockout] = settings else {
+                    unreachable!("chunks of four");
+                };
+                let (Ok(max), Ok(window), Ok(lockout)) = (
+                    u32::try_from(max),
+                    u64::try_from(window),
+                    u64::try_from(lockout),
+                ) else {
+                    return Err(bad());
+                };
+                let mut builder = Limit::builder(name, max, Duration::from_secs(window));
+                if sliding == 1 {
+                    builder = builder.strategy(Strategy::Sliding);
+                }
+                if lockout > 0 {
+                    builder = builder.lockout(Duration::from_secs(lockout));
+                }
+                builder.build().map_err(|_| bad())
             })
             .collect()
     }

@@ -1,0 +1,392 @@
+//! [`KeyStatus`], and the operator's calls that answer it.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use snafu::ensure;
+
+use crate::call::Call;
+use crate::decide::{Counted, decision};
+use crate::error::{InvalidLimitSnafu, InvalidOptionSnafu};
+use crate::key::stored;
+use crate::operation::{Counting, Operation};
+use crate::store::{Asked, Store, count_pairs};
+use crate::{Error, Key, Limit, Limiter, Strategy};
+
+/// A key's state under a limit, read from the store without counting:
+/// what [`Limiter::status`] and [`Limiter::refused_keys`] answer. Decided
+/// as every verdict is, so a status and the next [`check`](Limiter::check)
+/// agree.
+///
+/// ```
+/// use platformkit_limit::{Key, Limit, Limiter, Memory};
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let limiter = Limiter::new(Memory::new());
+/// let login = Limit::new("login", 2, Duration::from_secs(60))?;
+/// let alice = Key::email("Alice@example.com");
+/// limiter.failed(&login, &alice).await?;
+/// limiter.failed(&login, &alice).await?;
+///
+/// let status = limiter.status(&login, &alice).await?;
+/// assert_eq!(status.key(), "email|alice@example.com");
+/// assert_eq!((status.count(), status.max()), (2, 2));
+/// assert!(status.is_refused());
+/// assert!(status.retry_after().is_some());
+///
+/// limiter.reset(&login, &alice).await?;
+/// assert!(!limiter.status(&login, &alice).await?.is_refused());
+/// # Ok::<(), platformkit_limit::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyStatus {
+    limit: Arc<str>,
+    key: Box<str>,
+    count: u64,
+    max: u32,
+    refused: bool,
+    window_end: SystemTime,
+    reopens_at: SystemTime,
+    locked_until: Option<SystemTime>,
+    now: SystemTime,
+}
+
+impl KeyStatus {
+    /// The status of stored key `stored` under `limit`, as a `check`.
+    pub(crate) fn decided(limit: &Limit, stored: &str, counted: &Counted) -> KeyStatus {
+        let decided = decision(Counting::CHECK, limit, 1, counted);
+        let key = stored
+            .strip_prefix(limit.name())
+            .and_then(|rest| rest.strip_prefix('|'))
+            .unwrap_or(stored);
+        KeyStatus {
+            limit: limit.name_arc().clone(),
+            key: key.into(),
+            count: decided.estimate,
+            max: limit.max(),
+            refused: !decided.allowed,
+            window_end: counted.window_end,
+            reopens_at: decided.reopens_at,
+            locked_until: decided.locked_until,
+            now: counted.now,
+        }
+    }
+
+    /// The limit's name.
+    pub fn limit(&self) -> &str {
+        &self.limit
+    }
+
+    /// The encoded key, as [`Key::as_str`] gives it (a long key in its
+    /// digest form). Keys are personal data, and `Debug` shows this field:
+    /// log with care.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// What [`Verdict::count`](crate::Verdict::count) of a `check` says.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The limit's max.
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
+    /// Whether the limit refuses the key's next attempt now: the count (or
+    /// estimate) is at max, or a lockout is running.
+    pub fn is_refused(&self) -> bool {
+        self.refused
+    }
+
+    /// When the current window closes.
+    pub fn window_end(&self) -> SystemTime {
+        self.window_end
+    }
+
+    /// For a refused key, the first moment its next attempt may go ahead;
+    /// `None` when it is not refused.
+    pub fn reopens_at(&self) -> Option<SystemTime> {
+        self.refused.then_some(self.reopens_at)
+    }
+
+    /// For a refused key, how long until [`reopens_at`](KeyStatus::reopens_at),
+    /// on the store's clock; `None` when it is not refused.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.reopens_at()
+            .map(|at| at.duration_since(self.now).unwrap_or_default())
+    }
+
+    /// The end of the lockout running, if the limit has a lockout and one
+    /// is running for the key.
+    pub fn locked_until(&self) -> Option<SystemTime> {
+        self.locked_until
+    }
+
+    /// The store's time when the status was read.
+    pub fn read_at(&self) -> SystemTime {
+        self.now
+    }
+}
+
+/// The operator's calls: what a key's state is, and who is refused.
+impl<S: Store> Limiter<S> {
+    /// The state of `key` under `limit` now: one read of the store (a
+    /// `check`'s statement, no call outcome recorded), nothing counted,
+    /// never from the refusal cache. To unlock the key,
+    /// [`reset`](Limiter::reset) it.
+    ///
+    /// # Errors
+    ///
+    /// Any failure, unreachable included: a status is never guessed.
+    pub async fn status(&self, limit: &Limit, key: &Key) -> Result<KeyStatus, Error> {
+        let stored = stored(limit.name(), key);
+        let call = Call::start(Operation::Check, self.budget());
+        let store = self.store();
+        let counted = call
+            .within_store(
+                store,
+                store.count(Counting::CHECK, limit, &stored, 0, call.deadline()),
+            )
+            .await?;
+        Ok(KeyStatus::decided(limit, &stored, &counted))
+    }
+
+    /// The keys `limit` refuses now, at most `at_most`, newest first (by
+    /// the latest window counted in, then the highest count, then the
+    /// key): only `limit`'s own, by name. One bounded statement; nothing
+    /// counted, no refusal cache. Give the limit the service uses: its
+    /// numbers decide "refused".
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let login = Limit::new("login", 1, Duration::from_secs(60))?;
+    /// limiter.failed(&login, &Key::username("bob")).await?;
+    /// let refused = limiter.refused_keys(&login, 10).await?;
+    /// assert_eq!(refused.len(), 1);
+    /// assert_eq!(refused[0].key(), "user|bob");
+    /// assert!(limiter.refused_keys(&login, 0).await.is_err());
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) when
+    /// `at_most` is 0 or above [`Limiter::MAX_REFUSED_KEYS`]; any failure
+    /// of the store, unreachable included.
+    pub async fn refused_keys(
+        &self,
+        limit: &Limit,
+        at_most: usize,
+    ) -> Result<Vec<KeyStatus>, Error> {
+        ensure!(
+            (1..=Limiter::MAX_REFUSED_KEYS).contains(&at_most),
+            InvalidOptionSnafu {
+                option: "at_most",
+                reason: format!("refused_keys lists 1 to {} keys", Limiter::MAX_REFUSED_KEYS),
+            }
+        );
+        let prefix = format!("{}|", limit.name());
+        let call = Call::start(Operation::RefusedKeys, self.budget());
+        let store = self.store();
+        let listed = call
+            .within_store(
+                store,
+                store.refused(limit, &prefix, at_most, call.deadline()),
+            )
+            .await?;
+        Ok(listed
+            .iter()
+            .map(|(stored, counted)| KeyStatus::decided(limit, stored, counted))
+            // The crate's decision has the last word.
+            .filter(KeyStatus::is_refused)
+            .collect())
+    }
+}
+
+/// What the store knows of the limits: the definitions the limiters record
+/// as they use them, read back by the operator's calls.
+impl<S: Store> Limiter<S> {
+    /// The limits recorded in the store, by name: each limit a limiter has
+    /// used, as it was built (its name, window, strategy, lockout and max,
+    /// a [tier](Limit::with_max)'s being its limit's), the latest recorded
+    /// under each name; their other settings the defaults. A limiter
+    /// records a limit once, after its first call under it.
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let login = Limit::new("login", 5, Duration::from_secs(900))?;
+    /// limiter.failed(&login, &Key::username("bob")).await?;
+    /// limiter.check(&login.with_max(50)?, &Key::username("eve")).await?;
+    /// assert_eq!(limiter.limits().await?, [login]);
+    /// assert!(limiter.limit("logins").await.is_err());
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the store, unreachable included.
+    pub async fn limits(&self) -> Result<Vec<Limit>, Error> {
+        let call = Call::start(Operation::Limits, self.budget());
+        call.within_store(self.store(), self.store().limits(call.deadline()))
+            .await
+    }
+
+    /// The limit recorded under `name` ([`limits`](Limiter::limits)).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit), naming
+    /// the limits recorded, when none is recorded under `name`; any failure
+    /// of the store.
+    pub async fn limit(&self, name: &str) -> Result<Limit, Error> {
+        let limits = self.limits().await?;
+        let names: Vec<&str> = limits.iter().map(Limit::name).collect();
+        let reason = format!(
+            "no limit of this name is recorded; the limits recorded: {}",
+            names.join(", ")
+        );
+        limits
+            .iter()
+            .find(|limit| limit.name() == name)
+            .cloned()
+            .ok_or_else(|| InvalidLimitSnafu { name, reason }.build().into())
+    }
+
+    /// `key`'s state under each limit recorded that has a count for it
+    /// (or a lockout running), by limit name: one read for up to
+    /// [`Limiter::MAX_PAIRS`] limits, decided under each limit as
+    /// recorded. A key counted under a [tier](Limit::with_max) is decided
+    /// under its limit's max.
+    ///
+    /// # Errors
+    ///
+    /// As [`limits`](Limiter::limits) and [`status`](Limiter::status).
+    pub async fn statuses(&self, key: &Key) -> Result<Vec<KeyStatus>, Error> {
+        let limits = self.limits().await?;
+        let store = self.store();
+        let mut statuses = Vec::new();
+        for limits in limits.chunks(Limiter::MAX_PAIRS) {
+            let keys: Vec<String> = limits.iter().map(|l| stored(l.name(), key)).collect();
+            let asked: Vec<Asked<'_>> = limits
+                .iter()
+                .zip(&keys)
+                .map(|(limit, key)| Asked { limit, key, n: 0 })
+                .collect();
+            let call = Call::start(Operation::Check, self.budget());
+            let read = count_pairs(store, Counting::CHECK, &asked, call.deadline());
+            let (counted, _) = call.within_store(store, read).await?;
+            statuses.extend(
+                asked
+                    .iter()
+                    .zip(&counted)
+                    .map(|(pair, counted)| KeyStatus::decided(pair.limit, pair.key, counted))
+                    .filter(|status| status.count() > 0 || status.locked_until().is_some()),
+            );
+        }
+        Ok(statuses)
+    }
+
+    /// Clears `key` under every limit recorded: each limit's name and how
+    /// many of its windows went, for the limits that held any.
+    ///
+    /// # Errors
+    ///
+    /// As [`limits`](Limiter::limits) and [`reset`](Limiter::reset); a
+    /// failure stops at that limit, the ones before it cleared.
+    pub async fn reset_everywhere(&self, key: &Key) -> Result<Vec<(Limit, u64)>, Error> {
+        let mut cleared = Vec::new();
+        for limit in self.limits().await? {
+            let windows = self.reset(&limit, key).await?;
+            if windows > 0 {
+                cleared.push((limit, windows));
+            }
+        }
+        Ok(cleared)
+    }
+
+    /// Records in the store the limits among `limits` this limiter has not
+    /// recorded: after a call the store answered, so a first call's verdict
+    /// never waits on it. A record that fails is tried again on a later call.
+    pub(crate) async fn record_limits(&self, limits: impl Iterator<Item = &Limit>) {
+        for limit in self.recorded.new_among(limits) {
+            let call = Call::start(Operation::Limits, self.budget());
+            let store = self.store();
+            let mut pending = Pending {
+                recorded: &self.recorded,
+                limit,
+                done: false,
+            };
+            let define = store.define(&pending.limit, call.deadline());
+            pending.done = call.within_store(store, define).await.is_ok();
+        }
+    }
+}
+
+/// The definitions a limiter has recorded, each once; at most
+/// [`Recorded::MOST`], past which it records no more (limits are the
+/// service's, a handful).
+#[derive(Debug, Default)]
+pub(crate) struct Recorded(Mutex<HashSet<Definition>>);
+
+/// A limit's definition as recorded: name, max as built, window, sliding,
+/// lockout.
+type Definition = (Arc<str>, u32, u64, bool, u64);
+
+fn definition(limit: &Limit) -> Definition {
+    let defined = limit.defined();
+    (
+        defined.name_arc().clone(),
+        defined.max(),
+        defined.window_secs(),
+        defined.strategy() == Strategy::Sliding,
+        defined.lockout_secs(),
+    )
+}
+
+impl Recorded {
+    const MOST: usize = 1024;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<Definition>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The limits among `limits` not recorded yet, now marked recorded.
+    fn new_among<'a>(&self, limits: impl Iterator<Item = &'a Limit>) -> Vec<Limit> {
+        let mut recorded = self.lock();
+        limits
+            .filter(|limit| recorded.len() < Self::MOST && recorded.insert(definition(limit)))
+            .cloned()
+            .collect()
+    }
+}
+
+/// A record in flight: dropped before it is done (the caller went away, or
+/// it failed), its limit is unmarked, to be recorded by a later call.
+struct Pending<'a> {
+    recorded: &'a Recorded,
+    limit: Limit,
+    done: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.recorded.lock().remove(&definition(&self.limit));
+        }
+    }
+}
