@@ -17,6 +17,12 @@ use super::time::span;
 /// How long an unlock token unlocks after its page was rendered.
 pub(super) const TOKEN_LIFETIME: Duration = Duration::from_secs(15 * 60);
 
+/// What an unlock under every limit is bound to in place of a limit's
+/// name: no limit's name (a name holds only ASCII letters, digits, `_`, `-`
+/// and `.`), so that its token unlocks under no single limit, nor a single
+/// limit's token under every limit.
+pub(super) const EVERY_LIMIT: &str = "*";
+
 /// How far ahead of this replica's clock another replica's may run: a
 /// token issued later than that is none.
 const CLOCK_SKEW: Duration = Duration::from_secs(60);
@@ -269,9 +275,9 @@ mod tests {
         );
     }
 
-    /// A token unlocks its own key under its own limit, with its own
-    /// secret, and nothing else; a name and a key cannot run together,
-    /// nor a time and a name.
+    /// A token unlocks its own key under its own limit (or under every
+    /// limit), with its own secret, and nothing else; a name and a key
+    /// cannot run together, nor a time and a name.
     #[test]
     fn a_token_is_for_one_limit_one_key_one_secret() {
         let guard = Guard::new(&[7; 32]);
@@ -306,6 +312,10 @@ mod tests {
             Guard::new(&[8; 32]).verify(login, alice, &token),
             Err(Refusal::Token)
         );
+        let everywhere = guard.token(EVERY_LIMIT, alice);
+        assert_eq!(verify(EVERY_LIMIT, alice, &everywhere), Ok(()));
+        assert_eq!(verify(login, alice, &everywhere), Err(Refusal::Token));
+        assert_eq!(verify(EVERY_LIMIT, alice, &token), Err(Refusal::Token));
         assert_ne!(
             Guard::random().unwrap().token("login", "id|a"),
             Guard::random().unwrap().token("login", "id|a")

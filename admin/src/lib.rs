@@ -34,10 +34,12 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /` | the limits: name, max, window, lockout (at the path, with or without a trailing slash) |
+//! | `GET /` | the limits: name, max, window, lockout, and a box to look a key up under every limit (at the path, with or without a trailing slash) |
+//! | `POST /` | the same, and the key of the form (`key`, typed as on a limit's page; a text that is no key is a 400) under every limit, in one table: each limit by name, the key's count of its max (`0 / max` where it has none), refused or allowed, when it reopens, its lockout. Read, nothing counted |
 //! | `GET /{limit}` | who the limit refuses now, newest first (at most [`Admin::LISTED_KEYS`]), with counts, window end, reopening and lockout; a key in the query is not looked up |
 //! | `POST /{limit}` | the same, and the status of the key the form names (`key`): a POST, so that the key stays out of the address (access logs, history). Staff type a key as a row shows it (its [`spelling`](platformkit_limit::Key::spelling)), an email or IP address alone, or `user:…` (every form: [`Key`'s `FromStr`](platformkit_limit::Key#impl-FromStr-for-Key)); a text in none is a 400 that says what to type |
 //! | `POST /{limit}/unlock` | resets the key of the form (`key`, `token`), then a 303 back to the limit's page |
+//! | `POST /~all/unlock` | resets the key of the form (`key`, `token`) under every limit, then the index, which says how many windows went under which limit (or that there was nothing to reset) and shows the key under every limit again. Its token is bound to the key and to every limit: it unlocks no other key and under no single limit's route, nor does a limit's token unlock here |
 //!
 //! A store that cannot answer is a page that says so (503 when it is
 //! unreachable or overloaded, 500 otherwise); an unknown limit, or any

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use platformkit_limit::{Key, KeyStatus, Limit, Strategy};
 
-use super::csrf::Guard;
+use super::csrf::{EVERY_LIMIT, Guard};
 use super::time::{at_and_in, span, utc};
 
 const STYLE: &str = "\
@@ -20,6 +20,7 @@ table{border-collapse:collapse;width:100%;background:#fff}\
 th,td{text-align:left;padding:.45em .7em;border-bottom:1px solid #e1e4ea;vertical-align:middle}\
 th{font-size:.85em;color:#5a6273;font-weight:600;background:#eef0f4;white-space:nowrap}\
 td.key{white-space:pre-wrap;font-family:ui-monospace,monospace;word-break:break-all;min-width:14em}\
+code.key{white-space:pre-wrap;word-break:break-all}\
 td.num{font-variant-numeric:tabular-nums;white-space:nowrap}\
 small{color:#5a6273}\
 form{margin:0}\
@@ -83,11 +84,66 @@ pub(super) fn limit_href(base: &str, name: &str) -> String {
     format!("{base}/{name}")
 }
 
-/// The index: every limit of the router.
-pub(super) fn index(base: &str, limits: &[Limit]) -> String {
+/// Where a key is unlocked under every limit, under `base`: a path no
+/// limit's page can have (a limit's name holds no `~`).
+pub(super) fn every_limit_unlock_href(base: &str) -> String {
+    format!("{base}/~all/unlock")
+}
+
+/// What the index shows.
+pub(super) struct IndexPage<'a> {
+    pub(super) base: &'a str,
+    pub(super) limits: &'a [Limit],
+    pub(super) guard: &'a Guard,
+    /// The key looked up: its status under each limit, in their order.
+    pub(super) lookup: Option<Lookup<Vec<KeyStatus>>>,
+    /// After an unlock under every limit: each limit that held windows of
+    /// the key, and how many went.
+    pub(super) cleared: Option<Vec<(&'a str, u64)>>,
+}
+
+/// The index: what an unlock under every limit cleared, the lookup form
+/// and the key's status under every limit, then every limit of the router.
+pub(super) fn index(view: &IndexPage<'_>) -> String {
+    let (base, limits) = (view.base, view.limits);
     let mut body = String::from(
         "<h1>Rate limits</h1><p class=\"meta\">Open a limit to see who it refuses \
-         now, look up a key, or unlock one.</p><table><thead><tr><th>Limit</th>\
+         now, look up a key, or unlock one.</p>",
+    );
+    match view.cleared.as_deref() {
+        Some([]) => body.push_str(
+            "<p class=\"notice ok\">Nothing to reset: no limit held a count of the key.</p>",
+        ),
+        Some(cleared) => {
+            let each: Vec<String> = cleared
+                .iter()
+                .map(|(name, windows)| {
+                    let plural = if *windows == 1 { "" } else { "s" };
+                    format!("{}: {windows} window{plural}", escape(name))
+                })
+                .collect();
+            let _ = write!(
+                body,
+                "<p class=\"notice ok\">Unlocked under every limit: {}.</p>",
+                each.join("; ")
+            );
+        }
+        None => {}
+    }
+    body.push_str(&lookup_form(
+        "Look up a key under every limit",
+        &index_href(base),
+        view.lookup.as_ref(),
+    ));
+    match &view.lookup {
+        Some(Lookup::Found { status, .. }) => {
+            body.push_str(&every_limit(base, status, view.guard));
+        }
+        Some(Lookup::Invalid { reason, .. }) => body.push_str(&not_a_key(reason)),
+        None => {}
+    }
+    body.push_str(
+        "<h2>Limits</h2><table><thead><tr><th>Limit</th>\
          <th>Max</th><th>Window</th><th>Lockout</th></tr></thead><tbody>",
     );
     for limit in limits {
@@ -110,12 +166,93 @@ pub(super) fn index(base: &str, limits: &[Limit]) -> String {
     page(&index_href(base), None, &body)
 }
 
-/// What a looked-up key showed.
-pub(super) enum Lookup {
+/// A key's status under each limit, one row a limit, and the form that
+/// unlocks it under every limit when any holds a count of it.
+fn every_limit(base: &str, statuses: &[KeyStatus], guard: &Guard) -> String {
+    let Some(first) = statuses.first() else {
+        return "<p class=\"meta\">No limits were given to this page.</p>".to_owned();
+    };
+    let mut out = format!(
+        "<p class=\"meta\">The key <code class=\"key\">{key}</code> under every limit; \
+         times are UTC, read from the database at {at}.</p><table><thead><tr>\
+         <th>Limit</th><th>Count</th><th>Now</th><th>Reopens</th><th>Lockout until</th>\
+         </tr></thead><tbody>",
+        key = escape(&shown_key(first.key())),
+        at = utc(first.read_at()),
+    );
+    for status in statuses {
+        let now = status.read_at();
+        let verdict = if status.is_refused() {
+            "<span class=\"refused\">refused</span>"
+        } else {
+            "allowed"
+        };
+        let _ = write!(
+            out,
+            "<tr><td class=\"limit\"><a href=\"{href}\">{name}</a></td>\
+             <td class=\"num\">{count}</td><td>{verdict}</td><td class=\"num\">{reopens}</td>\
+             <td class=\"num\">{locked}</td></tr>",
+            href = escape(&limit_href(base, status.limit())),
+            name = escape(status.limit()),
+            count = count(status),
+            reopens = status
+                .reopens_at()
+                .map_or("open now".to_owned(), |at| at_and_in(at, now)),
+            locked = status
+                .locked_until()
+                .map_or("—".to_owned(), |at| at_and_in(at, now)),
+        );
+    }
+    out.push_str("</tbody></table>");
+    if statuses.iter().any(|s| s.count() > 0 || s.is_refused()) {
+        let _ = write!(
+            out,
+            "<form method=\"post\" action=\"{action}\">\
+             <input type=\"hidden\" name=\"key\" value=\"{key}\">\
+             <input type=\"hidden\" name=\"token\" value=\"{token}\">\
+             <button type=\"submit\">Unlock under every limit</button></form>",
+            action = escape(&every_limit_unlock_href(base)),
+            key = escape(first.key()),
+            token = guard.token(EVERY_LIMIT, first.key()),
+        );
+    } else {
+        out.push_str("<p class=\"meta\">No limit holds a count of the key: nothing to clear.</p>");
+    }
+    out
+}
+
+/// What a looked-up key showed: its status (under one limit, or each).
+pub(super) enum Lookup<T> {
     /// The key's status.
-    Found { typed: String, status: KeyStatus },
+    Found { typed: String, status: T },
     /// The text typed is no key.
     Invalid { typed: String, reason: String },
+}
+
+/// The lookup form, under the heading `heading`, posting to `action`, with
+/// the text of `lookup` typed in it.
+fn lookup_form<T>(heading: &str, action: &str, lookup: Option<&Lookup<T>>) -> String {
+    let typed = match lookup {
+        Some(Lookup::Found { typed, .. } | Lookup::Invalid { typed, .. }) => typed.as_str(),
+        None => "",
+    };
+    format!(
+        "<h2>{heading}</h2><form method=\"post\" action=\"{action}\">\
+         <input type=\"text\" name=\"key\" value=\"{typed}\" \
+         placeholder=\"alice@example.com\" aria-label=\"key\" required> \
+         <button type=\"submit\">Look up</button></form>\
+         <p class=\"hint\">Type an email address or an IP address, or a key as \
+         this page shows it (<code>email|alice@example.com</code>); a username as \
+         <code>user:bob</code>.</p>",
+        heading = escape(heading),
+        action = escape(action),
+        typed = escape(typed),
+    )
+}
+
+/// What a lookup of a text that is no key says.
+fn not_a_key(reason: &str) -> String {
+    format!("<p class=\"notice bad\">Not a key: {}.</p>", escape(reason))
 }
 
 /// A notice above a limit's page.
@@ -131,7 +268,7 @@ pub(super) struct LimitPage<'a> {
     pub(super) refused: &'a [KeyStatus],
     /// Whether the list may be cut: as long as asked for.
     pub(super) more: bool,
-    pub(super) lookup: Option<Lookup>,
+    pub(super) lookup: Option<Lookup<KeyStatus>>,
     pub(super) notice: Option<Notice>,
 }
 
@@ -157,35 +294,14 @@ pub(super) fn limit_page(view: &LimitPage<'_>) -> String {
         body.push_str("<p class=\"notice ok\">Unlocked: the key's count is cleared.</p>");
     }
 
-    let typed = match &view.lookup {
-        Some(Lookup::Found { typed, .. } | Lookup::Invalid { typed, .. }) => typed.as_str(),
-        None => "",
-    };
-    let _ = write!(
-        body,
-        "<h2>Look up a key</h2><form method=\"post\" action=\"{action}\">\
-         <input type=\"text\" name=\"key\" value=\"{typed}\" \
-         placeholder=\"alice@example.com\" aria-label=\"key\" required> \
-         <button type=\"submit\">Look up</button></form>\
-         <p class=\"hint\">Type an email address or an IP address, or a key as \
-         this page shows it (<code>email|alice@example.com</code>); a username as \
-         <code>user:bob</code>.</p>",
-        action = escape(&href),
-        typed = escape(typed),
-    );
+    body.push_str(&lookup_form("Look up a key", &href, view.lookup.as_ref()));
     match &view.lookup {
         Some(Lookup::Found { status, .. }) => {
             body.push_str(&table_head());
             body.push_str(&row(status, &unlock, view.guard, limit.name()));
             body.push_str("</tbody></table>");
         }
-        Some(Lookup::Invalid { reason, .. }) => {
-            let _ = write!(
-                body,
-                "<p class=\"notice bad\">Not a key: {}.</p>",
-                escape(reason)
-            );
-        }
+        Some(Lookup::Invalid { reason, .. }) => body.push_str(&not_a_key(reason)),
         None => {}
     }
 
@@ -229,15 +345,7 @@ fn table_head() -> String {
 /// One key's row, with its Unlock form when there is anything to clear.
 fn row(status: &KeyStatus, unlock: &str, guard: &Guard, limit: &str) -> String {
     let now = status.read_at();
-    let count = if status.is_refused() {
-        format!(
-            "<span class=\"refused\">{} / {}</span>",
-            status.count(),
-            status.max()
-        )
-    } else {
-        format!("{} / {}", status.count(), status.max())
-    };
+    let count = count(status);
     let reopens = status
         .reopens_at()
         .map_or("open now".to_owned(), |at| at_and_in(at, now));
@@ -264,6 +372,16 @@ fn row(status: &KeyStatus, unlock: &str, guard: &Guard, limit: &str) -> String {
         key = escape(&shown_key(status.key())),
         window_end = at_and_in(status.window_end(), now),
     )
+}
+
+/// A key's count of its limit's max, marked when the limit refuses it.
+fn count(status: &KeyStatus) -> String {
+    let count = format!("{} / {}", status.count(), status.max());
+    if status.is_refused() {
+        format!("<span class=\"refused\">{count}</span>")
+    } else {
+        count
+    }
 }
 
 /// A stored key as a row shows it: its spelling ([`Key::spelling`]),

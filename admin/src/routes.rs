@@ -16,10 +16,10 @@ use http::header::{
 use http::{HeaderMap, HeaderValue, StatusCode, Uri};
 
 use platformkit_limit::Store;
-use platformkit_limit::{Error, Key, Limit, Limiter};
+use platformkit_limit::{Error, Key, KeyStatus, Limit, Limiter};
 
-use super::csrf::Guard;
-use super::render::{self, LimitPage, Lookup, Notice};
+use super::csrf::{EVERY_LIMIT, Guard, Refusal};
+use super::render::{self, IndexPage, LimitPage, Lookup, Notice};
 
 /// What the handlers share: the limiter, the limits it serves, the guard.
 pub(super) struct Admin<S> {
@@ -44,6 +44,18 @@ impl<S> Admin<S> {
     }
 }
 
+impl<S: Store> Admin<S> {
+    /// `key`'s status under each limit, in their order: reads, nothing
+    /// counted.
+    async fn statuses(&self, key: &Key) -> Result<Vec<KeyStatus>, Error> {
+        let mut statuses = Vec::with_capacity(self.limits.len());
+        for limit in &self.limits {
+            statuses.push(self.limiter.status(limit, key).await?);
+        }
+        Ok(statuses)
+    }
+}
+
 /// The `Content-Security-Policy` of every answer: no script, no frame, no
 /// other origin; forms only to this one.
 const POLICY: &str = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; \
@@ -52,9 +64,10 @@ const POLICY: &str = "default-src 'none'; style-src 'unsafe-inline'; form-action
 /// The router over `admin`.
 pub(super) fn router<S: Store>(admin: Admin<S>) -> Router {
     Router::new()
-        .route("/", get(index::<S>))
+        .route("/", get(index::<S>).post(look_up_everywhere::<S>))
         .route("/{limit}", get(limit_page::<S>).post(look_up::<S>))
         .route("/{limit}/unlock", post(unlock::<S>))
+        .route("/~all/unlock", post(unlock_everywhere::<S>))
         .fallback(not_found)
         .layer(middleware::map_response(secured))
         .with_state(Arc::new(admin))
@@ -125,6 +138,16 @@ fn bad_request(base: &str, message: &str) -> Response {
     error(StatusCode::BAD_REQUEST, base, "Bad request", message)
 }
 
+/// A 403 page: an unlock refused by the guard, which says why.
+fn forbidden(base: &str, refusal: &Refusal) -> Response {
+    error(
+        StatusCode::FORBIDDEN,
+        base,
+        "Forbidden: not unlocked",
+        &refusal.explain(),
+    )
+}
+
 fn no_such_limit(base: &str, name: &str) -> Response {
     error(
         StatusCode::NOT_FOUND,
@@ -148,7 +171,68 @@ async fn index<S: Store>(
     uri: Uri,
 ) -> Response {
     let base = base(&original, &uri);
-    html(StatusCode::OK, render::index(&base, &admin.limits))
+    let view = IndexPage {
+        base: &base,
+        limits: &admin.limits,
+        guard: &admin.guard,
+        lookup: None,
+        cleared: None,
+    };
+    html(StatusCode::OK, render::index(&view))
+}
+
+/// `POST /`: the index, with the status of the key of the form (`key`)
+/// under every limit.
+async fn look_up_everywhere<S: Store>(
+    State(admin): State<Arc<Admin<S>>>,
+    OriginalUri(original): OriginalUri,
+    uri: Uri,
+    form: Result<Form<Vec<(String, String)>>, FormRejection>,
+) -> Response {
+    let base = base(&original, &uri);
+    let Ok(Form(fields)) = form else {
+        return bad_request(&base, "A lookup is a form with a key.");
+    };
+    let typed = field(&fields, "key").filter(|typed| !typed.trim().is_empty());
+    let lookup = match typed.map(|typed| (typed, parse_key(typed))) {
+        None => None,
+        Some((typed, Ok(key))) => match admin.statuses(&key).await {
+            Ok(statuses) => Some(Lookup::Found {
+                typed: typed.to_owned(),
+                status: statuses,
+            }),
+            Err(e) => return store_failed(&base, "The key's status could not be read", &e),
+        },
+        Some((typed, Err(reason))) => Some(Lookup::Invalid {
+            typed: typed.to_owned(),
+            reason,
+        }),
+    };
+    let status = match lookup {
+        Some(Lookup::Invalid { .. }) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    };
+    let view = IndexPage {
+        base: &base,
+        limits: &admin.limits,
+        guard: &admin.guard,
+        lookup,
+        cleared: None,
+    };
+    html(status, render::index(&view))
+}
+
+/// The key `typed` names, or why it names none: the library's message,
+/// which says what to type (the page says "Not a key" for its "invalid
+/// key").
+fn parse_key(typed: &str) -> Result<Key, String> {
+    typed.parse::<Key>().map_err(|e| {
+        let reason = e.to_string();
+        reason
+            .strip_prefix("invalid key: ")
+            .unwrap_or(&reason)
+            .to_owned()
+    })
 }
 
 async fn not_found(OriginalUri(original): OriginalUri, uri: Uri) -> Response {
@@ -215,7 +299,7 @@ async fn page<S: Store>(
     let mut status = StatusCode::OK;
     let lookup = match typed {
         None => None,
-        Some(typed) => match typed.parse::<Key>() {
+        Some(typed) => match parse_key(typed) {
             Ok(key) => match admin.limiter.status(limit, &key).await {
                 Ok(found) => Some(Lookup::Found {
                     typed: typed.to_owned(),
@@ -223,15 +307,11 @@ async fn page<S: Store>(
                 }),
                 Err(e) => return store_failed(base, "The key's status could not be read", &e),
             },
-            Err(e) => {
+            Err(reason) => {
                 status = StatusCode::BAD_REQUEST;
-                // The library's message says what to type; the page says
-                // "Not a key" for its "invalid key".
-                let reason = e.to_string();
-                let reason = reason.strip_prefix("invalid key: ").unwrap_or(&reason);
                 Some(Lookup::Invalid {
                     typed: typed.to_owned(),
-                    reason: reason.to_owned(),
+                    reason,
                 })
             }
         },
@@ -280,12 +360,7 @@ async fn unlock<S: Store>(
         stored,
         field(&fields, "token"),
     ) {
-        return error(
-            StatusCode::FORBIDDEN,
-            &base,
-            "Forbidden: not unlocked",
-            &refusal.explain(),
-        );
+        return forbidden(&base, &refusal);
     }
     // The token was this router's for this key: a key it listed or looked
     // up. Rebuilt from its encoding, so a digested key resets as stored.
@@ -310,4 +385,67 @@ async fn unlock<S: Store>(
             render::error_page(&base, "Unlocked", "The key's count is cleared."),
         ),
     }
+}
+
+/// `POST /~all/unlock`: resets the key of the form (`key`, `token`) under
+/// each limit, then the index, which says what went and shows the key
+/// under every limit again.
+async fn unlock_everywhere<S: Store>(
+    State(admin): State<Arc<Admin<S>>>,
+    OriginalUri(original): OriginalUri,
+    uri: Uri,
+    headers: HeaderMap,
+    form: Result<Form<Vec<(String, String)>>, FormRejection>,
+) -> Response {
+    let base = base(&original, &uri);
+    let Ok(Form(fields)) = form else {
+        return bad_request(
+            &base,
+            "An unlock is a form with a key and a token. Nothing was unlocked.",
+        );
+    };
+    let stored = field(&fields, "key").unwrap_or("");
+    let token = field(&fields, "token");
+    if let Err(refusal) = admin
+        .guard
+        .check(&headers, &original, EVERY_LIMIT, stored, token)
+    {
+        return forbidden(&base, &refusal);
+    }
+    let Some(key) = Key::from_encoded(stored) else {
+        return bad_request(
+            &base,
+            "The form's key is not a stored key. Nothing was unlocked.",
+        );
+    };
+    let mut cleared = Vec::new();
+    for limit in &admin.limits {
+        match admin.limiter.reset(limit, &key).await {
+            Ok(0) => {}
+            Ok(windows) => cleared.push((limit.name(), windows)),
+            Err(e) => {
+                let what = format!(
+                    "The key may not be unlocked under {} and the limits after it; \
+                     look it up again to see",
+                    limit.name()
+                );
+                return store_failed(&base, &what, &e);
+            }
+        }
+    }
+    let statuses = match admin.statuses(&key).await {
+        Ok(statuses) => statuses,
+        Err(e) => return store_failed(&base, "Unlocked; the key's status could not be read", &e),
+    };
+    let view = IndexPage {
+        base: &base,
+        limits: &admin.limits,
+        guard: &admin.guard,
+        lookup: Some(Lookup::Found {
+            typed: key.spelling(),
+            status: statuses,
+        }),
+        cleared: Some(cleared),
+    };
+    html(StatusCode::OK, render::index(&view))
 }

@@ -193,6 +193,63 @@ fn lookup_part(body: &str) -> &str {
     &body[..body.find("Refused now").expect("the refused keys' section")]
 }
 
+/// The answer to looking `typed` up under every limit, as the index's
+/// lookup form sends it: a POST to the index, the key in the body.
+async fn look_up_everywhere(app: &Router, typed: &str) -> Answer {
+    post(app, MOUNT, &[], &[("key", typed)]).await
+}
+
+/// What a browser shows of a part of a page: its text, without markup.
+fn text(part: &str) -> String {
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in part.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    unescape(&out)
+}
+
+/// The rows of a key's status under every limit: each cell's text, the
+/// limit's name first.
+fn every_limit_rows(body: &str) -> Vec<Vec<String>> {
+    body.split("<td class=\"limit\">")
+        .skip(1)
+        .map(|row| {
+            row[..row.find("</tr>").unwrap()]
+                .split("</td>")
+                .filter(|cell| !cell.is_empty())
+                .map(text)
+                .collect()
+        })
+        .collect()
+}
+
+/// The first three cells of each row of [`every_limit_rows`]: the limit,
+/// the count of its max, whether it refuses the key.
+fn every_limit_verdicts(body: &str) -> Vec<[String; 3]> {
+    every_limit_rows(body)
+        .into_iter()
+        .map(|row| [row[0].clone(), row[1].clone(), row[2].clone()])
+        .collect()
+}
+
+/// The key the index shows under every limit, as a browser shows it.
+fn key_under_every_limit(body: &str) -> String {
+    let start = body.find("<code class=\"key\">").expect("a key looked up") + 18;
+    unescape(&body[start..start + body[start..].find("</code>").unwrap()])
+}
+
+/// The text of the page's notice of success.
+fn notice(body: &str) -> String {
+    let start = body.find("<p class=\"notice ok\">").expect("a notice");
+    text(&body[start..start + body[start..].find("</p>").unwrap()])
+}
+
 #[track_caller]
 fn assert_secured(answer: &Answer, what: &str) {
     let field = |name| answer.headers.get(name).and_then(|v| v.to_str().ok());
@@ -662,6 +719,304 @@ async fn a_cross_site_unlock_is_403_and_resets_nothing() {
     }
 }
 
+/// One key under every limit, on the index: a key refused under the
+/// per-address limit and not under the account limit shows as refused
+/// under the first, by name, and allowed under the second, one row a limit
+/// in the router's order, each with its count of its max; a limit that has
+/// not counted the key shows 0. The lookup is a POST, reads and counts
+/// nothing; a text that is no key is said to be none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_shown_under_every_limit() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 5);
+    let per_address = limit("login-per-address", 2);
+    let reset_password = limit("reset-password", 3);
+    let limits = [login.clone(), per_address.clone(), reset_password.clone()];
+    let app = app(&limiter, &limits);
+    let address = Key::ip("203.0.113.7".parse().unwrap());
+    fail(&limiter, &login, &address, 1).await;
+    fail(&limiter, &per_address, &address, 2).await;
+
+    // The account limit's own page shows the key counted, not refused.
+    let own_page = look_up(&app, "login", "203.0.113.7").await;
+    let found = lookup_part(&own_page.body);
+    assert!(found.contains("1 / 5"), "{}", own_page.body);
+    assert!(!found.contains("<span class=\"refused\">"), "{found}");
+
+    let index = get(&app, MOUNT).await;
+    assert!(
+        index
+            .body
+            .contains(r#"<form method="post" action="/support/limits">"#),
+        "{}",
+        index.body
+    );
+
+    let answer = look_up_everywhere(&app, "203.0.113.7").await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_secured(&answer, "a lookup under every limit");
+    assert!(answer.headers.get("location").is_none());
+    assert_eq!(key_under_every_limit(&answer.body), address.spelling());
+    assert_eq!(
+        every_limit_verdicts(&answer.body),
+        [
+            ["login", "1 / 5", "allowed"],
+            ["login-per-address", "2 / 2", "refused"],
+            ["reset-password", "0 / 3", "allowed"],
+        ]
+        .map(|row| row.map(str::to_owned)),
+        "{}",
+        answer.body
+    );
+    let rows = every_limit_rows(&answer.body);
+    assert_eq!(rows[0][3], "open now");
+    assert!(rows[1][3].contains("in "), "reopens: {:?}", rows[1]);
+    assert!(
+        answer.body.contains(
+            r#"<a href="/support/limits/login-per-address">login-per-address</a></td><td class="num"><span class="refused">2 / 2</span>"#
+        ),
+        "{}",
+        answer.body
+    );
+    for (limit, count) in [(&login, 1), (&per_address, 2), (&reset_password, 0)] {
+        let status = limiter.status(limit, &address).await.unwrap();
+        assert_eq!(status.count(), count, "{}: nothing counted", limit.name());
+    }
+
+    let untouched = look_up_everywhere(&app, " Alice@Example.COM ").await;
+    assert_eq!(untouched.status, StatusCode::OK, "{}", untouched.body);
+    assert_eq!(
+        key_under_every_limit(&untouched.body),
+        Key::email("alice@example.com").spelling()
+    );
+    let counts: Vec<String> = every_limit_verdicts(&untouched.body)
+        .into_iter()
+        .map(|[limit, count, now]| format!("{limit} {count} {now}"))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            "login 0 / 5 allowed",
+            "login-per-address 0 / 2 allowed",
+            "reset-password 0 / 3 allowed"
+        ]
+    );
+    assert!(unlock_forms(&untouched.body).is_empty(), "nothing to clear");
+
+    let nonsense = look_up_everywhere(&app, "alice").await;
+    assert_eq!(nonsense.status, StatusCode::BAD_REQUEST);
+    assert!(
+        nonsense.body.contains("Not a key: type an email address"),
+        "{}",
+        nonsense.body
+    );
+    assert!(every_limit_rows(&nonsense.body).is_empty());
+}
+
+/// Unlock under every limit, posted from the index with its token, resets
+/// the key under each limit (the next check allows it everywhere) and no
+/// other key, and says how many windows went under which limit; posted
+/// again, it says there was nothing to reset. Its token is bound to the key
+/// and to every limit: replayed for another key, or as one limit's unlock,
+/// it is a 403; nor does one limit's token unlock under every limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_under_every_limit_resets_the_key_under_each() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 5);
+    let per_address = limit("login-per-address", 2);
+    let reset_password = limit("reset-password", 3);
+    let limits = [login.clone(), per_address.clone(), reset_password.clone()];
+    let app = app(&limiter, &limits);
+    let alice = Key::email("alice@example.com");
+    let bob = Key::email("bob@example.com");
+    fail(&limiter, &login, &alice, 1).await;
+    fail(&limiter, &per_address, &alice, 2).await;
+    fail(&limiter, &per_address, &bob, 2).await;
+
+    let found = look_up_everywhere(&app, "alice@example.com").await;
+    let forms = unlock_forms(&found.body);
+    assert_eq!(forms.len(), 1, "{}", found.body);
+    let (action, key, token) = forms[0].clone();
+    assert_eq!(action, "/support/limits/~all/unlock");
+    assert_eq!(key, alice.as_str());
+    let page = get(&app, &format!("{MOUNT}/login-per-address")).await;
+    let (single_action, single_token) = unlock_form(&page.body, alice.as_str());
+
+    // What, where, the form.
+    let replays: &[(&str, &str, Fields)] = &[
+        (
+            "for another key",
+            &action,
+            &[("key", bob.as_str()), ("token", &token)],
+        ),
+        (
+            "as one limit's unlock",
+            &single_action,
+            &[("key", &key), ("token", &token)],
+        ),
+        (
+            "one limit's token under every limit",
+            &action,
+            &[("key", &key), ("token", &single_token)],
+        ),
+    ];
+    for (what, path, form) in replays {
+        let answer = post(&app, path, SAME_ORIGIN, form).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{what}: {}",
+            answer.body
+        );
+        assert!(
+            answer.body.contains("not valid for this key"),
+            "{what}: {}",
+            answer.body
+        );
+    }
+    for (limit, key, count) in [
+        (&login, &alice, 1),
+        (&per_address, &alice, 2),
+        (&per_address, &bob, 2),
+    ] {
+        assert_eq!(
+            limiter.status(limit, key).await.unwrap().count(),
+            count,
+            "nothing was reset"
+        );
+    }
+
+    let form = [("key", key.as_str()), ("token", token.as_str())];
+    let answer = post(&app, &action, SAME_ORIGIN, &form).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_secured(&answer, "an unlock under every limit");
+    assert_eq!(
+        notice(&answer.body),
+        "Unlocked under every limit: login: 1 window; login-per-address: 1 window."
+    );
+    assert_eq!(key_under_every_limit(&answer.body), alice.spelling());
+    assert!(
+        every_limit_verdicts(&answer.body)
+            .iter()
+            .all(|[_, count, now]| count.starts_with("0 / ") && now == "allowed"),
+        "{}",
+        answer.body
+    );
+    for limit in &limits {
+        assert_eq!(limiter.status(limit, &alice).await.unwrap().count(), 0);
+        assert!(limiter.check(limit, &alice).await.unwrap().is_allowed());
+    }
+    assert!(
+        limiter
+            .check(&per_address, &bob)
+            .await
+            .unwrap()
+            .is_refused(),
+        "only that key"
+    );
+
+    let again = post(&app, &action, SAME_ORIGIN, &form).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert!(
+        notice(&again.body).starts_with("Nothing to reset"),
+        "{}",
+        again.body
+    );
+}
+
+/// A cross-site POST of the unlock under every limit is a 403 that says
+/// why and resets nothing, as one limit's unlock is: a `Sec-Fetch-Site`
+/// other than same-origin, a foreign or null `Origin`, no token, another
+/// router's token. The same form from the page's own origin unlocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_site_unlock_under_every_limit_is_403_and_resets_nothing() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 2);
+    let per_address = limit("login-per-address", 2);
+    let limits = [login.clone(), per_address.clone()];
+    let app = app(&limiter, &limits);
+    let another_router = self::app(&limiter, &limits);
+    let alice = Key::email("alice@example.com");
+    fail(&limiter, &login, &alice, 2).await;
+    fail(&limiter, &per_address, &alice, 2).await;
+
+    let found = look_up_everywhere(&app, "alice@example.com").await;
+    let (action, _, token) = unlock_forms(&found.body)
+        .pop()
+        .unwrap_or_else(|| panic!("no unlock under every limit in {}", found.body));
+    let elsewhere = look_up_everywhere(&another_router, "alice@example.com").await;
+    let (_, _, other_routers_token) = unlock_forms(&elsewhere.body).pop().unwrap();
+    assert_ne!(other_routers_token, token);
+
+    let key = alice.as_str();
+    // What, the header fields, the form, what the 403 page says.
+    let cases: &[(&str, Fields, Fields, &str)] = &[
+        (
+            "Sec-Fetch-Site: cross-site",
+            &[
+                ("sec-fetch-site", "cross-site"),
+                ("origin", "https://staff.example:8443"),
+            ],
+            &[("key", key), ("token", &token)],
+            "another site",
+        ),
+        (
+            "a foreign Origin",
+            &[("origin", "https://evil.example")],
+            &[("key", key), ("token", &token)],
+            "Origin",
+        ),
+        (
+            "Origin: null",
+            &[("origin", "null")],
+            &[("key", key), ("token", &token)],
+            "Origin",
+        ),
+        ("no token", SAME_ORIGIN, &[("key", key)], "token"),
+        (
+            "another router's token",
+            SAME_ORIGIN,
+            &[("key", key), ("token", &other_routers_token)],
+            "token",
+        ),
+    ];
+    for (what, fields, form, says) in cases {
+        let answer = post(&app, &action, fields, form).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{what}: {}",
+            answer.body
+        );
+        assert_secured(&answer, what);
+        assert!(
+            answer.body.contains("Nothing was unlocked") && answer.body.contains(says),
+            "{what}: {}",
+            answer.body
+        );
+    }
+    for limit in &limits {
+        let status = limiter.status(limit, &alice).await.unwrap();
+        assert_eq!(status.count(), 2, "nothing was reset");
+        assert!(status.is_refused());
+    }
+
+    let answer = post(
+        &app,
+        &action,
+        SAME_ORIGIN,
+        &[("key", key), ("token", &token)],
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    for limit in &limits {
+        assert!(limiter.check(limit, &alice).await.unwrap().is_allowed());
+    }
+}
+
 /// An unlock whose `Origin` names another scheme than the page's is a 403
 /// that resets nothing: the page's scheme is its configured origin's, or
 /// the request's own when its URI is absolute (HTTP/2); the page's own
@@ -935,6 +1290,10 @@ async fn an_unreachable_store_is_a_page_that_says_so() {
     for (what, answer) in [
         ("the page", get(&app, &format!("{MOUNT}/login")).await),
         ("a lookup", look_up(&app, "login", "id:a").await),
+        (
+            "a lookup under every limit",
+            look_up_everywhere(&app, "id:a").await,
+        ),
     ] {
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{what}");
         assert!(answer.body.contains("did not answer"), "{}", answer.body);
@@ -953,6 +1312,22 @@ async fn an_unreachable_store_is_a_page_that_says_so() {
     );
     let page = get(&replica, &format!("{MOUNT}/login")).await;
     let (action, token) = unlock_form(&page.body, alice.as_str());
+    let answer = post(
+        &app,
+        &action,
+        SAME_ORIGIN,
+        &[("key", alice.as_str()), ("token", &token)],
+    )
+    .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        answer.body
+    );
+    assert!(answer.body.contains("did not answer"), "{}", answer.body);
+    let found = look_up_everywhere(&replica, alice.as_str()).await;
+    let (action, _, token) = unlock_forms(&found.body).pop().unwrap();
     let answer = post(
         &app,
         &action,
