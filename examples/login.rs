@@ -37,6 +37,7 @@ async fn replica(pool: PgPool) -> Result<Router, BoxError> {
     store.migrate().await?;
     let limiter = Arc::new(Limiter::new(store));
     let login = Limit::new("login", 3, WINDOW)?;
+    limiter.record([&login]).await?;
     let account = |head: &Parts| {
         let account = head.headers.get("x-account")?.to_str().ok()?;
         Some(Key::email(account))

@@ -759,9 +759,11 @@ $$;
 
 -- Records a limit's definition (p_name as LimitBuilder::build allows it),
 -- replacing another under the name; writes nothing when it is recorded.
+-- Returns whether it wrote.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_define(
     p_name text, p_max bigint, p_window_secs bigint, p_sliding boolean,
-    p_lockout_secs bigint, p_budget_ms bigint)
+    p_lockout_secs bigint, p_budget_ms bigint,
+    INOUT o_written boolean DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -780,6 +782,7 @@ BEGIN
             lockout_secs = excluded.lockout_secs, defined_at = excluded.defined_at
         WHERE (d.max, d.window_secs, d.sliding, d.lockout_secs)
               IS DISTINCT FROM (excluded.max, excluded.window_secs, excluded.sliding, excluded.lockout_secs);
+    o_written := FOUND;
     COMMIT;
 END
 $$;

@@ -362,10 +362,10 @@ async fn the_key_column_is_compared_byte_for_byte() {
     assert_eq!(collation, "C");
 }
 
-/// Each limit a limiter uses is recorded as it was built, once its call is
-/// answered, and any replica reads it back: a tier records its limit, a
-/// new deploy's definition replaces the old, and a name nobody recorded is
-/// an error naming the ones that are.
+/// Each limit a service records is recorded as it was built, and any
+/// replica reads it back: a tier records its limit, a new deploy's
+/// definition replaces the old, and a name nobody recorded is an error
+/// naming the ones that are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_limit_is_recorded_as_built_and_any_replica_reads_it_back() {
     let db = fresh_db().await;
@@ -379,10 +379,9 @@ async fn each_limit_is_recorded_as_built_and_any_replica_reads_it_back() {
         .build()
         .unwrap();
     let api = limit("api", 100);
-    service.failed(&login, &Key::username("bob")).await.unwrap();
-    // Only a tier of `api` is used: `api` itself is what is recorded.
+    // Only a tier of `api` is given: `api` itself is what is recorded.
     service
-        .hit(&api.with_max(1000).unwrap(), &Key::opaque("client-9"))
+        .record([&login, &api.with_max(1000).unwrap()])
         .await
         .unwrap();
 
@@ -398,17 +397,16 @@ async fn each_limit_is_recorded_as_built_and_any_replica_reads_it_back() {
     let unknown = operator.limit("Login").await.unwrap_err();
     assert_eq!(unknown.kind(), ErrorKind::InvalidLimit);
     assert!(
-        unknown.to_string().contains("the limits recorded: api, login"),
+        unknown
+            .to_string()
+            .contains("the limits recorded: api, login"),
         "{unknown}"
     );
 
     // The next deploy changes the limit: its definition replaces the old.
     let next_deploy = limiter_on(db.config());
     let stricter = limit("login", 3);
-    next_deploy
-        .check(&stricter, &Key::username("bob"))
-        .await
-        .unwrap();
+    next_deploy.record([&stricter]).await.unwrap();
     assert_eq!(operator.limit("login").await.unwrap(), stricter);
 }
 
@@ -421,12 +419,16 @@ async fn an_accounts_statuses_across_limits_and_its_reset_everywhere() {
     let db = fresh_db().await;
     let service = limiter_on(db.config());
     let (login, api, export) = (limit("login", 2), limit("api", 100), limit("export", 1));
+    service.record([&login, &api, &export]).await.unwrap();
     let alice = Key::email("alice@example.com");
     for _ in 0..2 {
         service.failed(&login, &alice).await.unwrap();
     }
     service.hit(&api, &alice).await.unwrap();
-    service.hit(&export, &Key::email("bob@example.com")).await.unwrap();
+    service
+        .hit(&export, &Key::email("bob@example.com"))
+        .await
+        .unwrap();
 
     let operator = limiter_on(db.config());
     let statuses = operator.statuses(&alice).await.unwrap();

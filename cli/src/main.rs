@@ -4,9 +4,9 @@
 //! The crate platformkit-limit-cli, over the library's public API.
 
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use platformkit_limit::{Key, KeyStatus, Limit, Limiter, Postgres, Strategy};
+use platformkit_limit::{Key, KeyStatus, Limiter, Postgres, Strategy};
 
 const USAGE: &str = "\
 usage: platformkit-limit <command> [arguments]
@@ -17,20 +17,19 @@ owns the schema).
 
 commands:
   migrate [--grant ROLE]...     apply the schema, then the grants for each ROLE
-  status LIMIT KEY LIMIT-OPTIONS
-                                a key's count, window end, reopening, lockout
+  limits                        the limits the services have used, as defined
+  status KEY                    the key under every limit that has a count for it
+  status LIMIT KEY              the key under LIMIT: count, window end,
+                                reopening, lockout
   reset LIMIT KEY               unlock: clear the key's windows under LIMIT
-  locked LIMIT LIMIT-OPTIONS [--at-most N]
-                                the keys LIMIT refuses now, newest first
+  reset --every-limit KEY       unlock: clear the key under every limit
+  locked LIMIT [--at-most N]    the keys LIMIT refuses now, newest first
                                 (N: 1 to 1000, 100 unless given)
   purge                         delete closed windows, in batches, until done
   help                          this text
 
-LIMIT is the limit's name; LIMIT-OPTIONS say what the service's limit is:
-  --max N          attempts allowed per window
-  --window D       the window, e.g. 30s, 15m, 1h, 1d (or seconds)
-  --sliding        a sliding window (fixed unless given)
-  --lockout D      the lockout after a full window, if the limit has one
+LIMIT is a limit's name, as `limits` lists it: each limit is recorded, with
+its max, window and lockout, by the service's first call under it.
 
 KEY is an email address or an IP address, a key as this tool shows it
 (email|alice@example.com, account|42), or kind:value, the kind email, user,
@@ -39,7 +38,7 @@ ip or id; an address or a kind:value is normalized as the service does:
 A key as shown holds | and may hold \\: quote it for the shell,
   platformkit-limit reset login 'account|42|203.0.113.7'
 
-exit status: 0 done, 1 error, 2 usage";
+exit status: 0 done, 1 error (nothing to reset included), 2 usage";
 
 /// What went wrong: the usage (exit 2) or the work (exit 1).
 enum Failure {
@@ -100,6 +99,10 @@ async fn run(args: &[String]) -> Result<(), Failure> {
             Ok(())
         }
         "migrate" => migrate(rest).await,
+        "limits" => {
+            no_more(rest)?;
+            limits().await
+        }
         "status" => status(rest).await,
         "reset" => reset(rest).await,
         "locked" => locked(rest).await,
@@ -171,38 +174,110 @@ async fn migrate(args: &[String]) -> Result<(), Failure> {
     Ok(())
 }
 
+async fn limits() -> Result<(), Failure> {
+    let limits = limiter()?.limits().await?;
+    if limits.is_empty() {
+        println!("{NONE_RECORDED}");
+    }
+    for limit in &limits {
+        let lockout = limit
+            .lockout()
+            .map_or_else(String::new, |d| format!(", lockout {}", span(d.as_secs())));
+        let sliding = if limit.strategy() == Strategy::Sliding {
+            ", sliding"
+        } else {
+            ""
+        };
+        println!(
+            "{}: max {} per {}{sliding}{lockout}",
+            limit.name(),
+            limit.max(),
+            span(limit.window().as_secs())
+        );
+    }
+    Ok(())
+}
+
+/// What `limits` says when no limit is recorded.
+const NONE_RECORDED: &str =
+    "no limit is recorded yet: a service records each limit on its first call under it";
+
 async fn status(args: &[String]) -> Result<(), Failure> {
-    let (name, key, rest) = name_and_key(args, "status")?;
-    let limit = limit_options(&name, rest, false)?.0;
-    let status = limiter()?.status(&limit, &key).await?;
-    print_status(&status);
+    let limiter = limiter()?;
+    let statuses = match args {
+        [key] => {
+            let key: Key = key.parse()?;
+            let statuses = limiter.statuses(&key).await?;
+            if statuses.is_empty() {
+                println!("no limit has a count for {}", key.spelling());
+            }
+            statuses
+        }
+        [name, key] => {
+            let key: Key = key.parse()?;
+            vec![limiter.status(&limiter.limit(name).await?, &key).await?]
+        }
+        _ => return Err(Failure::Usage("status: KEY, or LIMIT and KEY".into())),
+    };
+    for (i, status) in statuses.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print_status(status);
+    }
     Ok(())
 }
 
 async fn reset(args: &[String]) -> Result<(), Failure> {
-    let (name, key, rest) = name_and_key(args, "reset")?;
-    no_more(rest)?;
-    // A reset needs only the limit's name: the stored key is name|key.
-    let limit = Limit::new(&name, 1, Limit::MIN_WINDOW)?;
-    let windows = limiter()?.reset(&limit, &key).await?;
-    if windows == 0 {
-        // A wrong limit name or case, another kind or spelling of the key:
-        // nothing was unlocked, and the operator must know.
+    let (name, key) = match args {
+        [every, key] if every == "--every-limit" => (None, key),
+        [name, key] => (Some(name), key),
+        _ => {
+            return Err(Failure::Usage(
+                "reset: LIMIT and KEY, or --every-limit and KEY".into(),
+            ));
+        }
+    };
+    let key: Key = key.parse()?;
+    let limiter = limiter()?;
+    let cleared: Vec<(String, u64)> = match name {
+        Some(name) => {
+            let windows = limiter.reset(&limiter.limit(name).await?, &key).await?;
+            vec![(name.clone(), windows)]
+        }
+        None => limiter
+            .reset_everywhere(&key)
+            .await?
+            .into_iter()
+            .map(|(limit, windows)| (limit.name().to_owned(), windows))
+            .collect(),
+    };
+    let cleared: Vec<_> = cleared.into_iter().filter(|(_, n)| *n > 0).collect();
+    if cleared.is_empty() {
+        // Another kind or spelling of the key: nothing was unlocked, and
+        // the operator must know.
         return Err(Failure::Failed(format!(
-            "nothing to reset: no window of {name} {} is stored (check the limit's name and the key)",
-            key.spelling()
+            "nothing to reset: no window of {} is stored under {} (check the key)",
+            key.spelling(),
+            name.map_or("any limit", String::as_str)
         )));
     }
-    println!("reset {name} {}: {windows} windows", key.spelling());
+    for (name, windows) in cleared {
+        println!("reset {name} {}: {windows} windows", key.spelling());
+    }
     Ok(())
 }
 
 async fn locked(args: &[String]) -> Result<(), Failure> {
-    let Some((name, rest)) = args.split_first() else {
-        return Err(Failure::Usage("locked: LIMIT is needed".into()));
+    let (name, at_most) = match args {
+        [name] => (name, 100),
+        [name, option, n] if option == "--at-most" => (name, number(n, "--at-most")?),
+        _ => return Err(Failure::Usage("locked: LIMIT [--at-most N]".into())),
     };
-    let (limit, at_most) = limit_options(name, rest, true)?;
-    let refused = limiter()?.refused_keys(&limit, at_most).await?;
+    let limiter = limiter()?;
+    let refused = limiter
+        .refused_keys(&limiter.limit(name).await?, at_most)
+        .await?;
     if refused.is_empty() {
         println!("no key of {name} is refused");
     }
@@ -224,6 +299,7 @@ async fn locked(args: &[String]) -> Result<(), Failure> {
 }
 
 fn print_status(status: &KeyStatus) {
+    println!("limit: {}", status.limit());
     println!("key: {}", shown(status));
     println!("count: {} of {}", status.count(), status.max());
     println!(
@@ -250,53 +326,6 @@ fn shown(status: &KeyStatus) -> String {
         .map_or_else(|| format!("{:?}", status.key()), |key| key.spelling())
 }
 
-/// LIMIT and KEY, the first two arguments.
-fn name_and_key<'a>(
-    args: &'a [String],
-    command: &str,
-) -> Result<(String, Key, &'a [String]), Failure> {
-    match args {
-        [name, key, rest @ ..] => {
-            let key: Key = key.parse()?;
-            Ok((name.clone(), key, rest))
-        }
-        _ => Err(Failure::Usage(format!(
-            "{command}: LIMIT and KEY are needed"
-        ))),
-    }
-}
-
-/// The limit the options describe, built through the library's builder
-/// (which refuses nonsense), and `--at-most` when `listing`.
-fn limit_options(name: &str, args: &[String], listing: bool) -> Result<(Limit, usize), Failure> {
-    let (mut max, mut window, mut lockout, mut sliding, mut at_most) =
-        (None, None, None, false, 100);
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--max" => max = Some(number(&value(&mut args, "--max")?, "--max")?),
-            "--window" => window = Some(duration(&value(&mut args, "--window")?)?),
-            "--lockout" => lockout = Some(duration(&value(&mut args, "--lockout")?)?),
-            "--sliding" => sliding = true,
-            "--at-most" if listing => {
-                at_most = number(&value(&mut args, "--at-most")?, "--at-most")?;
-            }
-            other => return Err(Failure::Usage(format!("unexpected {other:?}"))),
-        }
-    }
-    let max = max.ok_or_else(|| Failure::Usage("--max N is needed".into()))?;
-    let window = window.ok_or_else(|| Failure::Usage("--window D is needed".into()))?;
-    let max = u32::try_from(max).map_err(|_| Failure::Usage("--max is too large".into()))?;
-    let mut builder = Limit::builder(name, max, window);
-    if sliding {
-        builder = builder.strategy(Strategy::Sliding);
-    }
-    if let Some(lockout) = lockout {
-        builder = builder.lockout(lockout);
-    }
-    Ok((builder.build()?, at_most))
-}
-
 fn value<'a>(args: &mut impl Iterator<Item = &'a String>, option: &str) -> Result<String, Failure> {
     args.next()
         .cloned()
@@ -306,26 +335,6 @@ fn value<'a>(args: &mut impl Iterator<Item = &'a String>, option: &str) -> Resul
 fn number(text: &str, option: &str) -> Result<usize, Failure> {
     text.parse()
         .map_err(|_| Failure::Usage(format!("{option}: {text:?} is not a whole number")))
-}
-
-/// `30s`, `15m`, `1h`, `1d`, or a number of seconds.
-fn duration(text: &str) -> Result<Duration, Failure> {
-    let bad = || Failure::Usage(format!("{text:?} is not a duration (30s, 15m, 1h, 1d)"));
-    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => text.split_at(at),
-        None => (text, "s"),
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let scale = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(scale)
-        .map(Duration::from_secs)
-        .ok_or_else(bad)
 }
 
 fn no_more(args: &[String]) -> Result<(), Failure> {

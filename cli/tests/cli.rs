@@ -1,9 +1,12 @@
 //! The operator's tool, `platformkit-limit`, run as a
 //! binary against a real server: `migrate` applies the schema and the
-//! grants, `status` reads a key, `reset` unlocks it (the key normalized as
-//! the service normalizes it), `locked` lists who is refused, `purge`
-//! purges; a missing `DATABASE_URL`, a bad key and a bad option are clear
-//! errors with their exit codes.
+//! grants; `limits` lists the limits the service recorded, and `status`,
+//! `reset` and `locked` read them, so nothing about a limit is typed;
+//! `status` reads a key under every limit or one, `reset` unlocks it (the
+//! key normalized as the service normalizes it), `locked` lists who is
+//! refused, `purge` purges; a missing `DATABASE_URL`, a bad key, a limit
+//! nobody recorded and nothing to reset are clear errors with their exit
+//! codes.
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -106,33 +109,33 @@ async fn migrate_refuses_to_grant_public_and_applies_nothing() {
 }
 
 /// `status`, `locked` and `reset` on a key the service locked out, typed
-/// as the operator types it.
+/// as the operator types it, each reading the limit as the service
+/// defined it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_locked_and_reset_of_a_locked_out_key() {
     let db = fresh_db().await;
     let limiter = Limiter::new(Postgres::new(db.config()));
     let login = limit("login", 2);
-    let window = format!("{}s", LONG_WINDOW.as_secs());
+    limiter.record([&login]).await.unwrap();
     let alice = Key::email("alice@example.com");
     for _ in 0..2 {
         limiter.failed(&login, &alice).await.unwrap();
     }
     limiter.failed(&login, &Key::username("bob")).await.unwrap();
-    let options = ["--max", "2", "--window", &window];
 
     let typed = "email: Alice@Example.COM ";
-    let out = tool(
-        Some(&db),
-        &[&["status", "login", typed][..], &options].concat(),
-    );
+    let out = tool(Some(&db), &["status", "login", typed]);
     assert_exit(&out, 0, "status");
     let text = stdout(&out);
-    assert!(text.contains("key: email|alice@example.com\n"), "{text}");
+    assert!(
+        text.starts_with("limit: login\nkey: email|alice@example.com\n"),
+        "{text}"
+    );
     assert!(text.contains("count: 2 of 2\n"), "{text}");
     assert!(text.contains("refused: yes\n"), "{text}");
     assert!(text.contains("reopens: "), "{text}");
 
-    let out = tool(Some(&db), &[&["locked", "login"][..], &options].concat());
+    let out = tool(Some(&db), &["locked", "login"]);
     assert_exit(&out, 0, "locked");
     let text = stdout(&out);
     assert_eq!(text.lines().count(), 1, "{text}");
@@ -141,16 +144,19 @@ async fn status_locked_and_reset_of_a_locked_out_key() {
         "{text}"
     );
 
-    // A wrong case in the limit's name, another kind of key: nothing
-    // unlocked, said, and not 0.
-    for (name, key) in [("Login", typed), ("login", "user:alice@example.com")] {
-        let out = tool(Some(&db), &["reset", name, key]);
-        assert_exit(&out, 1, "a reset of nothing");
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("nothing to reset"),
-            "{out:?}"
-        );
-    }
+    // A wrong case in the limit's name: no such limit, and the ones there
+    // are named. Another kind of key: nothing unlocked, said, and not 0.
+    let out = tool(Some(&db), &["reset", "Login", typed]);
+    assert_exit(&out, 1, "a limit nobody recorded");
+    assert!(
+        stderr(&out).contains(
+            "invalid limit \"Login\": no limit of this name is recorded; the limits recorded: login"
+        ),
+        "{out:?}"
+    );
+    let out = tool(Some(&db), &["reset", "login", "user:alice@example.com"]);
+    assert_exit(&out, 1, "a reset of nothing");
+    assert!(stderr(&out).contains("nothing to reset"), "{out:?}");
     assert!(limiter.check(&login, &alice).await.unwrap().is_refused());
 
     let out = tool(Some(&db), &["reset", "login", typed]);
@@ -160,19 +166,87 @@ async fn status_locked_and_reset_of_a_locked_out_key() {
         !limiter.check(&login, &alice).await.unwrap().is_refused(),
         "unlocked"
     );
-    let out = tool(
-        Some(&db),
-        &[&["locked", "login"][..], &options, &["--at-most", "5"]].concat(),
-    );
+    let out = tool(Some(&db), &["locked", "login", "--at-most", "5"]);
     assert_exit(&out, 0, "locked after the reset");
     assert_eq!(stdout(&out), "no key of login is refused\n");
-    let out = tool(
-        Some(&db),
-        &[&["status", "login", "user:BOB"][..], &options].concat(),
-    );
+    let out = tool(Some(&db), &["status", "login", "user:BOB"]);
     assert!(
         stdout(&out).contains("count: 1 of 2\nrefused: no\n"),
         "{out:?}"
+    );
+}
+
+/// The limits as the service recorded them, with no option typed: a
+/// 15-minute login limit with a lockout locks an account out, a per-address
+/// limit refuses another; `limits` lists both, `status KEY` shows the
+/// account under every limit with a count (the lockout included, which a
+/// guessed window would miss), and `reset --every-limit` unlocks it
+/// everywhere, once: again is nothing to reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tool_reads_the_limits_the_service_recorded() {
+    let db = fresh_db().await;
+    // Sixteen minutes ago: that 15-minute window has closed since.
+    let ago = std::time::SystemTime::now() - Duration::from_secs(16 * 60);
+    let earlier = Limiter::new(
+        Postgres::new(db.config()).with_clock(platformkit_limit::ManualClock::new(ago)),
+    );
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let out = tool(Some(&db), &["limits"]);
+    assert_exit(&out, 0, "limits before any call");
+    assert!(
+        stdout(&out).starts_with("no limit is recorded yet"),
+        "{out:?}"
+    );
+
+    let login = platformkit_limit::Limit::builder("login", 3, Duration::from_secs(15 * 60))
+        .lockout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let per_ip = limit("login-ip", 50);
+    limiter.record([&login, &per_ip]).await.unwrap();
+    let alice = Key::email("alice@example.com");
+    for _ in 0..3 {
+        earlier.failed(&login, &alice).await.unwrap();
+        earlier
+            .failed(&per_ip, &Key::ip("203.0.113.7".parse().unwrap()))
+            .await
+            .unwrap();
+    }
+    // Its window has closed; the lockout runs on.
+    assert!(limiter.check(&login, &alice).await.unwrap().is_refused());
+
+    let out = tool(Some(&db), &["limits"]);
+    assert_exit(&out, 0, "limits");
+    assert_eq!(
+        stdout(&out),
+        "login: max 3 per 15m 0s, lockout 1h 0m\nlogin-ip: max 50 per 30d 0h\n"
+    );
+
+    let out = tool(Some(&db), &["status", "alice@example.com"]);
+    assert_exit(&out, 0, "status across limits");
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("limit: login\nkey: email|alice@example.com\n"),
+        "{text}"
+    );
+    assert!(text.contains("refused: yes\n"), "{text}");
+    assert!(text.contains("locked until: "), "{text}");
+    assert!(!text.contains("login-ip"), "{text}");
+
+    let out = tool(Some(&db), &["reset", "--every-limit", "alice@example.com"]);
+    assert_exit(&out, 0, "reset everywhere");
+    assert_eq!(
+        stdout(&out),
+        "reset login email|alice@example.com: 1 windows\n"
+    );
+    assert!(limiter.check(&login, &alice).await.unwrap().is_allowed());
+    let out = tool(Some(&db), &["reset", "--every-limit", "alice@example.com"]);
+    assert_exit(&out, 1, "nothing left to reset");
+    assert!(stderr(&out).contains("nothing to reset"), "{out:?}");
+    let out = tool(Some(&db), &["status", "alice@example.com"]);
+    assert_eq!(
+        stdout(&out),
+        "no limit has a count for email|alice@example.com\n"
     );
 }
 
@@ -184,8 +258,7 @@ async fn a_key_is_typed_as_the_tool_shows_it() {
     let db = fresh_db().await;
     let limiter = Limiter::new(Postgres::new(db.config()));
     let login = limit("login", 2);
-    let window = format!("{}s", LONG_WINDOW.as_secs());
-    let options = ["--max", "2", "--window", &window];
+    limiter.record([&login]).await.unwrap();
     let keys = [
         Key::new(["account", "42", "203.0.113.7"]).unwrap(),
         Key::new(["alice@example.com"]).unwrap(),
@@ -198,7 +271,7 @@ async fn a_key_is_typed_as_the_tool_shows_it() {
         }
     }
 
-    let out = tool(Some(&db), &[&["locked", "login"][..], &options].concat());
+    let out = tool(Some(&db), &["locked", "login"]);
     assert_exit(&out, 0, "locked");
     let mut shown: Vec<String> = stdout(&out)
         .lines()
@@ -210,14 +283,11 @@ async fn a_key_is_typed_as_the_tool_shows_it() {
     assert_eq!(shown, spelled);
 
     for typed in &shown {
-        let out = tool(
-            Some(&db),
-            &[&["status", "login", typed][..], &options].concat(),
-        );
+        let out = tool(Some(&db), &["status", "login", typed]);
         assert_exit(&out, 0, typed);
         let text = stdout(&out);
         assert!(
-            text.starts_with(&format!("key: {typed}\ncount: 2 of 2\n")),
+            text.starts_with(&format!("limit: login\nkey: {typed}\ncount: 2 of 2\n")),
             "{text}"
         );
     }
@@ -242,9 +312,9 @@ async fn purge_says_how_many_rows_went() {
     assert_eq!(stdout(&out), "purged 7 rows\n");
 }
 
-/// A missing `DATABASE_URL`, a key of no known kind, a bad address, a bad
-/// limit and a bad bound: each a clear error on stderr, 1 for an error and
-/// 2 for a usage.
+/// A missing `DATABASE_URL`, a key of no known kind, a bad address, a limit
+/// nobody recorded and a bad bound: each a clear error on stderr, 1 for an
+/// error and 2 for a usage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_clear_with_their_exit_codes() {
     let db = fresh_db().await;
@@ -266,43 +336,24 @@ async fn errors_are_clear_with_their_exit_codes() {
     assert_exit(&out, 1, "a bad address");
     assert!(stderr(&out).contains("IPv4 or IPv6 address"), "{out:?}");
 
-    let out = tool(
-        Some(&db),
-        &["status", "login", "id:a", "--max", "0", "--window", "1m"],
-    );
-    assert_exit(&out, 1, "max 0");
+    let out = tool(Some(&db), &["status", "login", "id:a"]);
+    assert_exit(&out, 1, "no limit recorded");
     assert!(
-        stderr(&out).contains("invalid limit \"login\": max must be at least 1"),
+        stderr(&out).contains("invalid limit \"login\": no limit of this name is recorded"),
         "{out:?}"
     );
 
-    let out = tool(
-        Some(&db),
-        &[
-            "locked",
-            "login",
-            "--max",
-            "1",
-            "--window",
-            "1m",
-            "--at-most",
-            "0",
-        ],
-    );
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    limiter.record([&limit("login", 1)]).await.unwrap();
+    let out = tool(Some(&db), &["locked", "login", "--at-most", "0"]);
     assert_exit(&out, 1, "at most 0");
     assert!(stderr(&out).contains("invalid option at_most"), "{out:?}");
 
     for usage in [
-        &["status", "login", "id:a", "--window", "1m"][..],
-        &[
-            "status",
-            "login",
-            "id:a",
-            "--max",
-            "1",
-            "--window",
-            "fortnight",
-        ],
+        &["status", "login", "id:a", "--max", "1"][..],
+        &["locked", "login", "--window", "1m"],
+        &["reset", "--every-limit"],
+        &["status"],
         &["locked"],
         &["frobnicate"],
         &[],

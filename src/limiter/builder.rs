@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use snafu::ensure;
 
-use super::status::Recorded;
 use crate::cache::{self, RefusalCache};
 use crate::error::InvalidOptionSnafu;
 use crate::merge::Merging;
@@ -237,7 +236,6 @@ impl<S: Store> LimiterBuilder<S> {
                 None => RefusalCache::off(self.refusal_ttl),
             },
             merging: self.merging.then(|| Merging::new(self.writes_in_flight)),
-            recorded: Recorded::default(),
         }
     }
 }

@@ -24,7 +24,6 @@ use crate::merge::Merging;
 use crate::operation::Counting;
 use crate::store::Store;
 use crate::{Error, Key, Limit, Memory, Verdict};
-use status::Recorded;
 
 /// The front of the crate, over [`Postgres`](crate::Postgres) or
 /// [`Memory`]; the [crate docs](crate) show a login.
@@ -45,7 +44,6 @@ pub struct Limiter<S> {
     refusals: RefusalCache,
     /// Merges concurrent writes into shared statements.
     merging: Option<Merging>,
-    recorded: Recorded,
 }
 
 impl<S: Store> Limiter<S> {

@@ -167,17 +167,7 @@ impl<S: Store> Limiter<S> {
                 reason: "an all-or-nothing call decides each (limit, key) pair by its own count: give each pair once",
             }
         );
-        let verdicts = self.run_all(op, &stored, cost).await;
-        // The limits' definitions, once the store has answered.
-        if let Ok(verdicts) = &verdicts
-            && verdicts
-                .iter()
-                .all(|(v, _)| !(v.is_shed() || v.is_unreachable()))
-        {
-            self.record_limits(pairs.iter().map(|(limit, _)| *limit))
-                .await;
-        }
-        verdicts
+        self.run_all(op, &stored, cost).await
     }
 
     /// The one path of every counting call, whatever its pairs and cost

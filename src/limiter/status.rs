@@ -1,7 +1,6 @@
 //! [`KeyStatus`], and the operator's calls that answer it.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use snafu::ensure;
@@ -12,7 +11,7 @@ use crate::error::{InvalidLimitSnafu, InvalidOptionSnafu};
 use crate::key::stored;
 use crate::operation::{Counting, Operation};
 use crate::store::{Asked, Store, count_pairs};
-use crate::{Error, Key, Limit, Limiter, Strategy};
+use crate::{Error, Key, Limit, Limiter};
 
 /// A key's state under a limit, read from the store without counting:
 /// what [`Limiter::status`] and [`Limiter::refused_keys`] answer. Decided
@@ -216,21 +215,43 @@ impl<S: Store> Limiter<S> {
 /// What the store knows of the limits: the definitions the limiters record
 /// as they use them, read back by the operator's calls.
 impl<S: Store> Limiter<S> {
-    /// The limits recorded in the store, by name: each limit a limiter has
-    /// used, as it was built (its name, window, strategy, lockout and max,
-    /// a [tier](Limit::with_max)'s being its limit's), the latest recorded
-    /// under each name; their other settings the defaults. A limiter
-    /// records a limit once, after its first call under it.
+    /// Records `limits` in the store, each as it was built (its name,
+    /// window, strategy, lockout and max, a [tier](Limit::with_max)'s
+    /// being its limit's), replacing what is recorded under its name: the
+    /// definitions the operator's tools read
+    /// ([operating it](crate::guide#the-limits-as-the-service-defines-them)).
+    /// A start-up step, after [`Postgres::migrate`](crate::Postgres::migrate);
+    /// one statement a limit.
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the store, unreachable included; the limits before
+    /// the one that failed are recorded.
+    pub async fn record<'a>(
+        &self,
+        limits: impl IntoIterator<Item = &'a Limit>,
+    ) -> Result<(), Error> {
+        for limit in limits {
+            let call = Call::start(Operation::Limits, self.budget());
+            let store = self.store();
+            call.within_store(store, store.define(limit, call.deadline()))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The limits recorded in the store ([`record`](Limiter::record)), by
+    /// name, their settings but those recorded the defaults.
     ///
     /// ```
-    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use platformkit_limit::{Limit, Limiter, Memory};
     /// use std::time::Duration;
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
     /// let limiter = Limiter::new(Memory::new());
     /// let login = Limit::new("login", 5, Duration::from_secs(900))?;
-    /// limiter.failed(&login, &Key::username("bob")).await?;
-    /// limiter.check(&login.with_max(50)?, &Key::username("eve")).await?;
+    /// let paid = login.with_max(50)?;
+    /// limiter.record([&login, &paid]).await?;
     /// assert_eq!(limiter.limits().await?, [login]);
     /// assert!(limiter.limit("logins").await.is_err());
     /// # Ok::<(), platformkit_limit::Error>(())
@@ -317,76 +338,5 @@ impl<S: Store> Limiter<S> {
             }
         }
         Ok(cleared)
-    }
-
-    /// Records in the store the limits among `limits` this limiter has not
-    /// recorded: after a call the store answered, so a first call's verdict
-    /// never waits on it. A record that fails is tried again on a later call.
-    pub(crate) async fn record_limits(&self, limits: impl Iterator<Item = &Limit>) {
-        for limit in self.recorded.new_among(limits) {
-            let call = Call::start(Operation::Limits, self.budget());
-            let store = self.store();
-            let mut pending = Pending {
-                recorded: &self.recorded,
-                limit,
-                done: false,
-            };
-            let define = store.define(&pending.limit, call.deadline());
-            pending.done = call.within_store(store, define).await.is_ok();
-        }
-    }
-}
-
-/// The definitions a limiter has recorded, each once; at most
-/// [`Recorded::MOST`], past which it records no more (limits are the
-/// service's, a handful).
-#[derive(Debug, Default)]
-pub(crate) struct Recorded(Mutex<HashSet<Definition>>);
-
-/// A limit's definition as recorded: name, max as built, window, sliding,
-/// lockout.
-type Definition = (Arc<str>, u32, u64, bool, u64);
-
-fn definition(limit: &Limit) -> Definition {
-    let defined = limit.defined();
-    (
-        defined.name_arc().clone(),
-        defined.max(),
-        defined.window_secs(),
-        defined.strategy() == Strategy::Sliding,
-        defined.lockout_secs(),
-    )
-}
-
-impl Recorded {
-    const MOST: usize = 1024;
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<Definition>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The limits among `limits` not recorded yet, now marked recorded.
-    fn new_among<'a>(&self, limits: impl Iterator<Item = &'a Limit>) -> Vec<Limit> {
-        let mut recorded = self.lock();
-        limits
-            .filter(|limit| recorded.len() < Self::MOST && recorded.insert(definition(limit)))
-            .cloned()
-            .collect()
-    }
-}
-
-/// A record in flight: dropped before it is done (the caller went away, or
-/// it failed), its limit is unmarked, to be recorded by a later call.
-struct Pending<'a> {
-    recorded: &'a Recorded,
-    limit: Limit,
-    done: bool,
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.recorded.lock().remove(&definition(&self.limit));
-        }
     }
 }

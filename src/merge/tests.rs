@@ -78,6 +78,12 @@ impl Sealed for Tally {
     ) -> Result<Vec<(String, Counted)>, Error> {
         self.store.refused(limit, prefix, at_most, deadline).await
     }
+    async fn define(&self, limit: &Limit, deadline: Instant) -> Result<(), Error> {
+        self.store.define(limit, deadline).await
+    }
+    async fn limits(&self, deadline: Instant) -> Result<Vec<Limit>, Error> {
+        self.store.limits(deadline).await
+    }
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
         self.store.reset(key, deadline).await
     }
