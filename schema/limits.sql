@@ -165,6 +165,10 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
         END) STORED,
     -- Orders purge's batches among rows due at once; an update keeps it.
     created_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    -- Set by the writer whose count left the key at its max: the listing
+    -- (platformkit_limit_list) reads these rows alone, not every key. Set
+    -- once a window; an update that leaves it stays heap-only.
+    at_max      boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (key, window_start),
     -- A window purge can always delete: finite, forwards, at most 366 days.
     CONSTRAINT platformkit_limits_window_sane CHECK (
@@ -186,6 +190,10 @@ BEGIN
     IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NULL THEN
         CREATE INDEX platformkit_limits_purge_order
             ON platformkit.platformkit_limits (purge_after, created_at);
+    END IF;
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_at_max') IS NULL THEN
+        CREATE INDEX platformkit_limits_at_max
+            ON platformkit.platformkit_limits (key, window_end) WHERE at_max;
     END IF;
 END
 $$;
@@ -281,6 +289,7 @@ DECLARE
     v_now pg_catalog.timestamptz;
     v_start pg_catalog.timestamptz;
     v_locked pg_catalog.timestamptz;
+    v_marked pg_catalog.bool;
 BEGIN
     -- prologue: schema/prologue.sql
     IF p_relaxed THEN
@@ -313,13 +322,21 @@ BEGIN
              FROM platformkit.platformkit_limits AS x
              WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
                AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
-        END
-    INTO o_count, o_previous, v_locked;
+        END,
+        l.at_max
+    INTO o_count, o_previous, v_locked, v_marked;
     -- end of statement
     o_previous := COALESCE(o_previous, 0);
     o_now := platformkit.platformkit_us(v_now);
     o_window_end := platformkit.platformkit_us(v_start + v_window);
     o_locked_for := COALESCE(platformkit.platformkit_us(v_locked) - o_now, 0);
+    -- At max: the count alone, or with the previous window's weighed in.
+    IF NOT v_marked AND (o_count >= p_max OR (o_previous > 0 AND platformkit.platformkit_at_max(
+           o_count, o_previous, p_window_secs::numeric * 1000000,
+           o_now - platformkit.platformkit_us(v_start), p_max))) THEN
+        UPDATE platformkit.platformkit_limits SET at_max = true
+        WHERE key = p_key AND window_start = v_start;
+    END IF;
     COMMIT;
 END
 $$;
@@ -340,6 +357,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_now pg_catalog.timestamptz;
+    v_mark pg_catalog.bool;
 BEGIN
     -- prologue: schema/prologue.sql
     IF p_relaxed THEN
@@ -363,11 +381,11 @@ BEGIN
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     o_now := platformkit.platformkit_us(v_now);
     WITH asked AS (
-        SELECT t.key, t.ord, t.add, make_interval(secs => t.secs) AS width,
+        SELECT t.key, t.ord, t.add, t.max, make_interval(secs => t.secs) AS width,
                date_bin(make_interval(secs => t.secs), v_now,
                         timestamptz '1970-01-01 00:00:00+00') AS start
-        FROM unnest(p_keys, p_window_secs, p_adds)
-             WITH ORDINALITY AS t(key, secs, add, ord)
+        FROM unnest(p_keys, p_window_secs, p_adds, p_maxes)
+             WITH ORDINALITY AS t(key, secs, add, max, ord)
         -- A key out of bounds is left out here, and refused below.
         WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
     ), counted AS (
@@ -380,11 +398,12 @@ BEGIN
         ORDER BY key, start
         ON CONFLICT (key, window_start) DO UPDATE
             SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
-        RETURNING l.key, l.window_start, l.count
+        RETURNING l.key, l.window_start, l.count, l.at_max
     )
     SELECT array_agg(c.count ORDER BY a.ord),
-           array_agg(platformkit.platformkit_us(a.start + a.width) ORDER BY a.ord)
-    INTO o_counts, o_window_ends
+           array_agg(platformkit.platformkit_us(a.start + a.width) ORDER BY a.ord),
+           bool_or(NOT c.at_max AND (p_previous OR c.count >= a.max))
+    INTO o_counts, o_window_ends, v_mark
     FROM asked AS a
     JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
     IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
@@ -416,6 +435,17 @@ BEGIN
     ELSE
         o_previous := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
         o_locked_for := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
+    END IF;
+    -- The keys left at their max, if any may be (v_mark): marked, as add
+    -- marks them.
+    IF v_mark THEN
+        UPDATE platformkit.platformkit_limits AS l SET at_max = true
+        FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)
+             AS t(key, secs, max, count, previous, window_end)
+        WHERE platformkit.platformkit_at_max(t.count, t.previous, t.secs::numeric * 1000000,
+                                             o_now - (t.window_end - t.secs * 1000000), t.max)
+          AND l.key = t.key AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
+          AND NOT l.at_max;
     END IF;
     COMMIT;
 END
@@ -522,6 +552,14 @@ BEGIN
         IF NOT o_added THEN
             RAISE EXCEPTION USING ERRCODE = 'PK003';
         END IF;
+        -- The keys left at their max: marked, as add marks them.
+        UPDATE platformkit.platformkit_limits AS l SET at_max = true
+        FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)
+             AS t(key, secs, max, count, previous, window_end)
+        WHERE platformkit.platformkit_at_max(t.count, t.previous, t.secs::numeric * 1000000,
+                                             o_now - (t.window_end - t.secs * 1000000), t.max)
+          AND l.key = t.key AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
+          AND NOT l.at_max;
     EXCEPTION WHEN SQLSTATE 'PK003' THEN
         -- Nothing is left to make durable, so the commit need not wait for the
         -- WAL. The counts before the call: variables keep what the block set.
@@ -652,8 +690,10 @@ $$;
 
 -- The keys under p_prefix (a limit's name and '|') that the limit refuses now,
 -- as the crate decides; at most p_at_most, newest first. Writes nothing. One
--- range of the primary key, p_prefix to p_prefix with '|' made '}': the key's
--- collation is "C", so no other limit's keys fall in it.
+-- range of the at_max index, p_prefix to p_prefix with '|' made '}' (the key's
+-- collation is "C", so no other limit's keys fall in it): a key a writer left
+-- below its max is never read. The writers mark by their own max, so a tier
+-- is listed by the max it was counted under.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
     p_prefix text, p_window_secs bigint, p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint, p_at_most bigint,
@@ -707,7 +747,13 @@ BEGIN
                    + make_interval(secs => p_lockout_secs)
                END AS locked_until
         FROM platformkit.platformkit_limits AS l
-        WHERE l.key >= p_prefix AND l.key < v_upper
+        WHERE l.key IN (
+            -- Only keys a writer left at their max, in a window that can still
+            -- refuse: the current one, the one before, or one whose lockout
+            -- runs. A flood of keys below their max costs nothing here.
+            SELECT m.key FROM platformkit.platformkit_limits AS m
+            WHERE m.at_max AND m.key >= p_prefix AND m.key < v_upper
+              AND m.window_end > v_now - v_window - make_interval(secs => p_lockout_secs))
         GROUP BY l.key
     ), refused AS (
         SELECT k.key, k.latest, k.cur, k.prev, k.locked_until

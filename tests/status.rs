@@ -258,8 +258,8 @@ async fn hostile_keys_never_break_the_listing() {
     );
 }
 
-/// The listing reaches the table by one range of the primary key's index,
-/// as the limiter's role, never by a scan of the table.
+/// The listing reaches the table by index ranges of the limit's keys, as
+/// the limiter's role, never by a scan of the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listing_is_an_index_range_of_the_limits_keys() {
     let db = fresh_db().await;
@@ -285,6 +285,60 @@ async fn the_listing_is_an_index_range_of_the_limits_keys() {
         .find(|line| line.contains("Index Cond") && line.contains(">="))
         .unwrap_or_else(|| panic!("no index range in the listing's plans: {plans:?}"));
     assert!(range.contains("key") && range.contains('<'), "{range}");
+}
+
+/// A flood of keys below their max costs the listing nothing: with 100,000
+/// keys of the limit counted once and three refused, the listing finds the
+/// three, and no step of its plan reads more than a few rows (it reads the
+/// keys a writer left at their max, not the limit's every key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listings_cost_follows_the_refused_keys_not_the_flood() {
+    let db = fresh_db().await;
+    let login = limit("login", 3);
+    let mut system = db.connect().await;
+    common::db::as_system(
+        &mut system,
+        "INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count)
+         SELECT 'login|id|flood-' || g, w.start, w.start + make_interval(secs => $1), 1
+         FROM generate_series(1, 100000) AS g,
+              (SELECT date_bin(make_interval(secs => $1), now(),
+                               timestamptz '1970-01-01 00:00:00+00') AS start) AS w",
+        &[&f64::from(u32::try_from(LONG_WINDOW.as_secs()).unwrap())],
+    )
+    .await;
+    let service = limiter_on(db.config());
+    for who in ["a", "b", "c"] {
+        for _ in 0..3 {
+            service.failed(&login, &Key::opaque(who)).await.unwrap();
+        }
+    }
+
+    let (held, plans) = explained(&db).await;
+    held.lock()
+        .await
+        .batch_execute("SET auto_explain.log_analyze = on")
+        .await
+        .unwrap();
+    let limiter = Limiter::builder(Postgres::new(lend(held)))
+        .budget(PATIENT)
+        .build()
+        .unwrap();
+    plans.lock().unwrap().clear();
+    let listed = limiter.refused_keys(&login, 100).await.unwrap();
+    let keys: Vec<&str> = listed.iter().map(|s| s.key()).collect();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert_index_plans(&plans, "the listing");
+    let plans = plans.lock().unwrap();
+    let most = plans
+        .iter()
+        .flat_map(|plan| plan.lines())
+        .filter_map(|line| {
+            let rows = line.split("actual time=").nth(1)?.split("rows=").nth(1)?;
+            rows.split(' ').next()?.parse::<u64>().ok()
+        })
+        .max()
+        .unwrap_or_else(|| panic!("no analysed plan: {plans:?}"));
+    assert!(most <= 10, "a step of the listing read {most} rows: {plans:?}");
 }
 
 /// A login granted nothing cannot list; PUBLIC may not execute the listing;

@@ -142,7 +142,7 @@ pub struct Op {
     cost: u32,
     /// The max of the tier the call asks its limit under (`Limit::with_max`),
     /// or 0 for the limit's own.
-    tier: u32,
+    pub tier: u32,
 }
 
 impl Op {

@@ -1,6 +1,6 @@
 //! [`Memory`]: the in-process fake, for callers' unit tests.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
@@ -58,6 +58,9 @@ struct State {
 #[derive(Debug, Default)]
 struct Windows {
     counts: BTreeMap<i64, u64>,
+    /// The windows a write left at its limit's max, as the table's `at_max`:
+    /// the only ones the listing reads.
+    at_max: BTreeSet<i64>,
     /// Bounded: until when a verdict may still read one of these windows;
     /// past it the key can go.
     read_until: i64,
@@ -160,6 +163,16 @@ impl Memory {
             let count = key_windows.counts.entry(start).or_insert(0);
             *count = count.saturating_add(n).min(MAX_COUNT);
             let count = *count;
+            let left = Counted {
+                count,
+                previous,
+                locked_until: None,
+                window_end: from_micros(end),
+                now: from_micros(now_micros),
+            };
+            if !decision(Counting::CHECK, limit, 1, &left).allowed {
+                key_windows.at_max.insert(start);
+            }
             if self.capacity.is_some() {
                 key_windows.keep_what_is_read(limit, start, width, lockout, now_micros);
             }
@@ -214,6 +227,8 @@ impl Windows {
             .filter(|&s| lockout > 0 && s.saturating_add(width).saturating_add(lockout) > now);
         self.counts
             .retain(|&s, _| s >= previous || Some(s) == locking);
+        let counts = &self.counts;
+        self.at_max.retain(|s| counts.contains_key(s));
         self.read_until = self
             .counts
             .iter()
@@ -339,6 +354,15 @@ impl sealed::Sealed for Memory {
             .keys
             .iter()
             .filter(|(key, _)| key.starts_with(prefix))
+            // As the SQL: only keys a write left at its max, in a window
+            // that can still refuse.
+            .filter(|(_, w)| {
+                let width = i64::try_from(limit.window_secs()).unwrap_or(i64::MAX) * 1_000_000;
+                let lockout = i64::try_from(limit.lockout_secs()).unwrap_or(i64::MAX) * 1_000_000;
+                w.at_max.iter().any(|&s| {
+                    s.saturating_add(width) > now.saturating_sub(width).saturating_sub(lockout)
+                })
+            })
             .map(|(key, w)| {
                 let latest = w.counts.keys().next_back().copied().unwrap_or(i64::MIN);
                 (key.clone(), latest)
