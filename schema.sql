@@ -567,6 +567,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_now pg_catalog.timestamptz;
+    v_mark pg_catalog.bool;
 BEGIN
     -- prologue
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
@@ -670,8 +671,10 @@ BEGIN
         SELECT array_agg(d.previous ORDER BY d.ord), array_agg(d.locked_for ORDER BY d.ord),
                bool_and(d.locked_for = 0
                         AND NOT platformkit.platformkit_at_max(d.count - 1, d.previous, d.w,
-                                                              o_now - d.start_us, d.max))
-        INTO o_previous, o_locked_for, o_added
+                                                              o_now - d.start_us, d.max)),
+               bool_or(platformkit.platformkit_at_max(d.count, d.previous, d.w,
+                                                      o_now - d.start_us, d.max))
+        INTO o_previous, o_locked_for, o_added, v_mark
         FROM (
             SELECT a.ord, a.max, a.count, a.w, a.window_end - a.w AS start_us,
                    CASE WHEN a.sliding THEN
@@ -696,14 +699,17 @@ BEGIN
         IF NOT o_added THEN
             RAISE EXCEPTION USING ERRCODE = 'PK003';
         END IF;
-        -- The keys left at their max: marked, as add marks them.
-        UPDATE platformkit.platformkit_limits AS l SET at_max = true
-        FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)
-             AS t(key, secs, max, count, previous, window_end)
-        WHERE platformkit.platformkit_at_max(t.count, t.previous, t.secs::numeric * 1000000,
-                                             o_now - (t.window_end - t.secs * 1000000), t.max)
-          AND l.key = t.key AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
-          AND NOT l.at_max;
+        -- The keys left at their max, if any (v_mark): marked, as add marks them.
+        IF v_mark THEN
+            UPDATE platformkit.platformkit_limits AS l SET at_max = true
+            FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)
+                 AS t(key, secs, max, count, previous, window_end)
+            WHERE platformkit.platformkit_at_max(t.count, t.previous, t.secs::numeric * 1000000,
+                                                 o_now - (t.window_end - t.secs * 1000000), t.max)
+              AND l.key = t.key
+              AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
+              AND NOT l.at_max;
+        END IF;
     EXCEPTION WHEN SQLSTATE 'PK003' THEN
         -- Nothing is left to make durable, so the commit need not wait for the
         -- WAL. The counts before the call: variables keep what the block set.
