@@ -43,6 +43,12 @@
 //!   million fresh keys (`BENCH_DISTINCT_KEYS`) written with the defaults
 //!   as fast as they go, the table's bytes per row, then their purge while
 //!   16 writers count, against the same writers alone;
+//! - the operator's listing at millions of keys ([`listing`]), in two
+//!   databases of their own: `refused_keys(&limit, 100)` over two million
+//!   distinct keys of one limit below its max (`BENCH_LISTING_KEYS`; a
+//!   hundred thousand in quick mode) and ten keys refused through the
+//!   limiter, against the same listing over the ten refused keys alone,
+//!   measured right before it;
 //! - a real outage ([`outage`]), on a server of its own, stopped and
 //!   started again, on each driver built in.
 //!
@@ -66,12 +72,19 @@
 //! BENCH_ROUNDS=3 cargo bench --bench limiter   # fewer rounds
 //! BENCH_QUICK=1 cargo bench --bench limiter    # one short round, for CI
 //! BENCH_DISTINCT_KEYS=10000000 cargo bench --bench limiter  # a flood of 10 million keys
+//! BENCH_LISTING_KEYS=5000000 cargo bench --bench limiter   # the listing over 5 million keys
+//! BENCH_ONLY=listing cargo bench --bench limiter           # the listing alone
 //! ```
+//!
+//! `BENCH_ONLY=listing` runs the listing's group alone (in quick mode too),
+//! prints its lines and its target, and writes no JSON, so that a whole
+//! run's stays as it was.
 //!
 //! It is a measurement, not a test: targets that do not hold are reported,
 //! and the process still succeeds. The exceptions are the checks of what the
 //! purge left (every closed window gone, every count of the open ones
-//! intact, none of the flood's keys left): a wrong answer there is a bug,
+//! intact, none of the flood's keys left) and of what the listing found
+//! (the refused keys, no more, no fewer): a wrong answer there is a bug,
 //! and fails the process once the report is written. A floor statement
 //! that cannot be cut out of the schema stops the run before anything is
 //! measured.
@@ -80,6 +93,7 @@ mod attack;
 mod distinct;
 mod flood;
 mod floors;
+mod listing;
 mod measure;
 mod operations;
 mod outage;
@@ -136,15 +150,26 @@ struct Mode {
     /// The distinct keys of the flood purged after it (`BENCH_DISTINCT_KEYS`
     /// in a full run).
     distinct_keys: u64,
+    /// The distinct keys the listing is measured over
+    /// (`BENCH_LISTING_KEYS` in a full run).
+    listing_keys: u64,
+    /// `BENCH_ONLY=listing`: the listing's group alone.
+    only_listing: bool,
 }
 
 impl Mode {
     /// `BENCH_QUICK=1` or `--quick`: one short round. `BENCH_ROUNDS=n` sets
-    /// the rounds of a full run (5 by default). Other arguments (cargo
-    /// passes `--bench`) are ignored.
+    /// the rounds of a full run (5 by default). `BENCH_ONLY=listing` runs
+    /// the listing's group alone. Other arguments (cargo passes `--bench`)
+    /// are ignored.
     fn from_env_and_args() -> Mode {
         let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
             || std::env::args().skip(1).any(|arg| arg == "--quick");
+        let only_listing = match std::env::var("BENCH_ONLY").as_deref() {
+            Err(_) | Ok("") => false,
+            Ok("listing") => true,
+            Ok(other) => panic!("BENCH_ONLY={other}: the one group that runs alone is `listing`"),
+        };
         if quick {
             Mode {
                 quick,
@@ -154,6 +179,8 @@ impl Mode {
                 purge_closed: 20_000,
                 purge_open: 5_000,
                 distinct_keys: 20_000,
+                listing_keys: 100_000,
+                only_listing,
             }
         } else {
             let rounds = std::env::var("BENCH_ROUNDS")
@@ -173,6 +200,12 @@ impl Mode {
                     .and_then(|v| v.parse().ok())
                     .filter(|&n| n > 0)
                     .unwrap_or(1_000_000),
+                listing_keys: std::env::var("BENCH_LISTING_KEYS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n| n > 0)
+                    .unwrap_or(2_000_000),
+                only_listing,
             }
         }
     }
@@ -221,6 +254,10 @@ async fn run(mode: Mode) -> bool {
         mode.measure.as_millis()
     );
     println!("{floors}");
+
+    if mode.only_listing {
+        return listing_alone(&server, mode).await;
+    }
 
     // The longest window, so that no run crosses into a new window midway
     // and the rows written before it stay current.
@@ -355,6 +392,14 @@ async fn run(mode: Mode) -> bool {
         distinct_began.elapsed().as_secs_f64()
     );
 
+    eprintln!("the listing at millions of keys ...");
+    let listing_began = Instant::now();
+    let listing = listing::run(&server, mode).await;
+    eprintln!(
+        "the listing done in {:.1}s",
+        listing_began.elapsed().as_secs_f64()
+    );
+
     eprintln!("a real outage on each driver ...");
     let outage_began = Instant::now();
     let outages = outage::run(mode).await;
@@ -371,6 +416,7 @@ async fn run(mode: Mode) -> bool {
         random_updates,
         hot_updates,
     );
+    targets.extend(targets::listing(&listing));
     targets.extend(targets::outage(&outages));
     let report = report::Report {
         mode,
@@ -383,11 +429,30 @@ async fn run(mode: Mode) -> bool {
         flood: &flood_results,
         purge: &purge,
         distinct: &distinct,
+        listing: &listing,
         targets: &targets,
     };
     report.print();
     outage::print(&outages);
     report.write_json();
+    eprintln!("done in {:.1}s", began.elapsed().as_secs_f64());
+    targets
+        .iter()
+        .filter(|t| t.check)
+        .all(targets::Target::holds)
+}
+
+/// `BENCH_ONLY=listing`: the listing's group, its lines and its target;
+/// returns whether every check of correctness held.
+async fn listing_alone(server: &Server, mode: Mode) -> bool {
+    let began = Instant::now();
+    eprintln!("the listing at millions of keys, alone ...");
+    let listing = listing::run(server, mode).await;
+    println!();
+    listing::print(&listing);
+    let targets = targets::listing(&listing);
+    println!();
+    targets::print(&targets);
     eprintln!("done in {:.1}s", began.elapsed().as_secs_f64());
     targets
         .iter()

@@ -289,6 +289,7 @@ pub(crate) struct Report<'a> {
     pub(crate) flood: &'a crate::flood::FloodResults,
     pub(crate) purge: &'a PurgeReport,
     pub(crate) distinct: &'a crate::distinct::DistinctReport,
+    pub(crate) listing: &'a crate::listing::ListingReport,
     pub(crate) targets: &'a [Target],
 }
 
@@ -312,6 +313,8 @@ impl Report<'_> {
         crate::purge::print(self.purge);
         println!();
         crate::distinct::print(self.distinct);
+        println!();
+        crate::listing::print(self.listing);
         println!();
         println!(
             "heap-only (HOT) updates of platformkit.platformkit_limits, from pg_stat_user_tables:"
@@ -587,6 +590,7 @@ impl Report<'_> {
             flood: self.flood,
             purge: self.purge,
             distinct: self.distinct,
+            listing: self.listing,
             capacity: capacity(self.results, self.attack),
             targets: self.targets,
         }
@@ -608,6 +612,7 @@ struct Json<'a> {
     flood: &'a crate::flood::FloodResults,
     purge: &'a PurgeReport,
     distinct: &'a crate::distinct::DistinctReport,
+    listing: &'a crate::listing::ListingReport,
     capacity: Vec<Capacity>,
     targets: &'a [Target],
 }

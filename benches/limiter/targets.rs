@@ -11,6 +11,7 @@ use crate::WIDE;
 use crate::attack::{AttackResults, REFUSED_MAX};
 use crate::distinct::DistinctReport;
 use crate::flood::{FLOODERS, FloodResults};
+use crate::listing::ListingReport;
 use crate::measure::Summary;
 use crate::measure::Updates;
 use crate::operations::{Keys, REFUSED_KEYS, What};
@@ -129,6 +130,43 @@ pub(crate) fn outage(outages: &[crate::outage::Outage]) -> Vec<Target> {
         ));
     }
     targets
+}
+
+/// The listing's targets: its p50 over a flood of keys below their max
+/// within twice its p50 with the refused keys alone (its cost follows the
+/// refused keys, not the table), and the refused keys listed over both (a
+/// check).
+pub(crate) fn listing(listing: &ListingReport) -> Vec<Target> {
+    use Comparison::{AtMost, Exactly};
+    let (keys, refused, at_most) = (listing.keys, listing.refused, listing.at_most);
+    vec![
+        Target::new(
+            format!(
+                "refused_keys(&limit, {at_most}) p50 over {keys} keys below the max and \
+                 {refused} refused (1 connection)"
+            ),
+            format!("the same listing over the {refused} refused keys alone, right before it"),
+            listing.p50_ratios.iter().copied(),
+            AtMost,
+            2.0,
+        ),
+        Target::new(
+            format!("keys refused_keys listed over {keys} keys below the max"),
+            format!("the {refused} keys refused through the limiter"),
+            [listing.listed_flooded as f64],
+            Exactly,
+            refused as f64,
+        )
+        .check(),
+        Target::new(
+            "keys refused_keys listed over the refused keys alone",
+            format!("the {refused} keys refused through the limiter"),
+            [listing.listed_alone as f64],
+            Exactly,
+            refused as f64,
+        )
+        .check(),
+    ]
 }
 
 /// The floor of `failed` and `hit`.
