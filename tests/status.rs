@@ -338,7 +338,10 @@ async fn the_listings_cost_follows_the_refused_keys_not_the_flood() {
         })
         .max()
         .unwrap_or_else(|| panic!("no analysed plan: {plans:?}"));
-    assert!(most <= 10, "a step of the listing read {most} rows: {plans:?}");
+    assert!(
+        most <= 10,
+        "a step of the listing read {most} rows: {plans:?}"
+    );
 }
 
 /// A login granted nothing cannot list; PUBLIC may not execute the listing;
