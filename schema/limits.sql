@@ -211,13 +211,34 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_defs (
     defined_at   timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
 );
 
--- Both tables under row-level security, forced on their owner too.
+-- What support staff did to a key: each block, unblock and unlock an
+-- operator's call made (Limiter::block, unblock, unlock), who and why, written
+-- in the transaction that did it. Kept until an operator deletes it.
+CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_audit (
+    at      timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    by      text        NOT NULL,
+    action  text        NOT NULL,
+    key     text        COLLATE "C" NOT NULL,
+    until   timestamptz,
+    windows bigint,
+    reason  text        NOT NULL
+);
+DO $$
+BEGIN
+    IF pg_catalog.to_regclass('platformkit.platformkit_limit_audit_at') IS NULL THEN
+        CREATE INDEX platformkit_limit_audit_at ON platformkit.platformkit_limit_audit (at);
+    END IF;
+END
+$$;
+
+-- Every table under row-level security, forced on its owner too.
 DO $$
 DECLARE
     t pg_catalog.regclass;
 BEGIN
     FOREACH t IN ARRAY ARRAY['platformkit.platformkit_limits'::pg_catalog.regclass,
-                             'platformkit.platformkit_limit_defs'::pg_catalog.regclass] LOOP
+                             'platformkit.platformkit_limit_defs'::pg_catalog.regclass,
+                             'platformkit.platformkit_limit_audit'::pg_catalog.regclass] LOOP
         IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
                 FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
             EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', t);
@@ -244,7 +265,7 @@ DO $$
 DECLARE
     t pg_catalog.text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['platformkit_limits', 'platformkit_limit_defs'] LOOP
+    FOREACH t IN ARRAY ARRAY['platformkit_limits', 'platformkit_limit_defs', 'platformkit_limit_audit'] LOOP
         IF NOT EXISTS (
             SELECT 1 FROM pg_catalog.pg_policy
             WHERE polrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.concat('platformkit.', t))
@@ -271,8 +292,8 @@ $$;
 
 -- Adds p_add to the key's count in the current window. Returns the count, the
 -- window's end, the time, the previous window's count (p_previous) and the
--- lockout still to run (p_lockout_secs > 0: the latest earlier window that
--- reached p_max, its end plus the lockout), 0 where none.
+-- lockout still to run (the latest earlier window that reached p_max, its end
+-- plus p_lockout_secs: a lockout, or a block), 0 where none.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add(
     p_key text, p_add bigint, p_window_secs bigint, p_at bigint,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
@@ -317,12 +338,10 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        CASE WHEN p_lockout_secs > 0 THEN
-            (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
-             FROM platformkit.platformkit_limits AS x
-             WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-               AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
-        END,
+        (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
+         FROM platformkit.platformkit_limits AS x
+         WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
+           AND x.window_end + make_interval(secs => p_lockout_secs) > v_now),
         l.at_max
     INTO o_count, o_previous, v_locked, v_marked;
     -- end of statement
@@ -410,32 +429,25 @@ BEGIN
         -- Raised after the upsert: this transaction, and what it wrote, ends here.
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    -- The previous windows and the lockouts, only when a pair needs them.
-    IF p_previous OR 0 < ANY (p_lockout_secs) THEN
-        SELECT array_agg(
-                   CASE WHEN p_previous THEN
-                       COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
-                                 WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
-                   ELSE 0 END
-                   ORDER BY a.ord),
-               array_agg(
-                   CASE WHEN a.lockout > 0 THEN
-                       COALESCE(platformkit.platformkit_us(
-                           (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                            FROM platformkit.platformkit_limits AS x
-                            WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                              AND x.window_end + make_interval(secs => a.lockout) > v_now)) - o_now, 0)
-                   ELSE 0 END
-                   ORDER BY a.ord)
-        INTO o_previous, o_locked_for
-        FROM (SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
-                     platformkit.platformkit_at(t.window_end) - make_interval(secs => t.secs) AS start
-              FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, o_window_ends)
-                   WITH ORDINALITY AS t(key, secs, max, lockout, window_end, ord)) AS a;
-    ELSE
-        o_previous := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
-        o_locked_for := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
-    END IF;
+    -- The previous windows and the lockouts (a block is one).
+    SELECT array_agg(
+               CASE WHEN p_previous THEN
+                   COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
+                             WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
+               ELSE 0 END
+               ORDER BY a.ord),
+           array_agg(
+               COALESCE(platformkit.platformkit_us(
+                   (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                    FROM platformkit.platformkit_limits AS x
+                    WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                      AND x.window_end + make_interval(secs => a.lockout) > v_now)) - o_now, 0)
+               ORDER BY a.ord)
+    INTO o_previous, o_locked_for
+    FROM (SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
+                 platformkit.platformkit_at(t.window_end) - make_interval(secs => t.secs) AS start
+          FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, o_window_ends)
+               WITH ORDINALITY AS t(key, secs, max, lockout, window_end, ord)) AS a;
     -- The keys left at their max, if any may be (v_mark): marked, as add
     -- marks them.
     IF v_mark THEN
@@ -537,13 +549,11 @@ BEGIN
                        COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
                                  WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                    ELSE 0 END AS previous,
-                   CASE WHEN a.lockout > 0 THEN
-                       COALESCE(platformkit.platformkit_us(
-                           (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                            FROM platformkit.platformkit_limits AS x
-                            WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                              AND x.window_end + make_interval(secs => a.lockout) > v_now)) - o_now, 0)
-                   ELSE 0 END AS locked_for
+                   COALESCE(platformkit.platformkit_us(
+                       (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                        FROM platformkit.platformkit_limits AS x
+                        WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                          AND x.window_end + make_interval(secs => a.lockout) > v_now)) - o_now, 0) AS locked_for
             FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, t.count, t.window_end,
                          t.secs::numeric * 1000000 AS w,
                          make_interval(secs => t.secs) AS width,
@@ -629,13 +639,11 @@ BEGIN
             COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
                       WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
         ELSE 0 END,
-        CASE WHEN a.lockout > 0 THEN
-            COALESCE(platformkit.platformkit_us(
-                (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                 FROM platformkit.platformkit_limits AS x
-                 WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                   AND x.window_end + make_interval(secs => a.lockout) > v_now)) - v_now_us, 0)
-        ELSE 0 END]) WITH ORDINALITY AS x(v, i);
+        COALESCE(platformkit.platformkit_us(
+            (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+             FROM platformkit.platformkit_limits AS x
+             WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+               AND x.window_end + make_interval(secs => a.lockout) > v_now)) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
@@ -679,12 +687,10 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        CASE WHEN p_lockout_secs > 0 THEN
-            (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
-             FROM platformkit.platformkit_limits AS x
-             WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-               AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
-        END
+        (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
+         FROM platformkit.platformkit_limits AS x
+         WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
+           AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
     INTO v_count, v_previous, v_locked;
     -- end of statement
     v_now_us := platformkit.platformkit_us(v_now);
@@ -746,12 +752,10 @@ BEGIN
                CASE WHEN p_previous THEN
                    COALESCE(max(l.count) FILTER (WHERE l.window_start = v_start - v_window), 0)
                ELSE 0 END AS prev,
-               CASE WHEN p_lockout_secs > 0 THEN
-                   max(l.window_end) FILTER (
-                       WHERE l.window_start < v_start AND l.count >= p_max
-                         AND l.window_end + make_interval(secs => p_lockout_secs) > v_now)
-                   + make_interval(secs => p_lockout_secs)
-               END AS locked_until
+               max(l.window_end) FILTER (
+                   WHERE l.window_start < v_start AND l.count >= p_max
+                     AND l.window_end + make_interval(secs => p_lockout_secs) > v_now)
+               + make_interval(secs => p_lockout_secs) AS locked_until
         FROM platformkit.platformkit_limits AS l
         WHERE l.key IN (
             -- Only keys a writer left at their max, in a window that can still
@@ -857,6 +861,96 @@ BEGIN
     FROM (SELECT * FROM platformkit.platformkit_limit_defs ORDER BY name LIMIT 1000) AS d
     CROSS JOIN LATERAL unnest(ARRAY[d.max, d.window_secs, d.sliding::pg_catalog.int4, d.lockout_secs])
         WITH ORDINALITY AS u(n, i);
+    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
+END
+$$;
+
+-- An operator's action, audited. 'block': the key refused for p_for_secs
+-- under the limit (p_window_secs, p_lockout_secs): a row no window can be (its
+-- start and end a whole second and 1 µs, the start before any window that holds
+-- the time) at the largest count, which every call reads as a lockout, ending
+-- at o_until; a block the key had goes. 'unblock': the key's blocks go.
+-- 'unlock': every window of the key goes, blocks included. Returns how many
+-- rows went, and a block's end (µs; 0 for the others).
+CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_operate(
+    p_action text, p_key text, p_for_secs bigint, p_window_secs bigint,
+    p_lockout_secs bigint, p_at bigint, p_by text, p_reason text, p_budget_ms bigint,
+    INOUT o_deleted bigint DEFAULT NULL,
+    INOUT o_until bigint DEFAULT NULL)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now pg_catalog.timestamptz;
+    v_to pg_catalog.timestamptz;
+BEGIN
+    -- prologue: schema/prologue.sql
+    IF p_action IS NULL OR p_action NOT IN ('block', 'unblock', 'unlock')
+       OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
+       OR p_by IS NULL OR octet_length(p_by) NOT BETWEEN 1 AND 200
+       OR p_reason IS NULL OR octet_length(p_reason) NOT BETWEEN 1 AND 1000
+       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
+       OR (p_action = 'block' AND (
+           p_for_secs IS NULL OR p_for_secs NOT BETWEEN 1 AND 2592000
+           OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+           OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
+           OR p_for_secs + p_window_secs + 2 > platformkit.platformkit_max_window_secs())) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    -- A block's row is the one whose start is not a whole second.
+    DELETE FROM platformkit.platformkit_limits
+    WHERE key = p_key
+      AND (p_action = 'unlock' OR pg_catalog.date_part('microseconds', window_start)::int8 % 1000000 = 1);
+    GET DIAGNOSTICS o_deleted = ROW_COUNT;
+    IF p_action = 'block' THEN
+        v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
+        v_to := date_trunc('second', v_now + make_interval(secs => p_for_secs - p_lockout_secs))
+                + interval '1.000001 seconds';
+        INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count, at_max)
+        VALUES (p_key,
+                date_trunc('second', LEAST(v_now - make_interval(secs => p_window_secs), v_to))
+                    - interval '1 second' + interval '1 microsecond',
+                v_to, 9223372036854775807, true);
+        o_until := platformkit.platformkit_us(v_to + make_interval(secs => p_lockout_secs));
+    END IF;
+    INSERT INTO platformkit.platformkit_limit_audit (by, action, key, until, windows, reason)
+    VALUES (p_by, p_action, p_key, platformkit.platformkit_at(o_until),
+            CASE WHEN p_action = 'block' THEN NULL ELSE o_deleted END, p_reason);
+    o_until := COALESCE(o_until, 0);
+    COMMIT;
+END
+$$;
+
+-- The audit, newest first, at most p_at_most (1 to 1000) entries, of keys
+-- under p_prefix ('' for all): texts (by, action, key, reason) and integers
+-- (at, until or 0, windows or -1) an entry.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_audit_log(
+    p_prefix text, p_at_most bigint, p_budget_ms bigint,
+    OUT o_texts text[], OUT o_numbers bigint[])
+LANGUAGE plpgsql
+-- reader's settings: schema/readers_settings.sql
+AS $$
+DECLARE
+    v_switch pg_catalog.text;
+    v_set pg_catalog.text;
+BEGIN
+    -- reader's prologue: schema/readers_prologue.sql
+    IF p_prefix IS NULL OR octet_length(p_prefix) > platformkit.platformkit_max_key_bytes()
+       OR p_at_most IS NULL OR p_at_most NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    WITH e AS (
+        SELECT a.*, row_number() OVER (ORDER BY a.at DESC) AS ord
+        FROM (SELECT * FROM platformkit.platformkit_limit_audit AS l
+              WHERE left(l.key, octet_length(p_prefix)) = p_prefix
+              ORDER BY l.at DESC LIMIT p_at_most) AS a
+    )
+    SELECT (SELECT COALESCE(array_agg(t.v ORDER BY e.ord, t.i), '{}')
+            FROM e, unnest(ARRAY[e.by, e.action, e.key, e.reason]) WITH ORDINALITY AS t(v, i)),
+           (SELECT COALESCE(array_agg(t.v ORDER BY e.ord, t.i), '{}')
+            FROM e, unnest(ARRAY[platformkit.platformkit_us(e.at),
+                                 COALESCE(platformkit.platformkit_us(e.until), 0),
+                                 COALESCE(e.windows, -1)]) WITH ORDINALITY AS t(v, i))
+    INTO o_texts, o_numbers;
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;

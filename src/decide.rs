@@ -14,8 +14,8 @@ pub struct Counted {
     pub count: u64,
     /// The count of the window before, for sliding windows (0 for fixed).
     pub previous: u64,
-    /// For a limit with a lockout: when the lockout of the latest earlier
-    /// window whose count reached max ends, if that is still to come.
+    /// When the lockout of the latest earlier window whose count reached
+    /// max ends (a block is one, under any limit), if that is still to come.
     pub locked_until: Option<SystemTime>,
     /// When the current window closes.
     pub window_end: SystemTime,
@@ -106,14 +106,13 @@ pub(crate) fn decision(op: Counting, limit: &Limit, cost: u32, counted: &Counted
     } else {
         (i128::from(cost) - 1) * w
     };
-    // A lockout: an earlier window that reached max (the store says), or
-    // the current one before this call's own ask.
+    // A lockout: an earlier window that reached max, or a block (the store
+    // says), or the current one before this call's own ask.
     let locked_until = match limit.lockout() {
         Some(lockout) if cur - own / w >= max => {
             Some(counted.window_end + lockout).max(counted.locked_until)
         }
-        Some(_) => counted.locked_until,
-        None => None,
+        _ => counted.locked_until,
     }
     .filter(|&until| until > counted.now);
     let allowed = weighted - own + unasked < max * w && locked_until.is_none();

@@ -55,6 +55,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 
+mod audit;
 mod cache;
 mod call;
 #[cfg(feature = "internal-checks")]
@@ -79,6 +80,7 @@ mod store;
 mod trace;
 mod verdict;
 
+pub use crate::audit::{AuditAction, AuditEntry};
 pub use crate::clock::ManualClock;
 pub use crate::driver::LimitConn;
 pub use crate::error::{BoxError, Error, ErrorKind};

@@ -24,13 +24,14 @@ pub(crate) enum Operation {
     RefusedKeys,
     /// Applies the schema (in errors only).
     Migrate,
-    /// Records a limit's definition, or reads them (in errors only).
-    Limits,
+    /// An operator's call that counts nothing: a limit recorded or read,
+    /// a block, the audit (in errors only).
+    Operator,
 }
 
 impl Operation {
     /// Every operation the metrics label, in the order the docs list them
-    /// (all but [`Operation::Migrate`] and [`Operation::Limits`]).
+    /// (all but [`Operation::Migrate`] and [`Operation::Operator`]).
     #[cfg(test)]
     pub(crate) const ALL: [Operation; 8] = [
         Operation::Check,
@@ -53,7 +54,7 @@ impl Operation {
             | Operation::Purge
             | Operation::RefusedKeys
             | Operation::Migrate
-            | Operation::Limits => false,
+            | Operation::Operator => false,
         }
     }
 
@@ -69,7 +70,7 @@ impl Operation {
             | Operation::Purge
             | Operation::RefusedKeys
             | Operation::Migrate
-            | Operation::Limits => false,
+            | Operation::Operator => false,
         }
     }
 
@@ -85,7 +86,7 @@ impl Operation {
             Operation::Purge => "purge",
             Operation::RefusedKeys => "refused_keys",
             Operation::Migrate => "migrate",
-            Operation::Limits => "limits",
+            Operation::Operator => "limits",
         }
     }
 }

@@ -228,8 +228,8 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
         .collect();
     assert_eq!(
         executable.len(),
-        23,
-        "seven procedures, four readers, the policy's function, the schema's version, \
+        25,
+        "eight procedures, five readers, the policy's function, the schema's version, \
          the seven bounds, the two conversions of an instant and the decision: {executable:?}"
     );
     assert!(

@@ -650,7 +650,11 @@ fn every_procedure_begins_with_the_same_prologue() {
         .split("CREATE OR REPLACE PROCEDURE")
         .skip(1)
         .collect();
-    assert_eq!(procedures.len(), 7, "the writers, define and purge");
+    assert_eq!(
+        procedures.len(),
+        8,
+        "the writers, define, operate and purge"
+    );
     same_prologue(&procedures, "-- prologue\n", "-- end of prologue\n");
     for procedure in &procedures {
         let name = procedure.split('(').next().unwrap_or_default().trim();
@@ -667,7 +671,11 @@ fn every_procedure_begins_with_the_same_prologue() {
         .split("CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_")
         .skip(1)
         .collect();
-    assert_eq!(readers.len(), 4, "read, read_many, list and the limits");
+    assert_eq!(
+        readers.len(),
+        5,
+        "read, read_many, list, the limits and the audit"
+    );
     same_prologue(
         &readers,
         "-- reader's prologue\n",

@@ -344,6 +344,131 @@ async fn the_listings_cost_follows_the_refused_keys_not_the_flood() {
     );
 }
 
+/// A block holds across windows, on every path a call takes (one key,
+/// several keys, all or nothing, a read), on another replica, until its
+/// end, then the key is open; a limit's lockout does not lengthen it; the
+/// listing shows it; an unblock ends it at once. Each action is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_holds_across_windows_on_every_path_until_its_end() {
+    let db = fresh_db().await;
+    let clock = pinned_clock();
+    let (support, service) = (
+        counting_every_call(db.config(), &clock),
+        counting_every_call(db.config(), &clock),
+    );
+    let quarter = Duration::from_secs(15 * 60);
+    let login = Limit::builder("login", 5, quarter)
+        .lockout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let api = Limit::new("api", 100, Duration::from_secs(60)).unwrap();
+    let mallory = Key::email("mallory@example.com");
+    let until = support
+        .block(
+            &login,
+            &mallory,
+            Duration::from_secs(7200),
+            "ann",
+            "ticket 7",
+        )
+        .await
+        .unwrap();
+    let blocked_for = until.duration_since(clock.now()).unwrap();
+    assert!(
+        blocked_for >= Duration::from_secs(7200) && blocked_for <= Duration::from_secs(7202),
+        "{blocked_for:?}"
+    );
+
+    for advance in [Duration::ZERO, quarter, 5 * quarter] {
+        clock.advance(advance);
+        let pairs = [(&login, &mallory), (&api, &mallory)];
+        assert!(service.check(&login, &mallory).await.unwrap().is_refused());
+        let failed = service.failed(&login, &mallory).await.unwrap();
+        assert!(failed.is_refused());
+        assert_eq!(failed.reopens_at(), Some(until), "{failed:?}");
+        assert!(service.check_all(&pairs).await.unwrap().is_refused());
+        assert!(service.hit_all(&pairs).await.unwrap().is_refused());
+        assert!(
+            service
+                .hit_all_or_nothing(&pairs)
+                .await
+                .unwrap()
+                .is_refused()
+        );
+        let status = support.status(&login, &mallory).await.unwrap();
+        assert_eq!(status.locked_until(), Some(until));
+        let listed = support.refused_keys(&login, 10).await.unwrap();
+        assert_eq!(
+            listed.iter().map(|s| s.key()).collect::<Vec<_>>(),
+            ["email|mallory@example.com"]
+        );
+    }
+    // Under a limit without a lockout too.
+    assert!(service.check(&api, &mallory).await.unwrap().is_allowed());
+    support
+        .block(&api, &mallory, Duration::from_secs(60), "ann", "api abuse")
+        .await
+        .unwrap();
+    assert!(service.check(&api, &mallory).await.unwrap().is_refused());
+    assert!(service.hit(&api, &mallory).await.unwrap().is_refused());
+    // Past its end, and with no full window of its own: open.
+    clock.set(until);
+    support.reset(&login, &mallory).await.unwrap();
+    support
+        .block(&login, &mallory, Duration::from_secs(60), "ann", "again")
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(62));
+    assert!(service.check(&login, &mallory).await.unwrap().is_allowed());
+
+    support
+        .block(
+            &login,
+            &mallory,
+            Duration::from_secs(600),
+            "ann",
+            "once more",
+        )
+        .await
+        .unwrap();
+    assert!(service.check(&login, &mallory).await.unwrap().is_refused());
+    assert_eq!(
+        support
+            .unblock(&login, &mallory, "bob", "verified")
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(service.check(&login, &mallory).await.unwrap().is_allowed());
+    let actions: Vec<_> = support
+        .audit(Some(&login), 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e.by().to_owned(),
+                e.action().as_str(),
+                e.reason().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("bob".to_owned(), "unblock", "verified".to_owned()),
+            ("ann".to_owned(), "block", "once more".to_owned()),
+            ("ann".to_owned(), "block", "again".to_owned()),
+            ("ann".to_owned(), "block", "ticket 7".to_owned()),
+        ]
+    );
+    let wrong = support
+        .block(&login, &mallory, Duration::from_secs(60), "", "no one")
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.kind(), ErrorKind::InvalidOption);
+}
+
 /// A login granted nothing cannot list; PUBLIC may not execute the listing;
 /// `grants` lets a role execute it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -469,10 +594,10 @@ async fn each_limit_is_recorded_as_built_and_any_replica_reads_it_back() {
 
 /// One account under every limit: the limits with a count for it, each
 /// decided under its own definition (refused under one, open under
-/// another), none for a limit it never touched; a reset everywhere clears
-/// them all and says which.
+/// another), none for a limit it never touched; an unlock everywhere
+/// clears them all, says which, and is in the audit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_accounts_statuses_across_limits_and_its_reset_everywhere() {
+async fn an_accounts_statuses_across_limits_and_its_unlock_everywhere() {
     let db = fresh_db().await;
     let service = limiter_on(db.config());
     let (login, api, export) = (limit("login", 2), limit("api", 100), limit("export", 1));
@@ -501,10 +626,34 @@ async fn an_accounts_statuses_across_limits_and_its_reset_everywhere() {
         ]
     );
 
-    let cleared = operator.reset_everywhere(&alice).await.unwrap();
+    let cleared = operator
+        .unlock_everywhere(&alice, "ann", "ticket 3")
+        .await
+        .unwrap();
     let cleared: Vec<_> = cleared.iter().map(|(l, n)| (l.name(), *n)).collect();
     assert_eq!(cleared, [("api", 1), ("login", 1)]);
     assert_eq!(operator.statuses(&alice).await.unwrap(), []);
+    let audit = operator.audit(None, 10).await.unwrap();
+    let audit: Vec<_> = audit
+        .iter()
+        .map(|e| {
+            (
+                e.by(),
+                e.action().as_str(),
+                e.limit(),
+                e.windows(),
+                e.reason(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        audit,
+        [
+            ("ann", "unlock", "login", Some(1), "ticket 3"),
+            ("ann", "unlock", "export", Some(0), "ticket 3"),
+            ("ann", "unlock", "api", Some(1), "ticket 3"),
+        ]
+    );
     assert!(service.check(&login, &alice).await.unwrap().is_allowed());
     // Bob's count under another limit is untouched.
     let bob = operator.statuses(&Key::email("bob@example.com")).await;

@@ -3,8 +3,9 @@
 //! and purges closed windows, on the database `DATABASE_URL` names.
 //! The crate platformkit-limit-cli, over the library's public API.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use platformkit_limit::{Key, KeyStatus, Limiter, Postgres, Strategy};
 
@@ -21,12 +22,20 @@ commands:
   status KEY                    the key under every limit that has a count for it
   status LIMIT KEY              the key under LIMIT: count, window end,
                                 reopening, lockout
-  reset LIMIT KEY               unlock: clear the key's windows under LIMIT
-  reset --every-limit KEY       unlock: clear the key under every limit
+  reset LIMIT KEY WHO           unlock: clear the key's windows under LIMIT
+  reset --every-limit KEY WHO   unlock: clear the key under every limit
+  block LIMIT KEY --for D WHO   refuse the key under LIMIT for D (30s, 15m,
+                                1h, 1d; at most 30d), whatever its count
+  unblock LIMIT KEY WHO         end the key's block, its counts kept
   locked LIMIT [--at-most N]    the keys LIMIT refuses now, newest first
                                 (N: 1 to 1000, 100 unless given)
+  audit [LIMIT] [--at-most N]   who reset, blocked or unblocked what, when
+                                and why, newest first
   purge                         delete closed windows, in batches, until done
   help                          this text
+
+WHO is --reason TEXT [--by NAME]: why, and who (the login's USER unless
+given), written with the action in the audit.
 
 LIMIT is a limit's name, as `limits` lists it: each limit is recorded, with
 its max, window and lockout, by the service's first call under it.
@@ -105,6 +114,8 @@ async fn run(args: &[String]) -> Result<(), Failure> {
         }
         "status" => status(rest).await,
         "reset" => reset(rest).await,
+        "block" | "unblock" => block(command == "block", rest).await,
+        "audit" => audit(rest).await,
         "locked" => locked(rest).await,
         "purge" => {
             no_more(rest)?;
@@ -229,9 +240,10 @@ async fn status(args: &[String]) -> Result<(), Failure> {
 }
 
 async fn reset(args: &[String]) -> Result<(), Failure> {
-    let (name, key) = match args {
-        [every, key] if every == "--every-limit" => (None, key),
-        [name, key] => (Some(name), key),
+    let (words, options) = options(args, &["--reason", "--by"], &["--every-limit"])?;
+    let (name, key) = match (&words[..], options.contains_key("--every-limit")) {
+        ([key], true) => (None, key),
+        ([name, key], false) => (Some(name), key),
         _ => {
             return Err(Failure::Usage(
                 "reset: LIMIT and KEY, or --every-limit and KEY".into(),
@@ -239,14 +251,16 @@ async fn reset(args: &[String]) -> Result<(), Failure> {
         }
     };
     let key: Key = key.parse()?;
+    let (by, reason) = who(&options)?;
     let limiter = limiter()?;
     let cleared: Vec<(String, u64)> = match name {
         Some(name) => {
-            let windows = limiter.reset(&limiter.limit(name).await?, &key).await?;
-            vec![(name.clone(), windows)]
+            let limit = limiter.limit(name).await?;
+            let windows = limiter.unlock(&limit, &key, &by, reason).await?;
+            vec![(name.to_string(), windows)]
         }
         None => limiter
-            .reset_everywhere(&key)
+            .unlock_everywhere(&key, &by, reason)
             .await?
             .into_iter()
             .map(|(limit, windows)| (limit.name().to_owned(), windows))
@@ -259,7 +273,7 @@ async fn reset(args: &[String]) -> Result<(), Failure> {
         return Err(Failure::Failed(format!(
             "nothing to reset: no window of {} is stored under {} (check the key)",
             key.spelling(),
-            name.map_or("any limit", String::as_str)
+            name.map_or("any limit", |n| n.as_str())
         )));
     }
     for (name, windows) in cleared {
@@ -268,12 +282,125 @@ async fn reset(args: &[String]) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn locked(args: &[String]) -> Result<(), Failure> {
-    let (name, at_most) = match args {
-        [name] => (name, 100),
-        [name, option, n] if option == "--at-most" => (name, number(n, "--at-most")?),
-        _ => return Err(Failure::Usage("locked: LIMIT [--at-most N]".into())),
+async fn block(blocking: bool, args: &[String]) -> Result<(), Failure> {
+    let allowed: &[&str] = if blocking {
+        &["--reason", "--by", "--for"]
+    } else {
+        &["--reason", "--by"]
     };
+    let (words, options) = options(args, allowed, &[])?;
+    let [name, key] = &words[..] else {
+        return Err(Failure::Usage("block, unblock: LIMIT and KEY".into()));
+    };
+    let key: Key = key.parse()?;
+    let (by, reason) = who(&options)?;
+    let limiter = limiter()?;
+    let limit = limiter.limit(name).await?;
+    if !blocking {
+        let ended = limiter.unblock(&limit, &key, &by, reason).await?;
+        if ended == 0 {
+            return Err(Failure::Failed(format!(
+                "nothing to unblock: {name} {} has no block",
+                key.spelling()
+            )));
+        }
+        println!("unblocked {name} {}", key.spelling());
+        return Ok(());
+    }
+    let length = options
+        .get("--for")
+        .ok_or_else(|| Failure::Usage("block: --for D is needed".into()))?;
+    let until = limiter
+        .block(&limit, &key, duration(length)?, &by, reason)
+        .await?;
+    println!("blocked {name} {} until {}", key.spelling(), utc(until));
+    Ok(())
+}
+
+async fn audit(args: &[String]) -> Result<(), Failure> {
+    let (words, options) = options(args, &["--at-most"], &[])?;
+    let at_most = options
+        .get("--at-most")
+        .map_or(Ok(100), |n| number(n, "--at-most"))?;
+    let limiter = limiter()?;
+    let limit = match &words[..] {
+        [] => None,
+        [name] => Some(limiter.limit(name).await?),
+        _ => return Err(Failure::Usage("audit: at most one LIMIT".into())),
+    };
+    let entries = limiter.audit(limit.as_ref(), at_most).await?;
+    if entries.is_empty() {
+        println!("the audit is empty");
+    }
+    for entry in &entries {
+        let key = Key::from_encoded(entry.key())
+            .map_or_else(|| format!("{:?}", entry.key()), |key| key.spelling());
+        let until = entry
+            .until()
+            .map_or_else(String::new, |at| format!(" until {}", utc(at)));
+        let windows = entry
+            .windows()
+            .map_or_else(String::new, |n| format!(" ({n} windows)"));
+        println!(
+            "{} {} {} {} {key}{until}{windows}: {}",
+            utc(entry.at()),
+            entry.by(),
+            entry.action().as_str(),
+            entry.limit(),
+            entry.reason()
+        );
+    }
+    Ok(())
+}
+
+/// Who did an operator's call and why: `--by` (or the login's `USER`) and
+/// `--reason`.
+fn who<'a>(options: &'a HashMap<&str, String>) -> Result<(String, &'a str), Failure> {
+    let reason = options
+        .get("--reason")
+        .ok_or_else(|| Failure::Usage("--reason TEXT is needed: the audit keeps why".into()))?;
+    let by = match options.get("--by") {
+        Some(by) => by.clone(),
+        None => std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .map_err(|_| Failure::Usage("--by NAME is needed: no USER to take it from".into()))?,
+    };
+    Ok((by, reason))
+}
+
+/// The words and the options of `args`: each of `valued` takes the next
+/// argument, each of `flags` none; anything else starting with `--` is a
+/// usage error.
+fn options<'a>(
+    args: &'a [String],
+    valued: &[&'static str],
+    flags: &[&'static str],
+) -> Result<(Vec<&'a String>, HashMap<&'static str, String>), Failure> {
+    let mut words = Vec::new();
+    let mut options = HashMap::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if let Some(&option) = valued.iter().find(|&&o| o == arg) {
+            options.insert(option, value(&mut args, option)?);
+        } else if let Some(&flag) = flags.iter().find(|&&f| f == arg) {
+            options.insert(flag, String::new());
+        } else if arg.starts_with("--") {
+            return Err(Failure::Usage(format!("unexpected {arg:?}")));
+        } else {
+            words.push(arg);
+        }
+    }
+    Ok((words, options))
+}
+
+async fn locked(args: &[String]) -> Result<(), Failure> {
+    let (words, options) = options(args, &["--at-most"], &[])?;
+    let [name] = &words[..] else {
+        return Err(Failure::Usage("locked: LIMIT [--at-most N]".into()));
+    };
+    let at_most = options
+        .get("--at-most")
+        .map_or(Ok(100), |n| number(n, "--at-most"))?;
     let limiter = limiter()?;
     let refused = limiter
         .refused_keys(&limiter.limit(name).await?, at_most)
@@ -335,6 +462,26 @@ fn value<'a>(args: &mut impl Iterator<Item = &'a String>, option: &str) -> Resul
 fn number(text: &str, option: &str) -> Result<usize, Failure> {
     text.parse()
         .map_err(|_| Failure::Usage(format!("{option}: {text:?} is not a whole number")))
+}
+
+/// `30s`, `15m`, `1h`, `1d`, or a number of seconds.
+fn duration(text: &str) -> Result<Duration, Failure> {
+    let bad = || Failure::Usage(format!("{text:?} is not a duration (30s, 15m, 1h, 1d)"));
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(scale)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
 }
 
 fn no_more(args: &[String]) -> Result<(), Failure> {

@@ -146,7 +146,12 @@ async fn status_locked_and_reset_of_a_locked_out_key() {
 
     // A wrong case in the limit's name: no such limit, and the ones there
     // are named. Another kind of key: nothing unlocked, said, and not 0.
-    let out = tool(Some(&db), &["reset", "Login", typed]);
+    let out = tool(
+        Some(&db),
+        &[
+            "reset", "Login", typed, "--reason", "ticket 1", "--by", "ann",
+        ],
+    );
     assert_exit(&out, 1, "a limit nobody recorded");
     assert!(
         stderr(&out).contains(
@@ -154,12 +159,28 @@ async fn status_locked_and_reset_of_a_locked_out_key() {
         ),
         "{out:?}"
     );
-    let out = tool(Some(&db), &["reset", "login", "user:alice@example.com"]);
+    let out = tool(
+        Some(&db),
+        &[
+            "reset",
+            "login",
+            "user:alice@example.com",
+            "--reason",
+            "ticket 1",
+            "--by",
+            "ann",
+        ],
+    );
     assert_exit(&out, 1, "a reset of nothing");
     assert!(stderr(&out).contains("nothing to reset"), "{out:?}");
     assert!(limiter.check(&login, &alice).await.unwrap().is_refused());
 
-    let out = tool(Some(&db), &["reset", "login", typed]);
+    let out = tool(
+        Some(&db),
+        &[
+            "reset", "login", typed, "--reason", "ticket 1", "--by", "ann",
+        ],
+    );
     assert_exit(&out, 0, "reset");
     assert!(stdout(&out).ends_with(": 1 windows\n"), "{out:?}");
     assert!(
@@ -233,14 +254,36 @@ async fn the_tool_reads_the_limits_the_service_recorded() {
     assert!(text.contains("locked until: "), "{text}");
     assert!(!text.contains("login-ip"), "{text}");
 
-    let out = tool(Some(&db), &["reset", "--every-limit", "alice@example.com"]);
+    let out = tool(
+        Some(&db),
+        &[
+            "reset",
+            "--every-limit",
+            "alice@example.com",
+            "--reason",
+            "ticket 1",
+            "--by",
+            "ann",
+        ],
+    );
     assert_exit(&out, 0, "reset everywhere");
     assert_eq!(
         stdout(&out),
         "reset login email|alice@example.com: 1 windows\n"
     );
     assert!(limiter.check(&login, &alice).await.unwrap().is_allowed());
-    let out = tool(Some(&db), &["reset", "--every-limit", "alice@example.com"]);
+    let out = tool(
+        Some(&db),
+        &[
+            "reset",
+            "--every-limit",
+            "alice@example.com",
+            "--reason",
+            "ticket 1",
+            "--by",
+            "ann",
+        ],
+    );
     assert_exit(&out, 1, "nothing left to reset");
     assert!(stderr(&out).contains("nothing to reset"), "{out:?}");
     let out = tool(Some(&db), &["status", "alice@example.com"]);
@@ -292,13 +335,109 @@ async fn a_key_is_typed_as_the_tool_shows_it() {
         );
     }
     for (typed, key) in [(" Carol@Example.com", &keys[3]), (&shown[0], &keys[0])] {
-        let out = tool(Some(&db), &["reset", "login", typed]);
+        let out = tool(
+            Some(&db),
+            &[
+                "reset", "login", typed, "--reason", "ticket 1", "--by", "ann",
+            ],
+        );
         assert_exit(&out, 0, typed);
         assert!(
             limiter.check(&login, key).await.unwrap().is_allowed(),
             "{typed}"
         );
     }
+}
+
+/// Support staff block an account with a reason: the service refuses it
+/// though it has no count, `status` and `locked` show the block's end; an
+/// unblock ends it, once; `audit` lists every action, newest first, with
+/// who and why. A block without a reason is a usage error and blocks
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_unblock_and_the_audit_trail() {
+    let db = fresh_db().await;
+    let limiter = Limiter::new(Postgres::new(db.config()));
+    let login = limit("login", 5);
+    limiter.record([&login]).await.unwrap();
+    let mallory = Key::email("mallory@example.com");
+    let typed = "mallory@example.com";
+
+    let out = tool(Some(&db), &["block", "login", typed, "--for", "1h"]);
+    assert_exit(&out, 2, "a block without a reason");
+    assert!(limiter.check(&login, &mallory).await.unwrap().is_allowed());
+
+    let why = "ticket 7: credential stuffing";
+    let block = [
+        "block", "login", typed, "--for", "1h", "--reason", why, "--by", "ann",
+    ];
+    let out = tool(Some(&db), &block);
+    assert_exit(&out, 0, "block");
+    assert!(
+        stdout(&out).starts_with("blocked login email|mallory@example.com until "),
+        "{out:?}"
+    );
+    let verdict = limiter.check(&login, &mallory).await.unwrap();
+    assert!(verdict.is_refused(), "{verdict:?}");
+    let retry = verdict.retry_after().expect("a block reopens");
+    assert!(
+        retry > Duration::from_secs(3590) && retry <= Duration::from_secs(3602),
+        "{retry:?}"
+    );
+    let text = stdout(&tool(Some(&db), &["status", typed]));
+    assert!(text.contains("count: 0 of 5\nrefused: yes\n"), "{text}");
+    assert!(text.contains("locked until: "), "{text}");
+    let text = stdout(&tool(Some(&db), &["locked", "login"]));
+    assert!(
+        text.starts_with("email|mallory@example.com count 0 of 5 reopens "),
+        "{text}"
+    );
+
+    let unblock = [
+        "unblock",
+        "login",
+        typed,
+        "--reason",
+        "owner verified",
+        "--by",
+        "bob",
+    ];
+    assert_exit(&tool(Some(&db), &unblock), 0, "unblock");
+    assert!(limiter.check(&login, &mallory).await.unwrap().is_allowed());
+    let out = tool(Some(&db), &unblock);
+    assert_exit(&out, 1, "nothing to unblock");
+    assert!(stderr(&out).contains("nothing to unblock"), "{out:?}");
+
+    for _ in 0..5 {
+        limiter.failed(&login, &mallory).await.unwrap();
+    }
+    let unlock = [
+        "reset",
+        "login",
+        typed,
+        "--reason",
+        "locked out at the desk",
+        "--by",
+        "carol",
+    ];
+    assert_exit(&tool(Some(&db), &unlock), 0, "reset");
+
+    let out = tool(Some(&db), &["audit"]);
+    assert_exit(&out, 0, "audit");
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    for (line, said) in lines.iter().zip([
+        "carol unlock login email|mallory@example.com (1 windows): locked out at the desk",
+        "bob unblock login email|mallory@example.com (0 windows): owner verified",
+        "bob unblock login email|mallory@example.com (1 windows): owner verified",
+        "ann block login email|mallory@example.com until ",
+    ]) {
+        assert!(line.contains(said), "{line:?} lacks {said:?}");
+    }
+    assert!(lines[3].ends_with(why), "{text}");
+    let out = tool(Some(&db), &["audit", "login", "--at-most", "1"]);
+    assert_eq!(stdout(&out).lines().count(), 1, "{out:?}");
 }
 
 /// `purge` runs until done and says how many rows went.
@@ -322,7 +461,12 @@ async fn errors_are_clear_with_their_exit_codes() {
     assert_exit(&out, 1, "no DATABASE_URL");
     assert!(stderr(&out).contains("DATABASE_URL is not set"), "{out:?}");
 
-    let out = tool(Some(&db), &["reset", "login", "alice"]);
+    let out = tool(
+        Some(&db),
+        &[
+            "reset", "login", "alice", "--reason", "ticket 1", "--by", "ann",
+        ],
+    );
     assert_exit(&out, 1, "a text in no form of key");
     for words in [
         "invalid key: type an email address",
@@ -332,7 +476,18 @@ async fn errors_are_clear_with_their_exit_codes() {
         assert!(stderr(&out).contains(words), "{words:?}: {out:?}");
     }
 
-    let out = tool(Some(&db), &["reset", "login", "ip:300.1.2.3"]);
+    let out = tool(
+        Some(&db),
+        &[
+            "reset",
+            "login",
+            "ip:300.1.2.3",
+            "--reason",
+            "ticket 1",
+            "--by",
+            "ann",
+        ],
+    );
     assert_exit(&out, 1, "a bad address");
     assert!(stderr(&out).contains("IPv4 or IPv6 address"), "{out:?}");
 

@@ -50,6 +50,13 @@ impl Limiter<Memory> {
     /// The longest TTL the refusal cache accepts.
     pub const MAX_REFUSAL_TTL: Duration = crate::cache::MAX_TTL;
 
+    /// The longest [`block`](Limiter::block): 30 days.
+    pub const MAX_BLOCK: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+    /// The most bytes of who did an operator's call, and of why, as the
+    /// audit keeps them ([`block`](Limiter::block)).
+    pub const MAX_AUDIT_BYTES: (usize, usize) = (200, 1000);
+
     /// How many refusals of one key within [`Limiter::FLOOD_SPAN`] make it
     /// flooded, answered by the refusal cache.
     pub const FLOOD_REFUSALS: usize = cache::FLOOD_REFUSALS;

@@ -7,11 +7,12 @@ use snafu::ensure;
 
 use crate::call::Call;
 use crate::decide::{Counted, decision};
-use crate::error::{InvalidLimitSnafu, InvalidOptionSnafu};
+use crate::error::{InvalidLimitSnafu, InvalidOptionSnafu, UnexpectedSnafu};
 use crate::key::stored;
 use crate::operation::{Counting, Operation};
+use crate::store::sealed::Sealed as _;
 use crate::store::{Asked, Store, count_pairs};
-use crate::{Error, Key, Limit, Limiter};
+use crate::{AuditAction, AuditEntry, Error, Key, Limit, Limiter};
 
 /// A key's state under a limit, read from the store without counting:
 /// what [`Limiter::status`] and [`Limiter::refused_keys`] answer. Decided
@@ -232,7 +233,7 @@ impl<S: Store> Limiter<S> {
         limits: impl IntoIterator<Item = &'a Limit>,
     ) -> Result<(), Error> {
         for limit in limits {
-            let call = Call::start(Operation::Limits, self.budget());
+            let call = Call::start(Operation::Operator, self.budget());
             let store = self.store();
             call.within_store(store, store.define(limit, call.deadline()))
                 .await?;
@@ -262,7 +263,7 @@ impl<S: Store> Limiter<S> {
     ///
     /// Any failure of the store, unreachable included.
     pub async fn limits(&self) -> Result<Vec<Limit>, Error> {
-        let call = Call::start(Operation::Limits, self.budget());
+        let call = Call::start(Operation::Operator, self.budget());
         call.within_store(self.store(), self.store().limits(call.deadline()))
             .await
     }
@@ -322,21 +323,195 @@ impl<S: Store> Limiter<S> {
         Ok(statuses)
     }
 
-    /// Clears `key` under every limit recorded: each limit's name and how
-    /// many of its windows went, for the limits that held any.
+    /// Refuses `key` under `limit` for `block_for` (whole seconds, at most
+    /// [`Limiter::MAX_BLOCK`], and with the limit's window at most
+    /// [`Limit::MAX_WINDOW`]), whatever its count: every call reads the
+    /// block as a lockout, on every replica; a block the key had is
+    /// replaced. Written with `by` (who) and `reason` in the
+    /// [audit](Limiter::audit), in the same transaction. Returns when it
+    /// ends, on the store's clock (within a second after `block_for`).
+    ///
+    /// ```
+    /// use platformkit_limit::{AuditAction, Key, Limit, Limiter, Memory};
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let login = Limit::new("login", 5, Duration::from_secs(900))?;
+    /// let mallory = Key::email("mallory@example.com");
+    /// limiter.block(&login, &mallory, Duration::from_secs(3600), "ann", "ticket 4121").await?;
+    /// assert!(limiter.check(&login, &mallory).await?.is_refused());
+    /// limiter.unblock(&login, &mallory, "bob", "cleared by security").await?;
+    /// assert!(limiter.check(&login, &mallory).await?.is_allowed());
+    /// let audit = limiter.audit(None, 10).await?;
+    /// assert_eq!(audit[0].action(), AuditAction::Unblock);
+    /// assert_eq!((audit[1].by(), audit[1].reason()), ("ann", "ticket 4121"));
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
     ///
     /// # Errors
     ///
-    /// As [`limits`](Limiter::limits) and [`reset`](Limiter::reset); a
-    /// failure stops at that limit, the ones before it cleared.
-    pub async fn reset_everywhere(&self, key: &Key) -> Result<Vec<(Limit, u64)>, Error> {
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
+    /// length out of bounds, or an empty or too long `by` or `reason`
+    /// ([`Limiter::MAX_AUDIT_BYTES`]); any failure of the store.
+    pub async fn block(
+        &self,
+        limit: &Limit,
+        key: &Key,
+        block_for: Duration,
+        by: &str,
+        reason: &str,
+    ) -> Result<SystemTime, Error> {
+        ensure!(
+            block_for >= Duration::from_secs(1)
+                && block_for <= Limiter::MAX_BLOCK
+                && block_for.subsec_nanos() == 0
+                && block_for + limit.window() + Duration::from_secs(2) <= Limit::MAX_WINDOW,
+            InvalidOptionSnafu {
+                option: "block_for",
+                reason: "a block lasts whole seconds, 1 s to 30 days, and with the limit's window at most 366 days",
+            }
+        );
+        let (_, until) = self
+            .operated(AuditAction::Block, limit, key, block_for, (by, reason))
+            .await?;
+        until.ok_or_else(|| {
+            UnexpectedSnafu {
+                operation: Operation::Operator,
+                what: "a block without its end",
+            }
+            .build()
+            .into()
+        })
+    }
+
+    /// Ends `key`'s block under `limit`, its counts kept, audited; how many
+    /// blocks went (0: it had none).
+    ///
+    /// # Errors
+    ///
+    /// As [`block`](Limiter::block).
+    pub async fn unblock(
+        &self,
+        limit: &Limit,
+        key: &Key,
+        by: &str,
+        reason: &str,
+    ) -> Result<u64, Error> {
+        let who = (by, reason);
+        Ok(self
+            .operated(AuditAction::Unblock, limit, key, Duration::ZERO, who)
+            .await?
+            .0)
+    }
+
+    /// [`reset`](Limiter::reset), audited: an operator's unlock of `key`
+    /// under `limit`, every window and block of it deleted; how many went.
+    ///
+    /// # Errors
+    ///
+    /// As [`block`](Limiter::block).
+    pub async fn unlock(
+        &self,
+        limit: &Limit,
+        key: &Key,
+        by: &str,
+        reason: &str,
+    ) -> Result<u64, Error> {
+        let who = (by, reason);
+        Ok(self
+            .operated(AuditAction::Unlock, limit, key, Duration::ZERO, who)
+            .await?
+            .0)
+    }
+
+    /// [`unlock`](Limiter::unlock)s `key` under every limit recorded: each
+    /// limit and how many of its windows went, for the limits that held any.
+    ///
+    /// # Errors
+    ///
+    /// As [`limits`](Limiter::limits) and [`unlock`](Limiter::unlock); a
+    /// failure stops at that limit, the ones before it unlocked.
+    pub async fn unlock_everywhere(
+        &self,
+        key: &Key,
+        by: &str,
+        reason: &str,
+    ) -> Result<Vec<(Limit, u64)>, Error> {
         let mut cleared = Vec::new();
         for limit in self.limits().await? {
-            let windows = self.reset(&limit, key).await?;
+            let windows = self.unlock(&limit, key, by, reason).await?;
             if windows > 0 {
                 cleared.push((limit, windows));
             }
         }
         Ok(cleared)
+    }
+
+    /// The audit, newest first, at most `at_most` entries (1 to
+    /// [`Limiter::MAX_REFUSED_KEYS`]), of `limit`'s keys or of every key.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for
+    /// `at_most` out of bounds; any failure of the store.
+    pub async fn audit(
+        &self,
+        limit: Option<&Limit>,
+        at_most: usize,
+    ) -> Result<Vec<AuditEntry>, Error> {
+        ensure!(
+            (1..=Limiter::MAX_REFUSED_KEYS).contains(&at_most),
+            InvalidOptionSnafu {
+                option: "at_most",
+                reason: format!("the audit lists 1 to {} entries", Limiter::MAX_REFUSED_KEYS),
+            }
+        );
+        let prefix = limit.map_or_else(String::new, |limit| format!("{}|", limit.name()));
+        let call = Call::start(Operation::Operator, self.budget());
+        let store = self.store();
+        call.within_store(store, store.audit(&prefix, at_most, call.deadline()))
+            .await
+    }
+
+    /// An operator's action on `key` under `limit`, audited.
+    async fn operated(
+        &self,
+        action: AuditAction,
+        limit: &Limit,
+        key: &Key,
+        block_for: Duration,
+        (by, reason): (&str, &str),
+    ) -> Result<(u64, Option<SystemTime>), Error> {
+        let (most_by, most_reason) = Limiter::MAX_AUDIT_BYTES;
+        ensure!(
+            (1..=most_by).contains(&by.len()) && (1..=most_reason).contains(&reason.len()),
+            InvalidOptionSnafu {
+                option: "by, reason",
+                reason: format!(
+                    "an operator's call says who (1 to {most_by} bytes) and why (1 to {most_reason} bytes)"
+                ),
+            }
+        );
+        let stored = stored(limit.name(), key);
+        let call = Call::start(Operation::Operator, self.budget());
+        self.refusals.forget(&stored);
+        if action == AuditAction::Unlock {
+            // The local count (if the limit ever fell back to it) too.
+            let _ = self.fallback.reset(&stored, call.deadline()).await;
+        }
+        let store = self.store();
+        let done = store.operate(
+            action,
+            (limit, &stored),
+            block_for,
+            (by, reason),
+            call.deadline(),
+        );
+        let result = call.within_store(store, done).await;
+        // Again: a refusal cached by a call that raced it is stale.
+        self.refusals.forget(&stored);
+        result
     }
 }

@@ -84,6 +84,26 @@ impl Sealed for Tally {
     async fn limits(&self, deadline: Instant) -> Result<Vec<Limit>, Error> {
         self.store.limits(deadline).await
     }
+    async fn operate(
+        &self,
+        action: crate::AuditAction,
+        pair: (&Limit, &str),
+        block_for: std::time::Duration,
+        who: (&str, &str),
+        deadline: Instant,
+    ) -> Result<(u64, Option<SystemTime>), Error> {
+        self.store
+            .operate(action, pair, block_for, who, deadline)
+            .await
+    }
+    async fn audit(
+        &self,
+        prefix: &str,
+        at_most: usize,
+        deadline: Instant,
+    ) -> Result<Vec<crate::AuditEntry>, Error> {
+        self.store.audit(prefix, at_most, deadline).await
+    }
     async fn reset(&self, key: &str, deadline: Instant) -> Result<u64, Error> {
         self.store.reset(key, deadline).await
     }

@@ -12,13 +12,13 @@ pub(crate) mod sql;
 pub(crate) mod statement;
 
 use std::future::Future;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
 use crate::decide::Counted;
 use crate::operation::Counting;
-use crate::{Error, Limit};
+use crate::{AuditAction, AuditEntry, Error, Limit};
 
 /// The most (limit, key) pairs one statement carries
 /// ([`Limiter::MAX_PAIRS`](crate::Limiter::MAX_PAIRS)).
@@ -146,6 +146,27 @@ pub(crate) mod sealed {
             &self,
             deadline: Instant,
         ) -> impl Future<Output = Result<Vec<Limit>, Error>> + Send;
+
+        /// An operator's `action` on a stored key under its limit
+        /// (`pair`), audited with who did it and why (`who`); a block lasts
+        /// `block_for`. How many rows went, and a block's end.
+        fn operate(
+            &self,
+            action: AuditAction,
+            pair: (&Limit, &str),
+            block_for: Duration,
+            who: (&str, &str),
+            deadline: Instant,
+        ) -> impl Future<Output = Result<(u64, Option<SystemTime>), Error>> + Send;
+
+        /// The audit of the stored keys beginning with `prefix`, newest
+        /// first, at most `at_most` entries.
+        fn audit(
+            &self,
+            prefix: &str,
+            at_most: usize,
+            deadline: Instant,
+        ) -> impl Future<Output = Result<Vec<AuditEntry>, Error>> + Send;
 
         /// Clears the stored key `key`; returns how many windows went.
         fn reset(

@@ -71,6 +71,17 @@ pub(crate) const DEFINE: &str = "CALL platformkit.platformkit_limit_define(\
 pub(crate) const LIMITS: &str =
     "SELECT * FROM platformkit.platformkit_limit_defs(p_budget_ms => $1)";
 
+/// An operator's action (`block`, `unblock`, `unlock`) on the key,
+/// audited. Returns how many rows went, and a block's end.
+pub(crate) const OPERATE: &str = "CALL platformkit.platformkit_limit_operate(\
+    p_action => $1, p_key => $2, p_for_secs => $3, p_window_secs => $4, \
+    p_lockout_secs => $5, p_at => $6, p_by => $7, p_reason => $8, p_budget_ms => $9)";
+
+/// The audit, newest first: texts (by, action, key, reason) and integers
+/// (at, until or 0, windows or -1) an entry.
+pub(crate) const AUDIT: &str = "SELECT * FROM platformkit.platformkit_limit_audit_log(\
+    p_prefix => $1, p_at_most => $2, p_budget_ms => $3)";
+
 /// Deletes every window of the key. Returns how many rows went.
 pub(crate) const RESET: &str = "CALL platformkit.platformkit_limit_reset(\
     p_key => $1, p_budget_ms => $2, p_relaxed => $3)";
@@ -367,6 +378,60 @@ impl Limits {
     }
 }
 
+/// The arguments of [`OPERATE`].
+#[derive(Debug)]
+pub(crate) struct Operate<'a> {
+    pub(crate) action: &'a str,
+    pub(crate) key: &'a str,
+    /// A block's length, and the limit's window and lockout, in seconds.
+    pub(crate) block: Option<[i64; 3]>,
+    pub(crate) at: Option<i64>,
+    pub(crate) by: &'a str,
+    pub(crate) reason: &'a str,
+    pub(crate) budget_ms: i64,
+}
+
+impl<'a> Operate<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 9> {
+        let [secs, window, lockout] = self.block.map_or([None; 3], |b| b.map(Some));
+        Statement {
+            sql: OPERATE,
+            params: [
+                Param::Text(self.action),
+                Param::Text(self.key),
+                Param::MaybeInt8(secs),
+                Param::MaybeInt8(window),
+                Param::MaybeInt8(lockout),
+                Param::MaybeInt8(self.at),
+                Param::Text(self.by),
+                Param::Text(self.reason),
+                Param::Int8(self.budget_ms),
+            ],
+        }
+    }
+}
+
+/// The arguments of [`AUDIT`].
+#[derive(Debug)]
+pub(crate) struct Audit<'a> {
+    pub(crate) prefix: &'a str,
+    pub(crate) at_most: i64,
+    pub(crate) budget_ms: i64,
+}
+
+impl<'a> Audit<'a> {
+    pub(crate) fn statement(self) -> Statement<'a, 3> {
+        Statement {
+            sql: AUDIT,
+            params: [
+                Param::Text(self.prefix),
+                Param::Int8(self.at_most),
+                Param::Int8(self.budget_ms),
+            ],
+        }
+    }
+}
+
 /// The arguments of [`PURGE_BATCH`].
 #[derive(Debug)]
 pub(crate) struct PurgeBatch {
@@ -412,8 +477,7 @@ pub(crate) const PINNED_MICROS: std::ops::Range<i64> =
 /// assert_eq!(
 ///     grants("app")?,
 ///     "GRANT USAGE ON SCHEMA platformkit TO \"app\";\n\
-///      GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits, \
-///      platformkit.platformkit_limit_defs TO \"app\";\n\
+///      GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA platformkit TO \"app\";\n\
 ///      GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO \"app\";\n"
 /// );
 /// // PostgreSQL reads `public`, quoted or not, as PUBLIC: every login.
@@ -439,8 +503,7 @@ pub fn grants(role: &str) -> Result<String, Error> {
     let role = format!("\"{}\"", role.replace('"', "\"\""));
     Ok(format!(
         "GRANT USAGE ON SCHEMA platformkit TO {role};\n\
-         GRANT SELECT, INSERT, UPDATE, DELETE ON platformkit.platformkit_limits, \
-         platformkit.platformkit_limit_defs TO {role};\n\
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA platformkit TO {role};\n\
          GRANT EXECUTE ON ALL ROUTINES IN SCHEMA platformkit TO {role};\n"
     ))
 }

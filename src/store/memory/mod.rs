@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -10,7 +10,7 @@ use crate::clock::{Clock, from_micros, micros_since_epoch};
 use crate::decide::{Counted, decision, window_of};
 use crate::operation::Counting;
 use crate::store::{Asked, Store, sealed};
-use crate::{Error, Limit, ManualClock, Strategy};
+use crate::{AuditAction, AuditEntry, Error, Limit, ManualClock, Strategy};
 
 /// The in-process fake: the same behaviour as [`Postgres`](crate::Postgres),
 /// kept in a map, for callers' unit tests.
@@ -50,6 +50,10 @@ struct State {
     keys: HashMap<String, Windows>,
     /// The limits recorded, by name.
     limits: BTreeMap<String, Limit>,
+    /// Each blocked stored key, and its block's end in microseconds.
+    blocks: HashMap<String, i64>,
+    /// The audit, oldest first.
+    audit: Vec<AuditEntry>,
     /// Bounded: when a full map may next be swept, in microseconds.
     next_sweep: i64,
 }
@@ -134,6 +138,11 @@ impl Memory {
         now_micros: i64,
     ) -> Counted {
         let (start, end) = window_of(now_micros, limit.window_secs());
+        let blocked = state
+            .blocks
+            .get(key)
+            .copied()
+            .filter(|&until| until > now_micros);
         let windows = &mut state.keys;
         let width = end - start;
         let previous = match limit.strategy() {
@@ -158,6 +167,7 @@ impl Memory {
         } else {
             None
         };
+        let locked_until = locked_until.max(blocked.map(from_micros));
         let count = if op.adds() {
             let key_windows = windows.entry(key.to_owned()).or_default();
             let count = key_windows.counts.entry(start).or_insert(0);
@@ -399,6 +409,60 @@ impl sealed::Sealed for Memory {
 
     async fn limits(&self, _deadline: Instant) -> Result<Vec<Limit>, Error> {
         Ok(self.lock().limits.values().cloned().collect())
+    }
+
+    async fn operate(
+        &self,
+        action: AuditAction,
+        (_limit, key): (&Limit, &str),
+        block_for: Duration,
+        (by, reason): (&str, &str),
+        _deadline: Instant,
+    ) -> Result<(u64, Option<SystemTime>), Error> {
+        let now = self.clock.local_now();
+        let mut state = self.lock();
+        let mut deleted = u64::from(state.blocks.remove(key).is_some());
+        let until = match action {
+            AuditAction::Block => {
+                let until = now + block_for;
+                state
+                    .blocks
+                    .insert(key.to_owned(), micros_since_epoch(until));
+                Some(until)
+            }
+            AuditAction::Unblock => None,
+            AuditAction::Unlock => {
+                deleted += state.keys.remove(key).map_or(0, |w| w.counts.len() as u64);
+                None
+            }
+        };
+        state.audit.push(AuditEntry {
+            at: now,
+            by: by.to_owned(),
+            action,
+            stored: key.to_owned(),
+            until,
+            windows: (action != AuditAction::Block).then_some(deleted),
+            reason: reason.to_owned(),
+        });
+        Ok((deleted, until))
+    }
+
+    async fn audit(
+        &self,
+        prefix: &str,
+        at_most: usize,
+        _deadline: Instant,
+    ) -> Result<Vec<AuditEntry>, Error> {
+        let state = self.lock();
+        Ok(state
+            .audit
+            .iter()
+            .rev()
+            .filter(|entry| entry.stored.starts_with(prefix))
+            .take(at_most)
+            .cloned()
+            .collect())
     }
 
     async fn reset(&self, key: &str, _deadline: Instant) -> Result<u64, Error> {

@@ -15,7 +15,7 @@ use crate::operation::{Counting, Operation};
 use crate::store::sql;
 use crate::store::statement::deleted;
 use crate::store::{Asked, sealed};
-use crate::{Error, Limit, LimitConn, Strategy};
+use crate::{AuditAction, AuditEntry, Error, Limit, LimitConn, Strategy};
 
 impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     fn local_now(&self) -> SystemTime {
@@ -240,7 +240,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
 
     async fn define(&self, limit: &Limit, deadline: Instant) -> Result<(), Error> {
         let limit = limit.defined();
-        self.send(Operation::Limits, deadline, |budget_ms| {
+        self.send(Operation::Operator, deadline, |budget_ms| {
             sql::Define {
                 name: limit.name(),
                 max: i64::from(limit.max()),
@@ -256,7 +256,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     }
 
     async fn limits(&self, deadline: Instant) -> Result<Vec<Limit>, Error> {
-        let operation = Operation::Limits;
+        let operation = Operation::Operator;
         let row = self
             .send(operation, deadline, |budget_ms| {
                 sql::Limits { budget_ms }.statement()
@@ -303,6 +303,92 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     builder = builder.lockout(Duration::from_secs(lockout));
                 }
                 builder.build().map_err(|_| bad())
+            })
+            .collect()
+    }
+
+    async fn operate(
+        &self,
+        action: AuditAction,
+        (limit, key): (&Limit, &str),
+        block_for: Duration,
+        (by, reason): (&str, &str),
+        deadline: Instant,
+    ) -> Result<(u64, Option<SystemTime>), Error> {
+        let operation = Operation::Operator;
+        let at = self.pinned()?;
+        let secs = |d: u64| i64::try_from(d).unwrap_or(i64::MAX);
+        let row = self
+            .send(operation, deadline, |budget_ms| {
+                sql::Operate {
+                    action: action.as_str(),
+                    key,
+                    block: (action == AuditAction::Block).then(|| {
+                        [
+                            secs(block_for.as_secs()),
+                            secs(limit.window_secs()),
+                            secs(limit.lockout_secs()),
+                        ]
+                    }),
+                    at,
+                    by,
+                    reason,
+                    budget_ms,
+                }
+                .statement()
+            })
+            .await?;
+        let deleted = deleted(&row, operation)?;
+        let until = row.int8(1).map_err(|e| e.into_error(operation, false))?;
+        let until = (until != 0).then(|| from_micros(until));
+        Ok((deleted, until))
+    }
+
+    async fn audit(
+        &self,
+        prefix: &str,
+        at_most: usize,
+        deadline: Instant,
+    ) -> Result<Vec<AuditEntry>, Error> {
+        let operation = Operation::Operator;
+        let row = self
+            .send(operation, deadline, |budget_ms| {
+                sql::Audit {
+                    prefix,
+                    at_most: i64::try_from(at_most).unwrap_or(i64::MAX),
+                    budget_ms,
+                }
+                .statement()
+            })
+            .await?;
+        let get = |e: Failure| e.into_error(operation, false);
+        let texts: Vec<String> = row.texts(0).map_err(get)?;
+        let numbers: Vec<i64> = row.int8s(1).map_err(get)?;
+        let bad = || {
+            Error::from(
+                UnexpectedSnafu {
+                    operation,
+                    what: "an audit whose columns disagree",
+                }
+                .build(),
+            )
+        };
+        if texts.len() % 4 != 0 || numbers.len() % 3 != 0 || texts.len() / 4 != numbers.len() / 3 {
+            return Err(bad());
+        }
+        texts
+            .chunks_exact(4)
+            .zip(numbers.chunks_exact(3))
+            .map(|(t, n)| {
+                Ok(AuditEntry {
+                    at: from_micros(n[0]),
+                    by: t[0].clone(),
+                    action: AuditAction::from_name(&t[1]).ok_or_else(bad)?,
+                    stored: t[2].clone(),
+                    until: (n[1] != 0).then(|| from_micros(n[1])),
+                    windows: u64::try_from(n[2]).ok(),
+                    reason: t[3].clone(),
+                })
             })
             .collect()
     }
