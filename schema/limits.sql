@@ -165,9 +165,10 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
         END) STORED,
     -- Orders purge's batches among rows due at once; an update keeps it.
     created_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
-    -- Set by the writer whose count left the key at its max: the listing
-    -- (platformkit_limit_list) reads these rows alone, not every key. Set
-    -- once a window; an update that leaves it stays heap-only.
+    -- Set by the writer whose count left the key at its max, and on a
+    -- block's row: the listing, and a limit without a lockout looking for a
+    -- block, read these rows alone, through their partial index. Set once a
+    -- window; an update that leaves it stays heap-only.
     at_max      boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (key, window_start),
     -- A window purge can always delete: finite, forwards, at most 366 days.
@@ -293,7 +294,7 @@ $$;
 -- Adds p_add to the key's count in the current window. Returns the count, the
 -- window's end, the time, the previous window's count (p_previous) and the
 -- lockout still to run (the latest earlier window that reached p_max, its end
--- plus p_lockout_secs: a lockout, or a block), 0 where none.
+-- plus p_lockout_secs; or a block's end), 0 where none.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add(
     p_key text, p_add bigint, p_window_secs bigint, p_at bigint,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
@@ -338,10 +339,16 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
-         FROM platformkit.platformkit_limits AS x
-         WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-           AND x.window_end + make_interval(secs => p_lockout_secs) > v_now),
+        CASE WHEN p_lockout_secs > 0 THEN
+            (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
+             FROM platformkit.platformkit_limits AS x
+             WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
+               AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
+        ELSE
+            -- Without a lockout, only a block: through the at_max index.
+            (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
+             WHERE x.key = p_key AND x.at_max AND x.window_end > v_now AND x.window_start < v_start)
+        END,
         l.at_max
     INTO o_count, o_previous, v_locked, v_marked;
     -- end of statement
@@ -429,25 +436,38 @@ BEGIN
         -- Raised after the upsert: this transaction, and what it wrote, ends here.
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    -- The previous windows and the lockouts (a block is one).
-    SELECT array_agg(
-               CASE WHEN p_previous THEN
-                   COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
-                             WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
-               ELSE 0 END
-               ORDER BY a.ord),
-           array_agg(
-               COALESCE(platformkit.platformkit_us(
-                   (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                    FROM platformkit.platformkit_limits AS x
-                    WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                      AND x.window_end + make_interval(secs => a.lockout) > v_now)) - o_now, 0)
-               ORDER BY a.ord)
-    INTO o_previous, o_locked_for
-    FROM (SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
-                 platformkit.platformkit_at(t.window_end) - make_interval(secs => t.secs) AS start
-          FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, o_window_ends)
-               WITH ORDINALITY AS t(key, secs, max, lockout, window_end, ord)) AS a;
+    -- The previous windows and the lockouts, only when a pair may have one: a
+    -- lockout, or a block (a row at max still to end).
+    IF p_previous OR 0 < ANY (p_lockout_secs) OR EXISTS (
+           SELECT 1 FROM platformkit.platformkit_limits AS x
+           WHERE x.key = ANY (p_keys) AND x.at_max AND x.window_end > v_now) THEN
+        SELECT array_agg(
+                   CASE WHEN p_previous THEN
+                       COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
+                                 WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
+                   ELSE 0 END
+                   ORDER BY a.ord),
+               array_agg(
+                   COALESCE(platformkit.platformkit_us(
+                       CASE WHEN a.lockout > 0 THEN
+                           (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                            FROM platformkit.platformkit_limits AS x
+                            WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                              AND x.window_end + make_interval(secs => a.lockout) > v_now)
+                       ELSE
+                           (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
+                            WHERE x.key = a.key AND x.at_max AND x.window_end > v_now AND x.window_start < a.start)
+                       END) - o_now, 0)
+                   ORDER BY a.ord)
+        INTO o_previous, o_locked_for
+        FROM (SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
+                     platformkit.platformkit_at(t.window_end) - make_interval(secs => t.secs) AS start
+              FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, o_window_ends)
+                   WITH ORDINALITY AS t(key, secs, max, lockout, window_end, ord)) AS a;
+    ELSE
+        o_previous := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
+        o_locked_for := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
+    END IF;
     -- The keys left at their max, if any may be (v_mark): marked, as add
     -- marks them.
     IF v_mark THEN
@@ -550,10 +570,15 @@ BEGIN
                                  WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                    ELSE 0 END AS previous,
                    COALESCE(platformkit.platformkit_us(
-                       (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                        FROM platformkit.platformkit_limits AS x
-                        WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                          AND x.window_end + make_interval(secs => a.lockout) > v_now)) - o_now, 0) AS locked_for
+                       CASE WHEN a.lockout > 0 THEN
+                           (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                            FROM platformkit.platformkit_limits AS x
+                            WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                              AND x.window_end + make_interval(secs => a.lockout) > v_now)
+                       ELSE
+                           (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
+                            WHERE x.key = a.key AND x.at_max AND x.window_end > v_now AND x.window_start < a.start)
+                       END) - o_now, 0) AS locked_for
             FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, t.count, t.window_end,
                          t.secs::numeric * 1000000 AS w,
                          make_interval(secs => t.secs) AS width,
@@ -640,10 +665,15 @@ BEGIN
                       WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
         ELSE 0 END,
         COALESCE(platformkit.platformkit_us(
-            (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-             FROM platformkit.platformkit_limits AS x
-             WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-               AND x.window_end + make_interval(secs => a.lockout) > v_now)) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
+            CASE WHEN a.lockout > 0 THEN
+                (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                 FROM platformkit.platformkit_limits AS x
+                 WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                   AND x.window_end + make_interval(secs => a.lockout) > v_now)
+            ELSE
+                (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
+                 WHERE x.key = a.key AND x.at_max AND x.window_end > v_now AND x.window_start < a.start)
+            END) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
@@ -687,10 +717,16 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
-         FROM platformkit.platformkit_limits AS x
-         WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-           AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
+        CASE WHEN p_lockout_secs > 0 THEN
+            (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
+             FROM platformkit.platformkit_limits AS x
+             WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
+               AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
+        ELSE
+            -- Without a lockout, only a block: through the at_max index.
+            (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
+             WHERE x.key = p_key AND x.at_max AND x.window_end > v_now AND x.window_start < v_start)
+        END
     INTO v_count, v_previous, v_locked;
     -- end of statement
     v_now_us := platformkit.platformkit_us(v_now);
