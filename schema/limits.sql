@@ -991,7 +991,8 @@ BEGIN
 END
 $$;
 
--- Deletes every window of the key; returns how many went.
+-- Deletes every window of the key, but a block (an operator's, which only
+-- platformkit_limit_operate ends); returns how many went.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_reset(
     p_key text, p_budget_ms bigint, p_relaxed boolean,
     INOUT o_deleted bigint DEFAULT NULL)
@@ -1005,7 +1006,8 @@ BEGIN
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes() OR p_relaxed IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    DELETE FROM platformkit.platformkit_limits WHERE key = p_key;
+    DELETE FROM platformkit.platformkit_limits
+    WHERE key = p_key AND pg_catalog.date_part('microseconds', window_start)::int8 % 1000000 <> 1;
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
     COMMIT;
 END

@@ -347,7 +347,8 @@ async fn the_listings_cost_follows_the_refused_keys_not_the_flood() {
 /// A block holds across windows, on every path a call takes (one key,
 /// several keys, all or nothing, a read), on another replica, until its
 /// end, then the key is open; a limit's lockout does not lengthen it; the
-/// listing shows it; an unblock ends it at once. Each action is audited.
+/// listing shows it; the service's own reset keeps it, an unblock ends it
+/// at once. Each action is audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_holds_across_windows_on_every_path_until_its_end() {
     let db = fresh_db().await;
@@ -431,6 +432,9 @@ async fn a_block_holds_across_windows_on_every_path_until_its_end() {
         )
         .await
         .unwrap();
+    assert!(service.check(&login, &mallory).await.unwrap().is_refused());
+    // The service's own reset (a success that forgives failures) keeps it.
+    service.reset(&login, &mallory).await.unwrap();
     assert!(service.check(&login, &mallory).await.unwrap().is_refused());
     assert_eq!(
         support
