@@ -7,8 +7,10 @@
 //! ```
 //!
 //! A real service mounts the router behind its own staff authentication:
-//! the admin router has none, and anyone who reaches it can unlock any key
-//! of its limits. This example listens on the loopback address only.
+//! the admin router has none, and anyone who reaches it can unlock or block
+//! any key of its limits. This example listens on the loopback address
+//! only; its stand-in for a staff login names everyone "example staff", as
+//! the audit shows.
 //!
 //! It starts a throwaway PostgreSQL (or uses `DATABASE_URL`, a superuser
 //! URL) and applies `schema.sql`; a real service runs `SCHEMA` in its
@@ -18,6 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::Request;
+use axum::middleware::map_request;
 use axum::response::Redirect;
 use axum::routing::get;
 use platformkit_limit::{Key, Limit, Limiter, Postgres};
@@ -50,10 +54,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let support = admin::router(limiter.clone(), [login, reset_password])?;
+    // Who each unlock and block is by: what the service's staff login put
+    // in the request.
+    let support = admin::Admin::new(limiter.clone(), [login, reset_password])
+        .staff(|request| request.extensions.get::<StaffMember>().map(|s| s.0.clone()))
+        .router()?;
     let app = Router::new()
         .route("/", get(|| async { Redirect::to("/support/limits") }))
-        .nest_service("/support/limits", support);
+        .nest_service("/support/limits", support)
+        .layer(map_request(signed_in));
     let address = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&address).await?;
     println!(
@@ -62,4 +71,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+/// The staff member a request is from, as a staff login would mark it.
+#[derive(Clone)]
+struct StaffMember(String);
+
+/// A stand-in for the service's staff login: every request is from one
+/// member.
+async fn signed_in(mut request: Request) -> Request {
+    let member = StaffMember("example staff".to_owned());
+    request.extensions_mut().insert(member);
+    request
 }

@@ -1,6 +1,6 @@
-//! The guard of the unlock: a cross-site POST is refused before anything
-//! is reset. Three checks, none needing a session: the token of the page,
-//! `Sec-Fetch-Site`, `Origin`.
+//! The guard of the page's actions (unlock, block, unblock): a cross-site
+//! POST is refused before anything changes. Three checks, none needing a
+//! session: the token of the page, `Sec-Fetch-Site`, `Origin`.
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +14,7 @@ use platformkit_limit::{Error, ManualClock};
 
 use super::time::span;
 
-/// How long an unlock token unlocks after its page was rendered.
+/// How long a token acts after its page was rendered.
 pub(super) const TOKEN_LIFETIME: Duration = Duration::from_secs(15 * 60);
 
 /// What an unlock under every limit is bound to in place of a limit's
@@ -23,12 +23,44 @@ pub(super) const TOKEN_LIFETIME: Duration = Duration::from_secs(15 * 60);
 /// limit's token under every limit.
 pub(super) const EVERY_LIMIT: &str = "*";
 
+/// What a form does to a key, which its token is bound to: a token acts
+/// only as its own form's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Action {
+    /// Every window and block of the key deleted.
+    Unlock,
+    /// The key refused for a while, whatever its count.
+    Block,
+    /// The key's block ended.
+    Unblock,
+}
+
+impl Action {
+    /// Its name, in the MAC and in the form's path.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Action::Unlock => "unlock",
+            Action::Block => "block",
+            Action::Unblock => "unblock",
+        }
+    }
+
+    /// What it did to the key: "unlocked".
+    pub(super) fn done(self) -> &'static str {
+        match self {
+            Action::Unlock => "unlocked",
+            Action::Block => "blocked",
+            Action::Unblock => "unblocked",
+        }
+    }
+}
+
 /// How far ahead of this replica's clock another replica's may run: a
 /// token issued later than that is none.
 const CLOCK_SKEW: Duration = Duration::from_secs(60);
 
-/// The key of the unlock tokens: an HMAC-SHA256 of the time a page was
-/// rendered, the limit's name and the key, which only a page this router
+/// The key of the tokens: an HMAC-SHA256 of the time a page was rendered,
+/// the action, the limit's name and the key, which only a page this router
 /// rendered carries; the clock; and the page's origin, when configured.
 pub(super) struct Guard {
     mac: Hmac<Sha256>,
@@ -36,7 +68,7 @@ pub(super) struct Guard {
     origin: Option<String>,
 }
 
-/// Why an unlock was refused: said on the 403 page.
+/// Why an action was refused: said on the 403 page.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Refusal {
     /// `Sec-Fetch-Site` was sent and is not `same-origin`.
@@ -44,30 +76,36 @@ pub(super) enum Refusal {
     /// `Origin` was sent and names another origin (scheme, host, port), or
     /// none (`null`).
     Origin,
-    /// The token is missing, malformed, or not this router's for this key.
+    /// The token is missing, malformed, or not this router's for this
+    /// action on this key.
     Token,
-    /// The token is this router's for this key, from a page rendered longer
+    /// The token is this router's for this action on this key, from a page
+    /// rendered longer
     /// than [`TOKEN_LIFETIME`] ago.
     Expired,
 }
 
 impl Refusal {
-    /// What the 403 page says.
-    pub(super) fn explain(&self) -> String {
+    /// What the 403 page of a refused `action` says.
+    pub(super) fn explain(&self, action: Action) -> String {
+        let done = action.done();
         match self {
-            Refusal::FetchSite => "The browser says this request came from another site \
-                                   (Sec-Fetch-Site is not same-origin). Nothing was unlocked."
-                .to_owned(),
-            Refusal::Origin => "The request's Origin (its scheme, host and port) is not this \
-                                site's. Nothing was unlocked."
-                .to_owned(),
-            Refusal::Token => "The form's token is missing or not valid for this key (a page \
-                               of another server, or of an earlier start of this one?). \
-                               Nothing was unlocked: reload the limit's page and try again."
-                .to_owned(),
+            Refusal::FetchSite => format!(
+                "The browser says this request came from another site \
+                 (Sec-Fetch-Site is not same-origin). Nothing was {done}."
+            ),
+            Refusal::Origin => format!(
+                "The request's Origin (its scheme, host and port) is not this \
+                 site's. Nothing was {done}."
+            ),
+            Refusal::Token => format!(
+                "The form's token is missing or not valid for this key and this \
+                 button (a page of another server, or of an earlier start of this \
+                 one?). Nothing was {done}: reload the limit's page and try again."
+            ),
             Refusal::Expired => format!(
-                "This page has expired: its Unlock buttons work for {} after it is \
-                 loaded. Nothing was unlocked: reload the limit's page and try again.",
+                "This page has expired: its buttons work for {} after it is \
+                 loaded. Nothing was {done}: reload the limit's page and try again.",
                 span(TOKEN_LIFETIME)
             ),
         }
@@ -115,38 +153,42 @@ impl Guard {
         now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
     }
 
-    /// The MAC of unlocking `key` under the limit `limit` with a token
-    /// issued at `issued`: fixed-width fields, and the name's length before
-    /// it, so that no name and key run into another pair.
-    fn mac(&self, issued: u64, limit: &str, key: &str) -> Hmac<Sha256> {
+    /// The MAC of `action` on `key` under the limit `limit` with a token
+    /// issued at `issued`: fixed-width fields, and each name's length
+    /// before it, so that no action, name and key run into another.
+    fn mac(&self, issued: u64, action: Action, limit: &str, key: &str) -> Hmac<Sha256> {
         let mut mac = self.mac.clone();
-        mac.update(b"platformkit-limit admin unlock 2\0");
+        mac.update(b"platformkit-limit admin 3\0");
         mac.update(&issued.to_be_bytes());
+        let action = action.name();
+        mac.update(&(action.len() as u64).to_be_bytes());
+        mac.update(action.as_bytes());
         mac.update(&(limit.len() as u64).to_be_bytes());
         mac.update(limit.as_bytes());
         mac.update(key.as_bytes());
         mac
     }
 
-    /// The token a page embeds to unlock `key` under `limit`: the time now
-    /// (seconds since the Unix epoch), `.`, and the MAC's 64 hex digits.
-    pub(super) fn token(&self, limit: &str, key: &str) -> String {
+    /// The token a page embeds to do `action` to `key` under `limit`: the
+    /// time now (seconds since the Unix epoch), `.`, and the MAC's 64 hex
+    /// digits.
+    pub(super) fn token(&self, action: Action, limit: &str, key: &str) -> String {
         let issued = self.now();
         let mut token = format!("{issued}.");
-        for byte in self.mac(issued, limit, key).finalize().into_bytes() {
+        for byte in self.mac(issued, action, limit, key).finalize().into_bytes() {
             let _ = write!(token, "{byte:02x}");
         }
         token
     }
 
-    /// Whether `token` is this guard's for `key` under `limit` (its MAC
-    /// compared in constant time), issued no longer than
+    /// Whether `token` is this guard's for `action` on `key` under `limit`
+    /// (its MAC compared in constant time), issued no longer than
     /// [`TOKEN_LIFETIME`] ago.
-    fn verify(&self, limit: &str, key: &str, token: &str) -> Result<(), Refusal> {
+    fn verify(&self, action: Action, limit: &str, key: &str, token: &str) -> Result<(), Refusal> {
         let (issued, hex) = token.split_once('.').ok_or(Refusal::Token)?;
         let issued = issued.parse::<u64>().map_err(|_| Refusal::Token)?;
         let mac = unhex(hex).ok_or(Refusal::Token)?;
-        self.mac(issued, limit, key)
+        self.mac(issued, action, limit, key)
             .verify_slice(&mac)
             .map_err(|_| Refusal::Token)?;
         let now = self.now();
@@ -181,13 +223,14 @@ impl Guard {
         scheme_is_own && origin_host.eq_ignore_ascii_case(host)
     }
 
-    /// Every check of an unlock of `key` under `limit` with `token`, given
+    /// Every check of `action` on `key` under `limit` with `token`, given
     /// the request's header fields and its URI (absolute under HTTP/2,
     /// which has no `Host`).
     pub(super) fn check(
         &self,
         headers: &HeaderMap,
         uri: &Uri,
+        action: Action,
         limit: &str,
         key: &str,
         token: Option<&str>,
@@ -203,7 +246,7 @@ impl Guard {
                 return Err(Refusal::Origin);
             }
         }
-        self.verify(limit, key, token.ok_or(Refusal::Token)?)
+        self.verify(action, limit, key, token.ok_or(Refusal::Token)?)
     }
 }
 
@@ -282,10 +325,10 @@ mod tests {
     fn a_token_is_for_one_limit_one_key_one_secret() {
         let guard = Guard::new(&[7; 32]);
         let (login, alice) = ("login", "email|alice@example.com");
-        let token = guard.token(login, alice);
+        let token = guard.token(Action::Unlock, login, alice);
         let (issued, mac) = token.split_once('.').unwrap();
         assert!(issued.parse::<u64>().is_ok() && mac.len() == 64, "{token}");
-        let verify = |limit, key, token: &str| guard.verify(limit, key, token);
+        let verify = |limit, key, token: &str| guard.verify(Action::Unlock, limit, key, token);
         assert_eq!(verify(login, alice, &token), Ok(()));
         assert_eq!(
             verify(login, alice, &format!("{issued}.{}", mac.to_uppercase())),
@@ -309,16 +352,50 @@ mod tests {
             );
         }
         assert_eq!(
-            Guard::new(&[8; 32]).verify(login, alice, &token),
+            Guard::new(&[8; 32]).verify(Action::Unlock, login, alice, &token),
             Err(Refusal::Token)
         );
-        let everywhere = guard.token(EVERY_LIMIT, alice);
+        let everywhere = guard.token(Action::Unlock, EVERY_LIMIT, alice);
         assert_eq!(verify(EVERY_LIMIT, alice, &everywhere), Ok(()));
         assert_eq!(verify(login, alice, &everywhere), Err(Refusal::Token));
         assert_eq!(verify(EVERY_LIMIT, alice, &token), Err(Refusal::Token));
         assert_ne!(
-            Guard::random().unwrap().token("login", "id|a"),
-            Guard::random().unwrap().token("login", "id|a")
+            Guard::random()
+                .unwrap()
+                .token(Action::Unlock, "login", "id|a"),
+            Guard::random()
+                .unwrap()
+                .token(Action::Unlock, "login", "id|a")
+        );
+    }
+
+    /// A token acts only as its own form's: a block token neither unlocks
+    /// nor unblocks, an unlock token neither blocks nor unblocks, an
+    /// unblock token neither blocks nor unlocks, for the same limit and key.
+    #[test]
+    fn a_token_is_for_one_action() {
+        let guard = Guard::new(&[7; 32]);
+        let (login, alice) = ("login", "email|alice@example.com");
+        let actions = [Action::Unlock, Action::Block, Action::Unblock];
+        for issued_for in actions {
+            let token = guard.token(issued_for, login, alice);
+            for used_as in actions {
+                let expected = if used_as == issued_for {
+                    Ok(())
+                } else {
+                    Err(Refusal::Token)
+                };
+                assert_eq!(
+                    guard.verify(used_as, login, alice, &token),
+                    expected,
+                    "{issued_for:?} as {used_as:?}"
+                );
+            }
+        }
+        assert!(
+            Refusal::Token
+                .explain(Action::Block)
+                .contains("Nothing was blocked")
         );
     }
 
@@ -329,17 +406,26 @@ mod tests {
     fn a_token_expires_after_its_lifetime() {
         let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
         let guard = Guard::new(&[7; 32]).with_clock(Some(clock.clone()));
-        let token = guard.token("login", "id|a");
+        let token = guard.token(Action::Unlock, "login", "id|a");
         clock.advance(TOKEN_LIFETIME);
-        assert_eq!(guard.verify("login", "id|a", &token), Ok(()));
+        assert_eq!(
+            guard.verify(Action::Unlock, "login", "id|a", &token),
+            Ok(())
+        );
         clock.advance(Duration::from_secs(1));
-        assert_eq!(guard.verify("login", "id|a", &token), Err(Refusal::Expired));
-        assert!(Refusal::Expired.explain().contains("15 min"));
+        assert_eq!(
+            guard.verify(Action::Unlock, "login", "id|a", &token),
+            Err(Refusal::Expired)
+        );
+        assert!(Refusal::Expired.explain(Action::Unlock).contains("15 min"));
 
         clock.advance(CLOCK_SKEW + TOKEN_LIFETIME + Duration::from_secs(2));
-        let ahead = guard.token("login", "id|a");
+        let ahead = guard.token(Action::Unlock, "login", "id|a");
         clock.set(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
-        assert_eq!(guard.verify("login", "id|a", &ahead), Err(Refusal::Token));
+        assert_eq!(
+            guard.verify(Action::Unlock, "login", "id|a", &ahead),
+            Err(Refusal::Token)
+        );
     }
 
     fn headers(fields: &[(&'static str, &str)]) -> HeaderMap {
@@ -355,10 +441,17 @@ mod tests {
     #[test]
     fn the_headers_must_say_same_origin_when_sent() {
         let guard = Guard::new(&[7; 32]);
-        let token = guard.token("login", "id|a");
+        let token = guard.token(Action::Unlock, "login", "id|a");
         let check = |fields: &[(&'static str, &str)], uri: &str| {
             let uri: Uri = uri.parse().unwrap();
-            guard.check(&headers(fields), &uri, "login", "id|a", Some(&token))
+            guard.check(
+                &headers(fields),
+                &uri,
+                Action::Unlock,
+                "login",
+                "id|a",
+                Some(&token),
+            )
         };
         let (host, path) = (("host", "staff.example:8080"), "/login/unlock");
         assert_eq!(check(&[host], path), Ok(()));
@@ -407,11 +500,25 @@ mod tests {
         );
         let uri: Uri = path.parse().unwrap();
         assert_eq!(
-            guard.check(&headers(&[host]), &uri, "login", "id|a", None),
+            guard.check(
+                &headers(&[host]),
+                &uri,
+                Action::Unlock,
+                "login",
+                "id|a",
+                None
+            ),
             Err(Refusal::Token)
         );
         assert_eq!(
-            guard.check(&headers(&[host]), &uri, "login", "id|b", Some(&token)),
+            guard.check(
+                &headers(&[host]),
+                &uri,
+                Action::Unlock,
+                "login",
+                "id|b",
+                Some(&token)
+            ),
             Err(Refusal::Token)
         );
     }
@@ -457,11 +564,12 @@ mod tests {
             ),
         ];
         for (guard, uri, origin, own) in cases {
-            let token = guard.token("login", "id|a");
+            let token = guard.token(Action::Unlock, "login", "id|a");
             let fields = headers(&[("host", "staff.example"), ("origin", origin), forwarded]);
             let checked = guard.check(
                 &fields,
                 &uri.parse().unwrap(),
+                Action::Unlock,
                 "login",
                 "id|a",
                 Some(&token),

@@ -1,27 +1,29 @@
 //! An admin page for support staff, over
 //! [platformkit-limit](platformkit_limit)'s public API: who each limit
-//! refuses now, one key's status, and an **Unlock** button that
-//! [`reset`](platformkit_limit::Limiter::reset)s a key. Plain server-rendered HTML, no
+//! refuses now, one key's status, an **Unlock** button that
+//! [`unlock`](platformkit_limit::Limiter::unlock)s a key, **Block** and
+//! **Unblock**, each audited with who and why. Plain server-rendered HTML, no
 //! JavaScript, in an axum [`Router`](axum::Router) for the service to
 //! mount.
 //!
 //! **It has no authentication or authorization of its own.** Mount it
 //! behind the service's own (a staff login, a role check, an internal-only
 //! listener): anyone who can reach it can read the refused keys (personal
-//! data: email addresses, usernames, IP addresses) and unlock any key of
-//! the limits it was given. It knows only those limits: a page and an
+//! data: email addresses, usernames, IP addresses) and unlock or block any
+//! key of the limits it was given. It knows only those limits: a page and an
 //! unlock are for a limit named by the router's configuration, never by
 //! the request.
 //!
 //! What it does guard against is a cross-site request: a page elsewhere
 //! that makes a signed-in staff member's browser post an unlock. Each
-//! unlock must carry a token the page embeds, an HMAC-SHA256 of the time
-//! the page was rendered, the limit's name and the key under the router's
-//! secret (random unless given with [`Admin::secret`]), younger than
-//! [`Admin::UNLOCK_TOKEN_LIFETIME`]; `Sec-Fetch-Site`, when the browser
-//! sends it, must be `same-origin`, and `Origin`, when sent, must be the
-//! page's own, scheme included ([`Admin::origin`] says how the page knows
-//! it). Anything else is a 403 and resets nothing. Every value on a page is
+//! unlock, block and unblock must carry a token the page embeds, an
+//! HMAC-SHA256 of the time the page was rendered, the action, the limit's
+//! name and the key under the router's secret (random unless given with
+//! [`Admin::secret`]), younger than [`Admin::UNLOCK_TOKEN_LIFETIME`];
+//! `Sec-Fetch-Site`, when the browser sends it, must be `same-origin`, and
+//! `Origin`, when sent, must be the page's own, scheme included
+//! ([`Admin::origin`] says how the page knows it). Anything else is a 403
+//! and changes nothing. Every value on a page is
 //! escaped (keys are whatever an attacker typed), a key is shown in its
 //! [`spelling`](platformkit_limit::Key::spelling), so that no two keys look
 //! alike (what shows as nothing is written `\u{…}`), and every answer
@@ -35,11 +37,13 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /` | the limits: name, max, window, lockout, and a box to look a key up under every limit (at the path, with or without a trailing slash) |
-//! | `POST /` | the same, and the key of the form (`key`, typed as on a limit's page; a text that is no key is a 400) under every limit, in one table: each limit by name, the key's count of its max (`0 / max` where it has none), refused or allowed, when it reopens, its lockout. Read, nothing counted |
-//! | `GET /{limit}` | who the limit refuses now, newest first (at most [`Admin::LISTED_KEYS`]), with counts, window end, reopening and lockout; a key in the query is not looked up |
-//! | `POST /{limit}` | the same, and the status of the key the form names (`key`): a POST, so that the key stays out of the address (access logs, history). Staff type a key as a row shows it (its [`spelling`](platformkit_limit::Key::spelling)), an email or IP address alone, or `user:…` (every form: [`Key`'s `FromStr`](platformkit_limit::Key#impl-FromStr-for-Key)); a text in none is a 400 that says what to type |
-//! | `POST /{limit}/unlock` | resets the key of the form (`key`, `token`), then a 303 back to the limit's page |
-//! | `POST /~all/unlock` | resets the key of the form (`key`, `token`) under every limit, then the index, which says how many windows went under which limit (or that there was nothing to reset) and shows the key under every limit again. Its token is bound to the key and to every limit: it unlocks no other key and under no single limit's route, nor does a limit's token unlock here |
+//! | `POST /` | the same, and the key of the form (`key`, typed as on a limit's page; a text that is no key is a 400) under every limit, in one table: each limit by name, the key's count of its max (`0 / max` where it has none), refused or allowed, when it reopens, its lockout; then its audit entries under those limits. Read, nothing counted |
+//! | `GET /{limit}` | who the limit refuses now, newest first (at most [`Admin::LISTED_KEYS`]), with counts, window end, reopening and lockout, then the limit's last [`Admin::AUDIT_ENTRIES`] audit entries (when, who, what, key, until, why); a key in the query is not looked up |
+//! | `POST /{limit}` | the same, and the status of the key the form names (`key`), its Block form, its Unblock form when it is blocked or locked out, and its audit entries: a POST, so that the key stays out of the address (access logs, history). Staff type a key as a row shows it (its [`spelling`](platformkit_limit::Key::spelling)), an email or IP address alone, or `user:…` (every form: [`Key`'s `FromStr`](platformkit_limit::Key#impl-FromStr-for-Key)); a text in none is a 400 that says what to type |
+//! | `POST /{limit}/unlock` | [`unlock`](platformkit_limit::Limiter::unlock)s the key of the form (`key`, `token`, `reason`) by [`Admin::staff`], then a 303 back to the limit's page; an empty reason is a 400 |
+//! | `POST /{limit}/block` | [`block`](platformkit_limit::Limiter::block)s the key of the form (`key`, `token`, `reason`, `for`: seconds, one of the page's choices, 15 minutes to 30 days) by [`Admin::staff`], then a 303 back; its token blocks only, and no unlock or unblock token blocks |
+//! | `POST /{limit}/unblock` | [`unblock`](platformkit_limit::Limiter::unblock)s the key of the form (`key`, `token`, `reason`) by [`Admin::staff`], then a 303 back; its token unblocks only |
+//! | `POST /~all/unlock` | unlocks the key of the form (`key`, `token`, `reason`) under every limit, then the index, which says how many windows went under which limit (or that there was nothing to reset) and shows the key under every limit again. Its token is bound to the key and to every limit: it unlocks no other key and under no single limit's route, nor does a limit's token unlock here |
 //!
 //! A store that cannot answer is a page that says so (503 when it is
 //! unreachable or overloaded, 500 otherwise); an unknown limit, or any
@@ -87,13 +91,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::request::Parts;
 use platformkit_limit::Store;
 use platformkit_limit::{Error, Limit, Limiter, ManualClock};
 
 use self::csrf::{Guard, serialized_origin};
 
 /// The admin router's configuration: the limiter, its limits, and the
-/// secret of its unlock tokens. [`router`] is `Admin::new(…).router()`.
+/// secret of its tokens. [`router`] is `Admin::new(…).router()`.
 ///
 /// ```
 /// use platformkit_limit_admin::Admin;
@@ -118,7 +123,14 @@ pub struct Admin<S> {
     secret: Option<Vec<u8>>,
     origin: Option<String>,
     clock: Option<ManualClock>,
+    staff: Option<Staff>,
 }
+
+/// [`Admin::UNNAMED_STAFF`].
+const UNNAMED_STAFF: &str = "admin page";
+
+/// Who sent a request, as [`Admin::staff`] reads it.
+pub(crate) type Staff = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 impl<S> fmt::Debug for Admin<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -130,6 +142,7 @@ impl<S> fmt::Debug for Admin<S> {
             )
             .field("origin", &self.origin)
             .field("clock", &self.clock)
+            .field("staff", &self.staff.as_ref().map(|_| "<given>"))
             .finish_non_exhaustive()
     }
 }
@@ -141,9 +154,17 @@ impl<S: Store> Admin<S> {
     /// The shortest secret [`Admin::secret`] takes, in bytes.
     pub const MIN_SECRET_BYTES: usize = 32;
 
-    /// How long a page's Unlock buttons work after it is rendered: an
-    /// older token is refused with a page that says to reload.
+    /// How long a page's Unlock, Block and Unblock buttons work after it is
+    /// rendered: an older token is refused with a page that says to reload.
     pub const UNLOCK_TOKEN_LIFETIME: Duration = csrf::TOKEN_LIFETIME;
+
+    /// The most audit entries a limit's page lists, and a looked-up key's
+    /// audit: the newest first.
+    pub const AUDIT_ENTRIES: usize = 20;
+
+    /// Who the audit says acted when [`Admin::staff`] was not set, or
+    /// named nobody.
+    pub const UNNAMED_STAFF: &'static str = UNNAMED_STAFF;
 
     /// The admin of `limits` over `limiter`. Each limit must be the one the
     /// service uses (its max, window, strategy and lockout decide who is
@@ -158,10 +179,11 @@ impl<S: Store> Admin<S> {
             secret: None,
             origin: None,
             clock: None,
+            staff: None,
         }
     }
 
-    /// The secret the unlock tokens are signed with, at least
+    /// The secret the page's tokens are signed with, at least
     /// [`Admin::MIN_SECRET_BYTES`] long: the same on every replica, so that
     /// a page rendered by one unlocks through any. Without it, each router
     /// draws a random secret of its own when built.
@@ -183,7 +205,37 @@ impl<S: Store> Admin<S> {
         self
     }
 
-    /// Pins the clock the unlock tokens are issued and checked by, for
+    /// Who each unlock, block and unblock is by, as the audit keeps it:
+    /// read from the request by `staff`, as the service's own
+    /// authentication marks it (a header it sets, an extension). Set it, or
+    /// the audit cannot say who: without it, or when it answers `None` or a
+    /// blank name, the audit says [`Admin::UNNAMED_STAFF`]. A name is kept
+    /// to its first 200 bytes (the audit's bound).
+    ///
+    /// ```
+    /// # use platformkit_limit::{Limit, Limiter, Memory};
+    /// # use platformkit_limit_admin::Admin;
+    /// # use std::time::Duration;
+    /// /// What the service's staff login puts in each request's extensions.
+    /// #[derive(Clone)]
+    /// struct StaffMember(String);
+    ///
+    /// # let login = Limit::new("login", 5, Duration::from_secs(900))?;
+    /// let router = Admin::new(Limiter::new(Memory::new()), [login])
+    ///     .staff(|request| request.extensions.get::<StaffMember>().map(|s| s.0.clone()))
+    ///     .router()?;
+    /// # drop(router);
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// ```
+    pub fn staff(
+        mut self,
+        staff: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.staff = Some(Arc::new(staff));
+        self
+    }
+
+    /// Pins the clock the page's tokens are issued and checked by, for
     /// tests (the system's unless given).
     pub fn clock(mut self, clock: ManualClock) -> Self {
         self.clock = Some(clock);
@@ -236,6 +288,7 @@ impl<S: Store> Admin<S> {
             limiter: self.limiter,
             limits: self.limits,
             guard,
+            staff: self.staff,
         }))
     }
 }

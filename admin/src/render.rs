@@ -4,9 +4,11 @@
 
 use std::fmt::Write as _;
 
-use platformkit_limit::{Key, KeyStatus, Limit, Strategy};
+use std::time::Duration;
 
-use super::csrf::{EVERY_LIMIT, Guard};
+use platformkit_limit::{AuditEntry, Key, KeyStatus, Limit, Limiter, Strategy};
+
+use super::csrf::{Action, EVERY_LIMIT, Guard};
 use super::time::{at_and_in, span, utc};
 
 const STYLE: &str = "\
@@ -25,6 +27,9 @@ td.num{font-variant-numeric:tabular-nums;white-space:nowrap}\
 small{color:#5a6273}\
 form{margin:0}\
 input[type=text]{font:inherit;padding:.35em .5em;width:26em;border:1px solid #b8bfcc;border-radius:4px}\
+input.reason{width:14em}select{font:inherit;padding:.3em}\
+form.act{margin:.6em 0}\
+td.text{white-space:pre-wrap;word-break:break-word}\
 button{font:inherit;padding:.3em .9em;border:1px solid #1d4ed8;border-radius:4px;background:#2563eb;color:#fff;cursor:pointer}\
 .notice{padding:.6em 1em;border-radius:4px;margin:1em 0}\
 .ok{background:#e3f5e8;border:1px solid #9ed3ac}.bad{background:#fdecec;border:1px solid #f0a8a8}\
@@ -97,6 +102,8 @@ pub(super) struct IndexPage<'a> {
     pub(super) guard: &'a Guard,
     /// The key looked up: its status under each limit, in their order.
     pub(super) lookup: Option<Lookup<Vec<KeyStatus>>>,
+    /// The key's audit entries under the router's limits, newest first.
+    pub(super) key_audit: Option<&'a [AuditEntry]>,
     /// After an unlock under every limit: each limit that held windows of
     /// the key, and how many went.
     pub(super) cleared: Option<Vec<(&'a str, u64)>>,
@@ -138,6 +145,15 @@ pub(super) fn index(view: &IndexPage<'_>) -> String {
     match &view.lookup {
         Some(Lookup::Found { status, .. }) => {
             body.push_str(&every_limit(base, status, view.guard));
+            if let Some(entries) = view.key_audit {
+                body.push_str(&audit_table(
+                    "The key's audit",
+                    "Nothing was done to the key under these limits, among the newest \
+                     actions audited.",
+                    entries,
+                    Column::Limit,
+                ));
+            }
         }
         Some(Lookup::Invalid { reason, .. }) => body.push_str(&not_a_key(reason)),
         None => {}
@@ -207,13 +223,14 @@ fn every_limit(base: &str, statuses: &[KeyStatus], guard: &Guard) -> String {
     if statuses.iter().any(|s| s.count() > 0 || s.is_refused()) {
         let _ = write!(
             out,
-            "<form method=\"post\" action=\"{action}\">\
+            "<form method=\"post\" action=\"{action}\" class=\"act\">\
              <input type=\"hidden\" name=\"key\" value=\"{key}\">\
              <input type=\"hidden\" name=\"token\" value=\"{token}\">\
-             <button type=\"submit\">Unlock under every limit</button></form>",
+             {reason} <button type=\"submit\">Unlock under every limit</button></form>",
             action = escape(&every_limit_unlock_href(base)),
             key = escape(first.key()),
-            token = guard.token(EVERY_LIMIT, first.key()),
+            token = guard.token(Action::Unlock, EVERY_LIMIT, first.key()),
+            reason = reason_field("unlock"),
         );
     } else {
         out.push_str("<p class=\"meta\">No limit holds a count of the key: nothing to clear.</p>");
@@ -255,9 +272,13 @@ fn not_a_key(reason: &str) -> String {
     format!("<p class=\"notice bad\">Not a key: {}.</p>", escape(reason))
 }
 
-/// A notice above a limit's page.
+/// A notice above a limit's page: what the action posted from it did.
 pub(super) enum Notice {
     Unlocked,
+    Blocked,
+    Unblocked,
+    /// An unblock of a key that had no block.
+    NotBlocked,
 }
 
 /// What a limit's page shows.
@@ -269,6 +290,10 @@ pub(super) struct LimitPage<'a> {
     /// Whether the list may be cut: as long as asked for.
     pub(super) more: bool,
     pub(super) lookup: Option<Lookup<KeyStatus>>,
+    /// The looked-up key's audit entries, newest first.
+    pub(super) key_audit: Option<&'a [AuditEntry]>,
+    /// The limit's newest audit entries.
+    pub(super) audit: &'a [AuditEntry],
     pub(super) notice: Option<Notice>,
 }
 
@@ -290,9 +315,23 @@ pub(super) fn limit_page(view: &LimitPage<'_>) -> String {
             span(l)
         )),
     );
-    if let Some(Notice::Unlocked) = view.notice {
-        body.push_str("<p class=\"notice ok\">Unlocked: the key's count is cleared.</p>");
-    }
+    body.push_str(match view.notice {
+        Some(Notice::Unlocked) => {
+            "<p class=\"notice ok\">Unlocked: the key's count is cleared.</p>"
+        }
+        Some(Notice::Blocked) => {
+            "<p class=\"notice ok\">Blocked: the limit refuses the key until the block \
+             ends, whatever its count (the audit below says until when).</p>"
+        }
+        Some(Notice::Unblocked) => {
+            "<p class=\"notice ok\">Unblocked: the key's block is ended, its count kept.</p>"
+        }
+        Some(Notice::NotBlocked) => {
+            "<p class=\"notice bad\">Nothing to unblock: the key had no block. A lockout \
+             ends with Unlock.</p>"
+        }
+        None => "",
+    });
 
     body.push_str(&lookup_form("Look up a key", &href, view.lookup.as_ref()));
     match &view.lookup {
@@ -300,6 +339,16 @@ pub(super) fn limit_page(view: &LimitPage<'_>) -> String {
             body.push_str(&table_head());
             body.push_str(&row(status, &unlock, view.guard, limit.name()));
             body.push_str("</tbody></table>");
+            body.push_str(&block_forms(&href, limit, status, view.guard));
+            if let Some(entries) = view.key_audit {
+                body.push_str(&audit_table(
+                    "The key's audit",
+                    "Nothing was done to the key under this limit, among its newest \
+                     actions audited.",
+                    entries,
+                    Column::None,
+                ));
+            }
         }
         Some(Lookup::Invalid { reason, .. }) => body.push_str(&not_a_key(reason)),
         None => {}
@@ -333,7 +382,149 @@ pub(super) fn limit_page(view: &LimitPage<'_>) -> String {
             );
         }
     }
+    body.push_str(&audit_table(
+        "Audit",
+        "Nothing was done to a key under this limit yet.",
+        view.audit,
+        Column::Key,
+    ));
     page(&index_href(view.base), Some(limit.name()), &body)
+}
+
+/// How long a block from the page lasts: the choices of its list, in
+/// seconds, and as the list shows them.
+const BLOCK_CHOICES: [(u64, &str); 5] = [
+    (15 * 60, "15 minutes"),
+    (60 * 60, "1 hour"),
+    (24 * 60 * 60, "1 day"),
+    (7 * 24 * 60 * 60, "7 days"),
+    (30 * 24 * 60 * 60, "30 days"),
+];
+
+/// The choices of [`BLOCK_CHOICES`] a block under `limit` may last: with
+/// the limit's window, within the longest window a block is kept for.
+pub(super) fn block_choices(limit: &Limit) -> impl Iterator<Item = (u64, &'static str)> {
+    let window = limit.window();
+    BLOCK_CHOICES.into_iter().filter(move |(secs, _)| {
+        let block_for = Duration::from_secs(*secs);
+        block_for <= Limiter::MAX_BLOCK
+            && block_for + window + Duration::from_secs(2) <= Limit::MAX_WINDOW
+    })
+}
+
+/// The text field of an action's reason, which the audit keeps.
+fn reason_field(action: &str) -> String {
+    format!(
+        "<input type=\"text\" class=\"reason\" name=\"reason\" maxlength=\"1000\" \
+         placeholder=\"why (ticket, request)\" aria-label=\"reason for the {action}\" required>"
+    )
+}
+
+/// The Block form of a looked-up key under its limit (at `href`), and its
+/// Unblock form when a block (or a lockout) is running.
+fn block_forms(href: &str, limit: &Limit, status: &KeyStatus, guard: &Guard) -> String {
+    let key = status.key();
+    let mut choices = String::new();
+    for (secs, shown) in block_choices(limit) {
+        let _ = write!(choices, "<option value=\"{secs}\">{shown}</option>");
+    }
+    let mut out = String::new();
+    if !choices.is_empty() {
+        let _ = write!(
+            out,
+            "<form method=\"post\" action=\"{action}\" class=\"act\">\
+             <input type=\"hidden\" name=\"key\" value=\"{key}\">\
+             <input type=\"hidden\" name=\"token\" value=\"{token}\">\
+             <label>Block for <select name=\"for\">{choices}</select></label> {reason} \
+             <button type=\"submit\">Block</button> <small>the limit refuses the key \
+             until then, whatever its count</small></form>",
+            action = escape(&format!("{href}/block")),
+            key = escape(key),
+            token = guard.token(Action::Block, limit.name(), key),
+            reason = reason_field("block"),
+        );
+    }
+    if let Some(until) = status.locked_until() {
+        let _ = write!(
+            out,
+            "<form method=\"post\" action=\"{action}\" class=\"act\">\
+             <input type=\"hidden\" name=\"key\" value=\"{key}\">\
+             <input type=\"hidden\" name=\"token\" value=\"{token}\">\
+             {reason} <button type=\"submit\">Unblock</button> <small>blocked or locked \
+             out until {until}; its count is kept</small></form>",
+            action = escape(&format!("{href}/unblock")),
+            key = escape(key),
+            token = guard.token(Action::Unblock, limit.name(), key),
+            reason = reason_field("unblock"),
+            until = utc(until),
+        );
+    }
+    out
+}
+
+/// What an audit table shows besides when, who, what, until and why.
+#[derive(Clone, Copy)]
+enum Column {
+    /// Each entry's key: the limit's entries.
+    Key,
+    /// Each entry's limit: one key's entries under every limit.
+    Limit,
+    /// Nothing: one key's entries under one limit.
+    None,
+}
+
+/// Audit entries under the heading `heading` (or `none` when there are
+/// none), newest first: when, who, what, the key or the limit, until, why.
+/// Who, the key and why are whatever was typed, so escaped; the key is
+/// shown as a row shows it.
+fn audit_table(heading: &str, none: &str, entries: &[AuditEntry], column: Column) -> String {
+    let mut out = format!("<h2>{}</h2>", escape(heading));
+    if entries.is_empty() {
+        let _ = write!(out, "<p class=\"meta\">{}</p>", escape(none));
+        return out;
+    }
+    let _ = write!(
+        out,
+        "<p class=\"meta\">Newest first; times are UTC.</p>\
+         <table class=\"audit\"><thead><tr><th>When</th><th>Who</th><th>What</th>{extra}\
+         <th>Until</th><th>Why</th></tr></thead><tbody>",
+        extra = match column {
+            Column::Key => "<th>Key</th>",
+            Column::Limit => "<th>Limit</th>",
+            Column::None => "",
+        },
+    );
+    for entry in entries {
+        let what = match entry.windows() {
+            Some(windows) if entry.until().is_none() => {
+                format!(
+                    "{} <small>{windows} cleared</small>",
+                    entry.action().as_str()
+                )
+            }
+            _ => entry.action().as_str().to_owned(),
+        };
+        let extra = match column {
+            Column::Key => format!(
+                "<td class=\"key audited\">{}</td>",
+                escape(&shown_key(entry.key()))
+            ),
+            Column::Limit => format!("<td>{}</td>", escape(entry.limit())),
+            Column::None => String::new(),
+        };
+        let _ = write!(
+            out,
+            "<tr class=\"entry\"><td class=\"num\">{at}</td><td class=\"text\">{by}</td>\
+             <td>{what}</td>{extra}<td class=\"num\">{until}</td>\
+             <td class=\"text\">{reason}</td></tr>",
+            at = utc(entry.at()),
+            by = escape(entry.by()),
+            until = entry.until().map_or("—".to_owned(), utc),
+            reason = escape(entry.reason()),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
 }
 
 fn table_head() -> String {
@@ -357,10 +548,11 @@ fn row(status: &KeyStatus, unlock: &str, guard: &Guard, limit: &str) -> String {
             "<form method=\"post\" action=\"{action}\">\
              <input type=\"hidden\" name=\"key\" value=\"{key}\">\
              <input type=\"hidden\" name=\"token\" value=\"{token}\">\
-             <button type=\"submit\">Unlock</button></form>",
+             {reason} <button type=\"submit\">Unlock</button></form>",
             action = escape(unlock),
             key = escape(status.key()),
-            token = guard.token(limit, status.key()),
+            token = guard.token(Action::Unlock, limit, status.key()),
+            reason = reason_field("unlock"),
         )
     } else {
         "<small>nothing to clear</small>".to_owned()

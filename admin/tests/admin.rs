@@ -7,7 +7,11 @@
 //! foreign or expired token) is a 403 that resets nothing; a hostile key
 //! renders as text; the index answers with or without a trailing slash;
 //! an unknown limit is a 404; a store that does not answer is a page that
-//! says so; every answer carries the security header fields.
+//! says so; every answer carries the security header fields. Block and
+//! Unblock refuse a key and end it for every limiter over the store; every
+//! action is audited with the staff member `Admin::staff` names and the
+//! reason typed, which is required; a token acts only as its own form's;
+//! a cross-site block is a 403; the audit is shown, escaped.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -21,7 +25,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use db::{fresh_db, nothing_listens};
-use platformkit_limit::{ErrorKind, Key, Limit, Limiter, ManualClock, Memory, Postgres};
+use platformkit_limit::{
+    AuditAction, ErrorKind, Key, Limit, Limiter, ManualClock, Memory, Postgres,
+};
 use platformkit_limit_admin as admin;
 use tower::ServiceExt;
 
@@ -105,6 +111,43 @@ const SAME_ORIGIN: &[(&str, &str)] = &[
     ("origin", "https://staff.example:8443"),
 ];
 
+/// The reason the tests' forms give.
+const REASON: &str = "ticket 4121";
+
+/// The header field the tests' staff login sets: who the request is from.
+const STAFF: &str = "x-staff";
+
+/// The service with the admin router of `limits`, whose `Admin::staff`
+/// reads the staff member from the header field the service's login sets.
+fn staffed_app(limiter: &Arc<PgLimiter>, limits: &[Limit]) -> Router {
+    let staff = |request: &axum::http::request::Parts| {
+        let name = request.headers.get(STAFF)?.to_str().ok()?;
+        Some(name.to_owned())
+    };
+    mounted(
+        admin::Admin::new(limiter.clone(), limits.to_vec())
+            .staff(staff)
+            .router()
+            .expect("an admin router"),
+    )
+}
+
+/// What a browser sends with a form posted from the page by staff member
+/// `who`, behind the service's login.
+fn as_staff(who: &str) -> [(&str, &str); 3] {
+    [SAME_ORIGIN[0], SAME_ORIGIN[1], (STAFF, who)]
+}
+
+/// Where a 303 sends the browser.
+fn location(answer: &Answer) -> &str {
+    answer
+        .headers
+        .get("location")
+        .expect("a location")
+        .to_str()
+        .unwrap()
+}
+
 fn urlencode(text: &str) -> String {
     let mut out = String::new();
     for byte in text.bytes() {
@@ -130,6 +173,12 @@ fn unescape(text: &str) -> String {
 /// Each Unlock form of a page: its action, key and token, as a browser
 /// would post them.
 fn unlock_forms(body: &str) -> Vec<(String, String, String)> {
+    forms(body, "unlock")
+}
+
+/// Each form of a page that posts to a path ending in `/{what}` (`unlock`,
+/// `block`, `unblock`): its action, key and token.
+fn forms(body: &str, what: &str) -> Vec<(String, String, String)> {
     let attribute = |from: &str, name: &str| -> String {
         let start = from.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
         let end = start + from[start..].find('"').unwrap();
@@ -148,6 +197,7 @@ fn unlock_forms(body: &str) -> Vec<(String, String, String)> {
                 attribute(&form[token_at..], "value"),
             ))
         })
+        .filter(|(action, _, _)| action.ends_with(&format!("/{what}")))
         .collect()
 }
 
@@ -166,6 +216,21 @@ fn listed(body: &str) -> Vec<String> {
     unlock_forms(section)
         .into_iter()
         .map(|(_, key, _)| key)
+        .collect()
+}
+
+/// The rows of each audit table of a part of a page, newest first: each
+/// cell's text.
+fn audit_rows(part: &str) -> Vec<Vec<String>> {
+    part.split("<tr class=\"entry\">")
+        .skip(1)
+        .map(|row| {
+            row[..row.find("</tr>").unwrap()]
+                .split("</td>")
+                .filter(|cell| !cell.is_empty())
+                .map(text)
+                .collect()
+        })
         .collect()
 }
 
@@ -578,7 +643,7 @@ async fn unlock_from_the_page_resets_the_key_and_answers_303() {
             &app,
             &action,
             SAME_ORIGIN,
-            &[("key", key.as_str()), ("token", &token)],
+            &[("key", key.as_str()), ("token", &token), ("reason", REASON)],
         )
         .await;
         assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
@@ -603,7 +668,7 @@ async fn unlock_from_the_page_resets_the_key_and_answers_303() {
         &app,
         &action,
         &[],
-        &[("key", bob.as_str()), ("token", &token)],
+        &[("key", bob.as_str()), ("token", &token), ("reason", REASON)],
     )
     .await;
     assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
@@ -649,50 +714,58 @@ async fn a_cross_site_unlock_is_403_and_resets_nothing() {
                 ("sec-fetch-site", "cross-site"),
                 ("origin", "https://staff.example:8443"),
             ],
-            &[("key", key), ("token", &token)],
+            &[("key", key), ("token", &token), ("reason", REASON)],
             "another site",
         ),
         (
             "Sec-Fetch-Site: same-site",
             &[("sec-fetch-site", "same-site")],
-            &[("key", key), ("token", &token)],
+            &[("key", key), ("token", &token), ("reason", REASON)],
             "another site",
         ),
         (
             "a foreign Origin",
             &[("origin", "https://evil.example")],
-            &[("key", key), ("token", &token)],
+            &[("key", key), ("token", &token), ("reason", REASON)],
             "Origin",
         ),
         (
             "Origin: null",
             &[("origin", "null")],
-            &[("key", key), ("token", &token)],
+            &[("key", key), ("token", &token), ("reason", REASON)],
             "Origin",
         ),
         ("no token", SAME_ORIGIN, &[("key", key)], "token"),
         (
             "an empty token",
             SAME_ORIGIN,
-            &[("key", key), ("token", "")],
+            &[("key", key), ("token", ""), ("reason", REASON)],
             "token",
         ),
         (
             "another key's token",
             SAME_ORIGIN,
-            &[("key", key), ("token", &bobs_token)],
+            &[("key", key), ("token", &bobs_token), ("reason", REASON)],
             "token",
         ),
         (
             "another limit's token",
             SAME_ORIGIN,
-            &[("key", key), ("token", &other_limits_token)],
+            &[
+                ("key", key),
+                ("token", &other_limits_token),
+                ("reason", REASON),
+            ],
             "token",
         ),
         (
             "another router's token",
             SAME_ORIGIN,
-            &[("key", key), ("token", &other_routers_token)],
+            &[
+                ("key", key),
+                ("token", &other_routers_token),
+                ("reason", REASON),
+            ],
             "token",
         ),
     ];
@@ -849,17 +922,17 @@ async fn unlock_under_every_limit_resets_the_key_under_each() {
         (
             "for another key",
             &action,
-            &[("key", bob.as_str()), ("token", &token)],
+            &[("key", bob.as_str()), ("token", &token), ("reason", REASON)],
         ),
         (
             "as one limit's unlock",
             &single_action,
-            &[("key", &key), ("token", &token)],
+            &[("key", &key), ("token", &token), ("reason", REASON)],
         ),
         (
             "one limit's token under every limit",
             &action,
-            &[("key", &key), ("token", &single_token)],
+            &[("key", &key), ("token", &single_token), ("reason", REASON)],
         ),
     ];
     for (what, path, form) in replays {
@@ -888,7 +961,11 @@ async fn unlock_under_every_limit_resets_the_key_under_each() {
         );
     }
 
-    let form = [("key", key.as_str()), ("token", token.as_str())];
+    let form = [
+        ("key", key.as_str()),
+        ("token", token.as_str()),
+        ("reason", REASON),
+    ];
     let answer = post(&app, &action, SAME_ORIGIN, &form).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     assert_secured(&answer, "an unlock under every limit");
@@ -960,26 +1037,30 @@ async fn a_cross_site_unlock_under_every_limit_is_403_and_resets_nothing() {
                 ("sec-fetch-site", "cross-site"),
                 ("origin", "https://staff.example:8443"),
             ],
-            &[("key", key), ("token", &token)],
+            &[("key", key), ("token", &token), ("reason", REASON)],
             "another site",
         ),
         (
             "a foreign Origin",
             &[("origin", "https://evil.example")],
-            &[("key", key), ("token", &token)],
+            &[("key", key), ("token", &token), ("reason", REASON)],
             "Origin",
         ),
         (
             "Origin: null",
             &[("origin", "null")],
-            &[("key", key), ("token", &token)],
+            &[("key", key), ("token", &token), ("reason", REASON)],
             "Origin",
         ),
         ("no token", SAME_ORIGIN, &[("key", key)], "token"),
         (
             "another router's token",
             SAME_ORIGIN,
-            &[("key", key), ("token", &other_routers_token)],
+            &[
+                ("key", key),
+                ("token", &other_routers_token),
+                ("reason", REASON),
+            ],
             "token",
         ),
     ];
@@ -1008,7 +1089,7 @@ async fn a_cross_site_unlock_under_every_limit_is_403_and_resets_nothing() {
         &app,
         &action,
         SAME_ORIGIN,
-        &[("key", key), ("token", &token)],
+        &[("key", key), ("token", &token), ("reason", REASON)],
     )
     .await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
@@ -1048,7 +1129,11 @@ async fn an_origin_of_another_scheme_is_403() {
     ] {
         let page = get(app, &format!("{MOUNT}/login")).await;
         let (_, token) = unlock_form(&page.body, key.as_str());
-        let form = [("key", key.as_str()), ("token", token.as_str())];
+        let form = [
+            ("key", key.as_str()),
+            ("token", token.as_str()),
+            ("reason", REASON),
+        ];
         for origin in ["http://staff.example:8443", "ftp://staff.example:8443"] {
             let answer = post(app, &action, &[("origin", origin)], &form).await;
             assert_eq!(answer.status, StatusCode::FORBIDDEN, "{origin} to {action}");
@@ -1112,7 +1197,11 @@ async fn an_unlock_token_expires_and_unlocks_only_its_key() {
         &app,
         &action,
         SAME_ORIGIN,
-        &[("key", carol.as_str()), ("token", &alices)],
+        &[
+            ("key", carol.as_str()),
+            ("token", &alices),
+            ("reason", REASON),
+        ],
     )
     .await;
     assert_eq!(replayed.status, StatusCode::FORBIDDEN, "{}", replayed.body);
@@ -1128,7 +1217,7 @@ async fn an_unlock_token_expires_and_unlocks_only_its_key() {
         &app,
         &action,
         SAME_ORIGIN,
-        &[("key", bob.as_str()), ("token", &bobs)],
+        &[("key", bob.as_str()), ("token", &bobs), ("reason", REASON)],
     )
     .await;
     assert_eq!(in_time.status, StatusCode::SEE_OTHER, "{}", in_time.body);
@@ -1138,7 +1227,11 @@ async fn an_unlock_token_expires_and_unlocks_only_its_key() {
         &app,
         &action,
         SAME_ORIGIN,
-        &[("key", alice.as_str()), ("token", &alices)],
+        &[
+            ("key", alice.as_str()),
+            ("token", &alices),
+            ("reason", REASON),
+        ],
     )
     .await;
     assert_eq!(expired.status, StatusCode::FORBIDDEN, "{}", expired.body);
@@ -1154,7 +1247,11 @@ async fn an_unlock_token_expires_and_unlocks_only_its_key() {
         &app,
         &action,
         SAME_ORIGIN,
-        &[("key", alice.as_str()), ("token", &fresh)],
+        &[
+            ("key", alice.as_str()),
+            ("token", &fresh),
+            ("reason", REASON),
+        ],
     )
     .await;
     assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
@@ -1207,7 +1304,7 @@ async fn a_hostile_key_renders_as_text() {
             &app,
             &action,
             SAME_ORIGIN,
-            &[("key", key.as_str()), ("token", &token)],
+            &[("key", key.as_str()), ("token", &token), ("reason", REASON)],
         )
         .await;
         assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
@@ -1264,7 +1361,11 @@ async fn an_unknown_limit_is_404() {
         &app,
         "/support/limits/signup/unlock",
         SAME_ORIGIN,
-        &[("key", alice.as_str()), ("token", &"0".repeat(64))],
+        &[
+            ("key", alice.as_str()),
+            ("token", &"0".repeat(64)),
+            ("reason", REASON),
+        ],
     )
     .await;
     assert_eq!(answer.status, StatusCode::NOT_FOUND);
@@ -1316,7 +1417,11 @@ async fn an_unreachable_store_is_a_page_that_says_so() {
         &app,
         &action,
         SAME_ORIGIN,
-        &[("key", alice.as_str()), ("token", &token)],
+        &[
+            ("key", alice.as_str()),
+            ("token", &token),
+            ("reason", REASON),
+        ],
     )
     .await;
     assert_eq!(
@@ -1332,7 +1437,11 @@ async fn an_unreachable_store_is_a_page_that_says_so() {
         &app,
         &action,
         SAME_ORIGIN,
-        &[("key", alice.as_str()), ("token", &token)],
+        &[
+            ("key", alice.as_str()),
+            ("token", &token),
+            ("reason", REASON),
+        ],
     )
     .await;
     assert_eq!(
@@ -1345,6 +1454,585 @@ async fn an_unreachable_store_is_a_page_that_says_so() {
 
     let index = get(&app, MOUNT).await;
     assert_eq!(index.status, StatusCode::OK, "the index needs no store");
+}
+
+/// Block, posted from a looked-up key's form with its token, a duration
+/// from the page's list and a reason, refuses the key for the service
+/// (a check is refused, by this limiter and by another over the same
+/// database) until the block ends, and answers 303 back to the page, which
+/// says so; the key then shows its Unblock form, which ends the block for
+/// every limiter. Both land in the audit with the staff member and the
+/// reason, and the page shows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_from_the_page_refuses_the_key_and_unblock_ends_it() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    // Another replica of the service: a limiter of its own, one database.
+    let replica = limiter_on(db.config());
+    let login = limit("login", 5);
+    let app = staffed_app(&limiter, std::slice::from_ref(&login));
+    let mallory = Key::email("mallory@example.com");
+    fail(&limiter, &login, &mallory, 1).await;
+
+    let found = look_up(&app, "login", "Mallory@Example.com").await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.body);
+    let part = lookup_part(&found.body);
+    assert!(forms(part, "unblock").is_empty(), "not blocked: {part}");
+    let (action, key, token) = forms(part, "block")
+        .pop()
+        .unwrap_or_else(|| panic!("no Block form in {part}"));
+    assert_eq!(action, "/support/limits/login/block");
+    assert_eq!(key, mallory.as_str());
+    for secs in ["900", "3600", "86400", "604800", "2592000"] {
+        assert!(
+            part.contains(&format!("<option value=\"{secs}\">")),
+            "{secs}: {part}"
+        );
+    }
+
+    let why = "ticket 4121: credential stuffing";
+    let before = SystemTime::now();
+    let form = [
+        ("key", key.as_str()),
+        ("token", token.as_str()),
+        ("for", "3600"),
+        ("reason", why),
+    ];
+    let answer = post(&app, &action, &as_staff("ann"), &form).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert_secured(&answer, "a block");
+    assert_eq!(location(&answer), "/support/limits/login?blocked");
+    for (which, limiter) in [("this limiter", &limiter), ("another", &replica)] {
+        let verdict = limiter.check(&login, &mallory).await.unwrap();
+        assert!(verdict.is_refused(), "{which}: {verdict:?}");
+    }
+    let until = replica
+        .status(&login, &mallory)
+        .await
+        .unwrap()
+        .locked_until()
+        .expect("blocked");
+    let lasts = until.duration_since(before).unwrap();
+    assert!(
+        (3590..=3610).contains(&lasts.as_secs()),
+        "blocked for an hour: {lasts:?}"
+    );
+
+    let after = get(&app, location(&answer)).await;
+    assert!(notice(&after.body).starts_with("Blocked"), "{}", after.body);
+    let limit_audit = audit_rows(&after.body[after.body.find("<h2>Audit</h2>").unwrap()..]);
+    assert_eq!(limit_audit.len(), 1, "{}", after.body);
+    let entry = &limit_audit[0];
+    assert_eq!(
+        [&entry[1], &entry[2], &entry[3], &entry[5]],
+        ["ann", "block", &mallory.spelling(), why],
+        "who, what, key, why: {entry:?}"
+    );
+    assert!(entry[4].ends_with("UTC"), "until: {entry:?}");
+
+    let found = look_up(&app, "login", "mallory@example.com").await;
+    let part = lookup_part(&found.body);
+    assert!(part.contains("<span class=\"refused\">"), "{part}");
+    let (action, key, token) = forms(part, "unblock")
+        .pop()
+        .unwrap_or_else(|| panic!("no Unblock form in {part}"));
+    assert_eq!(action, "/support/limits/login/unblock");
+    let form = [
+        ("key", key.as_str()),
+        ("token", token.as_str()),
+        ("reason", "cleared by security"),
+    ];
+    let answer = post(&app, &action, &as_staff("bob"), &form).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert_eq!(location(&answer), "/support/limits/login?unblocked");
+    for (which, limiter) in [("this limiter", &limiter), ("another", &replica)] {
+        let verdict = limiter.check(&login, &mallory).await.unwrap();
+        assert!(verdict.is_allowed(), "{which}: {verdict:?}");
+    }
+
+    let audit = limiter.audit(Some(&login), 10).await.unwrap();
+    let seen: Vec<_> = audit
+        .iter()
+        .map(|e| (e.action(), e.by(), e.key(), e.reason()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                AuditAction::Unblock,
+                "bob",
+                mallory.as_str(),
+                "cleared by security"
+            ),
+            (AuditAction::Block, "ann", mallory.as_str(), why),
+        ]
+    );
+    assert!(audit[1].until().is_some());
+
+    // The key's audit, under its lookup: newest first.
+    let found = look_up(&app, "login", "mallory@example.com").await;
+    let rows = audit_rows(lookup_part(&found.body));
+    let who_what_why: Vec<[&str; 3]> = rows
+        .iter()
+        .map(|row| [row[1].as_str(), &row[2], &row[4]])
+        .collect();
+    assert_eq!(
+        who_what_why,
+        [
+            ["bob", "unblock 1 cleared", "cleared by security"],
+            ["ann", "block", why]
+        ],
+        "{}",
+        found.body
+    );
+}
+
+/// Every unlock from the page, one limit's and under every limit, is the
+/// library's audited unlock: the staff member `Admin::staff` reads from
+/// the request and the reason typed land in the audit; without
+/// `Admin::staff`, or when it names nobody, the audit says "admin page".
+/// The index shows the key's audit under every limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlocks_are_audited_with_the_staff_member_and_the_reason() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 2);
+    let per_address = limit("login-per-address", 2);
+    let limits = [login.clone(), per_address.clone()];
+    let app = staffed_app(&limiter, &limits);
+    let unnamed = self::app(&limiter, &limits);
+    let [alice, bob, carol] =
+        ["alice", "bob", "carol"].map(|name| Key::email(&format!("{name}@example.com")));
+    fail(&limiter, &login, &alice, 2).await;
+    fail(&limiter, &login, &bob, 2).await;
+    fail(&limiter, &login, &carol, 2).await;
+    fail(&limiter, &per_address, &carol, 1).await;
+
+    let page = get(&app, &format!("{MOUNT}/login")).await;
+    let (action, token) = unlock_form(&page.body, alice.as_str());
+    let why = "locked out; verified by phone";
+    let form = [("key", alice.as_str()), ("token", &token), ("reason", why)];
+    let answer = post(&app, &action, &as_staff("ann"), &form).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+    assert!(limiter.check(&login, &alice).await.unwrap().is_allowed());
+
+    let page = get(&unnamed, &format!("{MOUNT}/login")).await;
+    let (action, token) = unlock_form(&page.body, bob.as_str());
+    let form = [("key", bob.as_str()), ("token", &token), ("reason", REASON)];
+    let answer = post(&unnamed, &action, &as_staff("ann"), &form).await;
+    assert_eq!(answer.status, StatusCode::SEE_OTHER, "{}", answer.body);
+
+    // Under every limit, from a request the staff login named nobody in.
+    let found = look_up_everywhere(&app, "carol@example.com").await;
+    let (action, key, token) = unlock_forms(&found.body).pop().unwrap();
+    let form = [("key", key.as_str()), ("token", &token), ("reason", REASON)];
+    let answer = post(&app, &action, SAME_ORIGIN, &form).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    for limit in &limits {
+        assert!(limiter.check(limit, &carol).await.unwrap().is_allowed());
+    }
+
+    let mut audit: Vec<_> = limiter
+        .audit(None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            let action = e.action();
+            let (by, limit, key) = (e.by().to_owned(), e.limit().to_owned(), e.key().to_owned());
+            (action, by, limit, key, e.reason().to_owned(), e.windows())
+        })
+        .collect();
+    audit.sort_by(|a, b| (&a.3, &a.2).cmp(&(&b.3, &b.2)));
+    let unlock = |by: &str, limit: &Limit, key: &Key, why: &str| {
+        let windows = Some(1);
+        let (by, limit, key) = (
+            by.to_owned(),
+            limit.name().to_owned(),
+            key.as_str().to_owned(),
+        );
+        (AuditAction::Unlock, by, limit, key, why.to_owned(), windows)
+    };
+    assert_eq!(
+        audit,
+        [
+            unlock("ann", &login, &alice, why),
+            unlock("admin page", &login, &bob, REASON),
+            unlock("admin page", &login, &carol, REASON),
+            unlock("admin page", &per_address, &carol, REASON),
+        ]
+    );
+    assert_eq!(
+        admin::Admin::<Postgres<tokio_postgres::Config>>::UNNAMED_STAFF,
+        "admin page"
+    );
+
+    // The index after the unlock shows the key's audit under every limit.
+    let rows = audit_rows(&answer.body);
+    let mut limit_who_why: Vec<[&str; 3]> = rows
+        .iter()
+        .map(|row| [row[3].as_str(), &row[1], &row[5]])
+        .collect();
+    limit_who_why.sort_unstable();
+    assert_eq!(
+        limit_who_why,
+        [
+            ["login", "admin page", REASON],
+            ["login-per-address", "admin page", REASON]
+        ],
+        "{}",
+        answer.body
+    );
+}
+
+/// An unlock, one limit's or under every limit, a block or an unblock
+/// whose reason is missing, empty or blank is a 400 that says a reason is
+/// required, and changes nothing: no count cleared, no block begun or
+/// ended, nothing audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_without_a_reason_is_400_and_changes_nothing() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 2);
+    let app = staffed_app(&limiter, std::slice::from_ref(&login));
+    let alice = Key::email("alice@example.com");
+    let mallory = Key::email("mallory@example.com");
+    fail(&limiter, &login, &alice, 2).await;
+    let hour = Duration::from_secs(3600);
+    let until = limiter
+        .block(&login, &mallory, hour, "setup", "setup")
+        .await
+        .unwrap();
+
+    let alices = look_up(&app, "login", "alice@example.com").await;
+    let alices = lookup_part(&alices.body);
+    let (unlock, _, unlock_token) = unlock_forms(alices).pop().unwrap();
+    let (block, _, block_token) = forms(alices, "block").pop().unwrap();
+    let mallorys = look_up(&app, "login", "mallory@example.com").await;
+    let (unblock, _, unblock_token) = forms(lookup_part(&mallorys.body), "unblock").pop().unwrap();
+    let everywhere = look_up_everywhere(&app, "alice@example.com").await;
+    let (every_limit, _, every_limit_token) = unlock_forms(&everywhere.body).pop().unwrap();
+
+    let (alice_key, mallory_key) = (alice.as_str(), mallory.as_str());
+    // What, where, the form but its reason, what it did not do.
+    let cases: &[(&str, &str, Fields, &str)] = &[
+        (
+            "an unlock",
+            &unlock,
+            &[("key", alice_key), ("token", &unlock_token)],
+            "unlocked",
+        ),
+        (
+            "an unlock under every limit",
+            &every_limit,
+            &[("key", alice_key), ("token", &every_limit_token)],
+            "unlocked",
+        ),
+        (
+            "a block",
+            &block,
+            &[("key", alice_key), ("token", &block_token), ("for", "3600")],
+            "blocked",
+        ),
+        (
+            "an unblock",
+            &unblock,
+            &[("key", mallory_key), ("token", &unblock_token)],
+            "unblocked",
+        ),
+    ];
+    for (what, path, form, not_done) in cases {
+        for reason in [None, Some(""), Some(" \t ")] {
+            let mut form = form.to_vec();
+            form.extend(reason.map(|reason| ("reason", reason)));
+            let answer = post(&app, path, &as_staff("ann"), &form).await;
+            assert_eq!(
+                answer.status,
+                StatusCode::BAD_REQUEST,
+                "{what} {reason:?}: {}",
+                answer.body
+            );
+            assert_secured(&answer, what);
+            let said = unescape(&answer.body);
+            for words in ["a reason is required", &format!("Nothing was {not_done}")] {
+                assert!(said.contains(words), "{what} {reason:?}: {said}");
+            }
+        }
+    }
+    let status = limiter.status(&login, &alice).await.unwrap();
+    assert_eq!(status.count(), 2, "not unlocked");
+    assert!(
+        status.is_refused() && status.locked_until().is_none(),
+        "not blocked"
+    );
+    let status = limiter.status(&login, &mallory).await.unwrap();
+    assert_eq!(status.locked_until(), Some(until), "still blocked");
+    assert_eq!(
+        limiter.audit(None, 10).await.unwrap().len(),
+        1,
+        "only the setup"
+    );
+}
+
+/// Each token is bound to its action as well as its limit and key: a
+/// Block token replayed as an Unlock, an Unblock or an unlock under every
+/// limit is a 403, and so is an Unlock or Unblock token replayed as a
+/// Block, or as each other; none changes anything. Each at its own route
+/// acts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_acts_only_as_its_own_forms() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 2);
+    let app = staffed_app(&limiter, std::slice::from_ref(&login));
+    let alice = Key::email("alice@example.com");
+    fail(&limiter, &login, &alice, 2).await;
+    let hour = Duration::from_secs(3600);
+    let until = limiter
+        .block(&login, &alice, hour, "setup", "setup")
+        .await
+        .unwrap();
+
+    let found = look_up(&app, "login", "alice@example.com").await;
+    let part = lookup_part(&found.body);
+    let (unlock, _, unlock_token) = unlock_forms(part).pop().unwrap();
+    let (block, _, block_token) = forms(part, "block").pop().unwrap();
+    let (unblock, _, unblock_token) = forms(part, "unblock").pop().unwrap();
+    let everywhere = look_up_everywhere(&app, "alice@example.com").await;
+    let (every_limit, _, every_limit_token) = unlock_forms(&everywhere.body).pop().unwrap();
+
+    let form = |token: &str| -> Vec<(String, String)> {
+        [
+            ("key", alice.as_str()),
+            ("token", token),
+            ("for", "900"),
+            ("reason", REASON),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .to_vec()
+    };
+    let replays = [
+        ("a Block token as an Unlock", &unlock, &block_token),
+        ("a Block token as an Unblock", &unblock, &block_token),
+        (
+            "a Block token under every limit",
+            &every_limit,
+            &block_token,
+        ),
+        ("an Unlock token as a Block", &block, &unlock_token),
+        ("an Unlock token as an Unblock", &unblock, &unlock_token),
+        ("an Unblock token as a Block", &block, &unblock_token),
+        ("an Unblock token as an Unlock", &unlock, &unblock_token),
+        (
+            "every limit's Unlock token as a Block",
+            &block,
+            &every_limit_token,
+        ),
+    ];
+    for (what, path, token) in replays {
+        let form = form(token);
+        let form: Vec<(&str, &str)> = form.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let answer = post(&app, path, &as_staff("ann"), &form).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{what}: {}",
+            answer.body
+        );
+        assert!(
+            answer.body.contains("not valid for this key"),
+            "{what}: {}",
+            answer.body
+        );
+    }
+    let status = limiter.status(&login, &alice).await.unwrap();
+    assert_eq!(
+        (status.count(), status.locked_until()),
+        (2, Some(until)),
+        "nothing changed"
+    );
+    assert_eq!(
+        limiter.audit(None, 10).await.unwrap().len(),
+        1,
+        "only the setup"
+    );
+
+    for (path, token, done) in [
+        (&block, &block_token, "blocked"),
+        (&unblock, &unblock_token, "unblocked"),
+        (&unlock, &unlock_token, "unlocked"),
+    ] {
+        let form = form(token);
+        let form: Vec<(&str, &str)> = form.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let answer = post(&app, path, &as_staff("ann"), &form).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::SEE_OTHER,
+            "{path}: {}",
+            answer.body
+        );
+        assert!(location(&answer).ends_with(&format!("?{done}")), "{path}");
+    }
+    assert!(limiter.check(&login, &alice).await.unwrap().is_allowed());
+}
+
+/// A cross-site Block is a 403 that says why and blocks nothing, as a
+/// cross-site unlock is: a `Sec-Fetch-Site` other than same-origin, a
+/// foreign or null `Origin`, no token, another router's token; so is a
+/// cross-site Unblock, which ends no block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_site_block_is_403_and_blocks_nothing() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 5);
+    let limits = [login.clone()];
+    let app = staffed_app(&limiter, &limits);
+    let another_router = staffed_app(&limiter, &limits);
+    let mallory = Key::email("mallory@example.com");
+
+    let found = look_up(&app, "login", "mallory@example.com").await;
+    let (action, key, token) = forms(lookup_part(&found.body), "block").pop().unwrap();
+    let elsewhere = look_up(&another_router, "login", "mallory@example.com").await;
+    let (_, _, other_routers_token) = forms(lookup_part(&elsewhere.body), "block").pop().unwrap();
+    assert_ne!(other_routers_token, token);
+
+    let key = key.as_str();
+    let block = |token| {
+        [
+            ("key", key),
+            ("token", token),
+            ("for", "3600"),
+            ("reason", REASON),
+        ]
+    };
+    let cases: &[(&str, Fields, Fields, &str)] = &[
+        (
+            "Sec-Fetch-Site: cross-site",
+            &[
+                ("sec-fetch-site", "cross-site"),
+                ("origin", "https://staff.example:8443"),
+            ],
+            &block(&token),
+            "another site",
+        ),
+        (
+            "Sec-Fetch-Site: same-site",
+            &[("sec-fetch-site", "same-site")],
+            &block(&token),
+            "another site",
+        ),
+        (
+            "a foreign Origin",
+            &[("origin", "https://evil.example")],
+            &block(&token),
+            "Origin",
+        ),
+        (
+            "Origin: null",
+            &[("origin", "null")],
+            &block(&token),
+            "Origin",
+        ),
+        (
+            "no token",
+            SAME_ORIGIN,
+            &[("key", key), ("for", "3600"), ("reason", REASON)],
+            "token",
+        ),
+        (
+            "another router's token",
+            SAME_ORIGIN,
+            &block(&other_routers_token),
+            "token",
+        ),
+    ];
+    for (what, fields, form, says) in cases {
+        let answer = post(&app, &action, fields, form).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{what}: {}",
+            answer.body
+        );
+        assert_secured(&answer, what);
+        for words in ["Forbidden: not blocked", "Nothing was blocked", says] {
+            assert!(answer.body.contains(words), "{what}: {}", answer.body);
+        }
+    }
+    assert!(limiter.check(&login, &mallory).await.unwrap().is_allowed());
+    let status = limiter.status(&login, &mallory).await.unwrap();
+    assert!(status.locked_until().is_none(), "not blocked");
+    assert!(limiter.audit(None, 10).await.unwrap().is_empty());
+
+    let hour = Duration::from_secs(3600);
+    limiter
+        .block(&login, &mallory, hour, "setup", "setup")
+        .await
+        .unwrap();
+    let found = look_up(&app, "login", "mallory@example.com").await;
+    let (action, _, token) = forms(lookup_part(&found.body), "unblock").pop().unwrap();
+    let cross_site = [
+        ("sec-fetch-site", "cross-site"),
+        ("origin", "https://evil.example"),
+    ];
+    let form = [("key", key), ("token", &token), ("reason", REASON)];
+    let answer = post(&app, &action, &cross_site, &form).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+    assert!(
+        answer.body.contains("Nothing was unblocked"),
+        "{}",
+        answer.body
+    );
+    assert!(limiter.check(&login, &mallory).await.unwrap().is_refused());
+    assert_eq!(limiter.audit(None, 10).await.unwrap().len(), 1);
+}
+
+/// A limit's page shows its newest audit entries, at most
+/// `Admin::AUDIT_ENTRIES`, newest first, and only its own: who and why as
+/// text (whatever was typed), the key as a row shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limits_page_shows_its_newest_audit_entries() {
+    let db = fresh_db().await;
+    let limiter = limiter_on(db.config());
+    let login = limit("login", 5);
+    let reset_password = limit("reset-password", 5);
+    let app = app(&limiter, &[login.clone(), reset_password.clone()]);
+    for i in 0..25 {
+        let key = Key::email(&format!("user{i}@example.com"));
+        let why = format!("reason {i}");
+        limiter.unlock(&login, &key, "ann", &why).await.unwrap();
+    }
+    let look_alike = Key::new(["email", "alice@example.com\u{200B}"]).unwrap();
+    let hour = Duration::from_secs(3600);
+    let (who, why) = ("<b>eve</b>", "<script>alert(1)</script> & \"more\"");
+    limiter
+        .block(&login, &look_alike, hour, who, why)
+        .await
+        .unwrap();
+    let other = Key::email("other@example.com");
+    limiter
+        .unlock(&reset_password, &other, "ann", REASON)
+        .await
+        .unwrap();
+
+    let page = get(&app, &format!("{MOUNT}/login")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let audit = &page.body[page.body.find("<h2>Audit</h2>").unwrap()..];
+    let rows = audit_rows(audit);
+    let entries = admin::Admin::<Postgres<tokio_postgres::Config>>::AUDIT_ENTRIES;
+    assert_eq!(rows.len(), entries, "{audit}");
+    assert_eq!(
+        [&rows[0][1], &rows[0][2], &rows[0][3], &rows[0][5]],
+        [who, "block", "email|alice@example.com\\u{200b}", why],
+        "{audit}"
+    );
+    let reasons: Vec<&str> = rows[1..].iter().map(|row| row[5].as_str()).collect();
+    let newest: Vec<String> = (6..25).rev().map(|i| format!("reason {i}")).collect();
+    assert_eq!(reasons, newest);
+    assert!(!page.body.contains("other@example.com"), "another limit's");
+    for raw in ["<script", "<b>eve"] {
+        assert!(!page.body.contains(raw), "{raw:?} in {audit}");
+    }
 }
 
 /// The budget of calls that must be counted (the suite's `PATIENT`).
