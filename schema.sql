@@ -141,6 +141,13 @@ RETURN ((p_previous::numeric OPERATOR(pg_catalog.*) (p_w OPERATOR(pg_catalog.-) 
         OPERATOR(pg_catalog.+) (p_count::numeric OPERATOR(pg_catalog.*) p_w))
        OPERATOR(pg_catalog.>=) (p_max::numeric OPERATOR(pg_catalog.*) p_w);
 
+-- Whether a row is a block's (platformkit_limit_operate): only a block's row
+-- starts at a time that is not a whole second.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_is_block(p_start timestamptz) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+RETURN pg_catalog.date_part('microseconds', p_start)::pg_catalog.int8 OPERATOR(pg_catalog.%) 1000000
+       OPERATOR(pg_catalog.=) 1;
+
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
     -- 'login|email|alice@example.com', compared byte for byte (collation "C"):
     -- a limit's keys are one range of the primary key (platformkit_limit_list).
@@ -199,8 +206,8 @@ BEGIN
 END
 $$;
 
--- Each limit as a service defines it, recorded by the limiter the first time
--- it uses the limit (platformkit_limit_define), so that the operator's tools
+-- Each limit as a service defines it, recorded at its start-up
+-- (Limiter::record, platformkit_limit_define), so that the operator's tools
 -- read the limits rather than being told them. A limit's tiers share its row:
 -- max is the limit's as built (the guide, "Operating it").
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_defs (
@@ -378,8 +385,8 @@ BEGIN
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
     -- statement
-    INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
-    VALUES (p_key, v_start, v_start + v_window, p_add)
+    INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count, at_max)
+    VALUES (p_key, v_start, v_start + v_window, p_add, p_add >= p_max)
     ON CONFLICT (key, window_start) DO UPDATE
         SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
     RETURNING l.count,
@@ -387,16 +394,18 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        CASE WHEN p_lockout_secs > 0 THEN
-            (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
-             FROM platformkit.platformkit_limits AS x
-             WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-               AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
-        ELSE
-            -- Without a lockout, only a block: through the at_max index.
+        GREATEST(
+            CASE WHEN p_lockout_secs > 0 THEN
+                (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
+                 FROM platformkit.platformkit_limits AS x
+                 WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
+                   AND x.window_end + make_interval(secs => p_lockout_secs) > v_now
+                   AND NOT platformkit.platformkit_is_block(x.window_start))
+            END,
+            -- A block, whatever the limit: through the at_max index.
             (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-             WHERE x.key = p_key AND x.at_max AND x.window_end > v_now AND x.window_start < v_start)
-        END,
+             WHERE x.key = p_key AND x.at_max AND x.window_end > v_now
+               AND platformkit.platformkit_is_block(x.window_start))),
         l.at_max
     INTO o_count, o_previous, v_locked, v_marked;
     -- end of statement
@@ -545,15 +554,17 @@ BEGIN
                    ORDER BY a.ord),
                array_agg(
                    COALESCE(platformkit.platformkit_us(
-                       CASE WHEN a.lockout > 0 THEN
-                           (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                            FROM platformkit.platformkit_limits AS x
-                            WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                              AND x.window_end + make_interval(secs => a.lockout) > v_now)
-                       ELSE
+                       GREATEST(
+                           CASE WHEN a.lockout > 0 THEN
+                               (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                                FROM platformkit.platformkit_limits AS x
+                                WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                                  AND x.window_end + make_interval(secs => a.lockout) > v_now
+                                  AND NOT platformkit.platformkit_is_block(x.window_start))
+                           END,
                            (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-                            WHERE x.key = a.key AND x.at_max AND x.window_end > v_now AND x.window_start < a.start)
-                       END) - o_now, 0)
+                            WHERE x.key = a.key AND x.at_max AND x.window_end > v_now
+                              AND platformkit.platformkit_is_block(x.window_start)))) - o_now, 0)
                    ORDER BY a.ord)
         INTO o_previous, o_locked_for
         FROM (SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
@@ -714,15 +725,17 @@ BEGIN
                                  WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                    ELSE 0 END AS previous,
                    COALESCE(platformkit.platformkit_us(
-                       CASE WHEN a.lockout > 0 THEN
-                           (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                            FROM platformkit.platformkit_limits AS x
-                            WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                              AND x.window_end + make_interval(secs => a.lockout) > v_now)
-                       ELSE
+                       GREATEST(
+                           CASE WHEN a.lockout > 0 THEN
+                               (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                                FROM platformkit.platformkit_limits AS x
+                                WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                                  AND x.window_end + make_interval(secs => a.lockout) > v_now
+                                  AND NOT platformkit.platformkit_is_block(x.window_start))
+                           END,
                            (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-                            WHERE x.key = a.key AND x.at_max AND x.window_end > v_now AND x.window_start < a.start)
-                       END) - o_now, 0) AS locked_for
+                            WHERE x.key = a.key AND x.at_max AND x.window_end > v_now
+                              AND platformkit.platformkit_is_block(x.window_start)))) - o_now, 0) AS locked_for
             FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, t.count, t.window_end,
                          t.secs::numeric * 1000000 AS w,
                          make_interval(secs => t.secs) AS width,
@@ -865,15 +878,17 @@ BEGIN
                       WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
         ELSE 0 END,
         COALESCE(platformkit.platformkit_us(
-            CASE WHEN a.lockout > 0 THEN
-                (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                 FROM platformkit.platformkit_limits AS x
-                 WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                   AND x.window_end + make_interval(secs => a.lockout) > v_now)
-            ELSE
+            GREATEST(
+                CASE WHEN a.lockout > 0 THEN
+                    (SELECT max(x.window_end) + make_interval(secs => a.lockout)
+                     FROM platformkit.platformkit_limits AS x
+                     WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
+                       AND x.window_end + make_interval(secs => a.lockout) > v_now
+                       AND NOT platformkit.platformkit_is_block(x.window_start))
+                END,
                 (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-                 WHERE x.key = a.key AND x.at_max AND x.window_end > v_now AND x.window_start < a.start)
-            END) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
+                 WHERE x.key = a.key AND x.at_max AND x.window_end > v_now
+                   AND platformkit.platformkit_is_block(x.window_start)))) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
@@ -973,16 +988,18 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        CASE WHEN p_lockout_secs > 0 THEN
-            (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
-             FROM platformkit.platformkit_limits AS x
-             WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-               AND x.window_end + make_interval(secs => p_lockout_secs) > v_now)
-        ELSE
-            -- Without a lockout, only a block: through the at_max index.
+        GREATEST(
+            CASE WHEN p_lockout_secs > 0 THEN
+                (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
+                 FROM platformkit.platformkit_limits AS x
+                 WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
+                   AND x.window_end + make_interval(secs => p_lockout_secs) > v_now
+                   AND NOT platformkit.platformkit_is_block(x.window_start))
+            END,
+            -- A block, whatever the limit: through the at_max index.
             (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-             WHERE x.key = p_key AND x.at_max AND x.window_end > v_now AND x.window_start < v_start)
-        END
+             WHERE x.key = p_key AND x.at_max AND x.window_end > v_now
+               AND platformkit.platformkit_is_block(x.window_start)))
     INTO v_count, v_previous, v_locked;
     -- end of statement
     v_now_us := platformkit.platformkit_us(v_now);
@@ -1100,10 +1117,15 @@ BEGIN
                CASE WHEN p_previous THEN
                    COALESCE(max(l.count) FILTER (WHERE l.window_start = v_start - v_window), 0)
                ELSE 0 END AS prev,
-               max(l.window_end) FILTER (
-                   WHERE l.window_start < v_start AND l.count >= p_max
-                     AND l.window_end + make_interval(secs => p_lockout_secs) > v_now)
-               + make_interval(secs => p_lockout_secs) AS locked_until
+               GREATEST(
+                   max(l.window_end) FILTER (
+                       WHERE p_lockout_secs > 0 AND l.window_start < v_start AND l.count >= p_max
+                         AND l.window_end + make_interval(secs => p_lockout_secs) > v_now
+                         AND NOT platformkit.platformkit_is_block(l.window_start))
+                   + make_interval(secs => p_lockout_secs),
+                   max(l.window_end) FILTER (
+                       WHERE l.window_end > v_now AND platformkit.platformkit_is_block(l.window_start)))
+               AS locked_until
         FROM platformkit.platformkit_limits AS l
         WHERE l.key IN (
             -- Only keys a writer left at their max, in a window that can still
@@ -1366,22 +1388,21 @@ END
 $$;
 
 -- An operator's action, audited. 'block': the key refused for p_for_secs
--- under the limit (p_window_secs, p_lockout_secs): a row no window can be (its
--- start and end a whole second and 1 µs, the start before any window that holds
--- the time) at the largest count, which every call reads as a lockout, ending
--- at o_until; a block the key had goes. 'unblock': the key's blocks go.
--- 'unlock': every window of the key goes, blocks included. Returns how many
--- rows went, and a block's end (µs; 0 for the others).
+-- under its limit, whatever the limit's window and lockout: a row whose start
+-- is not a whole second (platformkit_is_block), at the largest count, ending
+-- at the block's end (a whole second and 1 µs), which every call reads; a block
+-- the key had goes. 'unblock': the key's blocks go. 'unlock': every window of
+-- the key goes, blocks included. Returns how many rows went, and a block's end
+-- (µs; 0 for the others). One action on a key at a time.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_operate(
-    p_action text, p_key text, p_for_secs bigint, p_window_secs bigint,
-    p_lockout_secs bigint, p_at bigint, p_by text, p_reason text, p_budget_ms bigint,
+    p_action text, p_key text, p_for_secs bigint, p_at bigint,
+    p_by text, p_reason text, p_budget_ms bigint,
     INOUT o_deleted bigint DEFAULT NULL,
     INOUT o_until bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_now pg_catalog.timestamptz;
-    v_to pg_catalog.timestamptz;
+    v_end pg_catalog.timestamptz;
 BEGIN
     -- prologue
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL OR pg_catalog.pg_is_in_recovery() THEN
@@ -1437,28 +1458,21 @@ BEGIN
        OR p_by IS NULL OR octet_length(p_by) NOT BETWEEN 1 AND 200
        OR p_reason IS NULL OR octet_length(p_reason) NOT BETWEEN 1 AND 1000
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
-       OR (p_action = 'block' AND (
-           p_for_secs IS NULL OR p_for_secs NOT BETWEEN 1 AND 2592000
-           OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
-           OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
-           OR p_for_secs + p_window_secs + 2 > platformkit.platformkit_max_window_secs())) THEN
+       OR (p_action = 'block' AND (p_for_secs IS NULL OR p_for_secs NOT BETWEEN 1 AND 2592000)) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
-    -- A block's row is the one whose start is not a whole second.
+    -- Two blocks of one key at once would each miss the other's row.
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(p_key, 31643310761011572));
     DELETE FROM platformkit.platformkit_limits
-    WHERE key = p_key
-      AND (p_action = 'unlock' OR pg_catalog.date_part('microseconds', window_start)::int8 % 1000000 = 1);
+    WHERE key = p_key AND (p_action = 'unlock' OR platformkit.platformkit_is_block(window_start));
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
     IF p_action = 'block' THEN
-        v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
-        v_to := date_trunc('second', v_now + make_interval(secs => p_for_secs - p_lockout_secs))
-                + interval '1.000001 seconds';
+        v_end := date_trunc('second', COALESCE(platformkit.platformkit_at(p_at), statement_timestamp())
+                                      + make_interval(secs => p_for_secs))
+                 + interval '1.000001 seconds';
         INSERT INTO platformkit.platformkit_limits (key, window_start, window_end, count, at_max)
-        VALUES (p_key,
-                date_trunc('second', LEAST(v_now - make_interval(secs => p_window_secs), v_to))
-                    - interval '1 second' + interval '1 microsecond',
-                v_to, 9223372036854775807, true);
-        o_until := platformkit.platformkit_us(v_to + make_interval(secs => p_lockout_secs));
+        VALUES (p_key, v_end - interval '1 second', v_end, 9223372036854775807, true);
+        o_until := platformkit.platformkit_us(v_end);
     END IF;
     INSERT INTO platformkit.platformkit_limit_audit (by, action, key, until, windows, reason)
     VALUES (p_by, p_action, p_key, platformkit.platformkit_at(o_until),
@@ -1623,7 +1637,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     DELETE FROM platformkit.platformkit_limits
-    WHERE key = p_key AND pg_catalog.date_part('microseconds', window_start)::int8 % 1000000 <> 1;
+    WHERE key = p_key AND NOT platformkit.platformkit_is_block(window_start);
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
     COMMIT;
 END

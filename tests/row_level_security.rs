@@ -202,6 +202,41 @@ async fn assert_out_of_reach(db: &TestDb, client: &Client, login: &Limit, key: &
     ] {
         assert_eq!(client.execute(&change, &[]).await.unwrap(), 0, "{change}");
     }
+    // The audit too: an unlock's entry, written by the limiter, is out of
+    // reach, and nobody outside the limiter writes one.
+    limiter
+        .unlock(login, &Key::opaque("nobody"), "ann", "a test")
+        .await
+        .unwrap();
+    let audit = "platformkit.platformkit_limit_audit";
+    let seen: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {audit}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 0, "SELECT saw the audit");
+    let forged = client
+        .execute(
+            &format!(
+                "INSERT INTO {audit} (by, action, key, reason) VALUES ('x', 'unlock', 'k', 'y')"
+            ),
+            &[],
+        )
+        .await
+        .expect_err("INSERT into the audit went through row-level security");
+    assert!(
+        forged
+            .as_db_error()
+            .is_some_and(|e| e.message().contains("row-level security")),
+        "{forged:?}"
+    );
+    for change in [
+        format!("UPDATE {audit} SET by = 'y'"),
+        format!("DELETE FROM {audit}"),
+    ] {
+        assert_eq!(client.execute(&change, &[]).await.unwrap(), 0, "{change}");
+    }
+    assert_eq!(limiter.audit(None, 10).await.unwrap().len(), 1);
     assert_eq!(limiter.limits().await.unwrap(), std::slice::from_ref(login));
 }
 

@@ -473,6 +473,121 @@ async fn a_block_holds_across_windows_on_every_path_until_its_end() {
     assert_eq!(wrong.kind(), ErrorKind::InvalidOption);
 }
 
+/// A block is its own, whatever the limit reads it: made under a limit
+/// with a lockout and a short window, it holds for its length, no longer,
+/// under a next deploy's limit of the same name without a lockout, with a
+/// longer window, or with a longer lockout; two blocks of one key at once
+/// leave one, neither failing; a blocked key is listed on both stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_is_its_own_whatever_the_limit_and_one_replaces_another() {
+    let db = fresh_db().await;
+    let clock = pinned_clock();
+    let (support, other) = (
+        counting_every_call(db.config(), &clock),
+        counting_every_call(db.config(), &clock),
+    );
+    let memory = Limiter::builder(platformkit_limit::Memory::new().with_clock(clock.clone()))
+        .no_refusal_cache()
+        .build()
+        .unwrap();
+    let made_under = Limit::builder("login", 5, Duration::from_secs(60))
+        .lockout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let mallory = Key::email("mallory@example.com");
+    let until = support
+        .block(
+            &made_under,
+            &mallory,
+            Duration::from_secs(1800),
+            "ann",
+            "t1",
+        )
+        .await
+        .unwrap();
+    memory
+        .block(
+            &made_under,
+            &mallory,
+            Duration::from_secs(1800),
+            "ann",
+            "t1",
+        )
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(60));
+    let next_deploys = [
+        limit("login", 5),
+        Limit::new("login", 5, Duration::from_secs(86_400)).unwrap(),
+        Limit::builder("login", 5, Duration::from_secs(60))
+            .lockout(Duration::from_secs(86_400))
+            .build()
+            .unwrap(),
+    ];
+    for read_under in &next_deploys {
+        let verdict = other.check(read_under, &mallory).await.unwrap();
+        assert!(verdict.is_refused(), "{read_under:?}: {verdict:?}");
+        assert_eq!(verdict.reopens_at(), Some(until), "{read_under:?}");
+        for store in [
+            &support.refused_keys(read_under, 10).await.unwrap(),
+            &memory.refused_keys(read_under, 10).await.unwrap(),
+        ] {
+            assert_eq!(store.len(), 1, "{read_under:?}: {store:?}");
+        }
+    }
+    clock.set(until);
+    for read_under in &next_deploys {
+        assert!(
+            other
+                .check(read_under, &mallory)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+    }
+
+    let (short, long) = tokio::join!(
+        support.block(
+            &made_under,
+            &mallory,
+            Duration::from_secs(60),
+            "ann",
+            "short"
+        ),
+        other.block(
+            &made_under,
+            &mallory,
+            Duration::from_secs(600),
+            "bob",
+            "long"
+        ),
+    );
+    let (short, long) = (short.unwrap(), long.unwrap());
+    let reopens = other
+        .check(&made_under, &mallory)
+        .await
+        .unwrap()
+        .reopens_at();
+    assert!(
+        reopens == Some(short) || reopens == Some(long),
+        "{reopens:?}"
+    );
+    assert_eq!(
+        support
+            .unblock(&made_under, &mallory, "carol", "one block")
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(
+        other
+            .check(&made_under, &mallory)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+}
+
 /// A login granted nothing cannot list; PUBLIC may not execute the listing;
 /// `grants` lets a role execute it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

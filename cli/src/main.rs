@@ -38,7 +38,7 @@ WHO is --reason TEXT [--by NAME]: why, and who (the login's USER unless
 given), written with the action in the audit.
 
 LIMIT is a limit's name, as `limits` lists it: each limit is recorded, with
-its max, window and lockout, by the service's first call under it.
+its max, window and lockout, by the service at start-up (Limiter::record).
 
 KEY is an email address or an IP address, a key as this tool shows it
 (email|alice@example.com, account|42), or kind:value, the kind email, user,
@@ -211,7 +211,7 @@ async fn limits() -> Result<(), Failure> {
 
 /// What `limits` says when no limit is recorded.
 const NONE_RECORDED: &str =
-    "no limit is recorded yet: a service records each limit on its first call under it";
+    "no limit is recorded yet: a service records its limits at start-up (Limiter::record)";
 
 async fn status(args: &[String]) -> Result<(), Failure> {
     let limiter = limiter()?;
@@ -341,13 +341,15 @@ async fn audit(args: &[String]) -> Result<(), Failure> {
         let windows = entry
             .windows()
             .map_or_else(String::new, |n| format!(" ({n} windows)"));
+        // Who and why as typed, but a control character escaped: no line of
+        // the audit can forge another, or write to the terminal.
         println!(
             "{} {} {} {} {key}{until}{windows}: {}",
             utc(entry.at()),
-            entry.by(),
+            entry.by().escape_debug(),
             entry.action().as_str(),
             entry.limit(),
-            entry.reason()
+            entry.reason().escape_debug()
         );
     }
     Ok(())
@@ -358,8 +360,12 @@ async fn audit(args: &[String]) -> Result<(), Failure> {
 fn who<'a>(options: &'a HashMap<&str, String>) -> Result<(String, &'a str), Failure> {
     let reason = options
         .get("--reason")
+        .filter(|reason| !reason.trim().is_empty())
         .ok_or_else(|| Failure::Usage("--reason TEXT is needed: the audit keeps why".into()))?;
     let by = match options.get("--by") {
+        Some(by) if by.trim().is_empty() => {
+            return Err(Failure::Usage("--by NAME: a name is needed".into()));
+        }
         Some(by) => by.clone(),
         None => std::env::var("USER")
             .or_else(|_| std::env::var("LOGNAME"))
@@ -380,14 +386,18 @@ fn options<'a>(
     let mut options = HashMap::new();
     let mut args = args.iter();
     while let Some(arg) = args.next() {
-        if let Some(&option) = valued.iter().find(|&&o| o == arg) {
-            options.insert(option, value(&mut args, option)?);
+        let given = if let Some(&option) = valued.iter().find(|&&o| o == arg) {
+            options.insert(option, value(&mut args, option)?)
         } else if let Some(&flag) = flags.iter().find(|&&f| f == arg) {
-            options.insert(flag, String::new());
+            options.insert(flag, String::new())
         } else if arg.starts_with("--") {
             return Err(Failure::Usage(format!("unexpected {arg:?}")));
         } else {
             words.push(arg);
+            None
+        };
+        if given.is_some() {
+            return Err(Failure::Usage(format!("{arg} is given twice")));
         }
     }
     Ok((words, options))

@@ -505,7 +505,12 @@ async fn errors_are_clear_with_their_exit_codes() {
     assert!(stderr(&out).contains("invalid option at_most"), "{out:?}");
 
     for usage in [
-        &["status", "login", "id:a", "--max", "1"][..],
+        &["reset", "login", "id:a", "--reason", " ", "--by", "ann"][..],
+        &["reset", "login", "id:a", "--reason", "x", "--by", ""],
+        &[
+            "reset", "login", "id:a", "--reason", "x", "--reason", "y", "--by", "ann",
+        ],
+        &["status", "login", "id:a", "--max", "1"],
         &["locked", "login", "--window", "1m"],
         &["reset", "--every-limit"],
         &["status"],

@@ -191,7 +191,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Clears the key under `limit`, every window of it (after a good login,
-    /// say). Returns how many windows the store held: 0 for a key never
+    /// say), but an operator's [block](Limiter::block), which it keeps. Returns how many windows the store held: 0 for a key never
     /// counted, or one of another spelling.
     ///
     /// # Errors

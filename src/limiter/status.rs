@@ -121,8 +121,8 @@ impl KeyStatus {
             .map(|at| at.duration_since(self.now).unwrap_or_default())
     }
 
-    /// The end of the lockout running, if the limit has a lockout and one
-    /// is running for the key.
+    /// The end of the lockout running for the key, or of its
+    /// [block](Limiter::block), if one is.
     pub fn locked_until(&self) -> Option<SystemTime> {
         self.locked_until
     }
@@ -138,7 +138,7 @@ impl<S: Store> Limiter<S> {
     /// The state of `key` under `limit` now: one read of the store (a
     /// `check`'s statement, no call outcome recorded), nothing counted,
     /// never from the refusal cache. To unlock the key,
-    /// [`reset`](Limiter::reset) it.
+    /// [`unlock`](Limiter::unlock) it.
     ///
     /// # Errors
     ///
@@ -324,10 +324,12 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Refuses `key` under `limit` for `block_for` (whole seconds, at most
-    /// [`Limiter::MAX_BLOCK`], and with the limit's window at most
-    /// [`Limit::MAX_WINDOW`]), whatever its count: every call reads the
-    /// block as a lockout, on every replica; a block the key had is
-    /// replaced. Written with `by` (who) and `reason` in the
+    /// [`Limiter::MAX_BLOCK`]), whatever its count and whatever the limit's
+    /// window and lockout are then: every call reads the block as a
+    /// lockout, on every replica; a block the key had is replaced, and the
+    /// service's own [`reset`](Limiter::reset) keeps it. While the store is
+    /// unreachable, the limit's
+    /// [`WhenUnreachable`](crate::WhenUnreachable) decides, block or not. Written with `by` (who) and `reason` in the
     /// [audit](Limiter::audit), in the same transaction. Returns when it
     /// ends, on the store's clock (within a second after `block_for`).
     ///
@@ -366,11 +368,10 @@ impl<S: Store> Limiter<S> {
         ensure!(
             block_for >= Duration::from_secs(1)
                 && block_for <= Limiter::MAX_BLOCK
-                && block_for.subsec_nanos() == 0
-                && block_for + limit.window() + Duration::from_secs(2) <= Limit::MAX_WINDOW,
+                && block_for.subsec_nanos() == 0,
             InvalidOptionSnafu {
                 option: "block_for",
-                reason: "a block lasts whole seconds, 1 s to 30 days, and with the limit's window at most 366 days",
+                reason: "a block lasts whole seconds, 1 s to 30 days",
             }
         );
         let (_, until) = self
@@ -485,31 +486,27 @@ impl<S: Store> Limiter<S> {
         (by, reason): (&str, &str),
     ) -> Result<(u64, Option<SystemTime>), Error> {
         let (most_by, most_reason) = Limiter::MAX_AUDIT_BYTES;
+        let fits =
+            |text: &str, most: usize| (1..=most).contains(&text.len()) && !text.contains('\0');
         ensure!(
-            (1..=most_by).contains(&by.len()) && (1..=most_reason).contains(&reason.len()),
+            fits(by, most_by) && fits(reason, most_reason),
             InvalidOptionSnafu {
                 option: "by, reason",
                 reason: format!(
-                    "an operator's call says who (1 to {most_by} bytes) and why (1 to {most_reason} bytes)"
+                    "an operator's call says who (1 to {most_by} bytes) and why (1 to {most_reason} bytes), with no NUL"
                 ),
             }
         );
         let stored = stored(limit.name(), key);
         let call = Call::start(Operation::Operator, self.budget());
         self.refusals.forget(&stored);
-        if action == AuditAction::Unlock {
+        let store = self.store();
+        let done = store.operate(action, &stored, block_for, (by, reason), call.deadline());
+        let result = call.within_store(store, done).await;
+        if action == AuditAction::Unlock && result.is_ok() {
             // The local count (if the limit ever fell back to it) too.
             let _ = self.fallback.reset(&stored, call.deadline()).await;
         }
-        let store = self.store();
-        let done = store.operate(
-            action,
-            (limit, &stored),
-            block_for,
-            (by, reason),
-            call.deadline(),
-        );
-        let result = call.within_store(store, done).await;
         // Again: a refusal cached by a call that raced it is stale.
         self.refusals.forget(&stored);
         result

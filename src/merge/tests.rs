@@ -87,13 +87,13 @@ impl Sealed for Tally {
     async fn operate(
         &self,
         action: crate::AuditAction,
-        pair: (&Limit, &str),
+        key: &str,
         block_for: std::time::Duration,
         who: (&str, &str),
         deadline: Instant,
     ) -> Result<(u64, Option<SystemTime>), Error> {
         self.store
-            .operate(action, pair, block_for, who, deadline)
+            .operate(action, key, block_for, who, deadline)
             .await
     }
     async fn audit(

@@ -147,13 +147,13 @@ pub(crate) mod sealed {
             deadline: Instant,
         ) -> impl Future<Output = Result<Vec<Limit>, Error>> + Send;
 
-        /// An operator's `action` on a stored key under its limit
-        /// (`pair`), audited with who did it and why (`who`); a block lasts
-        /// `block_for`. How many rows went, and a block's end.
+        /// An operator's `action` on the stored key `key`, audited with who
+        /// did it and why (`who`); a block lasts `block_for`. How many rows
+        /// went, and a block's end.
         fn operate(
             &self,
             action: AuditAction,
-            pair: (&Limit, &str),
+            key: &str,
             block_for: Duration,
             who: (&str, &str),
             deadline: Instant,

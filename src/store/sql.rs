@@ -74,15 +74,15 @@ pub(crate) const LIMITS: &str =
 /// An operator's action (`block`, `unblock`, `unlock`) on the key,
 /// audited. Returns how many rows went, and a block's end.
 pub(crate) const OPERATE: &str = "CALL platformkit.platformkit_limit_operate(\
-    p_action => $1, p_key => $2, p_for_secs => $3, p_window_secs => $4, \
-    p_lockout_secs => $5, p_at => $6, p_by => $7, p_reason => $8, p_budget_ms => $9)";
+    p_action => $1, p_key => $2, p_for_secs => $3, p_at => $4, \
+    p_by => $5, p_reason => $6, p_budget_ms => $7)";
 
 /// The audit, newest first: texts (by, action, key, reason) and integers
 /// (at, until or 0, windows or -1) an entry.
 pub(crate) const AUDIT: &str = "SELECT * FROM platformkit.platformkit_limit_audit_log(\
     p_prefix => $1, p_at_most => $2, p_budget_ms => $3)";
 
-/// Deletes every window of the key. Returns how many rows went.
+/// Deletes every window of the key but a block. Returns how many rows went.
 pub(crate) const RESET: &str = "CALL platformkit.platformkit_limit_reset(\
     p_key => $1, p_budget_ms => $2, p_relaxed => $3)";
 
@@ -383,8 +383,8 @@ impl Limits {
 pub(crate) struct Operate<'a> {
     pub(crate) action: &'a str,
     pub(crate) key: &'a str,
-    /// A block's length, and the limit's window and lockout, in seconds.
-    pub(crate) block: Option<[i64; 3]>,
+    /// A block's length in seconds.
+    pub(crate) block_secs: Option<i64>,
     pub(crate) at: Option<i64>,
     pub(crate) by: &'a str,
     pub(crate) reason: &'a str,
@@ -392,16 +392,13 @@ pub(crate) struct Operate<'a> {
 }
 
 impl<'a> Operate<'a> {
-    pub(crate) fn statement(self) -> Statement<'a, 9> {
-        let [secs, window, lockout] = self.block.map_or([None; 3], |b| b.map(Some));
+    pub(crate) fn statement(self) -> Statement<'a, 7> {
         Statement {
             sql: OPERATE,
             params: [
                 Param::Text(self.action),
                 Param::Text(self.key),
-                Param::MaybeInt8(secs),
-                Param::MaybeInt8(window),
-                Param::MaybeInt8(lockout),
+                Param::MaybeInt8(self.block_secs),
                 Param::MaybeInt8(self.at),
                 Param::Text(self.by),
                 Param::Text(self.reason),

@@ -360,24 +360,29 @@ impl sealed::Sealed for Memory {
     ) -> Result<Vec<(String, Counted)>, Error> {
         let now = micros_since_epoch(self.clock.local_now());
         let mut state = self.lock();
-        let keys: Vec<(String, i64)> = state
+        let width = i64::try_from(limit.window_secs()).unwrap_or(i64::MAX) * 1_000_000;
+        let lockout = i64::try_from(limit.lockout_secs()).unwrap_or(i64::MAX) * 1_000_000;
+        // As the SQL: only keys a write left at its max, in a window that
+        // can still refuse, and blocked keys.
+        let mut keys: Vec<(String, i64)> = state
             .keys
             .iter()
-            .filter(|(key, _)| key.starts_with(prefix))
-            // As the SQL: only keys a write left at its max, in a window
-            // that can still refuse.
-            .filter(|(_, w)| {
-                let width = i64::try_from(limit.window_secs()).unwrap_or(i64::MAX) * 1_000_000;
-                let lockout = i64::try_from(limit.lockout_secs()).unwrap_or(i64::MAX) * 1_000_000;
-                w.at_max.iter().any(|&s| {
-                    s.saturating_add(width) > now.saturating_sub(width).saturating_sub(lockout)
-                })
+            .filter(|(key, w)| {
+                key.starts_with(prefix)
+                    && w.at_max.iter().any(|&s| {
+                        s.saturating_add(width) > now.saturating_sub(width).saturating_sub(lockout)
+                    })
             })
             .map(|(key, w)| {
                 let latest = w.counts.keys().next_back().copied().unwrap_or(i64::MIN);
                 (key.clone(), latest)
             })
             .collect();
+        for (key, &until) in &state.blocks {
+            if key.starts_with(prefix) && until > now && !keys.iter().any(|(k, _)| k == key) {
+                keys.push((key.clone(), i64::MIN));
+            }
+        }
         let mut refused: Vec<(i64, String, Counted)> = keys
             .into_iter()
             .filter_map(|(key, latest)| {
@@ -414,7 +419,7 @@ impl sealed::Sealed for Memory {
     async fn operate(
         &self,
         action: AuditAction,
-        (_limit, key): (&Limit, &str),
+        key: &str,
         block_for: Duration,
         (by, reason): (&str, &str),
         _deadline: Instant,

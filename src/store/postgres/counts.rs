@@ -310,26 +310,20 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
     async fn operate(
         &self,
         action: AuditAction,
-        (limit, key): (&Limit, &str),
+        key: &str,
         block_for: Duration,
         (by, reason): (&str, &str),
         deadline: Instant,
     ) -> Result<(u64, Option<SystemTime>), Error> {
         let operation = Operation::Operator;
         let at = self.pinned()?;
-        let secs = |d: u64| i64::try_from(d).unwrap_or(i64::MAX);
         let row = self
             .send(operation, deadline, |budget_ms| {
                 sql::Operate {
                     action: action.as_str(),
                     key,
-                    block: (action == AuditAction::Block).then(|| {
-                        [
-                            secs(block_for.as_secs()),
-                            secs(limit.window_secs()),
-                            secs(limit.lockout_secs()),
-                        ]
-                    }),
+                    block_secs: (action == AuditAction::Block)
+                        .then(|| i64::try_from(block_for.as_secs()).unwrap_or(i64::MAX)),
                     at,
                     by,
                     reason,
