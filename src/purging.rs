@@ -8,8 +8,8 @@ use crate::call::Call;
 use crate::driver::Row;
 use crate::error::InvalidOptionSnafu;
 use crate::operation::Operation;
-use crate::store::budget::Budget;
 use crate::store::sql::{self, PurgePlace};
+use crate::store::statement::Budget;
 use crate::store::statement::{call, deleted};
 use crate::{Error, LimitConn, metric};
 

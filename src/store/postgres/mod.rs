@@ -14,10 +14,10 @@ use crate::driver::{Row, Session};
 use crate::error::InvalidOptionSnafu;
 use crate::operation::Operation;
 use crate::store::Store;
-use crate::store::budget::{self, Budget};
 use crate::store::health::{Health, Startup};
 use crate::store::sql::{self, Statement};
 use crate::store::statement::call;
+use crate::store::statement::{self, Budget};
 use crate::{Error, LimitConn, ManualClock};
 
 /// The real store: each key's count in each window is a row of
@@ -204,7 +204,7 @@ impl<C: LimitConn> Postgres<C> {
         // At most a quarter of what is left: a measure too long cannot
         // starve the call.
         let budget = Budget::until(deadline, rtt.min(left / 4));
-        if left < rtt + budget::LEAST_SERVER || Instant::now() >= budget.send_by {
+        if left < rtt + statement::LEAST_SERVER || Instant::now() >= budget.send_by {
             let waited = Instant::now().saturating_duration_since(since);
             return Err(Error::out_of_budget(operation, waited));
         }
