@@ -116,6 +116,17 @@ RETURN 1000000000;
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_lockout_secs() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 86400;
+-- Limiter::MAX_BLOCK, in seconds (30 days).
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_block_secs() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 2592000;
+-- Limiter::MAX_AUDIT_BYTES: who did an operator's call, and why.
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_by_bytes() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 200;
+CREATE OR REPLACE FUNCTION platformkit.platformkit_max_reason_bytes() RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 1000;
 -- Instants cross the wire as integers, microseconds since the Unix epoch.
 -- A pinned time (p_at) is from 1900-01-01 on, and before 2200-01-01 (UTC).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_min_at() RETURNS bigint
@@ -943,10 +954,10 @@ BEGIN
     -- prologue: schema/prologue.sql
     IF p_action IS NULL OR p_action NOT IN ('block', 'unblock', 'unlock')
        OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
-       OR p_by IS NULL OR octet_length(p_by) NOT BETWEEN 1 AND 200
-       OR p_reason IS NULL OR octet_length(p_reason) NOT BETWEEN 1 AND 1000
+       OR p_by IS NULL OR octet_length(p_by) NOT BETWEEN 1 AND platformkit.platformkit_max_by_bytes()
+       OR p_reason IS NULL OR octet_length(p_reason) NOT BETWEEN 1 AND platformkit.platformkit_max_reason_bytes()
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
-       OR (p_action = 'block' AND (p_for_secs IS NULL OR p_for_secs NOT BETWEEN 1 AND 2592000)) THEN
+       OR (p_action = 'block' AND (p_for_secs IS NULL OR p_for_secs NOT BETWEEN 1 AND platformkit.platformkit_max_block_secs())) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     -- Two blocks of one key at once would each miss the other's row.

@@ -228,9 +228,9 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
         .collect();
     assert_eq!(
         executable.len(),
-        26,
+        29,
         "eight procedures, five readers, the policy's function, the schema's version, \
-         the seven bounds, the two conversions of an instant, the decision and a block's \
+         the ten bounds, the two conversions of an instant, the decision and a block's \
          mark: {executable:?}"
     );
     assert!(

@@ -328,6 +328,19 @@ async fn each_bound_is_written_once_in_the_schema_and_is_the_rust_constant() {
         number("SELECT platformkit.platformkit_max_lockout_secs()").await,
         as_i64(Limit::MAX_LOCKOUT.as_secs().into())
     );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_block_secs()").await,
+        as_i64(Limiter::MAX_BLOCK.as_secs().into())
+    );
+    let (by, reason) = Limiter::MAX_AUDIT_BYTES;
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_by_bytes()").await,
+        as_i64(by as u128)
+    );
+    assert_eq!(
+        number("SELECT platformkit.platformkit_max_reason_bytes()").await,
+        as_i64(reason as u128)
+    );
     // The pinned clock's years, as the Rust side refuses them
     // (a_clock_pinned_outside_1900_to_2199_is_an_invalid_option).
     assert_eq!(
@@ -351,6 +364,8 @@ async fn each_bound_is_written_once_in_the_schema_and_is_the_rust_constant() {
         "'2200-01-01",
         "AND 86400",
         "86400 >=",
+        "2592000",
+        "AND 200\n",
     ] {
         assert!(
             !routines.contains(literal),

@@ -328,8 +328,8 @@ impl<S: Store> Limiter<S> {
     /// window and lockout are then: every call reads the block as a
     /// lockout, on every replica; a block the key had is replaced, and the
     /// service's own [`reset`](Limiter::reset) keeps it. While the store is
-    /// unreachable, the limit's
-    /// [`WhenUnreachable`](crate::WhenUnreachable) decides, block or not. Written with `by` (who) and `reason` in the
+    /// unreachable, the limit's [`WhenUnreachable`](crate::WhenUnreachable)
+    /// decides, block or not. Written with `by` (who) and `reason` in the
     /// [audit](Limiter::audit), in the same transaction. Returns when it
     /// ends, on the store's clock (within a second after `block_for`).
     ///

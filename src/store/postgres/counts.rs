@@ -265,15 +265,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let get = |e: Failure| e.into_error(operation, false);
         let names: Vec<String> = row.texts(0).map_err(get)?;
         let numbers: Vec<i64> = row.int8s(1).map_err(get)?;
-        let bad = || {
-            Error::from(
-                UnexpectedSnafu {
-                    operation,
-                    what: "a recorded limit out of bounds",
-                }
-                .build(),
-            )
-        };
+        let bad = || unexpected(operation, "a recorded limit out of bounds");
         ensure!(
             numbers.len() == 4 * names.len(),
             UnexpectedSnafu {
@@ -286,7 +278,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             .zip(numbers.chunks_exact(4))
             .map(|(name, settings)| {
                 let &[max, window, sliding, lockout] = settings else {
-                    unreachable!("chunks of four");
+                    return Err(bad());
                 };
                 let (Ok(max), Ok(window), Ok(lockout)) = (
                     u32::try_from(max),
@@ -358,15 +350,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let get = |e: Failure| e.into_error(operation, false);
         let texts: Vec<String> = row.texts(0).map_err(get)?;
         let numbers: Vec<i64> = row.int8s(1).map_err(get)?;
-        let bad = || {
-            Error::from(
-                UnexpectedSnafu {
-                    operation,
-                    what: "an audit whose columns disagree",
-                }
-                .build(),
-            )
-        };
+        let bad = || unexpected(operation, "an audit whose columns disagree");
         if texts.len() % 4 != 0 || numbers.len() % 3 != 0 || texts.len() / 4 != numbers.len() / 3 {
             return Err(bad());
         }
@@ -522,4 +506,9 @@ fn counted_pairs(
         .into_iter()
         .map(|quad| counted(operation, now, quad))
         .collect()
+}
+
+/// An answer the crate cannot read: never a guess.
+fn unexpected(operation: Operation, what: &'static str) -> Error {
+    UnexpectedSnafu { operation, what }.build().into()
 }
