@@ -440,7 +440,7 @@ $$;
 -- (key, window_start) order, so calls over the same pairs cannot deadlock.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_many(
     p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at bigint,
-    p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
+    p_budget_ms bigint, p_relaxed boolean, p_sliding boolean[],
     p_maxes bigint[], p_lockout_secs bigint[],
     INOUT o_counts bigint[] DEFAULT NULL,
     INOUT o_window_ends bigint[] DEFAULT NULL,
@@ -506,13 +506,15 @@ BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
     -- Each array here; each key's length where the statement reads the keys.
-    IF p_previous IS NULL OR p_relaxed IS NULL
+    IF p_relaxed IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
        OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_adds) IS DISTINCT FROM cardinality(p_keys)
+       OR cardinality(p_sliding) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
        OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
+       OR array_position(p_sliding, NULL) IS NOT NULL
        OR NOT COALESCE(1 <= ALL (p_adds)
                        AND 1 <= ALL (p_window_secs) AND platformkit.platformkit_max_window_secs() >= ALL (p_window_secs)
                        AND 1 <= ALL (p_maxes) AND platformkit.platformkit_max_attempts() >= ALL (p_maxes)
@@ -523,11 +525,11 @@ BEGIN
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     o_now := platformkit.platformkit_us(v_now);
     WITH asked AS (
-        SELECT t.key, t.ord, t.add, t.max, make_interval(secs => t.secs) AS width,
+        SELECT t.key, t.ord, t.add, t.max, t.sliding, make_interval(secs => t.secs) AS width,
                date_bin(make_interval(secs => t.secs), v_now,
                         timestamptz '1970-01-01 00:00:00+00') AS start
-        FROM unnest(p_keys, p_window_secs, p_adds, p_maxes)
-             WITH ORDINALITY AS t(key, secs, add, max, ord)
+        FROM unnest(p_keys, p_window_secs, p_adds, p_maxes, p_sliding)
+             WITH ORDINALITY AS t(key, secs, add, max, sliding, ord)
         -- A key out of bounds is left out here, and refused below.
         WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
     ), counted AS (
@@ -544,7 +546,7 @@ BEGIN
     )
     SELECT array_agg(c.count ORDER BY a.ord),
            array_agg(platformkit.platformkit_us(a.start + a.width) ORDER BY a.ord),
-           bool_or(NOT c.at_max AND (p_previous OR c.count >= a.max))
+           bool_or(NOT c.at_max AND (a.sliding OR c.count >= a.max))
     INTO o_counts, o_window_ends, v_mark
     FROM asked AS a
     JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
@@ -554,11 +556,11 @@ BEGIN
     END IF;
     -- The previous windows and the lockouts, only when a pair may have one: a
     -- lockout, or a block (a row at max still to end).
-    IF p_previous OR 0 < ANY (p_lockout_secs) OR EXISTS (
+    IF true = ANY (p_sliding) OR 0 < ANY (p_lockout_secs) OR EXISTS (
            SELECT 1 FROM platformkit.platformkit_limits AS x
            WHERE x.key = ANY (p_keys) AND x.at_max AND x.window_end > v_now) THEN
         SELECT array_agg(
-                   CASE WHEN p_previous THEN
+                   CASE WHEN a.sliding THEN
                        COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
                                  WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                    ELSE 0 END
@@ -578,10 +580,10 @@ BEGIN
                               AND platformkit.platformkit_is_block(x.window_start)))) - o_now, 0)
                    ORDER BY a.ord)
         INTO o_previous, o_locked_for
-        FROM (SELECT t.key, t.ord, t.max, t.lockout, make_interval(secs => t.secs) AS width,
+        FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, make_interval(secs => t.secs) AS width,
                      platformkit.platformkit_at(t.window_end) - make_interval(secs => t.secs) AS start
-              FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, o_window_ends)
-                   WITH ORDINALITY AS t(key, secs, max, lockout, window_end, ord)) AS a;
+              FROM unnest(p_keys, p_window_secs, p_maxes, p_lockout_secs, p_sliding, o_window_ends)
+                   WITH ORDINALITY AS t(key, secs, max, lockout, sliding, window_end, ord)) AS a;
     ELSE
         o_previous := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
         o_locked_for := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);

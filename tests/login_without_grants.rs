@@ -185,7 +185,7 @@ async fn a_login_with_no_grants_can_neither_call_the_procedures_nor_name_the_tab
          p_previous => false, p_max => 5, p_lockout_secs => 0)",
         "CALL platformkit.platformkit_limit_add_many(p_keys => ARRAY['login|k'], \
          p_window_secs => ARRAY[60::bigint], p_adds => ARRAY[1::bigint], p_at => NULL, p_budget_ms => 2000, \
-         p_relaxed => false, p_previous => false, p_maxes => ARRAY[5::bigint], \
+         p_relaxed => false, p_sliding => ARRAY[false], p_maxes => ARRAY[5::bigint], \
          p_lockout_secs => ARRAY[0::bigint])",
         "CALL platformkit.platformkit_limit_add_all_or_none(p_keys => ARRAY['login|k'], \
          p_window_secs => ARRAY[60::bigint], p_adds => ARRAY[1::bigint], p_at => NULL, p_budget_ms => 2000, \

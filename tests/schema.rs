@@ -423,15 +423,21 @@ fn many(procedure: &str, pairs: usize, window: &str) -> String {
     let maxes = vec!["5"; pairs].join(", ");
     let lockouts = vec!["0"; pairs].join(", ");
     let adds = format!("p_adds => ARRAY[{}]::int8[], ", vec!["1"; pairs].join(", "));
-    let (call, add) = if procedure == "add_many" {
-        ("CALL", format!("{adds}p_relaxed => false, "))
+    let (call, add, previous) = if procedure == "add_many" {
+        let sliding = vec!["false"; pairs].join(", ");
+        let sliding = format!("p_sliding => ARRAY[{sliding}]::boolean[]");
+        ("CALL", format!("{adds}p_relaxed => false, "), sliding)
     } else {
-        ("SELECT * FROM", String::new())
+        (
+            "SELECT * FROM",
+            String::new(),
+            "p_previous => false".to_owned(),
+        )
     };
     format!(
         "{call} platformkit.platformkit_limit_{procedure}(p_keys => ARRAY[{keys}]::text[], \
          p_window_secs => ARRAY[{windows}]::int8[], {add}p_at => NULL, p_budget_ms => 2000, \
-         p_previous => false, p_maxes => ARRAY[{maxes}]::int8[], \
+         {previous}, p_maxes => ARRAY[{maxes}]::int8[], \
          p_lockout_secs => ARRAY[{lockouts}]::int8[])"
     )
 }
@@ -448,7 +454,7 @@ async fn add_many_saturates_a_huge_amount_over_repeated_pairs() {
                 "CALL platformkit.platformkit_limit_add_many(\
                  p_keys => ARRAY['sat|k', 'sat|k'], p_window_secs => ARRAY[60, 60]::int8[], \
                  p_adds => ARRAY[{max}, {max}]::int8[], p_at => NULL, p_budget_ms => 2000, \
-                 p_relaxed => false, p_previous => false, p_maxes => ARRAY[5, 5]::int8[], \
+                 p_relaxed => false, p_sliding => ARRAY[false, false], p_maxes => ARRAY[5, 5]::int8[], \
                  p_lockout_secs => ARRAY[0, 0]::int8[])",
                 max = i64::MAX
             ),

@@ -28,7 +28,7 @@ pub(crate) const ADD: &str = "CALL platformkit.platformkit_limit_add(\
 /// pair, in (key, window) order. Returns arrays in the order given.
 pub(crate) const ADD_MANY: &str = "CALL platformkit.platformkit_limit_add_many(\
     p_keys => $1, p_window_secs => $2, p_adds => $3, p_at => $4, p_budget_ms => $5, \
-    p_relaxed => $6, p_previous => $7, p_maxes => $8, p_lockout_secs => $9)";
+    p_relaxed => $6, p_sliding => $7, p_maxes => $8, p_lockout_secs => $9)";
 
 /// Adds each pair's amount (`p_adds`) to the count of each (key, window)
 /// pair only if every pair's ask may go ahead. Returns arrays in the order
@@ -203,7 +203,7 @@ pub(crate) struct AddMany<'a> {
     pub(crate) at: Option<i64>,
     pub(crate) budget_ms: i64,
     pub(crate) relaxed: bool,
-    pub(crate) previous: bool,
+    pub(crate) sliding: &'a [bool],
     pub(crate) maxes: &'a [i64],
     pub(crate) lockout_secs: &'a [i64],
 }
@@ -219,7 +219,7 @@ impl<'a> AddMany<'a> {
                 Param::MaybeInt8(self.at),
                 Param::Int8(self.budget_ms),
                 Param::Bool(self.relaxed),
-                Param::Bool(self.previous),
+                Param::BoolArray(self.sliding),
                 Param::Int8Array(self.maxes),
                 Param::Int8Array(self.lockout_secs),
             ],

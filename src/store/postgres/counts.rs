@@ -99,7 +99,6 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let operation = op.operation();
         let pinned = self.pinned()?;
         let pairs = Pairs::of(asked);
-        let previous = pairs.sliding.iter().any(|&sliding| sliding);
         let row = if op.adds() {
             self.send(operation, deadline, |budget_ms| {
                 sql::AddMany {
@@ -109,7 +108,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     at: pinned,
                     budget_ms,
                     relaxed: self.relaxed,
-                    previous,
+                    sliding: &pairs.sliding,
                     maxes: &pairs.maxes,
                     lockout_secs: &pairs.lockouts,
                 }
@@ -123,7 +122,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
                     window_secs: &pairs.windows,
                     at: pinned,
                     budget_ms,
-                    previous,
+                    previous: pairs.sliding.contains(&true),
                     maxes: &pairs.maxes,
                     lockout_secs: &pairs.lockouts,
                 }
