@@ -23,8 +23,8 @@ use proptest::prelude::*;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio_postgres::Client;
 
-/// `size` held connections lent round-robin, counting the statements sent
-/// (one per connection lent).
+/// `size` held connections lent round-robin, counting the connections
+/// lent.
 async fn pool(
     db: &TestDb,
     size: usize,
@@ -47,6 +47,35 @@ async fn pool(
     (conns, lent)
 }
 
+/// Counts, on the server, each statement that writes counts: a
+/// statement-level trigger on the table that moves a sequence (which no
+/// rollback and no row lock touch). [`statements`] reads it.
+async fn count_statements(db: &TestDb) {
+    db.connect_admin()
+        .await
+        .batch_execute(
+            "CREATE SEQUENCE public.statements;
+             GRANT USAGE ON SEQUENCE public.statements TO PUBLIC;
+             CREATE FUNCTION public.count_statement() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_catalog.nextval('public.statements'); RETURN NULL; END $$;
+             CREATE TRIGGER count_statements AFTER INSERT ON platformkit.platformkit_limits
+                 FOR EACH STATEMENT EXECUTE FUNCTION public.count_statement();",
+        )
+        .await
+        .expect("a statement counter");
+}
+
+/// The statements that wrote counts so far ([`count_statements`]).
+async fn statements(db: &TestDb) -> i64 {
+    let row = db
+        .connect_admin()
+        .await
+        .query_one("SELECT last_value, is_called FROM public.statements", &[])
+        .await
+        .expect("the statement counter");
+    if row.get(1) { row.get(0) } else { 0 }
+}
+
 async fn stored_count(db: &TestDb) -> i64 {
     db.connect_admin()
         .await
@@ -65,7 +94,8 @@ const MAX: u32 = 50;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_hits_on_one_key_share_statements_and_let_exactly_max_through() {
     let db = Server::shared().database(SCHEMA).await;
-    let (conns, sent) = pool(&db, 8).await;
+    count_statements(&db).await;
+    let (conns, _) = pool(&db, 8).await;
     // The window cannot roll over mid-test; the refusal cache is off so that
     // every ask reaches the store and is counted.
     let clock = ManualClock::new(SystemTime::now());
@@ -95,7 +125,7 @@ async fn concurrent_hits_on_one_key_share_statements_and_let_exactly_max_through
         counts.push(verdict.count().expect("counted"));
     }
     counts.sort_unstable();
-    let statements = sent.load(Ordering::SeqCst);
+    let statements = statements(&db).await as usize;
     println!("{CALLERS} concurrent hits on one key: {statements} statements, {allowed} allowed");
     assert_eq!(allowed, MAX as usize, "exactly max let through");
     assert_eq!(
@@ -113,6 +143,7 @@ async fn concurrent_hits_on_one_key_share_statements_and_let_exactly_max_through
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_merging_every_call_sends_its_own_statement() {
     let db = Server::shared().database(SCHEMA).await;
+    count_statements(&db).await;
     let (conns, sent) = pool(&db, 8).await;
     let limiter = Arc::new(
         Limiter::builder(Postgres::new(conns))
@@ -133,7 +164,8 @@ async fn without_merging_every_call_sends_its_own_statement() {
     for task in tasks {
         assert!(task.await.expect("a task").expect("a verdict").is_allowed());
     }
-    assert_eq!(sent.load(Ordering::SeqCst), 64);
+    assert_eq!(statements(&db).await, 64);
+    assert_eq!(sent.load(Ordering::SeqCst), 64, "a connection each");
     assert_eq!(stored_count(&db).await, 64);
 }
 
@@ -183,12 +215,14 @@ async fn fill_the_places<C: LimitConn + 'static>(
 /// flight; the writes for other keys that arrive while every place is taken
 /// wait, then go together in the statements that take the places as they
 /// free, each key with its own count. With one place, that is one
-/// statement for every write queued.
+/// statement for every write queued. A flight keeps its connection for
+/// the writes that wait: one connection a place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_to_different_keys_behind_the_ones_in_flight_share_statements() {
     const QUEUED: usize = 20;
     for places in [1, 2] {
         let db = Server::shared().database(SCHEMA).await;
+        count_statements(&db).await;
         let (conns, sent) = pool(&db, 8).await;
         let clock = ManualClock::new(SystemTime::now());
         let limiter = Arc::new(
@@ -208,7 +242,7 @@ async fn writes_to_different_keys_behind_the_ones_in_flight_share_statements() {
         }
 
         let lockers = lock_rows(&db, &limit, &held).await;
-        let before = sent.load(Ordering::SeqCst);
+        let (before, lent_before) = (statements(&db).await, sent.load(Ordering::SeqCst));
         let in_flight = fill_the_places(&db, &limiter, &limit, &held).await;
 
         // One poll puts every queued write in the queue.
@@ -228,10 +262,15 @@ async fn writes_to_different_keys_behind_the_ones_in_flight_share_statements() {
         }
         // The held writes alone; the queued ones in the statements that took
         // the places of the held ones as each returned.
-        let statements = sent.load(Ordering::SeqCst) - before;
+        let statements = (statements(&db).await - before) as usize;
         assert!(
             (places + 1..=2 * places).contains(&statements),
             "{statements} statements for {places} held and {QUEUED} queued writes"
+        );
+        assert_eq!(
+            sent.load(Ordering::SeqCst) - lent_before,
+            places,
+            "the queued writes on the connections of the flights in flight"
         );
         assert_eq!(stored_count(&db).await, (2 * places + QUEUED) as i64);
     }
@@ -244,6 +283,7 @@ async fn writes_to_different_keys_behind_the_ones_in_flight_share_statements() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merged_callers_of_different_costs_each_add_and_are_decided_by_their_own() {
     let db = Server::shared().database(SCHEMA).await;
+    count_statements(&db).await;
     let (conns, sent) = pool(&db, 8).await;
     let clock = ManualClock::new(SystemTime::now());
     let limiter = Arc::new(
@@ -261,7 +301,7 @@ async fn merged_callers_of_different_costs_each_add_and_are_decided_by_their_own
 
     // A write of 3 in flight, waiting on the row another session locks.
     let locker = lock_row(&db, &stored(&limit, &key)).await;
-    let before = sent.load(Ordering::SeqCst);
+    let (before, lent_before) = (statements(&db).await, sent.load(Ordering::SeqCst));
     let in_flight = {
         let (limiter, limit, key) = (limiter.clone(), limit.clone(), key.clone());
         tokio::spawn(async move { limiter.hit(&limit, &key).cost(cost(3)).await })
@@ -305,9 +345,14 @@ async fn merged_callers_of_different_costs_each_add_and_are_decided_by_their_own
         ]
     );
     assert_eq!(
-        sent.load(Ordering::SeqCst) - before,
+        statements(&db).await - before,
         2,
         "the write in flight, then one statement for the five queued"
+    );
+    assert_eq!(
+        sent.load(Ordering::SeqCst) - lent_before,
+        1,
+        "both on the flight's one connection"
     );
     assert_eq!(stored_count(&db).await, 23, "every cost counted once");
 }

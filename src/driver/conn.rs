@@ -1,5 +1,6 @@
-//! [`LimitConn`]: the caller's connection source. The crate keeps no pool
-//! and no connection between statements.
+//! [`LimitConn`]: the caller's connection source. The crate keeps no pool,
+//! and no connection once no write waits
+//! ([merging](crate::guide#merging)).
 
 use std::future::Future;
 

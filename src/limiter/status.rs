@@ -150,7 +150,14 @@ impl<S: Store> Limiter<S> {
         let counted = call
             .within_store(
                 store,
-                store.count(Counting::CHECK, limit, &stored, 0, call.deadline()),
+                store.count(
+                    Counting::CHECK,
+                    limit,
+                    &stored,
+                    0,
+                    call.deadline(),
+                    &mut Default::default(),
+                ),
             )
             .await?;
         Ok(KeyStatus::decided(limit, &stored, &counted))

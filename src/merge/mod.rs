@@ -137,7 +137,8 @@ impl Merging {
                 Wait::Merged(rx) => rx,
                 Wait::Alone => {
                     let Asked { limit, key, n } = *pair;
-                    counted.push(store.count(op, limit, key, n, deadline).await?);
+                    let held = &mut S::Held::default();
+                    counted.push(store.count(op, limit, key, n, deadline, held).await?);
                     continue;
                 }
             };
@@ -265,6 +266,7 @@ fn start_flight<S: Sealed>(shared: Arc<Shared>, store: Arc<S>, first: Vec<String
     let mut flight = Flight {
         shared,
         store: Some(store),
+        held: S::Held::default(),
         members: Vec::new(),
         holding: true,
     };
@@ -281,6 +283,9 @@ struct Flight<S: Sealed> {
     /// The store, let go before the last answers, so a caller that then
     /// drops its limiter gets back what its connection source owns.
     store: Option<Arc<S>>,
+    /// The connection its last statement answered on, for the next: a
+    /// flight borrows one connection while writes wait, not one a statement.
+    held: S::Held,
     members: Vec<Member>,
     /// Whether it still holds its place.
     holding: bool,
@@ -297,6 +302,8 @@ impl<S: Sealed> Flight<S> {
             let told = self.answer(answers);
             let next = self.take(None);
             let Some(next) = next else {
+                // Back to its source idle, before the last callers hear.
+                self.held = S::Held::default();
                 self.store = None;
                 tell(told);
                 return;
@@ -377,30 +384,35 @@ impl<S: Sealed> Flight<S> {
 
     /// Sends one statement for the members, each key adding its callers'
     /// costs; each key's count after them all.
-    async fn send(&self, op: Counting, deadline: Instant) -> Vec<Answer> {
-        let Some(store) = self.store.as_deref() else {
+    async fn send(&mut self, op: Counting, deadline: Instant) -> Vec<Answer> {
+        let Flight {
+            store,
+            held,
+            members,
+            ..
+        } = self;
+        let Some(store) = store.as_deref() else {
             let abandoned = abandoned();
-            return vec![Err(abandoned); self.members.len()];
+            return vec![Err(abandoned); members.len()];
         };
         // A key is ready at most once and never while in flight: `add_many`
         // given a key twice would answer both the total.
-        debug_assert!(self.members.len() <= MAX_PAIRS);
+        debug_assert!(members.len() <= MAX_PAIRS);
         debug_assert!(
             {
                 let mut keys = std::collections::HashSet::new();
-                self.members.iter().all(|member| keys.insert(&member.key))
+                members.iter().all(|member| keys.insert(&member.key))
             },
             "a key in two places of one statement"
         );
         let n = |member: &Member| member.callers.iter().map(|c| c.cost).sum::<u64>();
-        if let [member] = &self.members[..] {
+        if let [member] = &members[..] {
             let counted = store
-                .count(op, &member.limit, &member.key, n(member), deadline)
+                .count(op, &member.limit, &member.key, n(member), deadline, held)
                 .await;
             return vec![counted.map_err(Arc::new)];
         }
-        let asked: Vec<Asked<'_>> = self
-            .members
+        let asked: Vec<Asked<'_>> = members
             .iter()
             .map(|member| Asked {
                 limit: &member.limit,
@@ -408,16 +420,14 @@ impl<S: Sealed> Flight<S> {
                 n: n(member),
             })
             .collect();
-        match store.count_many(op, &asked, deadline).await {
-            Ok(counted) if counted.len() == self.members.len() => {
-                counted.into_iter().map(Ok).collect()
-            }
+        match store.count_many(op, &asked, deadline, held).await {
+            Ok(counted) if counted.len() == members.len() => counted.into_iter().map(Ok).collect(),
             Ok(_) => {
                 // The store answers one count per pair asked, or errs.
                 let e = abandoned();
-                vec![Err(e); self.members.len()]
+                vec![Err(e); members.len()]
             }
-            Err(e) => vec![Err(Arc::new(e)); self.members.len()],
+            Err(e) => vec![Err(Arc::new(e)); members.len()],
         }
     }
 

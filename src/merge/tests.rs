@@ -23,6 +23,7 @@ impl Tally {
 }
 
 impl Sealed for Tally {
+    type Held = ();
     fn local_now(&self) -> SystemTime {
         self.store.local_now()
     }
@@ -39,18 +40,20 @@ impl Sealed for Tally {
         key: &str,
         n: u64,
         deadline: Instant,
+        held: &mut (),
     ) -> Result<Counted, Error> {
         self.sent();
-        self.store.count(op, limit, key, n, deadline).await
+        self.store.count(op, limit, key, n, deadline, held).await
     }
     async fn count_many(
         &self,
         op: Counting,
         asked: &[Asked<'_>],
         deadline: Instant,
+        held: &mut (),
     ) -> Result<Vec<Counted>, Error> {
         self.sent();
-        self.store.count_many(op, asked, deadline).await
+        self.store.count_many(op, asked, deadline, held).await
     }
     async fn count_all_or_none(
         &self,

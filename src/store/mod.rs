@@ -53,11 +53,18 @@ pub(crate) async fn count_pairs<S: sealed::Sealed>(
     match pairs {
         _ if op.all_or_nothing() => store.count_all_or_none(pairs, deadline).await,
         [one] => store
-            .count(op, one.limit, one.key, one.n, deadline)
+            .count(
+                op,
+                one.limit,
+                one.key,
+                one.n,
+                deadline,
+                &mut S::Held::default(),
+            )
             .await
             .map(|counted| (vec![counted], true)),
         _ => store
-            .count_many(op, pairs, deadline)
+            .count_many(op, pairs, deadline, &mut S::Held::default())
             .await
             .map(|counted| (counted, true)),
     }
@@ -68,6 +75,11 @@ pub(crate) mod sealed {
 
     /// The methods of [`Store`], out of callers' reach.
     pub trait Sealed: Send + Sync + 'static {
+        /// A connection one statement leaves for the next, in a run of
+        /// statements one after another (a flight's): the source's, kept
+        /// while it answers.
+        type Held: Default + Send;
+
         /// This process's idea of the store's time; the refusal cache's.
         fn local_now(&self) -> SystemTime;
 
@@ -80,7 +92,8 @@ pub(crate) mod sealed {
         fn down_after(&self, error: &Error) -> impl Future<Output = bool> + Send;
 
         /// Runs one counting operation for the stored key `key` under
-        /// `limit`, finishing by `deadline`; a write adds `n`.
+        /// `limit`, finishing by `deadline`; a write adds `n`. On the
+        /// connection `held`, if any, and leaves it there if it answered.
         fn count(
             &self,
             op: Counting,
@@ -88,6 +101,7 @@ pub(crate) mod sealed {
             key: &str,
             n: u64,
             deadline: Instant,
+            held: &mut Self::Held,
         ) -> impl Future<Output = Result<Counted, Error>> + Send;
 
         /// [`count`](Sealed::count) over several pairs in one statement;
@@ -97,6 +111,7 @@ pub(crate) mod sealed {
             op: Counting,
             asked: &[Asked<'_>],
             deadline: Instant,
+            held: &mut Self::Held,
         ) -> impl Future<Output = Result<Vec<Counted>, Error>> + Send;
 
         /// Adds each pair's `n` in one statement only if every pair's ask

@@ -262,6 +262,8 @@ const MAX_COUNT: u64 = i64::MAX as u64;
 impl Store for Memory {}
 
 impl sealed::Sealed for Memory {
+    type Held = ();
+
     fn local_now(&self) -> SystemTime {
         self.clock.local_now()
     }
@@ -282,6 +284,7 @@ impl sealed::Sealed for Memory {
         key: &str,
         n: u64,
         _deadline: Instant,
+        _held: &mut (),
     ) -> Result<Counted, Error> {
         // Unbounded: always room.
         let now = micros_since_epoch(self.clock.local_now());
@@ -293,6 +296,7 @@ impl sealed::Sealed for Memory {
         op: Counting,
         asked: &[Asked<'_>],
         _deadline: Instant,
+        _held: &mut (),
     ) -> Result<Vec<Counted>, Error> {
         let now = micros_since_epoch(self.clock.local_now());
         let mut state = self.lock();

@@ -18,6 +18,8 @@ use crate::store::{Asked, sealed};
 use crate::{AuditAction, AuditEntry, Error, Limit, LimitConn, Strategy};
 
 impl<C: LimitConn> sealed::Sealed for Postgres<C> {
+    type Held = Option<C::Conn>;
+
     fn local_now(&self) -> SystemTime {
         self.clock.local_now()
     }
@@ -40,6 +42,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         key: &str,
         n: u64,
         deadline: Instant,
+        held: &mut Option<C::Conn>,
     ) -> Result<Counted, Error> {
         let operation = op.operation();
         // A pinned clock out of bounds is refused before a connection is taken.
@@ -49,7 +52,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let max = i64::from(limit.max());
         let lockout = i64::try_from(limit.lockout_secs()).expect("at most a day");
         let row = if op.adds() {
-            self.send(operation, deadline, |budget_ms| {
+            self.send_on(held, operation, deadline, |budget_ms| {
                 sql::Add {
                     key,
                     add: i64::try_from(n).unwrap_or(i64::MAX),
@@ -65,7 +68,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             })
             .await?
         } else {
-            self.send(operation, deadline, |budget_ms| {
+            self.send_on(held, operation, deadline, |budget_ms| {
                 sql::Read {
                     key,
                     window_secs: window,
@@ -95,12 +98,13 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         op: Counting,
         asked: &[Asked<'_>],
         deadline: Instant,
+        held: &mut Option<C::Conn>,
     ) -> Result<Vec<Counted>, Error> {
         let operation = op.operation();
         let pinned = self.pinned()?;
         let pairs = Pairs::of(asked);
         let row = if op.adds() {
-            self.send(operation, deadline, |budget_ms| {
+            self.send_on(held, operation, deadline, |budget_ms| {
                 sql::AddMany {
                     keys: &pairs.keys,
                     window_secs: &pairs.windows,
@@ -116,7 +120,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             })
             .await?
         } else {
-            self.send(operation, deadline, |budget_ms| {
+            self.send_on(held, operation, deadline, |budget_ms| {
                 sql::ReadMany {
                     keys: &pairs.keys,
                     window_secs: &pairs.windows,

@@ -199,6 +199,17 @@ impl<C: LimitConn> Postgres<C> {
         deadline: Instant,
     ) -> Result<(C::Conn, Budget), Error> {
         let conn = self.connection(operation).await?;
+        Ok((conn, self.budget(operation, since, deadline)?))
+    }
+
+    /// The budget left for a statement sent now; out of budget when it is
+    /// too late to send one and hear back.
+    fn budget(
+        &self,
+        operation: Operation,
+        since: Instant,
+        deadline: Instant,
+    ) -> Result<Budget, Error> {
         let rtt = self.health.round_trip();
         let left = deadline.saturating_duration_since(Instant::now());
         // At most a quarter of what is left: a measure too long cannot
@@ -208,7 +219,7 @@ impl<C: LimitConn> Postgres<C> {
             let waited = Instant::now().saturating_duration_since(since);
             return Err(Error::out_of_budget(operation, waited));
         }
-        Ok((conn, budget))
+        Ok(budget)
     }
 
     /// Sends the statement `statement` makes for the server's share of the
@@ -219,11 +230,33 @@ impl<C: LimitConn> Postgres<C> {
         deadline: Instant,
         statement: impl FnOnce(i64) -> Statement<'a, N>,
     ) -> Result<Row, Error> {
+        self.send_on(&mut None, operation, deadline, statement)
+            .await
+    }
+
+    /// As [`send`](Self::send), on the connection `held` if any, and
+    /// leaves the connection there if it answered: a flight's next
+    /// statement goes on it.
+    async fn send_on<'a, const N: usize>(
+        &self,
+        held: &mut Option<C::Conn>,
+        operation: Operation,
+        deadline: Instant,
+        statement: impl FnOnce(i64) -> Statement<'a, N>,
+    ) -> Result<Row, Error> {
         let since = Instant::now();
         let work = async {
-            let (mut conn, budget) = self.session(operation, since, deadline).await?;
-            self.call(&mut conn, operation, statement(budget.server_ms), budget)
-                .await
+            let (mut conn, budget) = match held.take() {
+                Some(conn) => (conn, self.budget(operation, since, deadline)?),
+                None => self.session(operation, since, deadline).await?,
+            };
+            let answer = self
+                .call(&mut conn, operation, statement(budget.server_ms), budget)
+                .await;
+            if answer.is_ok() {
+                *held = Some(conn);
+            }
+            answer
         };
         timeout_at(deadline, work).await.unwrap_or_else(|_| {
             let budget = deadline.saturating_duration_since(since);
