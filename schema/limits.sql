@@ -321,7 +321,8 @@ CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add(
     INOUT o_window_end bigint DEFAULT NULL,
     INOUT o_now bigint DEFAULT NULL,
     INOUT o_previous bigint DEFAULT NULL,
-    INOUT o_locked_for bigint DEFAULT NULL)
+    INOUT o_locked_for bigint DEFAULT NULL,
+    INOUT o_commit_us bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE
@@ -330,6 +331,7 @@ DECLARE
     v_start pg_catalog.timestamptz;
     v_locked pg_catalog.timestamptz;
     v_marked pg_catalog.bool;
+    v_committing pg_catalog.timestamptz;
 BEGIN
     -- prologue: schema/prologue.sql
     IF p_relaxed THEN
@@ -383,7 +385,11 @@ BEGIN
         UPDATE platformkit.platformkit_limits SET at_max = true
         WHERE key = p_key AND window_start = v_start;
     END IF;
+    v_committing := clock_timestamp();
     COMMIT;
+    -- How long the commit waited (merging's places follow it). Past the
+    -- COMMIT the pinned settings are gone: every name here is qualified.
+    o_commit_us := platformkit.platformkit_us(pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) platformkit.platformkit_us(v_committing);
 END
 $$;
 
@@ -398,12 +404,14 @@ CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_many(
     INOUT o_window_ends bigint[] DEFAULT NULL,
     INOUT o_now bigint DEFAULT NULL,
     INOUT o_previous bigint[] DEFAULT NULL,
-    INOUT o_locked_for bigint[] DEFAULT NULL)
+    INOUT o_locked_for bigint[] DEFAULT NULL,
+    INOUT o_commit_us bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     v_now pg_catalog.timestamptz;
     v_mark pg_catalog.bool;
+    v_committing pg_catalog.timestamptz;
 BEGIN
     -- prologue: schema/prologue.sql
     IF p_relaxed THEN
@@ -503,7 +511,11 @@ BEGIN
           AND l.key = t.key AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
           AND NOT l.at_max;
     END IF;
+    v_committing := clock_timestamp();
     COMMIT;
+    -- How long the commit waited (merging's places follow it). Past the
+    -- COMMIT the pinned settings are gone: every name here is qualified.
+    o_commit_us := platformkit.platformkit_us(pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) platformkit.platformkit_us(v_committing);
 END
 $$;
 

@@ -130,7 +130,7 @@ const ADD_IN_PLPGSQL: &str = "
         p_at => 1767263400000000,
         p_budget_ms => 2000, p_relaxed => false, p_previous => false, p_max => 5,
         p_lockout_secs => 0, o_count => c, o_window_end => we, o_now => nw,
-        o_previous => pv, o_locked_for => lu);";
+        o_previous => pv, o_locked_for => lu, o_commit_us => cw);";
 
 /// Red-team 2.9, 2.10 and 6.4: after a CALL from a DO block or a procedure
 /// of the caller's, the caller's code ran on inside the limiter's system
@@ -152,7 +152,7 @@ async fn caller_code_after_the_call_sees_no_switch_no_rows_and_holds_no_lock_of_
         .batch_execute(&format!(
             "CREATE TEMP TABLE observed (locks bigint, switch text, rows bigint);
              CREATE PROCEDURE pg_temp.caller() LANGUAGE plpgsql AS $$
-             DECLARE c bigint; we bigint; nw bigint; pv bigint; lu bigint; locks bigint;
+             DECLARE c bigint; we bigint; nw bigint; pv bigint; lu bigint; cw bigint; locks bigint;
              BEGIN
                  {ADD_IN_PLPGSQL}
                  {OBSERVE}
@@ -165,7 +165,7 @@ async fn caller_code_after_the_call_sees_no_switch_no_rows_and_holds_no_lock_of_
     tenant
         .batch_execute(&format!(
             "DO $$
-             DECLARE c bigint; we bigint; nw bigint; pv bigint; lu bigint; locks bigint;
+             DECLARE c bigint; we bigint; nw bigint; pv bigint; lu bigint; cw bigint; locks bigint;
              BEGIN
                  {ADD_IN_PLPGSQL}
                  {OBSERVE}

@@ -169,6 +169,80 @@ async fn without_merging_every_call_sends_its_own_statement() {
     assert_eq!(stored_count(&db).await, 64);
 }
 
+/// The most writes of the limiter's seen on the server at once while 16
+/// callers write fresh keys back to back for `for_`, through `pool(db, 16)`
+/// and a limiter with the defaults: sampled from `pg_stat_activity`.
+async fn most_writes_in_flight(db: &TestDb, for_: Duration) -> i64 {
+    let (conns, _) = pool(db, 16).await;
+    let limiter = Arc::new(
+        Limiter::builder(Postgres::new(conns))
+            .no_refusal_cache()
+            .build()
+            .expect("the defaults"),
+    );
+    let limit = Limit::new("login", 1_000_000, Duration::from_secs(3600)).expect("a limit");
+    let until = tokio::time::Instant::now() + for_;
+    let callers: Vec<_> = (0..16)
+        .map(|caller| {
+            let (limiter, limit) = (limiter.clone(), limit.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while tokio::time::Instant::now() < until {
+                    let key = Key::opaque(&format!("{caller}-{n}"));
+                    let verdict = limiter.failed(&limit, &key).await.expect("a verdict");
+                    assert!(verdict.is_allowed(), "{verdict:?}");
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let admin = db.connect_admin().await;
+    let mut most = 0;
+    while tokio::time::Instant::now() < until {
+        let row = admin
+            .query_one(
+                "SELECT count(*) FROM pg_catalog.pg_stat_activity
+                 WHERE datname = current_database() AND state = 'active'
+                   AND query LIKE 'CALL platformkit.platformkit_limit_add%'",
+                &[],
+            )
+            .await
+            .expect("the server's activity");
+        most = most.max(row.get::<_, i64>(0));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for caller in callers {
+        caller.await.expect("a caller");
+    }
+    most
+}
+
+/// The default writes in flight follow the commits: where each commit waits
+/// on a slow flush (2 ms, as a hosted database's), the limiter sends
+/// several statements at once, so callers do not wait on each flush in
+/// turn. (That it keeps one where commits are quick is the rule's own
+/// test, `the_places_follow_the_commits`: sampled from the server, two
+/// statements one after the other can read as two at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_writes_in_flight_follow_the_commits() {
+    let durable = Server::start(platformkit_limit_testdb::Options { durable: true });
+    let slow = durable.database(SCHEMA).await;
+    slow.connect_admin()
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{0}\" SET commit_delay = 2000; \
+             ALTER DATABASE \"{0}\" SET commit_siblings = 0",
+            slow.name()
+        ))
+        .await
+        .expect("slow commits");
+    let most = most_writes_in_flight(&slow, Duration::from_millis(1500)).await;
+    assert!(
+        most > 1,
+        "commits that wait 2 ms on their flush: {most} in flight at most"
+    );
+}
+
 /// Locks the rows of `keys` under `limit`, each from a session of its own,
 /// until the returned sessions are dropped.
 async fn lock_rows(db: &TestDb, limit: &Limit, keys: &[Key]) -> Vec<Client> {
@@ -436,17 +510,19 @@ async fn a_tier_queued_behind_another_reads_the_lockout_under_its_own_max() {
 /// left waiting until its budget runs out and failing open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_writes_dropped_as_their_turn_comes_pass_it_on() {
+    const PLACES: usize = 2;
     let db = Server::shared().database(SCHEMA).await;
     let (conns, _) = pool(&db, 8).await;
     let limiter = Arc::new(
         Limiter::builder(Postgres::new(conns))
             .no_refusal_cache()
+            .writes_in_flight(PLACES)
             .budget(Duration::from_secs(5))
             .build()
             .expect("a budget"),
     );
     let limit = Limit::new("login", 1_000, Duration::from_secs(3600)).expect("a limit");
-    let held: Vec<Key> = (0..Limiter::DEFAULT_WRITES_IN_FLIGHT)
+    let held: Vec<Key> = (0..PLACES)
         .map(|i| Key::opaque(&format!("held{i}")))
         .collect();
     for key in &held {
@@ -455,7 +531,7 @@ async fn queued_writes_dropped_as_their_turn_comes_pass_it_on() {
     let lockers = lock_rows(&db, &limit, &held).await;
     let in_flight = fill_the_places(&db, &limiter, &limit, &held).await;
 
-    let keys: Vec<Key> = (0..Limiter::DEFAULT_WRITES_IN_FLIGHT)
+    let keys: Vec<Key> = (0..PLACES)
         .map(|i| Key::opaque(&format!("gone{i}")))
         .collect();
     let mut gone: Vec<_> = keys

@@ -65,8 +65,9 @@ impl Limiter<Memory> {
     /// make it flooded.
     pub const FLOOD_SPAN: Duration = cache::FLOOD_SPAN;
 
-    /// The default of [`LimiterBuilder::writes_in_flight`].
-    pub const DEFAULT_WRITES_IN_FLIGHT: usize = 1;
+    /// The most statements of writes the default has in flight: one, and
+    /// more while writes wait on the commits ([merging](crate::guide#merging)).
+    pub const DEFAULT_WRITES_IN_FLIGHT: usize = 16;
 }
 
 /// A [`Limiter`]'s settings, from [`Limiter::builder`]; each is checked by
@@ -78,7 +79,7 @@ impl Limiter<Memory> {
 /// | [`refusal_cache`](LimiterBuilder::refusal_cache) | on, [`Limiter::DEFAULT_REFUSAL_CACHE_KEYS`] keys | 1 to [`Limiter::MAX_REFUSAL_CACHE_KEYS`], or [`no_refusal_cache`](LimiterBuilder::no_refusal_cache) |
 /// | [`refusal_ttl`](LimiterBuilder::refusal_ttl) | [`Limiter::DEFAULT_REFUSAL_TTL`] (1 s) | 1 ms to [`Limiter::MAX_REFUSAL_TTL`] (60 s) |
 /// | merging | on | [`no_merging`](LimiterBuilder::no_merging) |
-/// | [`writes_in_flight`](LimiterBuilder::writes_in_flight) | [`Limiter::DEFAULT_WRITES_IN_FLIGHT`] (1) | 1 or more |
+/// | [`writes_in_flight`](LimiterBuilder::writes_in_flight) | 1, up to [`Limiter::DEFAULT_WRITES_IN_FLIGHT`] (16) as the commits say | 1 or more |
 /// | [`local_keys`](LimiterBuilder::local_keys) | [`Limiter::DEFAULT_LOCAL_KEYS`] (100 000) | 1 to [`Limiter::MAX_LOCAL_KEYS`] (ten million) |
 #[derive(Debug)]
 #[must_use = "a builder does nothing until build() is called"]
@@ -88,7 +89,8 @@ pub struct LimiterBuilder<S> {
     refusal_cache: Option<usize>,
     refusal_ttl: Duration,
     merging: bool,
-    writes_in_flight: usize,
+    /// `None`: as the commits say, up to the default.
+    writes_in_flight: Option<usize>,
     local_keys: usize,
 }
 
@@ -100,7 +102,7 @@ impl<S: Store> LimiterBuilder<S> {
             refusal_cache: Some(Limiter::DEFAULT_REFUSAL_CACHE_KEYS),
             refusal_ttl: Limiter::DEFAULT_REFUSAL_TTL,
             merging: true,
-            writes_in_flight: Limiter::DEFAULT_WRITES_IN_FLIGHT,
+            writes_in_flight: None,
             local_keys: Limiter::DEFAULT_LOCAL_KEYS,
         }
     }
@@ -148,11 +150,12 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
-    /// With merging on, how many statements of this limiter's writes may be
-    /// in flight at once; [merging](crate::guide#merging) says how to
-    /// choose.
+    /// With merging on, how many statements of this limiter's writes are
+    /// in flight at once, always: in place of the default, which has one,
+    /// and more while writes wait on the commits. [Merging](crate::guide#merging)
+    /// says when to choose.
     pub fn writes_in_flight(mut self, places: usize) -> Self {
-        self.writes_in_flight = places;
+        self.writes_in_flight = Some(places);
         self
     }
 
@@ -204,7 +207,7 @@ impl<S: Store> LimiterBuilder<S> {
             }
         );
         ensure!(
-            self.writes_in_flight >= 1,
+            self.writes_in_flight.is_none_or(|places| places >= 1),
             InvalidOptionSnafu {
                 option: "writes in flight",
                 reason: "at least one statement must be allowed in flight",
@@ -242,7 +245,10 @@ impl<S: Store> LimiterBuilder<S> {
                 Some(keys) => RefusalCache::new(keys, self.refusal_ttl),
                 None => RefusalCache::off(self.refusal_ttl),
             },
-            merging: self.merging.then(|| Merging::new(self.writes_in_flight)),
+            merging: self.merging.then(|| match self.writes_in_flight {
+                Some(places) => Merging::new(places, false),
+                None => Merging::new(Limiter::DEFAULT_WRITES_IN_FLIGHT, true),
+            }),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use snafu::ResultExt;
 use tokio::sync::oneshot;
@@ -21,21 +22,26 @@ use crate::{Error, Limit};
 pub(crate) struct Merging {
     shared: Arc<Shared>,
     /// The places of all-or-nothing statements, never merged: as many as
-    /// the writes have, so a burst of them waits here, not on the pool.
+    /// the writes have when fixed, else one, so a burst of them waits here,
+    /// not on the pool.
     alone: tokio::sync::Semaphore,
 }
 
 /// What the callers and the flights of one limiter share.
 pub(crate) struct Shared {
-    /// How many flights may be in flight at once.
-    places: usize,
+    /// The most flights in flight at once.
+    most: usize,
+    /// Whether the places follow the commits ([`places_after`]), else
+    /// there are always `most`.
+    adaptive: bool,
     queue: Mutex<Queue>,
 }
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
-            .field("places", &self.places)
+            .field("most", &self.most)
+            .field("adaptive", &self.adaptive)
             .finish_non_exhaustive()
     }
 }
@@ -43,6 +49,10 @@ impl std::fmt::Debug for Shared {
 /// The keys with callers waiting, and how many flights are out.
 #[derive(Default)]
 struct Queue {
+    /// How many flights may be in flight now.
+    places: usize,
+    /// What the statements' commits waited, lately, for [`places_after`].
+    commits: Commits,
     in_flight: usize,
     /// Every stored key that has callers waiting or a statement in flight.
     keys: HashMap<String, Waiting>,
@@ -80,15 +90,22 @@ enum Wait {
 }
 
 impl Merging {
-    /// Merging with at most `places` statements of writes in flight
-    /// ([`LimiterBuilder::writes_in_flight`](crate::LimiterBuilder::writes_in_flight)).
-    pub(crate) fn new(places: usize) -> Self {
+    /// Merging with at most `most` statements of writes in flight
+    /// ([`LimiterBuilder::writes_in_flight`](crate::LimiterBuilder::writes_in_flight)):
+    /// always `most`, or, `adaptive`, from one up to `most` as the commits
+    /// say ([`places_after`]).
+    pub(crate) fn new(most: usize, adaptive: bool) -> Self {
+        let queue = Queue {
+            places: if adaptive { 1 } else { most },
+            ..Queue::default()
+        };
         Merging {
             shared: Arc::new(Shared {
-                places,
-                queue: Mutex::default(),
+                most,
+                adaptive,
+                queue: Mutex::new(queue),
             }),
-            alone: tokio::sync::Semaphore::new(places),
+            alone: tokio::sync::Semaphore::new(if adaptive { 1 } else { most }),
         }
     }
 
@@ -115,7 +132,7 @@ impl Merging {
 
     /// How many statements of writes may be in flight at once.
     pub(crate) fn places(&self) -> usize {
-        self.shared.places
+        self.shared.most
     }
 
     /// Adds `cost` to each stored key's count under its limit, merged with
@@ -191,7 +208,7 @@ impl Merging {
                     // Queued, or in flight (queued again when it returns).
                     waiting.callers.push(caller);
                     // A place free and keys waiting (a flight torn down).
-                    if !start && queue.in_flight < self.shared.places && !queue.ready.is_empty() {
+                    if !start && queue.in_flight < queue.places && !queue.ready.is_empty() {
                         queue.in_flight += 1;
                         start = true;
                     }
@@ -207,7 +224,7 @@ impl Merging {
                 );
                 queue.ready.push_back(key.to_owned());
                 first.push(key.to_owned());
-                if !start && queue.in_flight < self.shared.places {
+                if !start && queue.in_flight < queue.places {
                     queue.in_flight += 1;
                     start = true;
                 }
@@ -298,7 +315,15 @@ impl<S: Sealed> Flight<S> {
             return;
         };
         loop {
+            let sent = Instant::now();
             let answers = self.send(op, deadline).await;
+            if self.shared.adaptive {
+                if let Some(waited) = S::commit_wait(&self.held) {
+                    self.shared
+                        .lock()
+                        .note(waited, sent.elapsed(), self.shared.most);
+                }
+            }
             let told = self.answer(answers);
             let next = self.take(None);
             let Some(next) = next else {
@@ -319,6 +344,14 @@ impl<S: Sealed> Flight<S> {
     /// when nothing waits.
     fn take(&mut self, only: Option<&[String]>) -> Option<(Counting, Instant)> {
         let mut queue = self.shared.lock();
+        if only.is_none() && queue.in_flight > queue.places {
+            // The places fell: this flight gives its own up, and the others
+            // send what waits.
+            debug_assert!(self.holding, "a flight in flight holds a place");
+            queue.in_flight -= 1;
+            self.holding = false;
+            return None;
+        }
         let mut op = None;
         let mut deadline: Option<Instant> = None;
         let mut only = only.map(|keys| keys.iter());
@@ -491,6 +524,49 @@ impl<S: Sealed> Drop for Flight<S> {
         for caller in stranded {
             let _ = caller.tx.send(Err(abandoned.clone()));
         }
+    }
+}
+
+/// A commit wait from which a statement is flush-bound: a commit of a
+/// hosted database's, not a local disk's fraction of a millisecond.
+const FLUSH_BOUND: Duration = Duration::from_millis(1);
+
+/// What the statements' commits waited and what the statements took, each
+/// an average over the last few (a commit another's flush already covered
+/// waits nothing).
+#[derive(Default)]
+struct Commits {
+    waited: Duration,
+    took: Duration,
+}
+
+impl Queue {
+    /// Notes a statement that took `took`, its commit having waited
+    /// `waited`, and sets the places by [`places_after`].
+    fn note(&mut self, waited: Duration, took: Duration, most: usize) {
+        let average = |mean: Duration, x: Duration| (mean * 7 + x) / 8;
+        self.commits.waited = average(self.commits.waited, waited);
+        self.commits.took = average(self.commits.took, took);
+        let queued = !self.ready.is_empty();
+        self.places = places_after(self.places, most, &self.commits, queued);
+    }
+}
+
+/// How many flights may be in flight, `queued` writes waiting for a place
+/// or not. One more, up to `most`, while writes queue and the statements
+/// are mostly a wait of [`FLUSH_BOUND`] or more on the WAL's flush, which
+/// the commits in flight share: another statement costs the server little
+/// and saves the queued a flush. One fewer, down to one, when the commits
+/// wait less or are a small part: the server's work, which more statements
+/// would only share out thinner (one statement's merged keys cost it least).
+fn places_after(places: usize, most: usize, commits: &Commits, queued: bool) -> usize {
+    let Commits { waited, took } = *commits;
+    if waited < FLUSH_BOUND || waited * 4 < took {
+        places.saturating_sub(1).max(1)
+    } else if queued && waited * 2 >= took {
+        (places + 1).min(most)
+    } else {
+        places
     }
 }
 

@@ -148,7 +148,7 @@ async fn fifty(merging: &Merging, store: &Arc<Tally>, op: Counting) -> Vec<u64> 
 #[tokio::test]
 async fn concurrent_writes_of_one_key_share_statements_and_each_caller_reads_its_own_count() {
     let store = Arc::new(Tally::default());
-    let merging = Merging::new(1);
+    let merging = Merging::new(1, false);
     let mut counts = fifty(&merging, &store, Counting::HIT).await;
     let total: u64 = (0..50).map(|i| i % 3 + 1).sum();
     // Each caller's count is the count after its own addition: all
@@ -164,9 +164,49 @@ async fn concurrent_writes_of_one_key_share_statements_and_each_caller_reads_its
 #[tokio::test]
 async fn reads_and_all_or_nothing_writes_are_never_merged() {
     let store = Arc::new(Tally::default());
-    let merging = Merging::new(1);
+    let merging = Merging::new(1, false);
     fifty(&merging, &store, Counting::CHECK).await;
     assert_eq!(store.statements.load(Ordering::SeqCst), 50);
     fifty(&merging, &store, Counting::HIT_ALL_OR_NOTHING).await;
     assert_eq!(store.statements.load(Ordering::SeqCst), 100);
+}
+
+/// The places follow the commits: one more a statement while writes queue
+/// and the commits wait on slow flushes, up to the most; back to one when
+/// they wait less than a millisecond or are a small part of the statement;
+/// and a commit that another's flush covered (no wait) among slow ones
+/// does not take a place away.
+#[test]
+fn the_places_follow_the_commits() {
+    let ms = Duration::from_millis;
+    let mut queue = Queue {
+        places: 1,
+        ..Queue::default()
+    };
+    let queued = |queue: &mut Queue| queue.ready.push_back("k".to_owned());
+    queued(&mut queue);
+    for _ in 0..40 {
+        queue.note(ms(2), ms(3), 16);
+    }
+    assert_eq!(
+        queue.places, 16,
+        "slow flushes, writes queued: up to the most"
+    );
+    queue.note(ms(0), ms(1), 16);
+    assert_eq!(queue.places, 16, "one commit with no wait among slow ones");
+    queue.ready.clear();
+    queue.note(ms(2), ms(3), 16);
+    assert_eq!(queue.places, 16, "nothing queued: the places stay");
+    for _ in 0..40 {
+        queue.note(Duration::from_micros(200), ms(1), 16);
+    }
+    assert_eq!(queue.places, 1, "quick commits: back to one");
+    queued(&mut queue);
+    for _ in 0..40 {
+        queue.note(ms(2), ms(20), 16);
+    }
+    assert_eq!(
+        queue.places, 1,
+        "slow commits, but a small part of the statement"
+    );
 }

@@ -75,10 +75,16 @@ pub(crate) mod sealed {
 
     /// The methods of [`Store`], out of callers' reach.
     pub trait Sealed: Send + Sync + 'static {
-        /// A connection one statement leaves for the next, in a run of
-        /// statements one after another (a flight's): the source's, kept
-        /// while it answers.
+        /// What one statement leaves for the next, in a run of statements
+        /// one after another (a flight's): the source's connection, kept
+        /// while it answers, and how long the last commit waited.
         type Held: Default + Send;
+
+        /// How long the commit of the last write of `held` waited (its WAL
+        /// flush), if the store says.
+        fn commit_wait(_held: &Self::Held) -> Option<std::time::Duration> {
+            None
+        }
 
         /// This process's idea of the store's time; the refusal cache's.
         fn local_now(&self) -> SystemTime;

@@ -18,7 +18,11 @@ use crate::store::{Asked, sealed};
 use crate::{AuditAction, AuditEntry, Error, Limit, LimitConn, Strategy};
 
 impl<C: LimitConn> sealed::Sealed for Postgres<C> {
-    type Held = Option<C::Conn>;
+    type Held = Held<C::Conn>;
+
+    fn commit_wait(held: &Held<C::Conn>) -> Option<Duration> {
+        held.commit_wait
+    }
 
     fn local_now(&self) -> SystemTime {
         self.clock.local_now()
@@ -42,9 +46,10 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         key: &str,
         n: u64,
         deadline: Instant,
-        held: &mut Option<C::Conn>,
+        held: &mut Held<C::Conn>,
     ) -> Result<Counted, Error> {
         let operation = op.operation();
+        held.commit_wait = None;
         // A pinned clock out of bounds is refused before a connection is taken.
         let pinned = self.pinned()?;
         let window = i64::try_from(limit.window_secs()).expect("windows are at most 366 days");
@@ -52,7 +57,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let max = i64::from(limit.max());
         let lockout = i64::try_from(limit.lockout_secs()).expect("at most a day");
         let row = if op.adds() {
-            self.send_on(held, operation, deadline, |budget_ms| {
+            self.send_on(&mut held.conn, operation, deadline, |budget_ms| {
                 sql::Add {
                     key,
                     add: i64::try_from(n).unwrap_or(i64::MAX),
@@ -68,7 +73,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             })
             .await?
         } else {
-            self.send_on(held, operation, deadline, |budget_ms| {
+            self.send_on(&mut held.conn, operation, deadline, |budget_ms| {
                 sql::Read {
                     key,
                     window_secs: window,
@@ -86,6 +91,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             let mut one = counted_pairs(&row, operation, 1, true)?;
             return Ok(one.remove(0));
         }
+        held.commit_wait = commit_wait(&row);
         let get = |i| {
             row.int8(i)
                 .map_err(|e: Failure| e.into_error(operation, false))
@@ -98,13 +104,14 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         op: Counting,
         asked: &[Asked<'_>],
         deadline: Instant,
-        held: &mut Option<C::Conn>,
+        held: &mut Held<C::Conn>,
     ) -> Result<Vec<Counted>, Error> {
         let operation = op.operation();
+        held.commit_wait = None;
         let pinned = self.pinned()?;
         let pairs = Pairs::of(asked);
         let row = if op.adds() {
-            self.send_on(held, operation, deadline, |budget_ms| {
+            self.send_on(&mut held.conn, operation, deadline, |budget_ms| {
                 sql::AddMany {
                     keys: &pairs.keys,
                     window_secs: &pairs.windows,
@@ -120,7 +127,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             })
             .await?
         } else {
-            self.send_on(held, operation, deadline, |budget_ms| {
+            self.send_on(&mut held.conn, operation, deadline, |budget_ms| {
                 sql::ReadMany {
                     keys: &pairs.keys,
                     window_secs: &pairs.windows,
@@ -134,6 +141,9 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
             })
             .await?
         };
+        if op.adds() {
+            held.commit_wait = commit_wait(&row);
+        }
         counted_pairs(&row, operation, asked.len(), !op.adds())
     }
 
@@ -458,6 +468,29 @@ fn counted(
 
 /// The counts of a statement over `pairs` pairs, in the order given: a
 /// writer's columns, or a reader's one array ([`sql::READ_MANY`]).
+/// What a run of statements on [`Postgres`] keeps from one to the next
+/// ([`Sealed::Held`](sealed::Sealed::Held)).
+pub struct Held<T> {
+    pub(super) conn: Option<T>,
+    commit_wait: Option<Duration>,
+}
+
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Held {
+            conn: None,
+            commit_wait: None,
+        }
+    }
+}
+
+/// How long a write's commit waited: the last column of `add` and
+/// `add_many` (`o_commit_us`), if it reads.
+fn commit_wait(row: &Row) -> Option<Duration> {
+    let micros = row.int8(5).ok()?;
+    Some(Duration::from_micros(u64::try_from(micros).unwrap_or(0)))
+}
+
 fn counted_pairs(
     row: &Row,
     operation: Operation,
