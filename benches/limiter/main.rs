@@ -26,7 +26,8 @@
 //! - `failed` with the defaults (the refusal cache and merging on) through
 //!   one limiter shared by 16 callers over 16 connections, random keys, and
 //!   by a lone caller over one; at 16, also with 2, 4, 8 and 16 writes in
-//!   flight instead of the default 1;
+//!   flight, fixed, in place of the default's (one, more while
+//!   commits wait on slow flushes);
 //! - with the feature `sqlx`, `failed` over an sqlx `PgPool` of 1 and of 16
 //!   connections, next to `failed` over tokio-postgres ([`sqlx`](mod@sqlx));
 //! - with the feature `deadpool`, `check` and `failed` through `Prepared`,
@@ -49,6 +50,12 @@
 //!   hundred thousand in quick mode) and ten keys refused through the
 //!   limiter, against the same listing over the ten refused keys alone,
 //!   measured right before it;
+//! - slow commits ([`slow_commits`]), in a database of its own whose
+//!   commits wait 2 ms before their flush (`commit_delay`): `failed` on
+//!   random keys through one limiter shared by 16 callers over 16
+//!   connections, one statement per call, the defaults, and one write in
+//!   flight fixed, each right after the other (skipped on a server whose
+//!   commits do not flush);
 //! - a real outage ([`outage`]), on a server of its own, stopped and
 //!   started again, on each driver built in.
 //!
@@ -100,6 +107,7 @@ mod outage;
 mod prepared;
 mod purge;
 mod report;
+mod slow_commits;
 mod sqlx;
 mod targets;
 
@@ -400,6 +408,14 @@ async fn run(mode: Mode) -> bool {
         listing_began.elapsed().as_secs_f64()
     );
 
+    eprintln!("slow commits ...");
+    let slow_began = Instant::now();
+    let slow_commits = slow_commits::run(&server, mode).await;
+    eprintln!(
+        "slow commits done in {:.1}s",
+        slow_began.elapsed().as_secs_f64()
+    );
+
     eprintln!("a real outage on each driver ...");
     let outage_began = Instant::now();
     let outages = outage::run(mode).await;
@@ -417,6 +433,7 @@ async fn run(mode: Mode) -> bool {
         hot_updates,
     );
     targets.extend(targets::listing(&listing));
+    targets.extend(slow_commits.iter().flat_map(targets::slow_commits));
     targets.extend(targets::outage(&outages));
     let report = report::Report {
         mode,
@@ -430,6 +447,7 @@ async fn run(mode: Mode) -> bool {
         purge: &purge,
         distinct: &distinct,
         listing: &listing,
+        slow_commits: slow_commits.as_ref(),
         targets: &targets,
     };
     report.print();

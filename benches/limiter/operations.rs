@@ -105,8 +105,8 @@ pub(crate) enum What {
     /// `failed` with the defaults (refusal cache and merging on), through
     /// one limiter shared by [`WIDE`] callers over [`WIDE`] connections.
     DefaultsFailed,
-    /// As `DefaultsFailed`, with this many writes in flight instead of
-    /// [`Limiter::DEFAULT_WRITES_IN_FLIGHT`]: one of [`SWEPT_PLACES`].
+    /// As `DefaultsFailed`, with this many writes in flight, fixed: one of
+    /// [`SWEPT_PLACES`].
     DefaultsPlaces(usize),
     /// `failed` over an sqlx `PgPool` of as many connections as callers
     /// (feature `sqlx`, [`crate::sqlx`]).

@@ -290,6 +290,7 @@ pub(crate) struct Report<'a> {
     pub(crate) purge: &'a PurgeReport,
     pub(crate) distinct: &'a crate::distinct::DistinctReport,
     pub(crate) listing: &'a crate::listing::ListingReport,
+    pub(crate) slow_commits: Option<&'a crate::slow_commits::SlowCommitsReport>,
     pub(crate) targets: &'a [Target],
 }
 
@@ -315,6 +316,8 @@ impl Report<'_> {
         crate::distinct::print(self.distinct);
         println!();
         crate::listing::print(self.listing);
+        println!();
+        crate::slow_commits::print(self.slow_commits);
         println!();
         println!(
             "heap-only (HOT) updates of platformkit.platformkit_limits, from pg_stat_user_tables:"
@@ -376,9 +379,8 @@ impl Report<'_> {
         }
         println!(
             "  (failed, defaults, 1 limiter: {WIDE} callers sharing one limiter with the refusal \
-             cache and merging over {WIDE} connections, {} writes in flight; \"the same\" below \
-             it: another number of writes in flight)",
-            platformkit_limit::Limiter::DEFAULT_WRITES_IN_FLIGHT
+             cache and merging over {WIDE} connections, writes in flight as the commits say; \
+             \"the same\" below it: that many writes in flight, fixed)"
         );
     }
 
@@ -591,6 +593,7 @@ impl Report<'_> {
             purge: self.purge,
             distinct: self.distinct,
             listing: self.listing,
+            slow_commits: self.slow_commits,
             capacity: capacity(self.results, self.attack),
             targets: self.targets,
         }
@@ -613,6 +616,7 @@ struct Json<'a> {
     purge: &'a PurgeReport,
     distinct: &'a crate::distinct::DistinctReport,
     listing: &'a crate::listing::ListingReport,
+    slow_commits: Option<&'a crate::slow_commits::SlowCommitsReport>,
     capacity: Vec<Capacity>,
     targets: &'a [Target],
 }

@@ -17,6 +17,7 @@ use crate::measure::Updates;
 use crate::operations::{Keys, REFUSED_KEYS, What};
 use crate::purge::PurgeReport;
 use crate::report::Results;
+use crate::slow_commits::SlowCommitsReport;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -166,6 +167,31 @@ pub(crate) fn listing(listing: &ListingReport) -> Vec<Target> {
             refused as f64,
         )
         .check(),
+    ]
+}
+
+/// The slow commits' targets: the defaults' `failed` ops/s at least 0.9 of
+/// one statement per call's, and 1.5 times one write in flight's.
+pub(crate) fn slow_commits(slow: &SlowCommitsReport) -> Vec<Target> {
+    let ms = f64::from(slow.commit_delay_us) / 1000.0;
+    vec![
+        Target::new(
+            format!(
+                "failed ops/s with the defaults, {WIDE} callers, slow commits ({ms} ms \
+                 commit_delay)"
+            ),
+            "one statement per call, the same server and rounds",
+            slow.defaults_over_one_statement.iter().copied(),
+            Comparison::AtLeast,
+            0.9,
+        ),
+        Target::new(
+            "the same",
+            "one write in flight fixed",
+            slow.defaults_over_one_in_flight.iter().copied(),
+            Comparison::AtLeast,
+            1.5,
+        ),
     ]
 }
 

@@ -544,7 +544,9 @@ impl Queue {
     /// Notes a statement that took `took`, its commit having waited
     /// `waited`, and sets the places by [`places_after`].
     fn note(&mut self, waited: Duration, took: Duration, most: usize) {
-        let average = |mean: Duration, x: Duration| (mean * 7 + x) / 8;
+        // The first statement stands for itself.
+        let first = self.commits.took.is_zero();
+        let average = |mean: Duration, x: Duration| if first { x } else { (mean * 7 + x) / 8 };
         self.commits.waited = average(self.commits.waited, waited);
         self.commits.took = average(self.commits.took, took);
         let queued = !self.ready.is_empty();
