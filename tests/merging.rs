@@ -243,6 +243,67 @@ async fn the_default_writes_in_flight_follow_the_commits() {
     );
 }
 
+/// A flight gives its connection back every few statements: a service
+/// that lends the limiter its one connection and uses it too gets its turn
+/// while writes keep coming (more writers than one statement takes, so
+/// some always wait), not only once they stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_sharing_its_one_connection_gets_its_turn_while_writes_keep_coming() {
+    const WRITERS: usize = 100;
+    let db = Server::shared().database(SCHEMA).await;
+    let held = Arc::new(Mutex::new(db.connect().await));
+    let lent = held.clone();
+    let conns = move || {
+        let lent = lent.clone();
+        async move { Ok::<_, std::convert::Infallible>(lent.lock_owned().await) }
+    };
+    let limiter = Arc::new(
+        Limiter::builder(Postgres::new(conns))
+            .no_refusal_cache()
+            .budget(Duration::from_secs(30))
+            .build()
+            .expect("a budget"),
+    );
+    let limit = Limit::new("login", 1_000_000, Duration::from_secs(3600)).expect("a limit");
+    let answered = Arc::new(AtomicUsize::new(0));
+    let stopped = Arc::new(AtomicUsize::new(0));
+    // Bounded, so that the test ends if the service never gets its turn.
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let (limiter, limit) = (limiter.clone(), limit.clone());
+            let (answered, stopped) = (answered.clone(), stopped.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while tokio::time::Instant::now() < until && stopped.load(Ordering::SeqCst) == 0 {
+                    let key = Key::opaque(&format!("{writer}-{n}"));
+                    assert!(limiter.failed(&limit, &key).await.unwrap().is_allowed());
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    while answered.load(Ordering::SeqCst) < 2 * WRITERS {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let service = held.lock().await;
+    let writing = tokio::time::Instant::now() < until;
+    service
+        .simple_query("SELECT 1")
+        .await
+        .expect("the service's own query");
+    drop(service);
+    stopped.store(1, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.expect("a writer");
+    }
+    assert!(
+        writing,
+        "the service had its connection only once the writes stopped"
+    );
+}
+
 /// Locks the rows of `keys` under `limit`, each from a session of its own,
 /// until the returned sessions are dropped.
 async fn lock_rows(db: &TestDb, limit: &Limit, keys: &[Key]) -> Vec<Client> {

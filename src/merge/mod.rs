@@ -269,6 +269,12 @@ fn abandoned() -> Arc<Error> {
 // A flight: the task that sends the queued keys' statements
 // ---------------------------------------------------------------------------
 
+/// How many statements a flight sends on one connection before it gives
+/// it back and takes one again: the pool's checkout (sqlx's pings the
+/// connection it gets back) once for several statements, and never more
+/// than a few statements' wait for the others on a small pool.
+const HOLD_STATEMENTS: usize = 8;
+
 /// One key of a statement: its callers, in order of arrival.
 struct Member {
     key: String,
@@ -284,6 +290,7 @@ fn start_flight<S: Sealed>(shared: Arc<Shared>, store: Arc<S>, first: Vec<String
         shared,
         store: Some(store),
         held: S::Held::default(),
+        sent_on_held: 0,
         members: Vec::new(),
         holding: true,
     };
@@ -301,8 +308,11 @@ struct Flight<S: Sealed> {
     /// drops its limiter gets back what its connection source owns.
     store: Option<Arc<S>>,
     /// The connection its last statement answered on, for the next: a
-    /// flight borrows one connection while writes wait, not one a statement.
+    /// flight borrows one connection for up to [`HOLD_STATEMENTS`] while
+    /// writes wait, not one a statement.
     held: S::Held,
+    /// The statements sent since it last took a connection.
+    sent_on_held: usize,
     members: Vec<Member>,
     /// Whether it still holds its place.
     holding: bool,
@@ -318,11 +328,18 @@ impl<S: Sealed> Flight<S> {
             let sent = Instant::now();
             let answers = self.send(op, deadline).await;
             if self.shared.adaptive {
-                if let Some(waited) = S::commit_wait(&self.held) {
-                    self.shared
-                        .lock()
-                        .note(waited, sent.elapsed(), self.shared.most);
-                }
+                // A statement that failed or ran out of budget counts as one
+                // that waited on no flush: it takes a place away.
+                let waited = S::commit_wait(&self.held).unwrap_or_default();
+                let most = self.shared.most;
+                self.shared.lock().note(waited, sent.elapsed(), most);
+            }
+            self.sent_on_held += 1;
+            if self.sent_on_held == HOLD_STATEMENTS {
+                // Back to its source, so that others waiting on a small pool
+                // get their turn; the next statement takes one again.
+                self.held = S::Held::default();
+                self.sent_on_held = 0;
             }
             let told = self.answer(answers);
             let next = self.take(None);
