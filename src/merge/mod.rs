@@ -270,10 +270,11 @@ fn abandoned() -> Arc<Error> {
 // ---------------------------------------------------------------------------
 
 /// How many statements a flight sends on one connection before it gives
-/// it back and takes one again: the pool's checkout (sqlx's pings the
-/// connection it gets back) once for several statements, and never more
-/// than a few statements' wait for the others on a small pool.
-const HOLD_STATEMENTS: usize = 8;
+/// it back and takes one again, so that others on a small pool get their
+/// turn. Each checkout costs (sqlx's pool pings the connection it gets
+/// back): over sqlx with 16 callers, 8 cost the defaults about a sixth of
+/// their attempts, 64 nothing measurable (docs/PERFORMANCE.md, levers).
+const HOLD_STATEMENTS: usize = 64;
 
 /// One key of a statement: its callers, in order of arrival.
 struct Member {
