@@ -142,6 +142,14 @@ fn every_nonsensical_option_is_refused_when_it_is_set() {
             limiter().refusal_ttl(Limiter::MAX_REFUSAL_TTL + Duration::from_millis(1)),
         ),
         ("no writes in flight", limiter().writes_in_flight(0)),
+        (
+            "more writes in flight than the bound",
+            limiter().writes_in_flight(Limiter::MAX_WRITES_IN_FLIGHT + 1),
+        ),
+        (
+            "usize::MAX writes in flight",
+            limiter().writes_in_flight(usize::MAX),
+        ),
         ("a local count of no keys", limiter().local_keys(0)),
         (
             "a local count of more than ten million keys",
@@ -268,6 +276,13 @@ fn the_boundaries_themselves_are_accepted() {
             .build()
             .is_ok()
     );
+    for places in [1, Limiter::MAX_WRITES_IN_FLIGHT] {
+        let limiter = Limiter::builder(Memory::new())
+            .writes_in_flight(places)
+            .build()
+            .expect("writes in flight at the boundary");
+        assert_eq!(limiter.writes_in_flight(), Some(places));
+    }
     for keys in [1, Limiter::MAX_LOCAL_KEYS] {
         let limiter = Limiter::builder(Memory::new())
             .local_keys(keys)

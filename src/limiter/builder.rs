@@ -68,6 +68,10 @@ impl Limiter<Memory> {
     /// The most statements of writes the default has in flight: one, and
     /// more while writes wait on the commits ([merging](crate::guide#merging)).
     pub const DEFAULT_WRITES_IN_FLIGHT: usize = 16;
+
+    /// The most statements of writes [`LimiterBuilder::writes_in_flight`]
+    /// accepts: each holds a connection of the pool.
+    pub const MAX_WRITES_IN_FLIGHT: usize = 1_024;
 }
 
 /// A [`Limiter`]'s settings, from [`Limiter::builder`]; each is checked by
@@ -79,7 +83,7 @@ impl Limiter<Memory> {
 /// | [`refusal_cache`](LimiterBuilder::refusal_cache) | on, [`Limiter::DEFAULT_REFUSAL_CACHE_KEYS`] keys | 1 to [`Limiter::MAX_REFUSAL_CACHE_KEYS`], or [`no_refusal_cache`](LimiterBuilder::no_refusal_cache) |
 /// | [`refusal_ttl`](LimiterBuilder::refusal_ttl) | [`Limiter::DEFAULT_REFUSAL_TTL`] (1 s) | 1 ms to [`Limiter::MAX_REFUSAL_TTL`] (60 s) |
 /// | merging | on | [`no_merging`](LimiterBuilder::no_merging) |
-/// | [`writes_in_flight`](LimiterBuilder::writes_in_flight) | 1, up to [`Limiter::DEFAULT_WRITES_IN_FLIGHT`] (16) as the commits say | 1 or more |
+/// | [`writes_in_flight`](LimiterBuilder::writes_in_flight) | 1, up to [`Limiter::DEFAULT_WRITES_IN_FLIGHT`] (16) as the commits say | 1 to [`Limiter::MAX_WRITES_IN_FLIGHT`] (1,024) |
 /// | [`local_keys`](LimiterBuilder::local_keys) | [`Limiter::DEFAULT_LOCAL_KEYS`] (100 000) | 1 to [`Limiter::MAX_LOCAL_KEYS`] (ten million) |
 #[derive(Debug)]
 #[must_use = "a builder does nothing until build() is called"]
@@ -207,10 +211,11 @@ impl<S: Store> LimiterBuilder<S> {
             }
         );
         ensure!(
-            self.writes_in_flight.is_none_or(|places| places >= 1),
+            self.writes_in_flight
+                .is_none_or(|places| (1..=Limiter::MAX_WRITES_IN_FLIGHT).contains(&places)),
             InvalidOptionSnafu {
                 option: "writes in flight",
-                reason: "at least one statement must be allowed in flight",
+                reason: format!("between 1 and {} statements", Limiter::MAX_WRITES_IN_FLIGHT),
             }
         );
         ensure!(
