@@ -474,15 +474,7 @@ fn slow_commits() -> Server {
 
 async fn with_slow_commits(server: &Server) -> TestDb {
     let db = server.database(SCHEMA).await;
-    db.connect_admin()
-        .await
-        .batch_execute(&format!(
-            "ALTER DATABASE \"{0}\" SET commit_delay = 1000; \
-             ALTER DATABASE \"{0}\" SET commit_siblings = 0",
-            db.name()
-        ))
-        .await
-        .expect("slow commits");
+    crate::common::db::slow_commits(&db, 1_000).await;
     db
 }
 

@@ -227,15 +227,7 @@ async fn most_writes_in_flight(db: &TestDb, for_: Duration) -> i64 {
 async fn the_default_writes_in_flight_follow_the_commits() {
     let durable = Server::start(platformkit_limit_testdb::Options { durable: true });
     let slow = durable.database(SCHEMA).await;
-    slow.connect_admin()
-        .await
-        .batch_execute(&format!(
-            "ALTER DATABASE \"{0}\" SET commit_delay = 2000; \
-             ALTER DATABASE \"{0}\" SET commit_siblings = 0",
-            slow.name()
-        ))
-        .await
-        .expect("slow commits");
+    common::db::slow_commits(&slow, 2_000).await;
     let most = most_writes_in_flight(&slow, Duration::from_millis(1500)).await;
     assert!(
         most > 1,

@@ -488,3 +488,17 @@ pub fn assert_index_plans(plans: &Plans, what: &str) {
         assert!(!plan.contains("Gather"), "{what}: a parallel plan:\n{plan}");
     }
 }
+
+/// Makes every later session's commits on `db` (a durable server's) wait
+/// `micros` before their flush, as a hosted database's do.
+pub async fn slow_commits(db: &TestDb, micros: u32) {
+    db.connect_admin()
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{0}\" SET commit_delay = {micros}; \
+             ALTER DATABASE \"{0}\" SET commit_siblings = 0",
+            db.name()
+        ))
+        .await
+        .expect("slow commits");
+}
