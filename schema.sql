@@ -408,6 +408,7 @@ BEGIN
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
         GREATEST(
+            -- An earlier window's lockout, still running.
             CASE WHEN p_lockout_secs > 0 THEN
                 (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
                  FROM platformkit.platformkit_limits AS x
@@ -576,6 +577,7 @@ BEGIN
                array_agg(
                    COALESCE(platformkit.platformkit_us(
                        GREATEST(
+                           -- An earlier window's lockout, still running.
                            CASE WHEN a.lockout > 0 THEN
                                (SELECT max(x.window_end) + make_interval(secs => a.lockout)
                                 FROM platformkit.platformkit_limits AS x
@@ -583,6 +585,7 @@ BEGIN
                                   AND x.window_end + make_interval(secs => a.lockout) > v_now
                                   AND NOT platformkit.platformkit_is_block(x.window_start))
                            END,
+                           -- A block, whatever the limit: through the at_max index.
                            (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
                             WHERE x.key = a.key AND x.at_max AND x.window_end > v_now
                               AND platformkit.platformkit_is_block(x.window_start)))) - o_now, 0)
@@ -751,6 +754,7 @@ BEGIN
                    ELSE 0 END AS previous,
                    COALESCE(platformkit.platformkit_us(
                        GREATEST(
+                           -- An earlier window's lockout, still running.
                            CASE WHEN a.lockout > 0 THEN
                                (SELECT max(x.window_end) + make_interval(secs => a.lockout)
                                 FROM platformkit.platformkit_limits AS x
@@ -758,6 +762,7 @@ BEGIN
                                   AND x.window_end + make_interval(secs => a.lockout) > v_now
                                   AND NOT platformkit.platformkit_is_block(x.window_start))
                            END,
+                           -- A block, whatever the limit: through the at_max index.
                            (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
                             WHERE x.key = a.key AND x.at_max AND x.window_end > v_now
                               AND platformkit.platformkit_is_block(x.window_start)))) - o_now, 0) AS locked_for
@@ -904,6 +909,7 @@ BEGIN
         ELSE 0 END,
         COALESCE(platformkit.platformkit_us(
             GREATEST(
+                -- An earlier window's lockout, still running.
                 CASE WHEN a.lockout > 0 THEN
                     (SELECT max(x.window_end) + make_interval(secs => a.lockout)
                      FROM platformkit.platformkit_limits AS x
@@ -911,6 +917,7 @@ BEGIN
                        AND x.window_end + make_interval(secs => a.lockout) > v_now
                        AND NOT platformkit.platformkit_is_block(x.window_start))
                 END,
+                -- A block, whatever the limit: through the at_max index.
                 (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
                  WHERE x.key = a.key AND x.at_max AND x.window_end > v_now
                    AND platformkit.platformkit_is_block(x.window_start)))) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
@@ -1014,6 +1021,7 @@ BEGIN
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
         GREATEST(
+            -- An earlier window's lockout, still running.
             CASE WHEN p_lockout_secs > 0 THEN
                 (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
                  FROM platformkit.platformkit_limits AS x

@@ -359,18 +359,7 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        GREATEST(
-            CASE WHEN p_lockout_secs > 0 THEN
-                (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
-                 FROM platformkit.platformkit_limits AS x
-                 WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-                   AND x.window_end + make_interval(secs => p_lockout_secs) > v_now
-                   AND NOT platformkit.platformkit_is_block(x.window_start))
-            END,
-            -- A block, whatever the limit: through the at_max index.
-            (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-             WHERE x.key = p_key AND x.at_max AND x.window_end > v_now
-               AND platformkit.platformkit_is_block(x.window_start))),
+        -- locked until: p_key, v_start, p_max, p_lockout_secs then: ,
         l.at_max
     INTO o_count, o_previous, v_locked, v_marked;
     -- end of statement
@@ -479,17 +468,7 @@ BEGIN
                    ORDER BY a.ord),
                array_agg(
                    COALESCE(platformkit.platformkit_us(
-                       GREATEST(
-                           CASE WHEN a.lockout > 0 THEN
-                               (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                                FROM platformkit.platformkit_limits AS x
-                                WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                                  AND x.window_end + make_interval(secs => a.lockout) > v_now
-                                  AND NOT platformkit.platformkit_is_block(x.window_start))
-                           END,
-                           (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-                            WHERE x.key = a.key AND x.at_max AND x.window_end > v_now
-                              AND platformkit.platformkit_is_block(x.window_start)))) - o_now, 0)
+                       -- locked until: a.key, a.start, a.max, a.lockout then: ) - o_now, 0)
                    ORDER BY a.ord)
         INTO o_previous, o_locked_for
         FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, make_interval(secs => t.secs) AS width,
@@ -606,17 +585,7 @@ BEGIN
                                  WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                    ELSE 0 END AS previous,
                    COALESCE(platformkit.platformkit_us(
-                       GREATEST(
-                           CASE WHEN a.lockout > 0 THEN
-                               (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                                FROM platformkit.platformkit_limits AS x
-                                WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                                  AND x.window_end + make_interval(secs => a.lockout) > v_now
-                                  AND NOT platformkit.platformkit_is_block(x.window_start))
-                           END,
-                           (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-                            WHERE x.key = a.key AND x.at_max AND x.window_end > v_now
-                              AND platformkit.platformkit_is_block(x.window_start)))) - o_now, 0) AS locked_for
+                       -- locked until: a.key, a.start, a.max, a.lockout then: ) - o_now, 0) AS locked_for
             FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, t.count, t.window_end,
                          t.secs::numeric * 1000000 AS w,
                          make_interval(secs => t.secs) AS width,
@@ -703,17 +672,7 @@ BEGIN
                       WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
         ELSE 0 END,
         COALESCE(platformkit.platformkit_us(
-            GREATEST(
-                CASE WHEN a.lockout > 0 THEN
-                    (SELECT max(x.window_end) + make_interval(secs => a.lockout)
-                     FROM platformkit.platformkit_limits AS x
-                     WHERE x.key = a.key AND x.window_start < a.start AND x.count >= a.max
-                       AND x.window_end + make_interval(secs => a.lockout) > v_now
-                       AND NOT platformkit.platformkit_is_block(x.window_start))
-                END,
-                (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-                 WHERE x.key = a.key AND x.at_max AND x.window_end > v_now
-                   AND platformkit.platformkit_is_block(x.window_start)))) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
+            -- locked until: a.key, a.start, a.max, a.lockout then: ) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
@@ -757,18 +716,7 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        GREATEST(
-            CASE WHEN p_lockout_secs > 0 THEN
-                (SELECT max(x.window_end) + make_interval(secs => p_lockout_secs)
-                 FROM platformkit.platformkit_limits AS x
-                 WHERE x.key = p_key AND x.window_start < v_start AND x.count >= p_max
-                   AND x.window_end + make_interval(secs => p_lockout_secs) > v_now
-                   AND NOT platformkit.platformkit_is_block(x.window_start))
-            END,
-            -- A block, whatever the limit: through the at_max index.
-            (SELECT max(x.window_end) FROM platformkit.platformkit_limits AS x
-             WHERE x.key = p_key AND x.at_max AND x.window_end > v_now
-               AND platformkit.platformkit_is_block(x.window_start)))
+        -- locked until: p_key, v_start, p_max, p_lockout_secs
     INTO v_count, v_previous, v_locked;
     -- end of statement
     v_now_us := platformkit.platformkit_us(v_now);

@@ -627,27 +627,45 @@ fn every_routines_variables_have_schema_qualified_types() {
 /// `schema.sql` is `schema/limits.sql` with each routine's prologue put in
 /// from its one home (`schema/prologue.sql` for the writers,
 /// `schema/readers_prologue.sql` for the readers, and the readers' pinned
-/// settings from `schema/readers_settings.sql`): nothing is kept by hand in
-/// several places. With `PLATFORMKIT_WRITE_SCHEMA=1` the test writes
-/// `schema.sql` instead of failing.
+/// settings from `schema/readers_settings.sql`), and each
+/// `-- locked until: KEY, START, MAX, LOCKOUT[ then: REST]` line made the
+/// expression of `schema/locked_until.sql` over those names, followed by
+/// REST: nothing is kept by hand in several places. With
+/// `PLATFORMKIT_WRITE_SCHEMA=1` the test writes `schema.sql` instead of
+/// failing.
 #[test]
 fn schema_sql_is_built_from_its_source() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let read = |path: &str| {
         std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
     };
-    let (writers, readers, settings) = (
+    let (writers, readers, settings, locked_until) = (
         read("schema/prologue.sql"),
         read("schema/readers_prologue.sql"),
         read("schema/readers_settings.sql"),
+        read("schema/locked_until.sql"),
     );
+    let locked_until = |indent: &str, names: &str| {
+        let (names, rest) = names.split_once(" then: ").unwrap_or((names, ""));
+        let names: Vec<&str> = names.split(", ").collect();
+        assert_eq!(names.len(), 4, "locked until: {names:?}");
+        let mut expression = locked_until.trim_end().to_owned();
+        for (name, value) in ["{key}", "{start}", "{max}", "{lockout}"].iter().zip(names) {
+            expression = expression.replace(name, value);
+        }
+        let lines: Vec<String> = expression.lines().map(|l| format!("{indent}{l}")).collect();
+        format!("{}{rest}\n", lines.join("\n"))
+    };
     let built: String = read("schema/limits.sql")
         .split_inclusive('\n')
         .map(|line| match line.trim_end() {
-            "    -- prologue: schema/prologue.sql" => writers.as_str(),
-            "    -- reader's prologue: schema/readers_prologue.sql" => readers.as_str(),
-            "-- reader's settings: schema/readers_settings.sql" => settings.as_str(),
-            _ => line,
+            "    -- prologue: schema/prologue.sql" => writers.clone(),
+            "    -- reader's prologue: schema/readers_prologue.sql" => readers.clone(),
+            "-- reader's settings: schema/readers_settings.sql" => settings.clone(),
+            marked => match marked.split_once("-- locked until: ") {
+                Some((indent, names)) if indent.trim().is_empty() => locked_until(indent, names),
+                _ => line.to_owned(),
+            },
         })
         .collect();
     if std::env::var_os("PLATFORMKIT_WRITE_SCHEMA").is_some() {
