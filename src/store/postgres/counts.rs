@@ -467,7 +467,7 @@ fn counted(
 }
 
 /// The counts of a statement over `pairs` pairs, in the order given: a
-/// writer's columns, or a reader's one array ([`sql::READ_MANY`]).
+/// writer's columns, or a reader's one array ([`sql::ReadMany`]).
 /// What a run of statements on [`Postgres`] keeps from one to the next
 /// ([`Sealed::Held`](sealed::Sealed::Held)).
 pub struct Held<T> {
