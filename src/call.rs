@@ -21,7 +21,6 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    /// Starts the clock of `operation` with `budget`.
     pub(crate) fn start(operation: Operation, budget: Duration) -> Call {
         Call {
             operation,
@@ -30,7 +29,6 @@ impl Call {
         }
     }
 
-    /// When the budget runs out.
     pub(crate) fn deadline(&self) -> Instant {
         self.started + self.budget
     }
@@ -67,12 +65,10 @@ impl Call {
         }
     }
 
-    /// Records `limit`'s outcome of this call, answered by the store.
     pub(crate) fn record(&self, limit: &Limit, outcome: Outcome) {
         self.record_from(limit, outcome, Source::Store);
     }
 
-    /// Records `limit`'s outcome of this call, answered by `source`.
     pub(crate) fn record_from(&self, limit: &Limit, outcome: Outcome, source: Source) {
         metric::record_from(
             limit,
@@ -83,7 +79,6 @@ impl Call {
         );
     }
 
-    /// Records that the store could not be reached for `limit`.
     pub(crate) fn record_unreachable(&self, limit: &Limit, cause: &Error) {
         let decided = match limit.when_unreachable() {
             WhenUnreachable::Allow => Decided::Allowed,
@@ -98,13 +93,11 @@ impl Call {
         self.record(limit, Outcome::Unreachable);
     }
 
-    /// Records that the store was too busy to answer for `limit`.
     pub(crate) fn record_shed(&self, limit: &Limit, cause: &Error) {
         crate::trace::shed(limit.name(), self.operation, cause);
         self.record(limit, Outcome::Shed);
     }
 
-    /// Records the outcome of a reset or a take-back.
     pub(crate) fn record_cleared<T>(&self, limit: &Limit, result: &Result<T, Error>) {
         match result {
             Ok(_) => self.record(limit, Outcome::Cleared),

@@ -1,12 +1,9 @@
-//! Where the limiter reads the time: the database's, so that every replica
-//! agrees on the windows; or, in tests, a [`ManualClock`].
+//! Where the limiter reads the time: the database's, or, in tests, a [`ManualClock`].
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A clock that stands still until it is moved: for deterministic tests.
-///
-/// Clones share one time.
+/// A clock that stands still until it is moved: for deterministic tests. Clones share one time.
 ///
 /// ```
 /// use platformkit_limit::ManualClock;
@@ -23,8 +20,7 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
-    /// A clock reading `now`, truncated to whole microseconds (PostgreSQL's
-    /// precision).
+    /// A clock reading `now`, truncated to whole microseconds (PostgreSQL's precision).
     pub fn new(now: SystemTime) -> Self {
         ManualClock {
             now: Arc::new(Mutex::new(truncate_to_micros(now))),

@@ -24,7 +24,6 @@ pub struct Counted {
 }
 
 impl Counted {
-    /// When the current window opened: its end less `limit`'s window.
     pub(crate) fn window_start(&self, limit: &Limit) -> SystemTime {
         self.window_end - limit.window()
     }
@@ -39,27 +38,17 @@ pub(crate) fn window_of(now_micros: i64, window_secs: u64) -> (i64, i64) {
     (start, start + width)
 }
 
-/// Turns what a store counted into a verdict.
+/// Turns what a store counted into a verdict ([windows](crate::guide#windows)).
 ///
-/// In microseconds over a window of width `w` that began `e` ago, with
-/// `prev` the previous window's count (0 for fixed windows) and `cur` the
-/// current one's, the estimate times `w` is `prev × (w − e) + cur × w`. An
+/// Over a window of width `w` begun `e` ago (microseconds), the estimate
+/// times `w` is `prev × (w − e) + cur × w`, `prev` 0 for fixed windows. An
 /// attempt may go ahead while the estimate is below `max`: `check` and
-/// `failed` compare the estimate as it stands, `hit` the estimate before its
-/// own ask.
-///
-/// An ask of `cost` units (an [`Ask`](crate::Ask) with a cost; 1 otherwise) is
-/// decided as `cost` asks of one in a row, by its last: it may go ahead
-/// while the estimate before its last unit, the count after the whole ask
-/// less one, is below `max` (for a fixed window: the count after it is at
-/// most `max`). `cur` holds the whole cost already, so the comparison is
-/// that of a cost of 1, and so is a lockout's start (the count before the
-/// last unit reached `max`). A refusal's reopening reads `cost`: the
-/// first moment an ask of the same cost may go ahead, when the estimate
-/// falls below `max − (cost − 1)`. A `check` of `cost` (an ask that
+/// `failed` read it as it stands, `hit` before its own ask. An ask of
+/// `cost` is decided as `cost` asks of one in a row, by its last unit: `cur`
+/// holds the whole cost, so the comparison and a lockout's start are those
+/// of a cost of 1. A refusal reopens, and a `check` of `cost` (what
 /// [`hit_all_or_nothing`](crate::Limiter::hit_all_or_nothing) did not
-/// count, decided on the count before it) may go ahead while the estimate
-/// is below `max − (cost − 1)`: what an ask of `cost` would find.
+/// count) may go ahead, once the estimate is below `max − (cost − 1)`.
 pub(crate) fn decide(op: Counting, limit: &Limit, cost: u32, counted: &Counted) -> Verdict {
     let d = decision(op, limit, cost, counted);
     Verdict::counted(limit, d.allowed, d.estimate, d.reopens_at, counted.now)
@@ -69,14 +58,12 @@ pub(crate) fn decide(op: Counting, limit: &Limit, cost: u32, counted: &Counted) 
 /// running, for a key's [status](crate::KeyStatus).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Decision {
-    /// Whether the attempt may go ahead.
     pub(crate) allowed: bool,
     /// The count, or a sliding window's estimate, rounded up.
     pub(crate) estimate: u64,
     /// For an allowed attempt, the window's end; for a refusal, the first
     /// moment the next attempt may go ahead.
     pub(crate) reopens_at: SystemTime,
-    /// The end of the lockout running, if one is.
     pub(crate) locked_until: Option<SystemTime>,
 }
 

@@ -1,10 +1,6 @@
-//! The standard header fields of a limited answer, rendered as text with no
-//! HTTP dependency: `Retry-After`, and the `RateLimit-Policy` and
-//! `RateLimit` fields of the IETF draft
-//! [draft-ietf-httpapi-ratelimit-headers-10](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/10/).
-//!
-//! Each limit is one item of a Structured Field List, named by the limit's
-//! name; the partition key (`pk`) is never rendered.
+//! `Retry-After`, and the `RateLimit-Policy` and `RateLimit` fields of
+//! [draft-ietf-httpapi-ratelimit-headers-10](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/10/),
+//! as text: each limit one item named by the limit's name; the partition key (`pk`) never.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -12,8 +8,9 @@ use std::time::Duration;
 use crate::{Limit, Verdict, Verdicts};
 
 impl Limit {
-    /// This limit as an item of the `RateLimit-Policy` field: its name, its
-    /// quota `q` (max) and its window `w` in seconds.
+    /// This limit as an item of the `RateLimit-Policy` field: its name, its quota `q` (max) and
+    /// its window `w` in seconds. Send it for an API quota, not for a per-account login limit,
+    /// where it tells an attacker how many guesses remain.
     ///
     /// ```
     /// use platformkit_limit::Limit;
@@ -23,9 +20,6 @@ impl Limit {
     /// assert_eq!(login.policy_field(), r#""login";q=10;w=900"#);
     /// # Ok::<(), platformkit_limit::Error>(())
     /// ```
-    ///
-    /// Send it for an API quota, not for a per-account login limit, where
-    /// it tells an attacker how many guesses remain.
     pub fn policy_field(&self) -> String {
         let mut item = sf_string(self.name());
         let _ = write!(item, ";q={};w={}", self.max(), self.window_secs());
@@ -34,12 +28,10 @@ impl Limit {
 }
 
 impl Verdict {
-    /// This verdict as an item of the `RateLimit` field: the limit's name,
-    /// what is left `r` (0 on a refusal), and `t`, the whole seconds
-    /// (rounded up; at least 1 on a refusal) until [`Verdict::reopens_at`].
-    /// `None` when nothing counted.
-    ///
-    /// The same warning as for [`Limit::policy_field`]: opt in per limit.
+    /// This verdict as an item of the `RateLimit` field (opt in per limit, as for
+    /// [`Limit::policy_field`]): the limit's name, what is left `r` (0 on a refusal), and `t`, the
+    /// whole seconds (rounded up; at least 1 on a refusal) until [`Verdict::reopens_at`]. `None`
+    /// when nothing counted.
     pub fn rate_limit_field(&self) -> Option<String> {
         self.count()?;
         let (remaining, reset) = if self.is_refused() {
@@ -52,10 +44,8 @@ impl Verdict {
         Some(item)
     }
 
-    /// The value of a `Retry-After` header for a refusal:
-    /// [`retry_after`](Verdict::retry_after) rounded up to whole seconds,
-    /// and at least 1 (a refusal never says "retry now"). `None` unless
-    /// refused by a count.
+    /// The value of a `Retry-After` header for a refusal: [`retry_after`](Verdict::retry_after)
+    /// rounded up to whole seconds, and at least 1. `None` when it is `None`.
     ///
     /// ```
     /// # fn header(verdict: &platformkit_limit::Verdict) -> Option<String> {
@@ -68,8 +58,7 @@ impl Verdict {
 }
 
 impl Verdicts {
-    /// The value of a `Retry-After` header: [`Verdicts::retry_after`]
-    /// rounded up to whole seconds, and at least 1.
+    /// The value of a `Retry-After` header: [`Verdicts::retry_after`] in whole seconds, at least 1.
     pub fn retry_after_secs(&self) -> Option<u64> {
         self.retry_after().map(retry_after_secs)
     }
@@ -83,8 +72,7 @@ fn whole_secs_up(wait: Duration) -> u64 {
     wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
 }
 
-/// `text` as a Structured Field String (RFC 9651, section 3.3.3): quoted,
-/// `"` and `\` escaped (a limit's name holds nothing else needing care).
+/// `text` as a Structured Field String (RFC 9651, 3.3.3): quoted, `"` and `\` escaped.
 fn sf_string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
@@ -166,10 +154,8 @@ mod tests {
             .strategy(Strategy::Sliding)
             .build()
             .expect("a limit");
-        // Half-way through the window, 10 in the previous window and 8 in
-        // this one: the estimate 10 × 30/60 + 8 = 13 falls below 10 just
-        // after 48 s, 18 s (and a microsecond) from now, where the window
-        // ends in 30 s.
+        // Half-way, 10 in the previous window and 8 in this one: the estimate 10 × 30/60 + 8 = 13
+        // falls below 10 just after 48 s, 18 s (and a µs) from now; the window ends in 30 s.
         let refused = verdict(Counting::CHECK, &api, 8, 10, at(30, 0));
         assert!(refused.is_refused());
         assert_eq!(
@@ -205,8 +191,7 @@ mod tests {
     fn retry_after_is_whole_seconds_and_at_least_one() {
         let exact = verdict(Counting::FAILED, &login(), 10, 0, at(488, 0));
         assert_eq!(exact.retry_after_secs(), Some(412));
-        // Refused at the very end of its window: "retry now" would be
-        // refused again, so 1.
+        // Refused at the very end of its window: "retry now" would be refused again, so 1.
         let at_the_end = verdict(Counting::CHECK, &login(), 10, 0, at(900, 0));
         assert_eq!(at_the_end.retry_after(), Some(Duration::ZERO));
         assert_eq!(at_the_end.retry_after_secs(), Some(1));

@@ -1,11 +1,9 @@
 //! A rate limiter whose state is a row in PostgreSQL: one limit shared by
 //! every replica, outliving every deploy.
 //!
-//! A [`Limiter`] answers "may this attempt go ahead?" with a [`Verdict`] and
-//! counts what you tell it to, in [`Postgres`] (apply [`SCHEMA`] and
-//! [`grants`], or [`Postgres::migrate`] at start-up; each call sends one
-//! statement over a connection of your [`LimitConn`]) or, for unit tests,
-//! [`Memory`]. An unreachable database leaves the verdict to the limit's
+//! A [`Limiter`] answers "may this attempt go ahead?" with a [`Verdict`] and counts what you
+//! tell it to, in [`Postgres`] (one statement a call, over your [`LimitConn`]) or, for unit
+//! tests, [`Memory`]. An unreachable database leaves the verdict to the limit's
 //! [`WhenUnreachable`]; any other failure is an [`Error`].
 //!
 //! ```
@@ -31,27 +29,23 @@
 //! # }).unwrap();
 //! ```
 //!
-//! Start from [`Limiter`], [`Limit`] and [`Key`]; then [`Postgres`],
-//! [`purge`] and the [`metric`]s. How it works, and why, is in the [`guide`].
+//! Start from [`Limiter`], [`Limit`] and [`Key`]; then [`Postgres`], [`purge`] and the
+//! [`metric`]s. How it works, and why, is in the [`guide`] ([in a service](guide#in-a-service):
+//! the steps at start-up).
 //!
 //! # Features
 //!
-//! - `deadpool`: [`LimitConn`] for `deadpool_postgres::Pool`, and
-//!   `driver::Prepared` to prepare each statement once per connection;
-//! - `bb8`: [`LimitConn`] for `bb8::Pool` of
-//!   `bb8_postgres::PostgresConnectionManager`;
-//! - `sqlx` (sqlx 0.8) and `sqlx-09` (sqlx 0.9): [`LimitConn`] for
-//!   `sqlx::PgPool`, and `driver::SqlxConn` to lend any sqlx PostgreSQL
-//!   connection ([what sqlx cannot do](guide#what-sqlx-cannot-do-cancel));
-//! - `tracing` (on by default): events on fail-open, shed calls, purges
-//!   and the layer's 500s, never with the key;
-//! - `tower`: `layer::LimitLayer`, a tower layer that limits requests by
-//!   keys read from the request head ([guide](guide#behind-a-tower-layer));
-//! - `axum`: `tower`, and `layer::client_ip` also reads axum's
-//!   `ConnectInfo<SocketAddr>`.
+//! - `deadpool`, `bb8`, `sqlx` (sqlx 0.8), `sqlx-09` (sqlx 0.9): [`LimitConn`] for that pool
+//!   (`deadpool_postgres::Pool`, `bb8::Pool` of `bb8_postgres::PostgresConnectionManager`,
+//!   `sqlx::PgPool`), with `driver::Prepared` (deadpool) and `driver::SqlxConn` (sqlx)
+//!   ([drivers](guide#drivers));
+//! - `tracing` (on by default): events on fail-open, shed calls, purges and the layer's 500s,
+//!   never with the key;
+//! - `tower`: `layer::LimitLayer` ([guide](guide#behind-a-tower-layer)); `axum`: `tower`, and
+//!   `layer::client_ip` also reads axum's `ConnectInfo<SocketAddr>`.
 //!
-//! The admin page and the operator's tool are crates of their own:
-//! `platformkit-limit-admin` and `platformkit-limit-cli`.
+//! The admin page and the operator's tool are the crates `platformkit-limit-admin` and
+//! `platformkit-limit-cli`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 
@@ -96,19 +90,16 @@ pub use crate::store::postgres::Postgres;
 pub use crate::store::sql::grants;
 pub use crate::verdict::{Verdict, Verdicts};
 
-/// The schema `platformkit` ([guide](crate::guide#the-schema)), a script
-/// safe to apply twice, for your own migrations; then run [`grants`] for the
-/// limiter's role. PostgreSQL 14 or newer.
+/// The schema `platformkit` ([guide](crate::guide#the-schema)), a script safe to apply twice,
+/// for your own migrations; then run [`grants`] for the limiter's role. PostgreSQL 14 or newer.
 pub const SCHEMA: &str = store::sql::SCHEMA;
 
-/// The version of [`SCHEMA`], raised by one whenever a release changes it.
-/// A database where `SELECT platformkit.platformkit_schema_version()`
-/// answers less, or fails, needs [`SCHEMA`] applied again.
+/// The version of [`SCHEMA`], raised by one whenever a release changes it. A database where
+/// `SELECT platformkit.platformkit_schema_version()` answers less, or fails, needs it again.
 pub const SCHEMA_VERSION: u32 = store::sql::SCHEMA_VERSION;
 
-/// Internals exposed for the fuzz targets and property tests (feature
-/// `internal-checks`, which release builds leave off); not part of the
-/// public API and not covered by semver.
+/// Internals for the fuzz targets and property tests (feature `internal-checks`): not public
+/// API, not covered by semver.
 #[cfg(feature = "internal-checks")]
 #[doc(hidden)]
 pub mod internal {

@@ -19,10 +19,7 @@
 //! them; an operator's [`status`](crate::Limiter::status) is a `check`'s
 //! statement and no call).
 //!
-//! `calls_total` counts calls, never cost units: a
-//! `hit` of a [cost](crate::Ask::cost) of 50 is one `hit`, as its verdict is
-//! one (a quota's units spent are in the store, read with
-//! [`status`](crate::Limiter::status)).
+//! `calls_total` counts calls, never cost units ([API quotas](crate::guide#api-quotas)).
 //!
 //! `outcome`: `allowed`, `refused`, `unreachable`
 //! ([fail-open](crate::guide#fail-open)), `shed`

@@ -6,21 +6,13 @@ use std::fmt;
 /// metric, error message and event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Operation {
-    /// Reads the count before an attempt.
     Check,
-    /// Counts a failed attempt.
     Failed,
-    /// Counts an ask and decides it.
     Hit,
-    /// Counts an attempt before the work, for a permit.
     Reserve,
-    /// Clears a key.
     Reset,
-    /// Takes a reserved attempt back.
     TakeBack,
-    /// Deletes windows that closed long ago.
     Purge,
-    /// Lists the keys a limit refuses, for an operator.
     RefusedKeys,
     /// Applies the schema (in errors only).
     Migrate,
@@ -74,7 +66,6 @@ impl Operation {
         }
     }
 
-    /// The label, as the metrics, errors and events carry it.
     pub(crate) const fn label(self) -> &'static str {
         match self {
             Operation::Check => "check",
@@ -97,12 +88,10 @@ impl Operation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counting {
     operation: Operation,
-    /// Whether a call over several pairs adds only if every pair allows.
     all_or_nothing: bool,
 }
 
 impl Counting {
-    /// Reads the count, writes nothing.
     pub(crate) const CHECK: Counting = Counting::each(Operation::Check);
     /// Adds a failure, then tells whether the next attempt may go ahead.
     pub(crate) const FAILED: Counting = Counting::each(Operation::Failed);
@@ -124,17 +113,14 @@ impl Counting {
         }
     }
 
-    /// The operation, for the metrics, the errors and the events.
     pub(crate) const fn operation(self) -> Operation {
         self.operation
     }
 
-    /// [`Operation::adds`].
     pub(crate) const fn adds(self) -> bool {
         self.operation.adds()
     }
 
-    /// [`Operation::asks`].
     pub(crate) const fn asks(self) -> bool {
         self.operation.asks()
     }

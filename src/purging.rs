@@ -14,10 +14,10 @@ use crate::store::statement::{call, deleted};
 use crate::{Error, LimitConn, metric};
 
 /// Deletes the rows whose window closed more than a day and more than a
-/// window length ago, and returns how many went. Run it hourly
-/// ([purge](crate::guide#purge)). It works in batches of
-/// [`PurgeTask::BATCH_ROWS`], each its own short transaction on a connection
-/// of its own, skipping rows a call holds: it never waits on a login.
+/// window length ago; how many went. Run it hourly ([purge](crate::guide#purge)).
+/// In batches of [`PurgeTask::BATCH_ROWS`], each its own short transaction
+/// on a connection of its own, skipping rows a call holds: it never waits
+/// on a login.
 ///
 /// # Errors
 ///
@@ -34,7 +34,6 @@ use crate::{Error, LimitConn, metric};
 pub async fn purge<C: LimitConn>(conns: &C) -> Result<u64, Error> {
     metric::purge_started();
     let mut total = 0;
-    // Each batch starts where the one before stopped.
     let mut from = None;
     loop {
         let deleted = match purge_batch(conns, from).await {

@@ -1,5 +1,4 @@
-//! [`Verdict`]: the answer to one attempt, and its constructors; the
-//! arithmetic is [`decide`](crate::decide).
+//! [`Verdict`]: the answer to one attempt; the arithmetic is [`decide`](crate::decide).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -8,13 +7,9 @@ use crate::{Error, Limit};
 
 /// The answer to "may this attempt go ahead?".
 ///
-/// Being refused is an outcome, not an error. Besides allowed and refused
-/// by the count, a verdict may be [unreachable](Verdict::is_unreachable)
-/// (the limit's [`WhenUnreachable`](crate::WhenUnreachable) decided),
-/// [shed](Verdict::is_shed) (refused uncounted: the store is up but
-/// overloaded, [the guide](crate::guide#down-or-overloaded)), or
-/// [over max](Verdict::exceeds_max). What "allowed" means depends on the
-/// call:
+/// Being refused is an outcome, not an error. A verdict may also be
+/// [unreachable](Verdict::is_unreachable), [shed](Verdict::is_shed) or
+/// [over max](Verdict::exceeds_max). What "allowed" means depends on the call:
 ///
 /// | call      | the count is                | allowed when         |
 /// |-----------|-----------------------------|----------------------|
@@ -44,8 +39,7 @@ struct Counts {
 }
 
 impl Verdict {
-    /// How long a shed call's client is asked to wait before it tries
-    /// again.
+    /// How long a shed call's client is asked to wait before it tries again.
     pub const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
     /// Whether the attempt may go ahead.
@@ -64,7 +58,7 @@ impl Verdict {
     }
 
     /// Whether the store could not be reached, so the limit's
-    /// [`WhenUnreachable`](crate::WhenUnreachable) decided.
+    /// [`WhenUnreachable`](crate::WhenUnreachable) decided ([fail-open](crate::guide#fail-open)).
     pub fn is_unreachable(&self) -> bool {
         self.unreachable.is_some()
     }
@@ -74,54 +68,44 @@ impl Verdict {
         self.unreachable.as_deref()
     }
 
-    /// Whether the store was up but too busy to answer within the budget, so
-    /// the call was refused without a count (shed).
+    /// Whether the store was up but too busy, so the call was refused uncounted
+    /// ([shed](crate::guide#down-or-overloaded)).
     pub fn is_shed(&self) -> bool {
         self.shed.is_some()
     }
 
-    /// Whether the ask was refused because its cost
-    /// ([`Ask::cost`](crate::Ask::cost)) is above the limit's max:
-    /// no window could ever allow it, so it was refused at once, with no
-    /// round trip and nothing counted. Such a verdict has no
-    /// [`count`](Verdict::count) and no [`retry_after`](Verdict::retry_after):
-    /// waiting would not help, a smaller ask would.
+    /// Whether the ask's [cost](crate::Ask::cost) is above the limit's max: refused at once,
+    /// uncounted, with no `count` and no `retry_after` ([API quotas](crate::guide#api-quotas)).
     pub fn exceeds_max(&self) -> bool {
         self.over_max
     }
 
-    /// Why the call was shed, when it was: an
-    /// [`Overloaded`](crate::ErrorKind::Overloaded) error.
+    /// Why the call was shed, when it was: an [`Overloaded`](crate::ErrorKind::Overloaded) error.
     pub fn shed(&self) -> Option<&Error> {
         self.shed.as_deref()
     }
 
-    /// The key's count in the current window (see the table above), or a
-    /// sliding limit's estimate, rounded up; the local count's while the
-    /// store is unreachable; `None` when nothing counted.
+    /// The key's count in the current window (the table above), or a sliding limit's estimate,
+    /// rounded up; the local count's while the store is unreachable; `None` when nothing counted.
     pub fn count(&self) -> Option<u64> {
         self.counts.as_ref().map(|c| c.count)
     }
 
-    /// How many more attempts the current window allows; `None` when
-    /// nothing counted.
+    /// How many more attempts the current window allows; `None` when nothing counted.
     pub fn remaining(&self) -> Option<u64> {
         self.counts
             .as_ref()
             .map(|c| u64::from(c.max).saturating_sub(c.count))
     }
 
-    /// For an allowed verdict, when the current window closes; for a
-    /// refusal, the first moment the next attempt may go ahead. `None` when
-    /// nothing counted.
+    /// For an allowed verdict, when the current window closes; for a refusal, the first moment
+    /// the next attempt may go ahead. `None` when nothing counted.
     pub fn reopens_at(&self) -> Option<SystemTime> {
         self.counts.as_ref().map(|c| c.reopens_at)
     }
 
-    /// For a refusal by a count, how long until it reopens, on the store's
-    /// clock (this process's, from the refusal cache); for a shed call,
-    /// [`SHED_RETRY_AFTER`](Verdict::SHED_RETRY_AFTER); else `None`. As a
-    /// header: [`retry_after_secs`](Verdict::retry_after_secs).
+    /// For a refusal by a count, how long until it reopens, on the store's clock (this process's,
+    /// from the refusal cache); for a shed call, [`Verdict::SHED_RETRY_AFTER`]; else `None`.
     pub fn retry_after(&self) -> Option<Duration> {
         match (&self.counts, self.allowed) {
             (Some(c), false) => Some(c.reopens_at.duration_since(c.now).unwrap_or_default()),
@@ -130,16 +114,14 @@ impl Verdict {
         }
     }
 
-    /// How long until [`reopens_at`](Verdict::reopens_at), allowed or
-    /// refused, on the clock of [`retry_after`](Verdict::retry_after).
+    /// How long until [`reopens_at`](Verdict::reopens_at), on `retry_after`'s clock.
     pub(crate) fn reopens_in(&self) -> Option<Duration> {
         self.counts
             .as_ref()
             .map(|c| c.reopens_at.duration_since(c.now).unwrap_or_default())
     }
 
-    /// A verdict the store's counts decided
-    /// ([`decide`](crate::decide::decide)), at the store's `now`.
+    /// A verdict the store's counts decided ([`decide`](crate::decide::decide)), at its `now`.
     pub(crate) fn counted(
         limit: &Limit,
         allowed: bool,
@@ -162,8 +144,7 @@ impl Verdict {
         }
     }
 
-    /// This verdict as a refusal that reopens at once, counts kept: an
-    /// all-or-nothing call not counted though this pair allowed it.
+    /// A refusal reopening at once, counts kept: an all-or-nothing call this pair allowed.
     pub(crate) fn refused_now(mut self) -> Self {
         self.allowed = false;
         if let Some(counts) = &mut self.counts {
@@ -184,8 +165,7 @@ impl Verdict {
         }
     }
 
-    /// A pair not asked because another pair's refusal came from the
-    /// refusal cache: allowed by its own limit, nothing counted.
+    /// A pair not asked, another's refusal being cached: allowed by its own limit, uncounted.
     pub(crate) fn not_asked(limit: &Limit) -> Self {
         Verdict {
             limit: limit.name_arc().clone(),
@@ -209,9 +189,7 @@ impl Verdict {
         }
     }
 
-    /// The refusal of an ask whose cost is above `limit`'s max
-    /// ([`Ask::cost`](crate::Ask::cost)): no window could ever
-    /// allow it, so nothing is asked and nothing counted.
+    /// The refusal of an ask whose cost is above `limit`'s max: nothing asked, nothing counted.
     pub(crate) fn over_max(limit: &Limit) -> Self {
         Verdict {
             limit: limit.name_arc().clone(),
@@ -240,8 +218,7 @@ impl Verdict {
     }
 }
 
-/// The verdicts of a call over several (limit, key) pairs, in the order
-/// given.
+/// The verdicts of a call over several (limit, key) pairs, in the order given.
 #[derive(Clone, Debug)]
 pub struct Verdicts(Vec<Verdict>);
 
@@ -275,8 +252,7 @@ impl Verdicts {
         self.0.iter().any(Verdict::is_shed)
     }
 
-    /// The longest wait among the refusals: when every refusing limit has
-    /// reopened. `None` unless refused by a count.
+    /// The longest [`Verdict::retry_after`]: when every refusing limit has reopened.
     pub fn retry_after(&self) -> Option<Duration> {
         self.0.iter().filter_map(Verdict::retry_after).max()
     }

@@ -1,28 +1,6 @@
-//! The refusal cache: for a flooded key, this process answers "refused"
-//! itself, asking the store again at most once per TTL. Its promises are in
-//! the [guide](crate::guide#the-refusal-cache); here is how it keeps them.
-//!
-//! Each key the store refused has an entry, a small state behind a mutex in
-//! a [`quick_cache`] (which bounds the keys; the expiry is ours):
-//!
-//! - `refusals`: the latest [`FLOOD_REFUSALS`] refusals answered; the key is
-//!   *flooded* when all fall within [`FLOOD_SPAN`].
-//! - `held`: the refusal answered while fresh, a TTL from when its call
-//!   asked and never past the reopening the store reported.
-//! - `claim`: past the TTL, the first call claims the refresh and asks the
-//!   store while the others are still answered with `held`. The claim ends
-//!   with its call's answer, its drop, or a budget after it was made; a
-//!   call left with no answer (unreachable) lets it go stale, so a store
-//!   that is down gets one attempt per budget from here.
-//! - By cost: `held` answers only asks of at least the cost it refused
-//!   (an ask's [cost](crate::Ask::cost); 1 unless set). A smaller ask asks
-//!   the store, claiming nothing; a newer refusal of a larger cost leaves a
-//!   fresh `held` in place, which still holds for its own cost.
-//! - By max: `held` answers only asks under the max it was refused under
-//!   (tiers share a count, not a quota); an ask under another max asks the
-//!   store, and its newer refusal replaces the other tier's.
-//!
-//! Times are the store's
+//! The [refusal cache](crate::guide#the-refusal-cache): each key the store
+//! refused has a `State` behind a mutex in a [`quick_cache`], which bounds
+//! the keys (the expiry is ours). Times are the store's
 //! [`local_now`](crate::store::sealed::Sealed::local_now); a clock moved
 //! back before a held refusal or a claim drops it rather than stretch it.
 
@@ -87,7 +65,6 @@ impl State {
         }
     }
 
-    /// Whether the key is flooded at `now`.
     fn flooded(&self, now: SystemTime) -> bool {
         let mut oldest = None;
         for t in &self.refusals {
@@ -122,7 +99,6 @@ fn lock(state: &Shared) -> MutexGuard<'_, State> {
 
 /// What the cache says of a call.
 pub(crate) enum Lookup {
-    /// Refused, answered from the cache.
     Refused(Verdict),
     /// Ask the store; with the claim to refresh, if this call holds it.
     Ask(Option<Refresh>),
@@ -166,7 +142,6 @@ impl std::fmt::Debug for RefusalCache {
 }
 
 impl RefusalCache {
-    /// A cache of at most `capacity` keys, with a TTL of `ttl`.
     pub(crate) fn new(capacity: usize, ttl: Duration) -> Self {
         RefusalCache {
             entries: Some(quick_cache::sync::Cache::new(capacity)),
@@ -176,7 +151,6 @@ impl RefusalCache {
         }
     }
 
-    /// No cache.
     pub(crate) fn off(ttl: Duration) -> Self {
         RefusalCache {
             entries: None,
@@ -186,7 +160,6 @@ impl RefusalCache {
         }
     }
 
-    /// How many keys it holds at most, or `None` when it is off.
     pub(crate) fn capacity(&self) -> Option<usize> {
         self.entries.as_ref().map(|_| self.capacity)
     }
@@ -282,6 +255,8 @@ impl RefusalCache {
             .unwrap_or_else(|never| match never {});
         let mut state = lock(&shared);
         state.record(asked_at);
+        // A fresh refusal of a larger cost under the same max stays: it
+        // still holds for its own cost.
         let newer = state.held.as_ref().is_none_or(|h| {
             h.asked_at <= asked_at && (h.max != max || h.cost >= cost || asked_at >= h.fresh_until)
         });
@@ -306,7 +281,7 @@ impl RefusalCache {
     }
 
     /// A call that ended without the store's answer: its claim stands
-    /// until it goes stale.
+    /// until it goes stale, so a store that is down gets one call per budget.
     pub(crate) fn unanswered(&self, refresh: Option<Refresh>) {
         if let Some(mut refresh) = refresh {
             refresh.release = false;

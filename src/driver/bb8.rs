@@ -1,5 +1,4 @@
-//! [`LimitConn`] for [`bb8::Pool`] of
-//! [`bb8_postgres::PostgresConnectionManager`] (feature `bb8`).
+//! [`LimitConn`] for [`bb8::Pool`] of [`bb8_postgres::PostgresConnectionManager`] (feature `bb8`).
 
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::Socket;
@@ -31,9 +30,8 @@ where
         self.get_owned().await
     }
 
-    /// A dedicated connection, outside the pool and its retries, given to
-    /// the pool once the server answers: bb8 backs its own reconnects off,
-    /// and the pool could stay empty after the server is back.
+    /// A connection outside the pool and its retries, given to the pool once the server answers:
+    /// bb8 backs its own reconnects off, and the pool could stay empty after the server is back.
     async fn probe(&self) -> Option<Result<(), BoxError>> {
         let started = async {
             let client = self.dedicated_connection().await?;

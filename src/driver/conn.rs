@@ -1,27 +1,19 @@
-//! [`LimitConn`]: the caller's connection source. The crate keeps no pool,
-//! and no connection once no write waits
-//! ([merging](crate::guide#merging)).
+//! [`LimitConn`]: the caller's connection source.
 
 use std::future::Future;
 
 use super::Session;
 use crate::error::BoxError;
 
-/// Where the limiter gets a connection for one call: the counterpart of a
-/// framework's "connection for this request".
+/// Where the limiter gets a connection for one call ([drivers](crate::guide#drivers)).
 ///
-/// The connection (a [`Session`]) must be for exclusive use during the call
-/// and idle when handed over; the limiter hands it back outside any
-/// transaction. One handed over inside a transaction is an
-/// [`ErrorKind::InTransaction`](crate::ErrorKind::InTransaction) error, and
-/// that transaction is rolled back, never committed. A statement given up
-/// at the deadline may still run on it for a while
-/// ([drivers](crate::guide#drivers)).
+/// The connection (a [`Session`]) must be for exclusive use during the call and idle when
+/// handed over (inside a transaction: [`InTransaction`](crate::ErrorKind::InTransaction), that
+/// transaction rolled back); it comes back outside any transaction, though a statement given up
+/// at the deadline may still run on it for a while.
 ///
-/// Implemented for an async closure returning a [`Session`],
-/// [`tokio_postgres::Config`] and [`Connect`](crate::driver::Connect)
-/// (a connection per call), and the pools of deadpool, bb8 and sqlx behind
-/// their features. Implement it for your own pool with an `async fn`:
+/// Implemented for an async closure, [`tokio_postgres::Config`],
+/// [`Connect`](crate::driver::Connect) and the pools behind their features. For your own pool:
 ///
 /// ```
 /// use platformkit_limit::LimitConn;
@@ -44,27 +36,23 @@ pub trait LimitConn: Send + Sync + 'static {
     /// The connection lent for one call.
     type Conn: Session;
 
-    /// Why no connection could be had: the store unreachable, unless the
-    /// server answered.
+    /// Why no connection could be had: the store unreachable, unless the server answered.
     type Error: Into<BoxError>;
 
     /// Lends one connection for one call.
     fn conn(&self) -> impl Future<Output = Result<Self::Conn, Self::Error>> + Send;
 
-    /// Opens and closes a connection of its own, outside any pool: the
-    /// store's probe of whether the server is down
-    /// ([down or overloaded](crate::guide#down-or-overloaded)).
-    /// `Some(Ok(()))` when the server completed the startup, else the
-    /// driver's error. The default, `None`, is a source that cannot (one
-    /// that lends a held connection): give its store
-    /// [`Postgres::with_probe`](crate::Postgres::with_probe).
+    /// Opens and closes a connection of its own, outside any pool: the store's probe of whether
+    /// the server is down ([down or overloaded](crate::guide#down-or-overloaded)). `Some(Ok(()))`
+    /// when the startup completed, else the driver's error; the default `None` is a source that
+    /// cannot (give its store [`Postgres::with_probe`](crate::Postgres::with_probe)).
     fn probe(&self) -> impl Future<Output = Option<Result<(), BoxError>>> + Send {
         std::future::ready(None)
     }
 }
 
-/// An async closure is a connection source: of tokio-postgres clients, as
-/// here, or of sqlx connections in a [`SqlxConn`](crate::driver::SqlxConn).
+/// An async closure is a connection source: of tokio-postgres clients, as here, or of sqlx
+/// connections in a [`SqlxConn`](crate::driver::SqlxConn).
 ///
 /// ```
 /// use std::sync::Arc;

@@ -1,6 +1,4 @@
-//! [`LimitConn`] for [`deadpool_postgres::Pool`] (feature `deadpool`), and
-//! [`Prepared`], its [`Session`](super::Session) with each statement
-//! prepared once per connection.
+//! [`LimitConn`] for [`deadpool_postgres::Pool`] (feature `deadpool`), and [`Prepared`].
 
 use std::future::Future;
 use std::ops::Deref;
@@ -15,8 +13,7 @@ use super::{Failure, Param, Row, sealed};
 use crate::LimitConn;
 use crate::error::BoxError;
 
-/// A connection borrowed from a [`deadpool_postgres::Pool`] for one call;
-/// back in the pool when dropped.
+/// A connection borrowed from a [`deadpool_postgres::Pool`] for one call; back when dropped.
 #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
 #[derive(Debug)]
 pub struct DeadpoolConn(deadpool_postgres::Object);
@@ -61,13 +58,10 @@ async fn probe(pool: &deadpool_postgres::Pool) -> Option<Result<(), BoxError>> {
     Some(started.await)
 }
 
-/// A deadpool pool, or one of its connections, on which the limiter
-/// prepares each statement once per connection, in deadpool's statement
-/// cache, then sends only Bind, Execute and Sync: less work for the server
-/// (the saving is in `docs/PERFORMANCE.md`). Opt-in, as it needs what sqlx
-/// needs of PgBouncer; a statement deallocated behind the cache fails one
-/// call with [`ErrorKind::Query`](crate::ErrorKind::Query)
-/// ([drivers](crate::guide#drivers)).
+/// A deadpool pool, or one of its connections, on which the limiter prepares each statement once
+/// per connection in deadpool's statement cache. Opt-in: it needs what sqlx needs of PgBouncer,
+/// and a statement deallocated behind the cache fails one call with
+/// [`ErrorKind::Query`](crate::ErrorKind::Query) ([drivers](crate::guide#drivers)).
 ///
 /// ```no_run
 /// # async fn demo(pool: deadpool_postgres::Pool) {
@@ -79,9 +73,7 @@ async fn probe(pool: &deadpool_postgres::Pool) -> Option<Result<(), BoxError>> {
 /// # }
 /// ```
 ///
-/// A held deadpool connection (anything that derefs to a
-/// [`deadpool_postgres::ClientWrapper`], such as a
-/// `deadpool_postgres::Object`) is lent the same way, from a closure:
+/// A held connection (one that derefs to a [`deadpool_postgres::ClientWrapper`]), from a closure:
 ///
 /// ```no_run
 /// # async fn demo(pool: deadpool_postgres::Pool) {
@@ -150,8 +142,7 @@ async fn prepared_row<const N: usize>(
     let statement = cache.prepare_typed(client, sql, &types).await?;
     let answer = client.query_one(&statement, &values).await;
     if let Err(e) = &answer {
-        // Deallocated behind the cache, or its result type changed: the
-        // Bind ran nothing, the error stands, the next call prepares again.
+        // Deallocated behind the cache, or its type changed: the next call prepares again.
         if [
             SqlState::INVALID_SQL_STATEMENT_NAME,
             SqlState::FEATURE_NOT_SUPPORTED,

@@ -1,8 +1,6 @@
-//! The drivers: the connections a [`Postgres`](crate::Postgres) store
-//! borrows ([`LimitConn`]) and the [`Session`] it sends its one statement
-//! on, one file per driver; how they differ is in the
-//! [guide](crate::guide#drivers). sqlx is the feature `sqlx` (0.8) or
-//! `sqlx-09` (0.9).
+//! The connections a [`Postgres`](crate::Postgres) store borrows ([`LimitConn`]) and the
+//! [`Session`] it sends its one statement on; how the drivers differ is in the
+//! [guide](crate::guide#drivers).
 //!
 //! ```no_run
 //! # #[cfg(feature = "sqlx")]
@@ -17,8 +15,8 @@
 //! # }
 //! ```
 //!
-//! The pool's wait counts against the call's budget: a full pool sheds the
-//! call ([down or overloaded](crate::guide#down-or-overloaded)), never hangs.
+//! The pool's wait counts against the call's budget: a full pool sheds the call
+//! ([down or overloaded](crate::guide#down-or-overloaded)), never hangs.
 
 #[cfg(feature = "bb8")]
 pub(crate) mod bb8;
@@ -47,11 +45,9 @@ use tokio::time::Instant;
 use crate::error::{BoxError, Error, Reading};
 use crate::operation::Operation;
 
-/// A connection the limiter can send its statement on: the type a
-/// [`LimitConn`] lends. Implemented for anything that derefs to a
-/// [`tokio_postgres::Client`](::tokio_postgres::Client), for `Prepared`
-/// and for [`SqlxConn`] ([drivers](crate::guide#drivers)). Sealed: bring
-/// your own pool through [`LimitConn`].
+/// A connection the limiter can send its statement on: what a [`LimitConn`] lends. Implemented
+/// for anything that derefs to a [`tokio_postgres::Client`](::tokio_postgres::Client), for
+/// `Prepared` and for [`SqlxConn`]. Sealed: bring your own pool through [`LimitConn`].
 pub trait Session: sealed::Sealed {}
 
 impl<T: sealed::Sealed> Session for T {}
@@ -62,21 +58,15 @@ pub(crate) mod sealed {
     /// One bind parameter, typed as the procedure's argument is.
     #[derive(Clone, Copy, Debug)]
     pub enum Param<'a> {
-        /// `text`
         Text(&'a str),
-        /// `int8`
         Int8(i64),
-        /// `bool`
         Bool(bool),
         /// `int8`, `NULL` for `None`
         MaybeInt8(Option<i64>),
         /// `double precision`, `NULL` for `None`
         Float8(Option<f64>),
-        /// `text[]`
         TextArray(&'a [&'a str]),
-        /// `int8[]`
         Int8Array(&'a [i64]),
-        /// `boolean[]`
         BoolArray(&'a [bool]),
     }
 
@@ -84,23 +74,18 @@ pub(crate) mod sealed {
     #[derive(Debug)]
     pub struct Row(pub(in crate::driver) Box<dyn Columns>);
 
-    /// A driver's row, read by column: one method for each type the
-    /// procedures answer with.
+    /// A driver's row, read by column: one method for each type the procedures answer with.
     pub trait Columns: Send + std::fmt::Debug {
         /// `boolean`, never `NULL`
         fn boolean(&self, index: usize) -> Result<bool, Failure>;
-        /// `int8`
         fn int8(&self, index: usize) -> Result<i64, Failure>;
-        /// `int8[]`
         fn int8s(&self, index: usize) -> Result<Vec<i64>, Failure>;
-        /// `text[]`
         fn texts(&self, index: usize) -> Result<Vec<String>, Failure>;
         /// `double precision`, or `NULL`
         fn maybe_float8(&self, index: usize) -> Result<Option<f64>, Failure>;
     }
 
-    /// A driver's error, read where it happened into the terms the
-    /// SQLSTATE table reads, and kept as the cause of the crate's error.
+    /// A driver's error, read into the SQLSTATE table's terms, kept as the crate error's cause.
     #[derive(Debug)]
     pub struct Failure {
         reading: Reading,
@@ -129,9 +114,8 @@ pub(crate) mod sealed {
 
     /// The methods of [`Session`], out of callers' reach.
     pub trait Sealed: Send {
-        /// Sends `sql` with `params` and reads its one row, cancelling it
-        /// if unanswered at `cancel_at` where the driver can; the second
-        /// value is when that cancel request was delivered, if it was.
+        /// Sends `sql` with `params` and reads its one row, cancelling it if unanswered at
+        /// `cancel_at` where the driver can; with when that cancel was delivered, if it was.
         fn send<'a, const N: usize>(
             &'a mut self,
             sql: &'static str,
@@ -139,8 +123,7 @@ pub(crate) mod sealed {
             cancel_at: Instant,
         ) -> impl Future<Output = (Result<Row, Failure>, Option<Instant>)> + Send + 'a;
 
-        /// Runs `script` as one simple-query message, for
-        /// [`Postgres::migrate`](crate::Postgres::migrate).
+        /// Runs `script` as one simple-query message, for `Postgres::migrate`.
         fn script(
             &mut self,
             script: &'static str,
@@ -159,21 +142,18 @@ impl std::ops::Deref for Row {
     }
 }
 
-/// A connection source's failure, as the crate's error
-/// ([`Error::connect`], the first link [`refused_while_up`] reads).
+/// A connection source's failure, as the crate's error ([`Error::connect`]).
 pub(crate) fn connect_error(operation: Operation, source: BoxError) -> Error {
     let refused_by = chain(&*source).find_map(refused_while_up);
     Error::connect(operation, source, refused_by)
 }
 
-/// Whether `error`, a probe's failure to start a connection, shows a
-/// server that answered ([down or overloaded](crate::guide#down-or-overloaded)).
+/// Whether `error`, a probe's failure to start a connection, shows a server that answered.
 pub(crate) fn server_answered(error: &(dyn std::error::Error + 'static)) -> bool {
     chain(error).any(|link| refused_while_up(link).is_some())
 }
 
-/// Whether `error`'s chain shows the server's address refusing the
-/// connection at the transport: nothing listens there, so it is down.
+/// Whether `error`'s chain shows a connection refused at the transport: the server is down.
 pub(crate) fn refused_at_transport(error: &(dyn std::error::Error + 'static)) -> bool {
     chain(error).any(|link| {
         link.downcast_ref::<std::io::Error>()
@@ -181,8 +161,7 @@ pub(crate) fn refused_at_transport(error: &(dyn std::error::Error + 'static)) ->
     })
 }
 
-/// What a probe asks once connected. A server before PostgreSQL 14 refuses
-/// the name (`42704`): an answer all the same.
+/// What a probe asks once connected. Before PostgreSQL 14 it is refused (`42704`): an answer.
 pub(crate) const IN_RECOVERY: &str = "SHOW in_hot_standby";
 
 /// A probe's connection reached a hot standby: down as a primary.
@@ -204,8 +183,8 @@ fn chain<'a>(
     std::iter::successors(Some(error), |e| e.source())
 }
 
-/// Whether `error`, one link of a connection source's error chain, shows a
-/// server that is up and refused, and with which SQLSTATE.
+/// Whether `error`, one link of a source's error chain, shows a server up and refusing, and
+/// with which SQLSTATE.
 fn refused_while_up(error: &(dyn std::error::Error + 'static)) -> Option<Option<SqlState>> {
     DRIVERS.iter().find_map(|driver| driver(error))
 }
@@ -222,9 +201,8 @@ const DRIVERS: &[SourceErrors] = &[
     self::sqlx::v09::ERRORS,
 ];
 
-/// Awaits `answer`, starting `cancel` once if it is pending at
-/// `cancel_at` and finishing it before returning; with when the cancel
-/// was delivered, if it was.
+/// Awaits `answer`, running `cancel` once if it is pending at `cancel_at`; with when the
+/// cancel was delivered, if it was.
 pub(crate) async fn answer_or_cancel<F: Future, C: Future<Output = bool>>(
     answer: F,
     cancel_at: Instant,

@@ -1,6 +1,5 @@
-//! [`Session`](super::Session) for anything that derefs to a tokio-postgres
-//! [`Client`], sending one unnamed statement (`query_typed`); and
-//! [`LimitConn`] for [`Config`] and [`Connect`], a connection per call.
+//! [`Session`](super::Session) for anything that derefs to a tokio-postgres [`Client`] (one
+//! unnamed statement, `query_typed`); [`LimitConn`] for [`Config`] and [`Connect`].
 
 use std::future::Future;
 use std::ops::Deref;
@@ -47,8 +46,7 @@ pub(super) async fn cancelling(
     cancel_at: Instant,
 ) -> (Result<Row, Failure>, Option<Instant>) {
     let (answer, cancelled) = answer_or_cancel(answer, cancel_at, || {
-        // Sent while this call holds the connection, so it can reach only
-        // this statement (or, through `Prepared`, its Parse).
+        // Sent while this call holds the connection: it can reach only this statement.
         let token = client.cancel_token();
         async move { token.cancel_query(tokio_postgres::NoTls).await.is_ok() }
     })
@@ -106,8 +104,7 @@ pub(super) const ERRORS: SourceErrors = |error| {
         .and_then(refused_while_up)
 };
 
-/// How the SQLSTATE table reads a tokio-postgres error: by its code; without
-/// one, the connection is gone when it is closed or an I/O error caused it.
+/// How the SQLSTATE table reads a tokio-postgres error: by its code, else gone if closed or I/O.
 fn reading(error: &tokio_postgres::Error) -> Reading {
     match error.code() {
         Some(code) => Reading::Answered(code.clone()),
@@ -120,9 +117,8 @@ fn io_caused(error: &tokio_postgres::Error) -> bool {
     std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
 }
 
-/// Whether a connection attempt failed for a reason an outage does not
-/// explain, and its SQLSTATE. tokio-postgres does not expose its error
-/// kinds; their stable messages are matched.
+/// Whether a connection attempt failed for a reason an outage does not explain, and its
+/// SQLSTATE. tokio-postgres does not expose its error kinds; their stable messages are matched.
 fn refused_while_up(error: &tokio_postgres::Error) -> Option<Option<SqlState>> {
     match error.code() {
         Some(code) => not_an_outage(code).then(|| Some(code.clone())),
@@ -199,9 +195,7 @@ where
     }
 }
 
-/// The end of a probe's startup on `client`: the server's
-/// `in_hot_standby`, read by a `SHOW` (no snapshot; through a pooler, the
-/// server answers it).
+/// The end of a probe's startup: the server's `in_hot_standby`, by a `SHOW` (no snapshot).
 pub(super) async fn started(client: &Client) -> Result<(), BoxError> {
     let shown = client.simple_query(super::IN_RECOVERY).await?;
     let on = shown
@@ -251,8 +245,7 @@ impl Deref for Connected {
 
 impl Drop for Connected {
     fn drop(&mut self) {
-        // The connection sends Terminate once its answers are in; a server
-        // that never answers must not keep the task alive.
+        // It sends Terminate once its answers are in; a silent server must not keep the task.
         drop(self.client.take());
         if let Some(task) = self.task.take() {
             if task.is_finished() {

@@ -16,7 +16,6 @@ impl Error {
         Error(Inner::Timeout { operation, budget })
     }
 
-    /// The error of a call not tried: the latest probe found it down.
     pub(crate) fn down(operation: Operation) -> Self {
         Error(Inner::Down { operation })
     }
@@ -33,7 +32,6 @@ impl Error {
         })
     }
 
-    /// Whether a statement was answered after this call's own cancel.
     pub(crate) fn answered_after_cancel(&self) -> bool {
         matches!(&self.0, Inner::AnsweredAfterCancel { .. })
     }
@@ -84,26 +82,18 @@ impl Error {
     }
 }
 
-/// What went wrong in a failure a driver reported: its message and kind.
+/// What went wrong in a failure a driver reported: its kind, and its
+/// message (the `Display` below says what each variant is).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fault {
-    /// A failure to connect that an outage does not explain.
     Misconfigured,
-    /// The connection failed or was lost: the server going away.
     ConnectionLost,
-    /// The server is out of a resource (class `53`).
     Exhausted,
-    /// The server stopped the statement at this call's cancel request.
     ServerTimeout,
-    /// `55P03`.
     LockTimeout,
-    /// A cancel this call did not send.
     Cancelled,
-    /// A session setting the limiter refuses (`PK001`).
     SessionTimeout,
-    /// Any other refusal of the statement.
     Query,
-    /// The connection was inside a transaction.
     InTransaction,
 }
 

@@ -73,9 +73,8 @@ pub enum ErrorKind {
     /// The call's budget ran out with no answer, and a probe found the
     /// server down. Unreachable.
     Timeout,
-    /// The store is up and could not answer within the budget: no answer
-    /// but a probe answered, this call's own cancel, or out of a resource
-    /// (`53`). The call is shed
+    /// The store is up and could not answer within the budget (a probe
+    /// answered, this call's own cancel, or class `53`): the call is shed
     /// ([`Verdict::is_shed`](crate::Verdict::is_shed)), never allowed.
     Overloaded,
     /// PostgreSQL refused the limiter's statement: a missing table or

@@ -29,8 +29,7 @@ impl Default for Encoder {
 }
 
 impl Encoder {
-    /// Adds `part`, within the budget (its `|` counts as one character);
-    /// `false` once input is left unread.
+    /// Adds `part`, within the budget (its `|` counts as one); `false` once input is left unread.
     pub(super) fn read(&mut self, part: &str) -> bool {
         if self.cut {
             return false;
@@ -68,8 +67,7 @@ impl Encoder {
     }
 }
 
-/// The first `n` characters of `s` at most, the rest, and how many the
-/// first holds; reads no further than character `n + 1`.
+/// The first `n` characters of `s` at most, the rest, and how many the first holds.
 fn take_chars(s: &str, n: usize) -> (&str, &str, usize) {
     let mut read = 0;
     for (i, _) in s.char_indices() {
@@ -100,8 +98,7 @@ pub(super) fn escape_into(part: &str, out: &mut String) {
     }
 }
 
-/// Digests an encoding longer than [`Key::MAX_BYTES`], or of a cut input
-/// (then over the encoding and a NUL byte).
+/// Digests an encoding longer than [`Key::MAX_BYTES`], or of a cut input (then with a NUL byte).
 pub(super) fn bound(encoded: String, cut: bool) -> String {
     if encoded.len() <= Key::MAX_BYTES && !cut {
         return encoded;
@@ -124,8 +121,7 @@ pub(super) fn bound(encoded: String, cut: bool) -> String {
     out
 }
 
-/// The largest index `<= max` that ends a whole escaped unit: on a char
-/// boundary and not inside a `\…` escape.
+/// The largest index `<= max` on a char boundary and not inside a `\…` escape.
 pub(super) fn prefix_end(encoded: &str, max: usize) -> usize {
     let mut end = 0;
     let mut chars = encoded.char_indices().peekable();
@@ -166,9 +162,7 @@ pub(super) fn unescaped_tilde(encoded: &str) -> Option<usize> {
     None
 }
 
-/// Splits an undigested encoding back into its parts; `None` for a digested
-/// or malformed one. The inverse of the encoding, for tests, fuzzing and
-/// [`Key::from_encoded`].
+/// Splits an undigested encoding back into its parts; `None` for a digested or malformed one.
 #[doc(hidden)]
 pub fn decode(encoded: &str) -> Option<Vec<String>> {
     let mut parts = vec![String::new()];

@@ -2,8 +2,8 @@
 
 use std::cmp::Ordering;
 
-/// `Default_Ignorable_Code_Point` of Unicode 16.0 (`DerivedCoreProperties.txt`;
-/// the same since Unicode 14.0): sorted, disjoint, inclusive ranges.
+/// `Default_Ignorable_Code_Point` of Unicode 16.0 (`DerivedCoreProperties.txt`; the same since
+/// 14.0): sorted, disjoint, inclusive ranges.
 const DEFAULT_IGNORABLE: [(char, char); 17] = [
     ('\u{00AD}', '\u{00AD}'),   // soft hyphen
     ('\u{034F}', '\u{034F}'),   // combining grapheme joiner
@@ -24,8 +24,7 @@ const DEFAULT_IGNORABLE: [(char, char); 17] = [
     ('\u{E0000}', '\u{E0FFF}'), // tags, variation selectors supplement, reserved
 ];
 
-/// Whether `c` is a `Default_Ignorable_Code_Point`. None is below U+00AD,
-/// so ASCII costs one comparison.
+/// Whether `c` is a `Default_Ignorable_Code_Point` (ASCII costs one comparison).
 #[doc(hidden)]
 pub fn is_default_ignorable(c: char) -> bool {
     c >= '\u{00AD}'

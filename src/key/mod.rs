@@ -19,10 +19,7 @@ pub use self::ignorable::is_default_ignorable;
 use crate::Error;
 use crate::error::InvalidKeySnafu;
 
-/// Who or what a limit counts: an account, an address, a code.
-///
-/// Build it from parts with [`Key::new`], or with a constructor for a common
-/// subject. Its `Debug` form does not show the key: keys are personal data.
+/// Who or what a limit counts: an account, an address, a code. `Debug` hides it (personal data).
 ///
 /// ```
 /// use platformkit_limit::Key;
@@ -37,17 +34,10 @@ use crate::error::InvalidKeySnafu;
 /// # Ok::<(), platformkit_limit::Error>(())
 /// ```
 ///
-/// | constructor | the key | normalizes |
-/// |---|---|---|
-/// | [`Key::new`] | the parts, escaped and joined | nothing |
-/// | [`Key::opaque`] | `id\|<id>` | nothing |
-/// | [`Key::email`] | `email\|<address>` | trims white space; drops default-ignorable code points; NFKC and full case folding, to a fixed point |
-/// | [`Key::username`] | `user\|<name>` | as `email` |
-/// | [`Key::ip`], [`Key::ip_grouped`] | `ip\|<address or network>` | IPv4-mapped IPv6 to IPv4; other IPv6 to its /64 (or the prefix given) |
-///
 /// # The encoding
 ///
-/// Each part is escaped and the parts are joined with `|`:
+/// Each part is escaped and the parts are joined with `|`; the limiter puts the limit's name in
+/// front (`name|…`, [the stored key](crate::guide#one-calls-path)).
 ///
 /// | in a part                                   | becomes         |
 /// |---------------------------------------------|-----------------|
@@ -57,34 +47,19 @@ use crate::error::InvalidKeySnafu;
 /// | a control character (U+0000–U+001F, U+007F–U+009F) | `\xHH`   |
 /// | anything else                               | itself          |
 ///
-/// An encoding longer than [`Key::MAX_BYTES`] is cut to a readable prefix
-/// (never inside an escape), `~` and the SHA-256 of the whole encoding in
-/// hex. So every key is a valid `text` value and btree entry (UTF-8, no NUL
-/// or control character, at most [`Key::MAX_BYTES`]), and the encoding is
-/// injective short of a SHA-256 collision: an unescaped `|` only separates
-/// parts, an unescaped `~` only starts a digest. The limiter puts the
-/// limit's name in front (`name|…`).
+/// An encoding longer than [`Key::MAX_BYTES`] is cut to a readable prefix (never inside an
+/// escape), `~` and the hex SHA-256 of the whole encoding. So every key is a valid `text` value
+/// and btree entry (UTF-8, no NUL or control character, at most [`Key::MAX_BYTES`]), and the
+/// encoding is injective short of a SHA-256 collision. **It is part of the stored data**:
+/// changing it resets every counter on deploy (golden vectors in the tests pin it).
 ///
 /// # Bounded work
 ///
-/// A key reads at most [`Key::MAX_INPUT_CHARS`] characters of its input:
-/// the parts together, each `|` between them counted as one; of an address
-/// or a name, what follows its leading white space, default-ignorable code
-/// points not counted. An input with more, beyond white space and
-/// default-ignorable code points (trimmed and dropped anyway), is *cut*: its
-/// key is always the digest form, over what was read and a NUL byte (which
-/// no encoding holds), so never the key of an input that was not cut; two
-/// inputs cut alike are one key.
-///
-/// The bound changes no key that would not be digested anyway: [`Key::new`]
-/// and [`Key::opaque`] write a byte or more per character, and
-/// normalization leaves at least about a quarter of an address's
-/// characters, so an address past the bound is digested anyway. The factors
-/// this rests on are checked over every Unicode scalar value
-/// (`the_bound_rests_on_factors_that_hold_for_every_character`).
-///
-/// **The encoding is part of the stored data**: changing it resets every
-/// counter on deploy. Golden vectors in the tests pin it.
+/// A key reads at most [`Key::MAX_INPUT_CHARS`] characters of its input (the parts, each `|`
+/// one; of an address or a name, after leading white space, default-ignorable code points not
+/// counted). An input with more is *cut*: its key is the digest over what was read and a NUL
+/// byte, never an uncut input's key; inputs cut alike are one key. The bound changes no key that
+/// would not be digested anyway (`the_bound_rests_on_factors_that_hold_for_every_character`).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Key {
     encoded: Box<str>,
@@ -94,22 +69,14 @@ impl Key {
     /// The longest encoded key, in bytes (without the limit's name).
     pub const MAX_BYTES: usize = 200;
 
-    /// The most characters of its input a key reads: eight times
-    /// [`Key::MAX_BYTES`]. Past it, the key is digested from what was read
-    /// (see [bounded work](Key#bounded-work)).
+    /// The most characters of its input a key reads ([bounded work](Key#bounded-work)).
     pub const MAX_INPUT_CHARS: usize = 8 * Key::MAX_BYTES;
 
-    /// A key made of `parts`, in order.
-    ///
-    /// Any string is accepted as a part, including empty ones and ones with
-    /// NUL, control characters or the separator. At most
-    /// [`Key::MAX_INPUT_CHARS`] characters of the parts are read
-    /// ([bounded work](Key#bounded-work)).
+    /// A key made of `parts`, in order; any string is a part (empty, NUL, the separator).
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) when there are
-    /// no parts.
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) when there are no parts.
     pub fn new<I, S>(parts: I) -> Result<Self, Error>
     where
         I: IntoIterator<Item = S>,
@@ -130,8 +97,7 @@ impl Key {
         Ok(encoder.finish(false))
     }
 
-    /// An opaque identifier used exactly as given (no trimming, no case
-    /// folding): the key `id|<id>`.
+    /// An opaque identifier used exactly as given: the key `id|<id>`.
     ///
     /// ```
     /// use platformkit_limit::Key;
@@ -144,18 +110,11 @@ impl Key {
         encoder.finish(false)
     }
 
-    /// An email address, normalized so that one mailbox's spellings are one
-    /// key: `email|<normalized>`.
-    ///
-    /// Trimmed; default-ignorable code points (zero-width characters, the
-    /// soft hyphen, bidirectional controls: what shows as nothing) dropped;
-    /// then NFKC and full Unicode case folding until nothing changes. So
-    /// case, width and compatibility forms are one key. Not folded, as some
-    /// providers tell them apart: dots and `+` tags in the local part, and
-    /// a Unicode domain versus its Punycode form; accents and homoglyphs
-    /// stay different keys. Not validated: any string is a key. Where the
-    /// account lookup uses a collation that equates more (ICU's
-    /// case-insensitive one), key by the account it finds.
+    /// An email address, normalized so that case, width and compatibility forms are one key:
+    /// `email|<normalized>`. Trimmed, default-ignorable code points dropped, then NFKC and full
+    /// case folding to a fixed point. Not folded: dots and `+` tags in the local part, a Unicode
+    /// domain versus its Punycode form, accents, homoglyphs. Not validated. Where the account
+    /// lookup's collation equates more (ICU's case-insensitive one), key by the account it finds.
     ///
     /// ```
     /// use platformkit_limit::Key;
@@ -169,8 +128,7 @@ impl Key {
         Self::normalized("email", address)
     }
 
-    /// A username, normalized as [`Key::email`] normalizes an address:
-    /// `user|<normalized>`.
+    /// A username, normalized as [`Key::email`] normalizes an address: `user|<normalized>`.
     ///
     /// ```
     /// use platformkit_limit::Key;
@@ -183,9 +141,8 @@ impl Key {
         Self::normalized("user", name)
     }
 
-    /// An IP address, grouped the way one attacker holds addresses: an IPv4
-    /// address is itself; an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) is
-    /// the IPv4 address; any other IPv6 address stands for its /64 network.
+    /// An IP address, grouped as one attacker holds them: IPv4 (IPv4-mapped IPv6 too) itself,
+    /// other IPv6 its /64 network.
     ///
     /// ```
     /// use platformkit_limit::Key;
@@ -205,13 +162,11 @@ impl Key {
         Self::ip_grouped(addr, 64).expect("64 is a valid IPv6 prefix length")
     }
 
-    /// Like [`Key::ip`], with IPv6 addresses grouped by a prefix of
-    /// `v6_prefix` bits (1 to 128) instead of 64.
+    /// Like [`Key::ip`], with IPv6 addresses grouped by a prefix of `v6_prefix` bits, not 64.
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) when
-    /// `v6_prefix` is 0 or above 128.
+    /// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey) unless `v6_prefix` is 1 to 128.
     pub fn ip_grouped(addr: IpAddr, v6_prefix: u8) -> Result<Self, Error> {
         ensure!(
             (1..=128).contains(&v6_prefix),
@@ -241,8 +196,7 @@ impl Key {
         encoder.finish(false)
     }
 
-    /// `kind|<the normalized input>`, within the bound
-    /// ([bounded work](Key#bounded-work)).
+    /// `kind|<the normalized input>`, within the bound ([bounded work](Key#bounded-work)).
     fn normalized(kind: &str, input: &str) -> Self {
         let skipped = |c: char| c.is_whitespace() || is_default_ignorable(c);
         let mut head = String::new();
@@ -284,8 +238,7 @@ impl fmt::Debug for Key {
     }
 }
 
-/// Trims, drops default-ignorable code points, and applies NFKC and full
-/// case folding until nothing changes (one round is not always closed).
+/// The normalization of [`Key::email`], to a fixed point (one round is not always closed).
 #[doc(hidden)]
 pub fn normalize_identity(input: &str) -> String {
     let trimmed = input.trim();

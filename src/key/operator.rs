@@ -1,5 +1,4 @@
-//! A [`Key`] as an operator reads and types it, and a stored key back as
-//! a [`Key`].
+//! A [`Key`] as an operator reads and types it, and a stored key back as a [`Key`].
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -10,11 +9,8 @@ use crate::Error;
 use crate::error::InvalidKeySnafu;
 
 impl Key {
-    /// The key whose encoding is `encoded` (as
-    /// [`KeyStatus::key`](crate::KeyStatus::key) shows it), so that an
-    /// operator's tool resets exactly the key it listed. `None` unless
-    /// [`Key`] could have written `encoded` (a digest is checked for its
-    /// shape), so the encoding stays injective.
+    /// The key whose encoding is `encoded` (as [`KeyStatus::key`](crate::KeyStatus::key) shows
+    /// it); `None` unless [`Key`] could have written it (a digest is checked for its shape).
     ///
     /// ```
     /// use platformkit_limit::Key;
@@ -51,8 +47,7 @@ impl Key {
     }
 }
 
-/// The kinds an operator types before a `:`: a constructor's, or `key`
-/// before a key as [`Key::spelling`] writes it.
+/// The kinds an operator types before a `:`: a constructor's, or `key` before a spelling.
 #[derive(Clone, Copy)]
 enum Kind {
     Email,
@@ -81,19 +76,10 @@ const NOT_SHOWN: &str = "a text with | is read as a key is shown, and no key is 
                          or a kind and a value (user:bob)";
 
 impl Key {
-    /// The key as an operator reads and types it, one spelling for every
-    /// key whichever constructor built it: what the admin page and the
-    /// operator's tool show, and what [`FromStr`](#impl-FromStr-for-Key)
-    /// reads back as this very key. Like [`Key::as_str`], it shows the key:
-    /// personal data.
-    ///
-    /// It is the encoding, except that a character that shows as nothing
-    /// or as a plain space is written `\u{…}`: a default-ignorable code
-    /// point (zero-width characters, bidirectional controls), white space
-    /// other than a space, the braille blank, and a space at either end.
-    /// So two keys never look alike. A key whose encoding would read as
-    /// another form (one part, or a first part that starts with `email:`,
-    /// `user:`, `ip:`, `id:` or `key:`) is spelled with `key:` in front.
+    /// The key as the admin page and the operator's tool show it (personal data), which
+    /// [`FromStr`](#impl-FromStr-for-Key) reads back as this very key: the encoding, except that
+    /// what shows as nothing or as a plain space is written `\u{…}` (so two keys never look
+    /// alike), and a key that would read as another form gets `key:` in front.
     ///
     /// ```
     /// use platformkit_limit::Key;
@@ -128,18 +114,14 @@ impl Key {
     }
 }
 
-/// A key as an operator types it, in one of these forms:
+/// A key as an operator types it:
 ///
-/// - a kind and a value, `email:`, `user:`, `ip:` or `id:` (the kind in any
-///   case), built by [`Key::email`], [`Key::username`], [`Key::ip`] or
-///   [`Key::opaque`], so normalized as the service does and the key typed
-///   is the key counted;
-/// - a key as it is shown ([`Key::spelling`]): a text with a `|`, or any
-///   text after `key:`, read exactly as that key;
+/// - `email:`, `user:`, `ip:` or `id:` (any case) and a value, built by [`Key::email`],
+///   [`Key::username`], [`Key::ip`] or [`Key::opaque`]: the key the service counts;
+/// - a key as it is shown ([`Key::spelling`]): a text with a `|`, or any text after `key:`;
 /// - an IP address alone, as [`Key::ip`];
-/// - an email address alone (one `@` with text on either side, and no
-///   white space or `:`), as [`Key::email`]. An address with a `|` in it
-///   is typed `email:…`.
+/// - an email address alone (one `@` with text on either side, no white space or `:`), as
+///   [`Key::email`]; one with a `|` in it is typed `email:…`.
 ///
 /// ```
 /// use platformkit_limit::Key;
@@ -161,9 +143,8 @@ impl Key {
 ///
 /// # Errors
 ///
-/// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey), whose message
-/// names the forms, for a text in none of them, an `ip:` that is no IP
-/// address, or a shown key that no key is shown as.
+/// [`ErrorKind::InvalidKey`](crate::ErrorKind::InvalidKey), its message naming the forms, for
+/// a text in none of them, an `ip:` that is no IP address, or a shown key no key is shown as.
 impl std::str::FromStr for Key {
     type Err = Error;
 
@@ -205,8 +186,7 @@ fn kind(text: &str) -> Option<(Kind, &str)> {
         .map(|&(_, kind)| (kind, value))
 }
 
-/// Whether `c` shows as nothing or as a plain space, so that a spelling
-/// writes it `\u{…}`.
+/// Whether `c` shows as nothing or as a plain space: a spelling writes it `\u{…}`.
 fn unseen(c: char) -> bool {
     is_default_ignorable(c) || (c.is_whitespace() && c != ' ') || c == '\u{2800}'
 }
@@ -226,8 +206,7 @@ fn separated(text: &str) -> bool {
     false
 }
 
-/// Whether `text` reads as an email address: one `@` with text on either
-/// side, no white space, no `:`.
+/// Whether `text` reads as an email address.
 fn is_email_address(text: &str) -> bool {
     let one_at = matches!(
         text.split_once('@'),
@@ -236,9 +215,7 @@ fn is_email_address(text: &str) -> bool {
     one_at && !text.contains(|c: char| c.is_whitespace() || c == ':')
 }
 
-/// The key `text` spells ([`Key::spelling`]): its `\u{…}` escapes read
-/// (of characters a spelling writes so, only), the encoding read back
-/// exactly.
+/// The key `text` spells ([`Key::spelling`]): only the `\u{…}` escapes a spelling writes.
 fn spelled(text: &str) -> Option<Key> {
     let mut encoded = String::with_capacity(text.len());
     let mut rest = text;
@@ -272,7 +249,6 @@ fn spelled(text: &str) -> Option<Key> {
 mod tests {
     use super::*;
 
-    /// Every key's encoding gives the key back, digested ones included.
     #[test]
     fn from_encoded_gives_back_every_key() {
         let long = "a|~\\".repeat(300);
@@ -316,8 +292,7 @@ mod tests {
         );
     }
 
-    /// Keys of every constructor, and of `Key::new` with parts that read
-    /// as another form alone or hold what shows as nothing.
+    /// Keys of every constructor, and of `Key::new` with parts that read as another form.
     fn keys_of_every_shape() -> Vec<Key> {
         let new = |parts: &[&str]| Key::new(parts).unwrap();
         vec![
@@ -348,8 +323,7 @@ mod tests {
         ]
     }
 
-    /// What is shown is what is typed: every key reads back from its
-    /// spelling as that very key, and its spelling shows nothing unseen.
+    /// Its spelling also shows nothing unseen.
     #[test]
     fn every_key_reads_back_from_its_spelling() {
         for key in keys_of_every_shape() {
@@ -375,8 +349,7 @@ mod tests {
         }
     }
 
-    /// A part of a few characters, mostly ones that read as another form
-    /// or show as nothing.
+    /// A part of a few characters, mostly ones that read as another form or show as nothing.
     fn part() -> impl proptest::strategy::Strategy<Value = String> {
         use proptest::prelude::*;
         let c = prop_oneof![
@@ -389,8 +362,6 @@ mod tests {
         proptest::collection::vec(c, 0..8).prop_map(|cs| cs.into_iter().collect())
     }
 
-    /// Keys that differ only by a character that shows as nothing, or by
-    /// a space at the end, are spelled apart, each such character visibly.
     #[test]
     fn keys_that_differ_only_by_unseen_characters_are_spelled_apart() {
         let plain = Key::opaque("alice@example.com");
@@ -408,8 +379,7 @@ mod tests {
         }
     }
 
-    /// An email address or an IP address typed alone is the key the
-    /// service builds of it; the kind forms stay as they were.
+    /// The kind forms stay as they were.
     #[test]
     fn an_address_typed_alone_is_the_services_key() {
         let parsed = |typed: &str| typed.parse::<Key>().unwrap();
@@ -429,9 +399,7 @@ mod tests {
         );
     }
 
-    /// A text in no form is `InvalidKey`, and its message names the forms
-    /// in words a support person reads; a shown key no key is shown as
-    /// says to copy it whole.
+    /// A shown key no key is shown as is told to copy it whole.
     #[test]
     fn a_text_in_no_form_is_told_the_forms() {
         for typed in [

@@ -1,5 +1,4 @@
-//! [`LimitLayer`]'s builder methods: its rules, what a request costs, the
-//! tiers, the advertised fields and the answers.
+//! [`LimitLayer`]'s builder methods: rules, cost, tiers, advertised fields, answers.
 
 use std::sync::Arc;
 
@@ -11,10 +10,9 @@ use super::response::{GrpcOnRejection, Rejection};
 use crate::{Key, Limit, Limiter};
 
 impl<S, R> LimitLayer<S, R> {
-    /// Adds a rule: `limit`, counted per the key `key` reads from the
-    /// request head. **`None` exempts the request from this rule**: a
-    /// health check, an anonymous user of a per-user limit. A key every
-    /// request must have is a rule for [`require`](LimitLayer::require).
+    /// Adds a rule: `limit`, counted per the key `key` reads from the request head. **`None`
+    /// exempts the request from this rule** (a health check, an anonymous user); a key every
+    /// request must have is for [`require`](LimitLayer::require).
     ///
     /// # Panics
     ///
@@ -27,14 +25,8 @@ impl<S, R> LimitLayer<S, R> {
         self.rule(limit, KeyOf::Head(Arc::new(key)))
     }
 
-    /// Adds a rule as [`limit`](LimitLayer::limit) does, for a key every
-    /// request must have: a request without it is answered 400
-    /// ([`Rejection::MissingKey`]) before the service runs, nothing
-    /// counted, never let through unlimited.
-    ///
-    /// # Panics
-    ///
-    /// Beyond [`Limiter::MAX_PAIRS`] rules.
+    /// Adds a rule (and panics) as [`limit`](LimitLayer::limit) does, for a key every request
+    /// must have: one without it is answered 400 ([`Rejection::MissingKey`]), nothing counted.
     pub fn require(
         self,
         limit: &Limit,
@@ -43,18 +35,9 @@ impl<S, R> LimitLayer<S, R> {
         self.rule(limit, KeyOf::Required(Arc::new(key)))
     }
 
-    /// Adds a rule: `limit`, counted per client address ([`Key::ip`]: an
-    /// IPv6 address counts as its /64) as [`client_ip`](super::client_ip())
-    /// finds it. Serve with axum's `ConnectInfo` (feature `axum`:
-    /// `into_make_service_with_connect_info::<SocketAddr>()`), or set a
-    /// [`ClientIp`](super::ClientIp) before this layer when behind a proxy.
-    /// A request without an address is answered 500
-    /// ([`Rejection::NoClientAddress`], saying how to fix it), never let
-    /// through.
-    ///
-    /// # Panics
-    ///
-    /// Beyond [`Limiter::MAX_PAIRS`] rules.
+    /// Adds a rule (and panics) as [`limit`](LimitLayer::limit) does: `limit`, counted per client
+    /// address ([`Key::ip`]) as [`client_ip`](super::client_ip()) finds it; without one, 500
+    /// ([`Rejection::NoClientAddress`]), never let through.
     pub fn limit_per_client_ip(self, limit: &Limit) -> Self {
         self.rule(limit, KeyOf::ClientIp)
     }
@@ -74,25 +57,18 @@ impl<S, R> LimitLayer<S, R> {
         self
     }
 
-    /// What each request costs, read from its head (a batch's size, an
-    /// upload's `Content-Length`); 1 without it. Every rule counts the
-    /// whole cost, and in attempt mode a success takes it all back. A cost
-    /// of 0 passes uncounted, though a missing required key or address is
-    /// still answered (use `.max(1)` on what the client sends); a cost
-    /// above a rule's max is answered 413 ([`Rejection::TooLarge`]),
-    /// nothing counted.
+    /// What each request costs, read from its head (a batch's size); 1 without it. Every rule
+    /// counts the whole cost ([API quotas](crate::guide#api-quotas)). A cost of 0 passes
+    /// uncounted, though a missing required key or address is still answered; one above a
+    /// rule's max is answered 413 ([`Rejection::TooLarge`]), nothing counted.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.config.cost = Some(Arc::new(cost));
         self
     }
 
-    /// Counts the rules of `limit` (by its name) under the tier `tier`
-    /// reads from each request's head (typically the caller's plan, from
-    /// an extension); `None` counts it under `limit`. A tier is `limit`
-    /// under another max ([`Limit::with_max`]): every tier shares one count
-    /// per key, and the [advertised](LimitLayer::advertise) fields show the
-    /// tier's max. Any other limit is answered 500 ([`Rejection::Failed`])
-    /// with an error event, never a silent allow.
+    /// Counts the rules of `limit` (by name) under the tier ([`Limit::with_max`]) `tier` reads
+    /// from the head, or under `limit` for `None`; the advertised fields show the tier's max. A
+    /// limit that is not a tier of `limit` is answered 500 ([`Rejection::Failed`]).
     ///
     /// ```
     /// use std::sync::Arc;
@@ -159,12 +135,10 @@ impl<S, R> LimitLayer<S, R> {
         self
     }
 
-    /// Sends the IETF `RateLimit-Policy` and `RateLimit` fields for the
-    /// rules of `limit` (by its name) on every response they decided
-    /// ([`Limit::policy_field`],
-    /// [`Verdict::rate_limit_field`](crate::Verdict::rate_limit_field)).
-    /// Off unless asked for: on a per-account login limit they would tell
-    /// an attacker how many guesses are left. The key is never sent.
+    /// Sends the IETF `RateLimit-Policy` and `RateLimit` fields ([`Limit::policy_field`],
+    /// [`Verdict::rate_limit_field`](crate::Verdict::rate_limit_field)) for the rules of
+    /// `limit` (by its name) on every response they decided. Off unless asked for: on a
+    /// per-account login limit they would tell an attacker how many guesses are left.
     ///
     /// # Panics
     ///
@@ -185,11 +159,9 @@ impl<S, R> LimitLayer<S, R> {
         self
     }
 
-    /// Replaces the layer's answers ([`DefaultOnRejection`](super::DefaultOnRejection))
-    /// with what `respond` makes of the [`Rejection`]: a JSON problem, a
-    /// page. The layer still adds `Retry-After` to a refusal, and the
-    /// [advertised](LimitLayer::advertise) fields, when the response lacks
-    /// them.
+    /// Replaces the layer's answers ([`DefaultOnRejection`](super::DefaultOnRejection)) with
+    /// what `respond` makes of the [`Rejection`]. The layer still adds `Retry-After` to a
+    /// refusal, and the [advertised](LimitLayer::advertise) fields, when the response lacks them.
     ///
     /// ```
     /// use axum::body::Body;
@@ -222,8 +194,7 @@ impl<S, R> LimitLayer<S, R> {
         self.answering(respond)
     }
 
-    /// Answers as a gRPC client understands ([`GrpcOnRejection`]): for a
-    /// tonic service.
+    /// Answers as a gRPC client understands ([`GrpcOnRejection`]): for a tonic service.
     pub fn grpc(self) -> LimitLayer<S, GrpcOnRejection> {
         self.answering(GrpcOnRejection)
     }

@@ -4,25 +4,17 @@ use std::net::IpAddr;
 
 use http::request::Parts;
 
-/// The client's address, resolved before the layer by something that knows
-/// how the service is deployed, and put in the request's extensions: what
+/// The client's address as the deployment resolved it, put in the request's extensions: what
 /// [`client_ip`] and
-/// [`LimitLayer::limit_per_client_ip`](super::LimitLayer::limit_per_client_ip)
-/// read first.
-///
-/// The library never reads `X-Forwarded-For` (nor `Forwarded`,
-/// `X-Real-IP`): any client can write it, and which entry to believe is a
-/// fact of the deployment (how many proxies, which addresses). A guess
-/// lets each client pick its address, to escape a per-address limit or to
-/// lock a victim out. See the guide's
-/// [Behind a tower layer](crate::guide#behind-a-tower-layer).
+/// [`LimitLayer::limit_per_client_ip`](super::LimitLayer::limit_per_client_ip) read first. No
+/// `X-Forwarded-For`, `Forwarded` or `X-Real-IP` is read
+/// ([why](crate::guide#behind-a-tower-layer)).
 ///
 /// # Behind a proxy
 ///
-/// A middleware that believes the header only from the proxies you name:
-/// when the peer is one of them, the last entry of its `X-Forwarded-For`
-/// (the address your proxy saw), else the peer. With a chain of proxies,
-/// skip from the right one entry per trusted proxy behind the first.
+/// A middleware that believes the last `X-Forwarded-For` entry only from the proxies you name,
+/// else the peer. With a chain of proxies, skip from the right one entry per trusted proxy
+/// behind the first.
 ///
 /// ```
 /// use std::net::{IpAddr, SocketAddr};
@@ -79,10 +71,9 @@ use http::request::Parts;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ClientIp(pub IpAddr);
 
-/// The client's address: the request's [`ClientIp`] extension, else (with
-/// the `axum` feature) axum's `ConnectInfo<SocketAddr>`; `None` when the
-/// request carries neither. Never a header the client could write. For a
-/// key function of your own (the address and the route together).
+/// The client's address: the request's [`ClientIp`] extension, else (feature `axum`) axum's
+/// `ConnectInfo<SocketAddr>`; `None` when the request carries neither. For a key function of
+/// your own.
 pub fn client_ip(head: &Parts) -> Option<IpAddr> {
     if let Some(ClientIp(address)) = head.extensions.get::<ClientIp>() {
         return Some(*address);

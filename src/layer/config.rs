@@ -1,5 +1,4 @@
-//! What a [`LimitLayer`](super::LimitLayer) and its services share, and
-//! each request's keys.
+//! What a [`LimitLayer`](super::LimitLayer) and its services share, and each request's keys.
 
 use std::fmt;
 use std::sync::Arc;
@@ -50,8 +49,7 @@ pub(super) struct Rule {
     pub(super) tier: Option<TierFn>,
 }
 
-/// One rule's ask for one request: the rule's index, its key, and the
-/// limit it is counted under (the rule's, or the request's tier of it).
+/// One rule's ask for one request: the limit it is counted under is the rule's, or its tier.
 pub(super) struct Asked {
     pub(super) rule: usize,
     pub(super) key: Key,
@@ -64,16 +62,13 @@ pub(super) enum KeyOf {
     Head(KeyFn),
     /// A key function; `None` is answered 400 ([`Rejection::MissingKey`]).
     Required(KeyFn),
-    /// The client's address; none is answered 500
-    /// ([`Rejection::NoClientAddress`]).
+    /// The client's address; none is answered 500 ([`Rejection::NoClientAddress`]).
     ClientIp,
 }
 
 impl<S, R> Config<S, R> {
-    /// Each rule's key for this request, with the rule's index and the
-    /// limit (the tier) it is counted under; exempting rules are left out.
-    /// The first rule that cannot do without its key and finds none, or
-    /// whose tier is not its limit under another max, makes the rejection.
+    /// Each rule's ask for this request, exempting rules left out. The first rule that cannot do
+    /// without its key and finds none, or whose tier is not its limit, makes the rejection.
     pub(super) fn keys(&self, head: &Parts) -> Result<Vec<Asked>, Rejection> {
         let mut keys = Vec::with_capacity(self.rules.len());
         for (index, rule) in self.rules.iter().enumerate() {

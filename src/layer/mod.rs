@@ -1,8 +1,5 @@
-//! The limiter in front of a tower service (feature `tower`):
-//! [`LimitLayer`] limits each request by keys read from its head;
-//! [`Rejection`] is what it answers instead, and [`ClientIp`] the client's
-//! address. How the layer works is in the guide's
-//! [Behind a tower layer](crate::guide#behind-a-tower-layer).
+//! The limiter in front of a tower service (feature `tower`): [`LimitLayer`], what it answers
+//! instead ([`Rejection`]) and the client's address ([`ClientIp`]).
 
 mod builder;
 mod client_ip;
@@ -21,17 +18,13 @@ use self::config::{Config, Mode};
 pub use self::response::{DefaultOnRejection, GrpcOnRejection, OnRejection, Rejection};
 pub use self::service::LimitService;
 
-/// A [tower `Layer`](tower::Layer) that limits requests before they reach
-/// the service, with a [`Limiter`] shared by every replica.
+/// A [tower `Layer`](tower::Layer) that limits requests before they reach the service, with a
+/// [`Limiter`] shared by every replica.
 ///
-/// Each rule is a [`Limit`](crate::Limit) and a key read from the request
-/// head (the body is never read); the constructor's mode says which
-/// requests count. Every rule that gives a key is decided in one
-/// statement. A request that passes reaches the service with the
-/// [`Verdicts`](crate::Verdicts) in its extensions; any other is answered
-/// as its [`Rejection`] says, and a hard error is never a silent allow.
-/// Statuses, headers, costs and tiers: the guide's
-/// [Behind a tower layer](crate::guide#behind-a-tower-layer).
+/// Each rule is a [`Limit`](crate::Limit) and a key read from the request head. A request that
+/// passes reaches the service with the [`Verdicts`](crate::Verdicts) in its extensions; any
+/// other is answered as its [`Rejection`] says. Modes, statuses, headers, costs and tiers:
+/// [behind a tower layer](crate::guide#behind-a-tower-layer).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -79,30 +72,24 @@ pub struct LimitLayer<S, R = DefaultOnRejection> {
 }
 
 impl<S: Store> LimitLayer<S> {
-    /// A layer where every request counts under each rule, allowed or not
-    /// ([`Limiter::hit`]): an API quota, a "forgot my password" route.
-    /// Add rules with [`limit`](LimitLayer::limit).
+    /// A layer where every request counts under each rule, allowed or not ([`Limiter::hit`]):
+    /// an API quota, a "forgot my password" route.
     pub fn hit(limiter: impl Into<Arc<Limiter<S>>>) -> Self {
         Self::with_mode(limiter.into(), Mode::Hit)
     }
 
-    /// A layer where a request counts under every rule only if every rule
-    /// allows it, and under none if one refuses
-    /// ([`Limiter::hit_all_or_nothing`]): API quotas, where a refusal by
-    /// the per-second rule must not spend the per-day one. Otherwise as
-    /// [`hit`](LimitLayer::hit). The same limit and key twice for one
-    /// request is answered 500 ([`Rejection::Failed`]).
+    /// A layer where a request counts under every rule only if every rule allows it
+    /// ([`Limiter::hit_all_or_nothing`]). The same limit and key twice for one request is
+    /// answered 500 ([`Rejection::Failed`]).
     pub fn hit_all_or_nothing(limiter: impl Into<Arc<Limiter<S>>>) -> Self {
         Self::with_mode(limiter.into(), Mode::HitAllOrNothing)
     }
 
-    /// A layer where only failures count: each request is reserved under
-    /// every rule before the service runs ([`Limiter::reserve_all`]) and
-    /// taken back, before the response goes out, when `succeeded` says the
-    /// response is a success (as each limit's
-    /// [`OnSuccess`](crate::OnSuccess) says). A failure, a service error
-    /// or a dropped request stays counted. A form login that redirects on
-    /// success and failure alike needs more than the status.
+    /// A layer where only failures count: each request is reserved under every rule
+    /// ([`Limiter::reserve_all`]) and taken back (as each limit's [`OnSuccess`](crate::OnSuccess)
+    /// says) before the response goes out when `succeeded` calls it a success. A failure, a
+    /// service error or a dropped request stays counted; so does a `grpc-status` other than 0. A
+    /// form login that redirects on success and failure alike needs more than the status.
     ///
     /// ```
     /// use std::net::{IpAddr, Ipv4Addr};
@@ -148,9 +135,6 @@ impl<S: Store> LimitLayer<S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    ///
-    /// A response with a `grpc-status` other than 0 (a gRPC call's failure,
-    /// which is HTTP 200) is never a success, whatever `succeeded` says.
     pub fn attempt(
         limiter: impl Into<Arc<Limiter<S>>>,
         succeeded: impl Fn(&http::response::Parts) -> bool + Send + Sync + 'static,

@@ -1,57 +1,39 @@
-//! What the layer answers instead of the service: [`Rejection`], and the
-//! header fields it adds.
+//! What the layer answers instead of the service: [`Rejection`], and the fields it adds.
 
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::{Error, Verdict, Verdicts};
 
-/// Why the layer answered instead of the service; what
-/// [`LimitLayer::on_rejection`](super::LimitLayer::on_rejection) is given.
-///
-/// With the `axum` feature a `Rejection` is also an axum `IntoResponse`,
-/// so a handler that limits by what only the body holds (a login form's
-/// account, with [`Limiter::reserve`](crate::Limiter::reserve)) answers
-/// through `?` as the layer does: the handler of
-/// `examples/axum_form_login.rs`.
+/// Why the layer answered instead of the service (given to `LimitLayer::on_rejection`). With
+/// the `axum` feature also an `IntoResponse`, for a handler's `?` (`examples/axum_form_login.rs`).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Rejection {
-    /// A limit refused by its count: 429 Too Many Requests.
-    /// [`Verdicts::refused_by`] names it and
-    /// [`Verdicts::retry_after_secs`] says when to come back.
+    /// A limit refused by its count ([`Verdicts::refused_by`]): 429 Too Many Requests.
     Refused(Verdicts),
-    /// No refusing limit counted: the store is unreachable and a limit has
-    /// [`WhenUnreachable::Refuse`](crate::WhenUnreachable::Refuse), or the
-    /// call was shed ([`Verdicts::is_shed`](crate::Verdicts::is_shed)):
-    /// 503 Service Unavailable.
+    /// No refusing limit counted (unreachable and [`Refuse`](crate::WhenUnreachable::Refuse),
+    /// or [shed](crate::Verdicts::is_shed)): 503 Service Unavailable.
     Unavailable(Verdicts),
-    /// The ask's cost is above a limit's max ([`Verdict::exceeds_max`]): no
-    /// window ever allows it. 413 Content Too Large, without `Retry-After`,
-    /// nothing counted.
+    /// The ask's cost is above a limit's max ([`Verdict::exceeds_max`]): 413 Content Too Large,
+    /// without `Retry-After`, nothing counted.
     TooLarge(Verdicts),
-    /// A rule added with [`LimitLayer::require`](super::LimitLayer::require)
-    /// found no key: 400 Bad Request, nothing counted, no event.
+    /// A [required](super::LimitLayer::require) key is missing: 400 Bad Request, nothing counted.
     MissingKey {
         /// The name of the rule's limit.
         limit: String,
     },
-    /// A rule added with
-    /// [`LimitLayer::limit_per_client_ip`](super::LimitLayer::limit_per_client_ip)
-    /// found no client address: 500 Internal Server Error and an error
-    /// event (feature `tracing`); the default body says how to fix it.
+    /// A [per-address rule](super::LimitLayer::limit_per_client_ip) found no client address:
+    /// 500 Internal Server Error and an error event; the default body says how to fix it.
     NoClientAddress {
         /// The name of the rule's limit.
         limit: String,
     },
-    /// A hard error (a misconfiguration such as a missing table or
-    /// privilege): 500 Internal Server Error and an error event (feature
-    /// `tracing`).
+    /// A hard error (a missing table or privilege): 500 Internal Server Error and an error event.
     Failed(Error),
 }
 
-/// How to hand a per-address rule the client's address: the default
-/// answer's body and the error event both say it.
+/// How to hand a per-address rule the client's address: the default body and the event say it.
 macro_rules! no_client_address {
     () => {
         "a per-address limit found no client address: serve with \
@@ -114,8 +96,7 @@ impl Rejection {
         }
     }
 
-    /// What `respond` answers, reported first, with the fields the answer
-    /// lacks added.
+    /// What `respond` answers, reported first, with the fields the answer lacks added.
     pub(super) fn answer<B>(self, respond: &impl OnRejection<B>, fields: Fields) -> Response<B> {
         self.report();
         let mut response = respond.on_rejection(self);
@@ -124,7 +105,7 @@ impl Rejection {
     }
 }
 
-/// The rejection for verdicts that refuse, such as a
+/// The rejection for refusing verdicts, such as
 /// [`Reservations::Refused`](crate::Reservations::Refused)'s.
 impl From<Verdicts> for Rejection {
     fn from(verdicts: Verdicts) -> Self {
@@ -132,7 +113,7 @@ impl From<Verdicts> for Rejection {
     }
 }
 
-/// The rejection for a verdict that refuses, such as a
+/// The rejection for a refusing verdict, such as
 /// [`Reservation::Refused`](crate::Reservation::Refused)'s.
 impl From<Verdict> for Rejection {
     fn from(verdict: Verdict) -> Self {
@@ -147,9 +128,7 @@ impl From<Error> for Rejection {
     }
 }
 
-/// The layer's own answer ([`DefaultOnRejection`]), with `Retry-After` on a
-/// refusal and the error event, for a handler that limits by what the head
-/// does not hold.
+/// The layer's own answer ([`DefaultOnRejection`]), `Retry-After` on a refusal, the event.
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::response::IntoResponse for Rejection {
@@ -162,9 +141,8 @@ impl axum::response::IntoResponse for Rejection {
     }
 }
 
-/// Makes the response to a [`Rejection`]: implemented for
-/// `Fn(Rejection) -> http::Response<B>` closures (see
-/// [`LimitLayer::on_rejection`](super::LimitLayer::on_rejection)) and for
+/// Makes the response to a [`Rejection`]: implemented for `Fn(Rejection) -> http::Response<B>`
+/// closures ([`LimitLayer::on_rejection`](super::LimitLayer::on_rejection)) and for
 /// [`DefaultOnRejection`].
 pub trait OnRejection<B>: Send + Sync + 'static {
     /// The response to `rejection`.
@@ -180,10 +158,8 @@ where
     }
 }
 
-/// The layer's own answers: the [`Rejection`]'s status and a one-line
-/// `text/plain` body that names neither the limit nor the key; for
-/// [`Rejection::NoClientAddress`], it says how to hand the layer the
-/// address. For any body that can be made from a `&'static str`.
+/// The layer's own answers: the [`Rejection`]'s status and a one-line `text/plain` body that
+/// names neither the limit nor the key. For any body that can be made from a `&'static str`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultOnRejection;
 
@@ -213,13 +189,10 @@ impl<B: From<&'static str>> OnRejection<B> for DefaultOnRejection {
     }
 }
 
-/// The answers a gRPC client understands, for a tonic service
-/// ([`LimitLayer::grpc`](super::LimitLayer::grpc)): HTTP 200, an empty body,
-/// and the status in `grpc-status` and `grpc-message` (a trailers-only
-/// response): `RESOURCE_EXHAUSTED` for a refusal, `FAILED_PRECONDITION`
-/// for a cost above max (waiting never helps), `UNAVAILABLE` when no limit
-/// counted, `INVALID_ARGUMENT` for a missing key, `INTERNAL` otherwise. `Retry-After` and the `RateLimit` fields
-/// travel as metadata.
+/// The answers a gRPC client understands ([`LimitLayer::grpc`](super::LimitLayer::grpc)): HTTP
+/// 200, an empty body, the status in `grpc-status` and `grpc-message` (trailers-only), the
+/// fields as metadata. Which status for which rejection:
+/// [behind a tower layer](crate::guide#behind-a-tower-layer).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GrpcOnRejection;
 
@@ -243,13 +216,10 @@ impl<B: Default> OnRejection<B> for GrpcOnRejection {
     }
 }
 
-/// gRPC's status fields.
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
-/// The field `RateLimit-Policy`.
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// The field `RateLimit`.
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The header fields the layer adds to a response.
@@ -264,8 +234,7 @@ pub(super) struct Fields {
 }
 
 impl Fields {
-    /// Adds each field the response does not have yet: a field the service
-    /// or the rejection handler set is theirs.
+    /// Adds each field the response does not have yet: one the service or handler set is theirs.
     pub(super) fn add_to(self, headers: &mut HeaderMap) {
         if let Some(secs) = self.retry_after {
             headers

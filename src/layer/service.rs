@@ -56,8 +56,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = T::Error;
-    // Boxed: the future holds the limiter's call, which borrows the shared
-    // limiter, and a permit that borrows it until the response is known.
+    // Boxed: it holds the limiter's call and a permit, both borrowing the shared limiter.
     type Future = BoxFuture<'static, Result<Response<ResBody>, T::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -65,8 +64,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service that was polled ready serves this request; its clone
-        // stays for the next one.
+        // The service polled ready serves this request; its clone stays for the next one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
@@ -135,9 +133,7 @@ where
             // An error from the service drops the permits: counted.
             let response = inner.call(request).await?;
             let (mut head, body) = response.into_parts();
-            // A gRPC call's failure is HTTP 200 with a grpc-status other
-            // than 0 (a trailers-only answer): never a success, whatever the
-            // predicate reads of the status line.
+            // A gRPC call's failure is HTTP 200 with a grpc-status other than 0: never a success.
             let grpc_failed = head
                 .headers
                 .get("grpc-status")
@@ -155,8 +151,7 @@ where
     }
 }
 
-/// Puts the verdicts in the request's extensions, after those of a limit
-/// layer outside this one.
+/// Puts the verdicts in the request's extensions, after those of a limit layer outside this one.
 fn attach<B>(request: &mut Request<B>, verdicts: Verdicts) {
     let verdicts = match request.extensions_mut().remove::<Verdicts>() {
         Some(outer) => {
@@ -170,22 +165,18 @@ fn attach<B>(request: &mut Request<B>, verdicts: Verdicts) {
 }
 
 impl<S, R> Config<S, R> {
-    /// The header fields for the advertised rules among `keys`, whose
-    /// verdicts are `verdicts`, in the same order: each under the limit
-    /// (the tier) it was counted under.
+    /// The header fields for the advertised rules among `keys`, each under its limit (the tier).
     fn fields(&self, keys: &[Asked], verdicts: &Verdicts) -> Fields {
         let mut fields = Fields::default();
         let mut named: Vec<&str> = Vec::new();
         for (asked, verdict) in keys.iter().zip(verdicts) {
             let rule = &self.rules[asked.rule];
-            // One item per limit, the first rule's, should a limit be
-            // given twice.
+            // One item per limit, the first rule's, should a limit be given twice.
             if !rule.advertised || named.contains(&rule.limit.name()) {
                 continue;
             }
             named.push(rule.limit.name());
-            // Both fields or neither: a policy sent alone would tell the
-            // client that the store is unreachable or overloaded.
+            // Both fields or neither: a policy alone would tell that the store is down or busy.
             if let Some(field) = verdict.rate_limit_field() {
                 fields.policy.push(asked.limit.policy_field());
                 fields.rate_limit.push(field);

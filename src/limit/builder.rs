@@ -9,8 +9,7 @@ use super::{Limit, OnSuccess, Strategy, WhenUnreachable};
 use crate::Error;
 use crate::error::InvalidLimitSnafu;
 
-/// A [`Limit`]'s settings; [`build`](LimitBuilder::build) checks them and
-/// makes the limit. From [`Limit::builder`].
+/// A [`Limit`]'s settings, from [`Limit::builder`]; [`build`](LimitBuilder::build) checks them.
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct LimitBuilder {
@@ -24,9 +23,7 @@ pub struct LimitBuilder {
 }
 
 impl LimitBuilder {
-    /// Keeps a key refused for `lockout` after the end of a window in which
-    /// its count reached `max`: the lockout people expect from a login.
-    /// Read from the window's own row.
+    /// Keeps a key refused for `lockout` after a window in which its count reached `max`.
     pub fn lockout(mut self, lockout: Duration) -> Self {
         self.lockout = Some(lockout);
         self
@@ -38,15 +35,13 @@ impl LimitBuilder {
         self
     }
 
-    /// What the limit does when the store cannot be reached (by default,
-    /// [`WhenUnreachable::Allow`]).
+    /// What the limit does when the store cannot be reached (default [`WhenUnreachable::Allow`]).
     pub fn when_unreachable(mut self, choice: WhenUnreachable) -> Self {
         self.when_unreachable = choice;
         self
     }
 
-    /// What reporting success on a [`Permit`](crate::Permit) does (by
-    /// default, [`OnSuccess::TakeBack`]).
+    /// What success on a [`Permit`](crate::Permit) does (default [`OnSuccess::TakeBack`]).
     pub fn on_success(mut self, choice: OnSuccess) -> Self {
         self.on_success = choice;
         self
@@ -56,14 +51,12 @@ impl LimitBuilder {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when the
-    /// name is empty, longer than [`Limit::MAX_NAME_BYTES`] or has a
-    /// character other than ASCII letters, digits, `_`, `-` and `.`; when
-    /// `max` is 0 or above [`Limit::MAX_ATTEMPTS`]; when the window is
-    /// shorter than [`Limit::MIN_WINDOW`], longer than [`Limit::MAX_WINDOW`],
-    /// or not a whole number of seconds; when a lockout is shorter than a
-    /// second, longer than [`Limit::MAX_LOCKOUT`], or not a whole number of
-    /// seconds.
+    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when:
+    /// - the name is empty, longer than [`Limit::MAX_NAME_BYTES`] or has a character other than
+    ///   ASCII letters, digits, `_`, `-` and `.`;
+    /// - `max` is 0 or above [`Limit::MAX_ATTEMPTS`];
+    /// - the window is not whole seconds from [`Limit::MIN_WINDOW`] to [`Limit::MAX_WINDOW`];
+    /// - a lockout is not whole seconds from one to [`Limit::MAX_LOCKOUT`].
     pub fn build(self) -> Result<Limit, Error> {
         let LimitBuilder {
             name,

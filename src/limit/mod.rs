@@ -11,11 +11,9 @@ pub use self::builder::LimitBuilder;
 
 /// A named policy: at most `max` attempts per key in each window of `window`.
 ///
-/// Fixed windows by default, or a sliding estimate ([`Strategy::Sliding`]);
-/// both in the [guide](crate::guide#windows). The name namespaces keys (the
-/// same [`Key`](crate::Key) under two limits is two counters) and labels the
-/// metrics, so it is short and plain ([`LimitBuilder::build`]). Nonsense is
-/// refused when the limit is made, never at call time:
+/// Fixed windows by default, or a sliding estimate ([`Strategy`], [windows](crate::guide#windows)).
+/// The name namespaces keys and labels the metrics. Nonsense is refused when the limit is made
+/// ([`LimitBuilder::build`]), never at call time:
 ///
 /// ```
 /// use platformkit_limit::Limit;
@@ -36,9 +34,7 @@ pub use self::builder::LimitBuilder;
 pub struct Limit {
     name: Arc<str>,
     max: u32,
-    /// The max of the limit as built, which its tiers keep: what the
-    /// limiter records as the limit's definition. Not compared: a tier
-    /// equals the same limit built with its max.
+    /// The max as built, which tiers keep and the limiter records. Not compared.
     defined_max: u32,
     window_secs: u64,
     when_unreachable: WhenUnreachable,
@@ -47,13 +43,11 @@ pub struct Limit {
     lockout_secs: u64,
 }
 
-/// How a limit counts over time: what each lets through around a window's
-/// edge is in the [guide](crate::guide#windows).
+/// How a limit counts over time ([windows](crate::guide#windows)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Strategy {
-    /// Fixed windows, aligned to the Unix epoch: up to 2 × max across an
-    /// edge.
+    /// Fixed windows, aligned to the Unix epoch: up to 2 × max across an edge.
     #[default]
     Fixed,
     /// An estimate over the current window and the one before, weighted.
@@ -61,13 +55,13 @@ pub enum Strategy {
 }
 
 /// What a limit does when the store cannot be reached within the budget
-/// ([fail-open](crate::guide#fail-open)). The verdict says so either way.
+/// ([fail-open](crate::guide#fail-open)).
 ///
 /// | choice | the attempt | the risk |
 /// |---|---|---|
 /// | `Allow` (default) | allowed, not counted | whoever can make the database unreachable gets unlimited attempts while it lasts |
 /// | `Refuse` | refused, with no `retry_after` (answer 503) | whoever can make the database unreachable locks everyone out of the route (fail-closed) |
-/// | `CountLocally` | decided by a count in this process, the same limit per replica: the same arithmetic as the store, on the store's clock as this process sees it, for at most [`Limiter::DEFAULT_LOCAL_KEYS`](crate::Limiter::DEFAULT_LOCAL_KEYS) keys ([`LimiterBuilder::local_keys`](crate::LimiterBuilder::local_keys)); a key it has no room for is refused, as `Refuse` | N replicas allow up to N × max while it lasts; counts made meanwhile are not in the database afterwards; past the bound, new keys are locked out until old ones' windows close |
+/// | `CountLocally` | decided by a bounded count in this process ([the local count](crate::guide#down-or-overloaded)); a key it has no room for is refused | N replicas allow up to N × max while it lasts; counts made meanwhile are not in the database afterwards; past the bound, new keys are locked out until old ones' windows close |
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WhenUnreachable {
@@ -76,9 +70,7 @@ pub enum WhenUnreachable {
     Allow,
     /// Refuse the attempt: fail-closed.
     Refuse,
-    /// Count in this process until the database is back, holding each
-    /// replica to the limit; a key the bounded count has no room for is
-    /// refused.
+    /// Count in this process until the database is back, holding each replica to the limit.
     CountLocally,
 }
 
@@ -106,14 +98,11 @@ impl Limit {
     /// The most attempts a limit may allow in one window.
     pub const MAX_ATTEMPTS: u32 = 1_000_000_000;
 
-    /// The longest lockout a limit may have: a day, as long as `purge`
-    /// keeps the closed window's row it is read from.
+    /// The longest lockout a limit may have: a day, as long as `purge` keeps the row it reads.
     pub const MAX_LOCKOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
-    /// A limit named `name` that allows `max` attempts per key in each
-    /// `window`, with the default settings: fixed windows, no lockout,
-    /// [`WhenUnreachable::Allow`], [`OnSuccess::TakeBack`]. The same as
-    /// `Limit::builder(name, max, window).build()`.
+    /// A limit named `name` that allows `max` attempts per key in each `window`, with the
+    /// default settings: `Limit::builder(name, max, window).build()`.
     ///
     /// # Errors
     ///
@@ -122,9 +111,7 @@ impl Limit {
         Limit::builder(name, max, window).build()
     }
 
-    /// A builder for a limit named `name` that allows `max` attempts per key
-    /// in each `window`, with settings of your own; every setting is checked
-    /// once, by [`LimitBuilder::build`].
+    /// A builder for a limit as [`Limit::new`]'s, with settings of your own.
     ///
     /// ```
     /// use platformkit_limit::{Limit, Strategy, WhenUnreachable};
@@ -153,11 +140,9 @@ impl Limit {
     }
 
     /// The same limit with another `max`, every other setting kept: a
-    /// [tier](crate::guide#api-quotas). Tiers count in one row per key, so
-    /// a key moved between them keeps its count. Each call, its verdict, a
-    /// lockout and the operator's reads
-    /// ([`Limiter::status`](crate::Limiter::status)) go by the max of the
-    /// limit they are given: ask under the tier the key is on.
+    /// [tier](crate::guide#api-quotas), sharing one count per key. Calls, lockouts and
+    /// [`Limiter::status`](crate::Limiter::status) go by the max of the limit they are given:
+    /// ask under the tier the key is on.
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -190,9 +175,8 @@ impl Limit {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when
-    /// `max` is 0 or above [`Limit::MAX_ATTEMPTS`], as
-    /// [`LimitBuilder::build`].
+    /// [`ErrorKind::InvalidLimit`](crate::ErrorKind::InvalidLimit) when `max` is 0 or above
+    /// [`Limit::MAX_ATTEMPTS`].
     pub fn with_max(&self, max: u32) -> Result<Limit, Error> {
         let mut builder = Limit::builder(self.name(), max, self.window())
             .strategy(self.strategy)
@@ -208,10 +192,8 @@ impl Limit {
         })
     }
 
-    /// What the limiter records of the limit
-    /// ([`Limiter::limits`](crate::Limiter::limits)): its name, window,
-    /// strategy, lockout and its max as built, before any
-    /// [`with_max`](Limit::with_max); the other settings the defaults.
+    /// What the limiter records of the limit ([`Limiter::limits`](crate::Limiter::limits)): its
+    /// max as built, before any [`with_max`](Limit::with_max); the other settings the defaults.
     pub(crate) fn defined(&self) -> Limit {
         Limit {
             max: self.defined_max,
@@ -235,14 +217,12 @@ impl Limit {
         self.strategy
     }
 
-    /// What the limit does when the store cannot be reached
-    /// ([`LimitBuilder::when_unreachable`]).
+    /// What the limit does when the store cannot be reached ([`LimitBuilder::when_unreachable`]).
     pub fn when_unreachable(&self) -> WhenUnreachable {
         self.when_unreachable
     }
 
-    /// What reporting success on a permit does
-    /// ([`LimitBuilder::on_success`]).
+    /// What reporting success on a permit does ([`LimitBuilder::on_success`]).
     pub fn on_success(&self) -> OnSuccess {
         self.on_success
     }
@@ -270,8 +250,7 @@ impl Limit {
         &self.name
     }
 
-    /// Whether `tier` is this limit under some max
-    /// ([`with_max`](Limit::with_max)): every setting but `max` the same.
+    /// Whether `tier` is this limit under some max ([`with_max`](Limit::with_max)).
     pub(crate) fn is_tier(&self, tier: &Limit) -> bool {
         Limit {
             max: tier.max,
@@ -279,9 +258,8 @@ impl Limit {
         } == *tier
     }
 
-    /// Whether one statement for a key counts and reads alike under this
-    /// limit and `other`: the same, or tiers without a lockout (which reads
-    /// the max).
+    /// Whether one statement for a key counts and reads alike under this limit and `other`: the
+    /// same, or tiers without a lockout (which reads the max).
     pub(crate) fn counts_alike(&self, other: &Limit) -> bool {
         self == other || (self.lockout_secs == 0 && self.is_tier(other))
     }

@@ -154,10 +154,9 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
-    /// With merging on, how many statements of this limiter's writes are
-    /// in flight at once, always: in place of the default, which has one,
-    /// and more while writes wait on the commits. [Merging](crate::guide#merging)
-    /// says when to choose.
+    /// Fixes how many statements of this limiter's writes are in flight at
+    /// once, with merging on, in place of the default's one and more as the
+    /// commits say ([merging](crate::guide#merging) says when to choose).
     pub fn writes_in_flight(mut self, places: usize) -> Self {
         self.writes_in_flight = Some(places);
         self

@@ -28,21 +28,18 @@ use crate::{Error, Key, Limit, Memory, Verdict};
 /// The front of the crate, over [`Postgres`](crate::Postgres) or
 /// [`Memory`]; the [crate docs](crate) show a login.
 ///
-/// Every call, getting the connection included, ends within the budget
-/// ([`LimiterBuilder::budget`]). A server that a probe finds down leaves
-/// the verdict to the limit's [`WhenUnreachable`](crate::WhenUnreachable)
-/// ([fail-open](crate::guide#fail-open)); one that is up but does not
-/// answer in time sheds the call ([`Verdict::is_shed`]); any other failure
-/// is an [`Error`]. Never a silent allow.
+/// Every call ends within the budget ([`LimiterBuilder::budget`]) and is
+/// never a silent allow: a store found down leaves the verdict to the
+/// limit's [`WhenUnreachable`](crate::WhenUnreachable), one up but slow
+/// sheds the call ([`Verdict::is_shed`]), any other failure is an [`Error`]
+/// ([one call's path](crate::guide#one-calls-path)).
 #[derive(Debug)]
 pub struct Limiter<S> {
     store: Arc<S>,
     budget: Duration,
     /// The count of `CountLocally` limits while the store is unreachable.
     fallback: Memory,
-    /// Refusals this process answers without a round trip.
     refusals: RefusalCache,
-    /// Merges concurrent writes into shared statements.
     merging: Option<Merging>,
 }
 
@@ -152,8 +149,7 @@ impl<S: Store> Limiter<S> {
     /// that decides, and when the limit allows it hands back a [`Permit`]:
     /// at most `max` attempts per window hold one, however many arrive at
     /// once (concurrent `check`s all pass before the first `failed` is
-    /// written). [`Permit::succeeded`] takes a success back; a dropped
-    /// permit stays counted.
+    /// written).
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory, Reservation};
@@ -191,8 +187,8 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Clears the key under `limit`, every window of it (after a good login,
-    /// say), but an operator's [block](Limiter::block), which it keeps. Returns how many windows the store held: 0 for a key never
-    /// counted, or one of another spelling.
+    /// say), but an operator's [block](Limiter::block), which it keeps; how
+    /// many windows the store held (0: never counted, or another spelling).
     ///
     /// # Errors
     ///

@@ -13,10 +13,13 @@ use crate::{Error, Key, Limit, Limiter, OnSuccess, Verdict, Verdicts};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CountedIn {
     /// In the store, in the window starting at `window_start`.
-    Store { window_start: SystemTime },
+    Store {
+        window_start: SystemTime,
+    },
     /// In the limiter's local fallback, the store being unreachable.
-    Fallback { window_start: SystemTime },
-    /// Not counted.
+    Fallback {
+        window_start: SystemTime,
+    },
     Nowhere,
 }
 

@@ -171,9 +171,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The one path of every counting call, whatever its pairs and cost
-    /// ([one call's path](crate::guide#one-calls-path)). A pair refused
-    /// before the store (by its cost or the refusal cache) refuses the call,
-    /// and nothing is sent but a `failed_all`'s count under its other pairs.
+    /// ([one call's path](crate::guide#one-calls-path)).
     pub(crate) async fn run_all(
         &self,
         op: Counting,

@@ -14,10 +14,9 @@ use crate::store::sealed::Sealed as _;
 use crate::store::{Asked, Store, count_pairs};
 use crate::{AuditAction, AuditEntry, Error, Key, Limit, Limiter};
 
-/// A key's state under a limit, read from the store without counting:
-/// what [`Limiter::status`] and [`Limiter::refused_keys`] answer. Decided
-/// as every verdict is, so a status and the next [`check`](Limiter::check)
-/// agree.
+/// A key's state under a limit, read without counting ([`Limiter::status`],
+/// [`Limiter::refused_keys`]); decided as a [`check`](Limiter::check) is, so
+/// the two agree.
 ///
 /// ```
 /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -133,12 +132,10 @@ impl KeyStatus {
     }
 }
 
-/// The operator's calls: what a key's state is, and who is refused.
 impl<S: Store> Limiter<S> {
-    /// The state of `key` under `limit` now: one read of the store (a
-    /// `check`'s statement, no call outcome recorded), nothing counted,
-    /// never from the refusal cache. To unlock the key,
-    /// [`unlock`](Limiter::unlock) it.
+    /// The state of `key` under `limit` now: a `check`'s statement, no call
+    /// outcome recorded, nothing counted, never from the refusal cache
+    /// ([who is locked out](crate::guide#who-is-locked-out)).
     ///
     /// # Errors
     ///
@@ -163,11 +160,10 @@ impl<S: Store> Limiter<S> {
         Ok(KeyStatus::decided(limit, &stored, &counted))
     }
 
-    /// The keys `limit` refuses now, at most `at_most`, newest first (by
-    /// the latest window counted in, then the highest count, then the
-    /// key): only `limit`'s own, by name. One bounded statement; nothing
-    /// counted, no refusal cache. Give the limit the service uses: its
-    /// numbers decide "refused".
+    /// The keys `limit` (by name) refuses now, at most `at_most`, newest
+    /// first: by the latest window counted in, then the highest count, then
+    /// the key. Nothing counted; give the limit the service uses, as its
+    /// numbers decide ([who is locked out](crate::guide#who-is-locked-out)).
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory};
@@ -220,14 +216,10 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-/// What the store knows of the limits: the definitions the limiters record
-/// as they use them, read back by the operator's calls.
 impl<S: Store> Limiter<S> {
-    /// Records `limits` in the store, each as it was built (its name,
-    /// window, strategy, lockout and max, a [tier](Limit::with_max)'s
-    /// being its limit's), replacing what is recorded under its name: the
-    /// definitions the operator's tools read
-    /// ([operating it](crate::guide#the-limits-as-the-service-defines-them)).
+    /// Records `limits` in the store, each replacing what is recorded under
+    /// its name, for the operator's tools
+    /// ([the limits](crate::guide#the-limits-as-the-service-defines-them)).
     /// A start-up step, after [`Postgres::migrate`](crate::Postgres::migrate);
     /// one statement a limit.
     ///
@@ -296,11 +288,9 @@ impl<S: Store> Limiter<S> {
             .ok_or_else(|| InvalidLimitSnafu { name, reason }.build().into())
     }
 
-    /// `key`'s state under each limit recorded that has a count for it
-    /// (or a lockout running), by limit name: one read for up to
-    /// [`Limiter::MAX_PAIRS`] limits, decided under each limit as
-    /// recorded. A key counted under a [tier](Limit::with_max) is decided
-    /// under its limit's max.
+    /// `key`'s state under each limit recorded that has a count or a
+    /// lockout for it, by limit name, one read per [`Limiter::MAX_PAIRS`]
+    /// limits ([the limits](crate::guide#the-limits-as-the-service-defines-them)).
     ///
     /// # Errors
     ///
@@ -331,14 +321,11 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Refuses `key` under `limit` for `block_for` (whole seconds, at most
-    /// [`Limiter::MAX_BLOCK`]), whatever its count and whatever the limit's
-    /// window and lockout are then: every call reads the block as a
-    /// lockout, on every replica; a block the key had is replaced, and the
-    /// service's own [`reset`](Limiter::reset) keeps it. While the store is
-    /// unreachable, the limit's [`WhenUnreachable`](crate::WhenUnreachable)
-    /// decides, block or not. Written with `by` (who) and `reason` in the
-    /// [audit](Limiter::audit), in the same transaction. Returns when it
-    /// ends, on the store's clock (within a second after `block_for`).
+    /// [`Limiter::MAX_BLOCK`]) whatever its count, replacing a block it had,
+    /// audited with `by` and `reason` ([blocks and the audit](crate::guide#blocks-and-the-audit)).
+    /// While the store is unreachable the limit's
+    /// [`WhenUnreachable`](crate::WhenUnreachable) decides, block or not.
+    /// Returns when it ends, on the store's clock (within a second after `block_for`).
     ///
     /// ```
     /// use platformkit_limit::{AuditAction, Key, Limit, Limiter, Memory};

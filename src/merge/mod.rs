@@ -1,5 +1,4 @@
-//! Merging: concurrent writes through one limiter share statements
-//! ([the guide](crate::guide#merging)): the queue of keys, and the flights
+//! [Merging](crate::guide#merging): the queue of keys, and the flights
 //! that send it.
 
 use std::collections::{HashMap, VecDeque};
@@ -17,22 +16,17 @@ use crate::store::sealed::Sealed;
 use crate::store::{Asked, MAX_PAIRS, count_pairs};
 use crate::{Error, Limit};
 
-/// Merging, for one limiter.
 #[derive(Debug)]
 pub(crate) struct Merging {
     shared: Arc<Shared>,
-    /// The places of all-or-nothing statements, never merged: as many as
-    /// the writes have when fixed, else one, so a burst of them waits here,
-    /// not on the pool.
+    /// The places of all-or-nothing statements, never merged.
     alone: tokio::sync::Semaphore,
 }
 
 /// What the callers and the flights of one limiter share.
 pub(crate) struct Shared {
-    /// The most flights in flight at once.
     most: usize,
-    /// Whether the places follow the commits ([`places_after`]), else
-    /// there are always `most`.
+    /// Whether the places follow the commits ([`places_after`]).
     adaptive: bool,
     queue: Mutex<Queue>,
 }
@@ -51,7 +45,6 @@ impl std::fmt::Debug for Shared {
 struct Queue {
     /// How many flights may be in flight now.
     places: usize,
-    /// What the statements' commits waited, lately, for [`places_after`].
     commits: Commits,
     in_flight: usize,
     /// Every stored key that has callers waiting or a statement in flight.
@@ -61,7 +54,6 @@ struct Queue {
     ready: VecDeque<String>,
 }
 
-/// The callers of one stored key.
 struct Waiting {
     op: Counting,
     limit: Limit,
@@ -69,11 +61,9 @@ struct Waiting {
     callers: Vec<Caller>,
 }
 
-/// A caller waiting for its count.
 struct Caller {
     deadline: Instant,
     tx: oneshot::Sender<Answer>,
-    /// What its call adds: its cost.
     cost: u64,
 }
 
@@ -90,10 +80,8 @@ enum Wait {
 }
 
 impl Merging {
-    /// Merging with at most `most` statements of writes in flight
-    /// ([`LimiterBuilder::writes_in_flight`](crate::LimiterBuilder::writes_in_flight)):
-    /// always `most`, or, `adaptive`, from one up to `most` as the commits
-    /// say ([`places_after`]).
+    /// At most `most` statements of writes in flight: always `most`, or,
+    /// `adaptive`, from one up to `most` ([`places_after`]).
     pub(crate) fn new(most: usize, adaptive: bool) -> Self {
         let queue = Queue {
             places: if adaptive { 1 } else { most },
@@ -130,7 +118,6 @@ impl Merging {
         Ok((after_the_call(pairs, counted), true))
     }
 
-    /// How many statements of writes may be in flight at once.
     pub(crate) fn places(&self) -> usize {
         self.shared.most
     }
@@ -173,7 +160,7 @@ impl Merging {
         Ok(counted)
     }
 
-    /// Queues a caller for each pair's key; starts a flight if one may.
+    /// Queues a caller for each pair's key; starts a flight if a place is free.
     fn queue<S: Sealed>(
         &self,
         store: &Arc<S>,
@@ -259,24 +246,17 @@ impl Shared {
     }
 }
 
-/// What a caller is told when its flight was torn down: the count may or
-/// may not have been written.
+/// A flight torn down: the count may or may not have been written.
 fn abandoned() -> Arc<Error> {
     Arc::new(Error::from(AbandonedSnafu.build()))
 }
 
-// ---------------------------------------------------------------------------
-// A flight: the task that sends the queued keys' statements
-// ---------------------------------------------------------------------------
-
-/// How many statements a flight sends on one connection before it gives
-/// it back and takes one again, so that others on a small pool get their
-/// turn. Each checkout costs (sqlx's pool pings the connection it gets
-/// back): over sqlx with 16 callers, 8 cost the defaults about a sixth of
-/// their attempts, 64 nothing measurable (docs/PERFORMANCE.md, levers).
+/// How many statements a flight sends on one connection before it gives it
+/// back ([merging](crate::guide#merging)): over sqlx with 16 callers, 8 cost
+/// the defaults a sixth of their attempts, 64 nothing (docs/PERFORMANCE.md, levers).
 const HOLD_STATEMENTS: usize = 64;
 
-/// One key of a statement: its callers, in order of arrival.
+/// One key of a statement, its callers in order of arrival.
 struct Member {
     key: String,
     limit: Limit,
@@ -308,19 +288,14 @@ struct Flight<S: Sealed> {
     /// The store, let go before the last answers, so a caller that then
     /// drops its limiter gets back what its connection source owns.
     store: Option<Arc<S>>,
-    /// The connection its last statement answered on, for the next: a
-    /// flight borrows one connection for up to [`HOLD_STATEMENTS`] while
-    /// writes wait, not one a statement.
+    /// The connection its last statement answered on, kept for the next.
     held: S::Held,
-    /// The statements sent since it last took a connection.
     sent_on_held: usize,
     members: Vec<Member>,
-    /// Whether it still holds its place.
     holding: bool,
 }
 
 impl<S: Sealed> Flight<S> {
-    /// Sends statements until nothing waits.
     async fn run(&mut self, first: Vec<String>) {
         let Some((mut op, mut deadline)) = self.take(Some(&first)) else {
             return;
@@ -337,8 +312,6 @@ impl<S: Sealed> Flight<S> {
             }
             self.sent_on_held += 1;
             if self.sent_on_held == HOLD_STATEMENTS {
-                // Back to its source, so that others waiting on a small pool
-                // get their turn; the next statement takes one again.
                 self.held = S::Held::default();
                 self.sent_on_held = 0;
             }
@@ -433,8 +406,7 @@ impl<S: Sealed> Flight<S> {
         }
     }
 
-    /// Sends one statement for the members, each key adding its callers'
-    /// costs; each key's count after them all.
+    /// One statement for the members; each key's count after all its callers.
     async fn send(&mut self, op: Counting, deadline: Instant) -> Vec<Answer> {
         let Flight {
             store,
@@ -573,12 +545,10 @@ impl Queue {
 }
 
 /// How many flights may be in flight, `queued` writes waiting for a place
-/// or not. One more, up to `most`, while writes queue and the statements
-/// are mostly a wait of [`FLUSH_BOUND`] or more on the WAL's flush, which
-/// the commits in flight share: another statement costs the server little
-/// and saves the queued a flush. One fewer, down to one, when the commits
-/// wait less or are a small part: the server's work, which more statements
-/// would only share out thinner (one statement's merged keys cost it least).
+/// or not ([merging](crate::guide#merging)): one more, up to `most`, while
+/// writes queue and the statements are mostly a wait of [`FLUSH_BOUND`] or
+/// more on the WAL's flush; one fewer, down to one, when the commits wait
+/// less or are a small part.
 fn places_after(places: usize, most: usize, commits: &Commits, queued: bool) -> usize {
     let Commits { waited, took } = *commits;
     if waited < FLUSH_BOUND || waited * 4 < took {
@@ -590,7 +560,6 @@ fn places_after(places: usize, most: usize, commits: &Commits, queued: bool) -> 
     }
 }
 
-/// Tells each caller its answer; a caller that went away hears nothing.
 fn tell(told: Vec<(Caller, Answer)>) {
     for (caller, answer) in told {
         let _ = caller.tx.send(answer);

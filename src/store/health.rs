@@ -18,7 +18,6 @@ pub(crate) const STANDS: Duration = Duration::from_secs(1);
 /// How long a probe waits for an answer before it reads the server as down.
 pub(crate) const PROBE_BOUND: Duration = Duration::from_secs(1);
 
-/// What a store knows of its server.
 #[derive(Debug)]
 pub(crate) struct Health {
     base: Instant,
@@ -66,7 +65,6 @@ impl Default for Health {
 
 /// What a call does before it tries the server.
 enum Before {
-    /// Try it.
     Go,
     /// Found down and still standing, or another call asks: answer at once.
     Down,

@@ -16,9 +16,7 @@ use crate::{Error, ErrorKind};
 /// row; the server stops within [`Budget`]
 /// ([the budget on the server](crate::guide#the-budget-on-the-server)). An
 /// answer after this call's own cancel is the budget running out, never an
-/// acknowledgement (a commit waiting for a synchronous standby is answered
-/// when cancelled). A connection lent inside the caller's transaction is
-/// rolled back, so that it goes back idle.
+/// acknowledgement; a connection lent inside a transaction is rolled back.
 pub(crate) async fn call<S: Session, const N: usize>(
     session: &mut S,
     operation: Operation,
@@ -80,7 +78,6 @@ pub(crate) fn deleted(row: &Row, operation: Operation) -> Result<u64, Error> {
 pub(crate) struct Budget {
     /// The server's part, in whole milliseconds (at least 1).
     pub(crate) server_ms: i64,
-    /// When the client sends a cancel request.
     pub(crate) cancel_at: Instant,
     /// The last moment a statement may be sent.
     pub(crate) send_by: Instant,
@@ -103,7 +100,6 @@ pub(crate) const LEAST_SERVER: Duration = Duration::from_millis(2);
 pub(crate) const CANCEL_LANDS: Duration = Duration::from_millis(2);
 
 impl Budget {
-    /// The split of what is left until `deadline`.
     pub(crate) fn until(deadline: Instant, rtt: Duration) -> Budget {
         let now = Instant::now();
         let left = deadline.saturating_duration_since(now);

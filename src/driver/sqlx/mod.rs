@@ -1,6 +1,5 @@
-//! [`Session`](super::Session) for sqlx 0.8 and 0.9: [`SqlxConn`], and
-//! [`LimitConn`](crate::LimitConn) for each version's `PgPool`. Statements
-//! go through sqlx's own query path and statement cache.
+//! [`Session`](super::Session) for sqlx 0.8 and 0.9 ([`SqlxConn`]), and
+//! [`LimitConn`](crate::LimitConn) for each version's `PgPool`, through sqlx's statement cache.
 
 // `version.rs` once per sqlx version a feature names.
 #[cfg(feature = "sqlx")]
@@ -21,41 +20,16 @@ use tokio::time::Instant;
 
 use super::{Failure, Param, Row, sealed};
 
-/// An sqlx PostgreSQL connection lent to the limiter: a
-/// `PoolConnection<Postgres>` (what [`PgPool`](sqlx::PgPool) lends), a `PgConnection` held
-/// in a mutex, or a `&mut PgConnection`: anything that dereferences to
-/// something that gives a `&mut PgConnection`.
+/// An sqlx PostgreSQL connection lent to the limiter: anything that dereferences to something
+/// that gives a `&mut PgConnection` (a `PoolConnection`, a `PgConnection` in a mutex). It must
+/// be idle when lent; what a call given up leaves on it:
+/// [what sqlx cannot do](crate::guide#what-sqlx-cannot-do-cancel).
 ///
-/// Like every connection, it must be idle when lent. sqlx cannot cancel a
-/// statement on the server, which changes what a call given up leaves on
-/// the connection: [what sqlx cannot do](crate::guide#what-sqlx-cannot-do-cancel).
-///
-/// Lend a connection the service holds, one call at a time:
-///
-/// ```no_run
-/// use platformkit_limit::driver::SqlxConn;
-/// use platformkit_limit::{Limiter, Postgres};
-/// use sqlx::{Connection, PgConnection};
-/// use std::sync::Arc;
-/// use tokio::sync::Mutex;
-///
-/// # async fn demo() -> Result<(), sqlx::Error> {
-/// let held = Arc::new(Mutex::new(PgConnection::connect("postgres://app@db/app").await?));
-/// let conns = move || {
-///     let held = held.clone();
-///     async move { Ok::<_, std::convert::Infallible>(SqlxConn(held.lock_owned().await)) }
-/// };
-/// let limiter = Limiter::new(Postgres::new(conns));
-/// # let _ = limiter;
-/// # Ok(())
-/// # }
-/// ```
-///
-/// Or lend the idle `PoolConnection` a request holds to a limiter for that
-/// request, and keep using it through the same lock. The source owns what
-/// it lends (it is `'static`: a flight may hold the connection a moment
-/// after a call ran out of budget). A limiter per request has its own
-/// refusal cache and merging; share one over a pool where you can.
+/// A connection the service holds (a `PgConnection`, or the idle `PoolConnection` a request
+/// holds) is lent one call at a time through a mutex, and stays usable through the same lock.
+/// The source owns what it lends (a flight may hold it a moment after a call ran out of
+/// budget). A limiter per request has its own refusal cache and merging: share one over a pool
+/// where you can.
 ///
 /// ```no_run
 /// use platformkit_limit::driver::SqlxConn;

@@ -1,5 +1,4 @@
-// One sqlx version's driver, included by `mod.rs` with `sqlx` naming that
-// version's crate.
+// One sqlx version's driver, included by `mod.rs` with `sqlx` naming that version's crate.
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgRow, Postgres};
@@ -72,13 +71,11 @@ impl crate::driver::sqlx::lent::Lent for PoolConnection<Postgres> {
     }
 }
 
-/// Reads and drops what the connection still owes a statement given up
-/// before its answer came, which sqlx would hand to the next statement.
-/// Sends nothing; waits only while something is owed, within the deadline.
+/// Reads and drops what the connection still owes a statement given up, which sqlx would hand
+/// to the next statement. Sends nothing; waits only while something is owed.
 async fn settle(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     loop {
-        // sqlx's `wait_until_ready`: reads to the ReadyForQuery of every
-        // Sync sent, returning the first error.
+        // sqlx's `wait_until_ready`: reads to every Sync's ReadyForQuery, the first error out.
         match sqlx::Connection::flush(&mut *conn).await {
             Err(sqlx::Error::Database(_)) => continue,
             settled => return settled,
@@ -103,8 +100,7 @@ fn reading(error: &sqlx::Error) -> Reading {
     }
 }
 
-/// Whether a connection attempt failed for a reason an outage does not
-/// explain, and its SQLSTATE.
+/// Whether a connection attempt failed for a reason an outage does not explain, and its SQLSTATE.
 fn refused_while_up(error: &sqlx::Error) -> Option<Option<SqlState>> {
     match reading(error) {
         Reading::Answered(code) => not_an_outage(&code).then_some(Some(code)),
@@ -159,20 +155,17 @@ use sqlx::postgres::PgPool;
 use crate::LimitConn;
 use crate::error::BoxError;
 
-/// Each call borrows one connection from the pool (the example is the
-/// [`driver`](crate::driver) module's).
+/// Each call borrows one connection from the pool (example: the [`driver`](crate::driver) module).
 impl LimitConn for PgPool {
     type Conn = SqlxConn<sqlx::pool::PoolConnection<Postgres>>;
     type Error = sqlx::Error;
 
     async fn conn(&self) -> Result<Self::Conn, sqlx::Error> {
-        // Not `try_acquire`: it skips the pool's check of an idle connection
-        // (`test_before_acquire`), and would lend one the server closed.
+        // Not `try_acquire`: it skips `test_before_acquire`, and would lend a closed connection.
         self.acquire().await.map(SqlxConn)
     }
 
-    /// A connection made with the pool's options, outside the pool and its
-    /// silent retries.
+    /// A connection made with the pool's options, outside the pool and its silent retries.
     async fn probe(&self) -> Option<Result<(), BoxError>> {
         let started = async {
             let mut conn = PgConnection::connect_with(&self.connect_options()).await?;

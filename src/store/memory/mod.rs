@@ -48,7 +48,6 @@ pub struct Memory {
 #[derive(Debug, Default)]
 struct State {
     keys: HashMap<String, Windows>,
-    /// The limits recorded, by name.
     limits: BTreeMap<String, Limit>,
     /// Each blocked stored key, and its block's end in microseconds.
     blocks: HashMap<String, i64>,
@@ -95,12 +94,10 @@ impl Memory {
         }
     }
 
-    /// The most keys it holds, if bounded.
     pub(crate) fn capacity(&self) -> Option<usize> {
         self.capacity
     }
 
-    /// How many keys it holds now.
     pub(crate) fn len(&self) -> usize {
         self.lock().keys.len()
     }

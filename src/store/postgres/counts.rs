@@ -466,8 +466,6 @@ fn counted(
     })
 }
 
-/// The counts of a statement over `pairs` pairs, in the order given: a
-/// writer's columns, or a reader's one array ([`sql::ReadMany`]).
 /// What a run of statements on [`Postgres`] keeps from one to the next
 /// ([`Sealed::Held`](sealed::Sealed::Held)).
 pub struct Held<T> {
@@ -491,6 +489,8 @@ fn commit_wait(row: &Row) -> Option<Duration> {
     Some(Duration::from_micros(u64::try_from(micros).unwrap_or(0)))
 }
 
+/// The counts of a statement over `pairs` pairs, in the order given: a
+/// writer's columns, or a reader's one array ([`sql::ReadMany`]).
 fn counted_pairs(
     row: &Row,
     operation: Operation,

@@ -51,7 +51,6 @@ pub struct Postgres<C> {
     probe: Option<Probe>,
 }
 
-/// A probe given to the store: a connection source's, boxed.
 struct Probe(Box<dyn Fn() -> futures::future::BoxFuture<'static, Startup> + Send + Sync>);
 
 impl std::fmt::Debug for Probe {
@@ -182,7 +181,6 @@ impl<C: LimitConn> Postgres<C> {
         Ok(Some(micros))
     }
 
-    /// A connection for one call.
     async fn connection(&self, operation: Operation) -> Result<C::Conn, Error> {
         self.conns
             .conn()
@@ -190,8 +188,7 @@ impl<C: LimitConn> Postgres<C> {
             .map_err(|e| crate::driver::connect_error(operation, e.into()))
     }
 
-    /// A connection for one call and the budget left on it; out of budget
-    /// when it came too late to send a statement and hear back.
+    /// A connection for one call and the [`budget`](Self::budget) left on it.
     async fn session(
         &self,
         operation: Operation,
