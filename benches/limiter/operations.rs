@@ -23,6 +23,9 @@ pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// One call: given the worker's index and the key's id.
 pub(crate) type Op = Arc<dyn Fn(usize, String) -> BoxFuture + Send + Sync>;
 
+/// Makes an op afresh for each measurement (a limiter with nothing cached).
+pub(crate) type MakeOp = Arc<dyn Fn() -> Op + Send + Sync>;
+
 /// The attack's refused keys: how many.
 pub(crate) const REFUSED_KEYS: u64 = 100;
 
@@ -455,7 +458,7 @@ pub(crate) struct Bench {
     ops: Vec<(What, Op)>,
     /// `failed` over sqlx, one statement per call and with the defaults,
     /// by connections: empty without the feature.
-    sqlx: Vec<(usize, Op, Op)>,
+    sqlx: Vec<(usize, Op, MakeOp)>,
 }
 
 impl Bench {
@@ -542,7 +545,7 @@ impl Bench {
 
     /// Adds `failed` over sqlx: an op for each number of connections.
     #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
-    pub(crate) fn with_sqlx(mut self, ops: Vec<(usize, Op, Op)>) -> Bench {
+    pub(crate) fn with_sqlx(mut self, ops: Vec<(usize, Op, MakeOp)>) -> Bench {
         self.sqlx = ops;
         self
     }
@@ -555,11 +558,12 @@ impl Bench {
                     .iter()
                     .find(|(c, _, _)| *c == conns)
                     .expect("sqlx is measured at this concurrency");
-                Arc::clone(if what == What::SqlxFailed {
-                    one
+                // The defaults a fresh limiter each time, as over tokio-postgres.
+                if what == What::SqlxFailed {
+                    Arc::clone(one)
                 } else {
-                    defaults
-                })
+                    defaults()
+                }
             }
             // A fresh one each time: the fake never forgets a key.
             What::Memory => {

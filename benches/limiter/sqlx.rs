@@ -17,12 +17,12 @@ use crate::report::{Results, show_ratio};
 /// that many connections, all open before the run, with one limiter per
 /// caller over it (each with neither merging nor the refusal cache, as the
 /// tokio-postgres limiters); and with the defaults, through one limiter
-/// over the pool that its callers share.
+/// over the pool that its callers share, a fresh one each measurement.
 #[cfg(feature = "sqlx")]
 pub(crate) async fn ops(
     url: &str,
     limit: &platformkit_limit::Limit,
-) -> Vec<(usize, crate::operations::Op, crate::operations::Op)> {
+) -> Vec<(usize, crate::operations::Op, crate::operations::MakeOp)> {
     use std::sync::Arc;
 
     use platformkit_limit::Postgres;
@@ -50,10 +50,14 @@ pub(crate) async fn ops(
                 .map(|_| limiter(Postgres::new(pool.clone())))
                 .collect::<Vec<_>>(),
         );
-        let defaults = shared_failed_op(
-            Arc::new(defaults_limiter(Postgres::new(pool.clone()))),
-            Arc::new(limit.clone()),
-        );
+        // A fresh limiter for each measurement, as over tokio-postgres.
+        let (shared_pool, shared_limit) = (pool.clone(), Arc::new(limit.clone()));
+        let defaults: crate::operations::MakeOp = Arc::new(move || {
+            shared_failed_op(
+                Arc::new(defaults_limiter(Postgres::new(shared_pool.clone()))),
+                Arc::clone(&shared_limit),
+            )
+        });
         ops.push((
             conns,
             limiter_op(limiters, limit.clone(), What::SqlxFailed),
