@@ -87,22 +87,6 @@ statements! {
         lockout_secs: &'a [i64] => Int8Array,
     }
 
-    /// As [`AddMany`], adding only if every pair's ask may go ahead; answers
-    /// whether it added too.
-    AddAllOrNone<'a> = "CALL platformkit.platformkit_limit_add_all_or_none(\
-        p_keys => $1, p_window_secs => $2, p_adds => $3, p_at => $4, p_budget_ms => $5, \
-        p_relaxed => $6, p_sliding => $7, p_maxes => $8, p_lockout_secs => $9)" {
-        keys: &'a [&'a str] => TextArray,
-        window_secs: &'a [i64] => Int8Array,
-        adds: &'a [i64] => Int8Array,
-        at: Option<i64> => MaybeInt8,
-        budget_ms: i64 => Int8,
-        relaxed: bool => Bool,
-        sliding: &'a [bool] => BoolArray,
-        maxes: &'a [i64] => Int8Array,
-        lockout_secs: &'a [i64] => Int8Array,
-    }
-
     /// Reads the count of each (key, window) pair, writing nothing: one
     /// `int8[]`, the time, then each pair's count, window end, previous
     /// count and lockout still to run.
@@ -206,6 +190,19 @@ statements! {
         prefix: &'a str => Text,
         at_most: i64 => Int8,
         budget_ms: i64 => Int8,
+    }
+}
+
+impl<'a> AddMany<'a> {
+    /// As [`AddMany`], adding only if every pair's ask may go ahead; answers
+    /// whether it added too.
+    pub(crate) fn all_or_none(self) -> Statement<'a, 9> {
+        Statement {
+            sql: "CALL platformkit.platformkit_limit_add_all_or_none(\
+                p_keys => $1, p_window_secs => $2, p_adds => $3, p_at => $4, p_budget_ms => $5, \
+                p_relaxed => $6, p_sliding => $7, p_maxes => $8, p_lockout_secs => $9)",
+            ..self.statement()
+        }
     }
 }
 

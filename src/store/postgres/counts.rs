@@ -112,18 +112,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let pairs = Pairs::of(asked);
         let row = if op.adds() {
             self.send_on(&mut held.conn, operation, deadline, |budget_ms| {
-                sql::AddMany {
-                    keys: &pairs.keys,
-                    window_secs: &pairs.windows,
-                    adds: &pairs.adds,
-                    at: pinned,
-                    budget_ms,
-                    relaxed: self.relaxed,
-                    sliding: &pairs.sliding,
-                    maxes: &pairs.maxes,
-                    lockout_secs: &pairs.lockouts,
-                }
-                .statement()
+                pairs.added(pinned, budget_ms, self.relaxed).statement()
             })
             .await?
         } else {
@@ -157,18 +146,7 @@ impl<C: LimitConn> sealed::Sealed for Postgres<C> {
         let pairs = Pairs::of(asked);
         let row = self
             .send(operation, deadline, |budget_ms| {
-                sql::AddAllOrNone {
-                    keys: &pairs.keys,
-                    window_secs: &pairs.windows,
-                    adds: &pairs.adds,
-                    at: pinned,
-                    budget_ms,
-                    relaxed: self.relaxed,
-                    sliding: &pairs.sliding,
-                    maxes: &pairs.maxes,
-                    lockout_secs: &pairs.lockouts,
-                }
-                .statement()
+                pairs.added(pinned, budget_ms, self.relaxed).all_or_none()
             })
             .await?;
         let counted = counted_pairs(&row, operation, asked.len(), false)?;
@@ -437,6 +415,21 @@ impl<'a> Pairs<'a> {
                 .iter()
                 .map(|p| i64::try_from(p.limit.lockout_secs()).expect("at most a day"))
                 .collect(),
+        }
+    }
+
+    /// The arguments that add each pair's amount.
+    fn added(&self, at: Option<i64>, budget_ms: i64, relaxed: bool) -> sql::AddMany<'_> {
+        sql::AddMany {
+            keys: &self.keys,
+            window_secs: &self.windows,
+            adds: &self.adds,
+            at,
+            budget_ms,
+            relaxed,
+            sliding: &self.sliding,
+            maxes: &self.maxes,
+            lockout_secs: &self.lockouts,
         }
     }
 }
