@@ -28,7 +28,7 @@ use crate::Mode;
 use crate::measure::{Sample, Summary, measure};
 use crate::operations::{Keys, Op, answered, lend, limiter};
 use crate::purge::{drop_unless_owned, settle};
-use crate::report::{show_ops, show_ratio, show_us};
+use crate::report::{show_medians, show_ratio};
 
 /// The listed limit: stored keys are `bench-listing|id|<id>`.
 const LISTING_LIMIT_NAME: &str = "bench-listing";
@@ -245,19 +245,11 @@ pub(crate) fn print(listing: &ListingReport) {
         listing.written_secs, listing.listed_flooded, listing.listed_alone
     );
     println!("  {:<34} {:>9} {:>9} {:>9}", "", "ops/s", "p50", "p99");
-    let median =
-        |samples: &[Sample], f: fn(&Sample) -> f64| crate::measure::median(samples.iter().map(f));
     for (name, samples) in [
         ("refused_keys, no flood (floor)", &listing.alone),
         ("refused_keys, flooded", &listing.flooded),
     ] {
-        println!(
-            "  {:<34} {:>9} {:>9} {:>9}",
-            name,
-            show_ops(median(samples, |s| s.ops_per_sec)),
-            show_us(median(samples, |s| s.p50_us)),
-            show_us(median(samples, |s| s.p99_us))
-        );
+        println!("  {name:<34} {}", show_medians(samples));
     }
     println!(
         "  flooded / no flood: p50 {}, p99 {}",

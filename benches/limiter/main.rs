@@ -384,45 +384,23 @@ async fn run(mode: Mode) -> bool {
         );
     }
 
-    eprintln!("purge at scale ...");
-    let purge_began = Instant::now();
-    let purge = purge::at_scale(&server, mode).await;
-    eprintln!(
-        "purge at scale done in {:.1}s",
-        purge_began.elapsed().as_secs_f64()
-    );
+    let purge = timed("purge at scale", purge::at_scale(&server, mode)).await;
 
-    eprintln!("a flood of distinct keys, then its purge ...");
-    let distinct_began = Instant::now();
-    let distinct = distinct::run(&server, mode).await;
-    eprintln!(
-        "the flood of distinct keys done in {:.1}s",
-        distinct_began.elapsed().as_secs_f64()
-    );
+    let distinct = timed(
+        "a flood of distinct keys, then its purge",
+        distinct::run(&server, mode),
+    )
+    .await;
 
-    eprintln!("the listing at millions of keys ...");
-    let listing_began = Instant::now();
-    let listing = listing::run(&server, mode).await;
-    eprintln!(
-        "the listing done in {:.1}s",
-        listing_began.elapsed().as_secs_f64()
-    );
+    let listing = timed(
+        "the listing at millions of keys",
+        listing::run(&server, mode),
+    )
+    .await;
 
-    eprintln!("slow commits ...");
-    let slow_began = Instant::now();
-    let slow_commits = slow_commits::run(&server, mode).await;
-    eprintln!(
-        "slow commits done in {:.1}s",
-        slow_began.elapsed().as_secs_f64()
-    );
+    let slow_commits = timed("slow commits", slow_commits::run(&server, mode)).await;
 
-    eprintln!("a real outage on each driver ...");
-    let outage_began = Instant::now();
-    let outages = outage::run(mode).await;
-    eprintln!(
-        "the outages done in {:.1}s",
-        outage_began.elapsed().as_secs_f64()
-    );
+    let outages = timed("a real outage on each driver", outage::run(mode)).await;
 
     let mut targets = targets::all(
         &results,
@@ -458,6 +436,16 @@ async fn run(mode: Mode) -> bool {
         .iter()
         .filter(|t| t.check)
         .all(targets::Target::holds)
+}
+
+/// Runs one group between a line that says it starts and one that says how
+/// long it took.
+async fn timed<T>(group: &str, run: impl std::future::Future<Output = T>) -> T {
+    eprintln!("{group} ...");
+    let began = Instant::now();
+    let out = run.await;
+    eprintln!("{group} done in {:.1}s", began.elapsed().as_secs_f64());
+    out
 }
 
 /// `BENCH_ONLY=listing`: the listing's group, its lines and its target;

@@ -239,6 +239,18 @@ pub(crate) fn show_us(us: f64) -> String {
     }
 }
 
+/// The medians of `samples`' ops/s, p50 and p99, in three columns.
+pub(crate) fn show_medians(samples: &[crate::measure::Sample]) -> String {
+    let median =
+        |f: fn(&crate::measure::Sample) -> f64| crate::measure::median(samples.iter().map(f));
+    format!(
+        "{:>9} {:>9} {:>9}",
+        show_ops(median(|s| s.ops_per_sec)),
+        show_us(median(|s| s.p50_us)),
+        show_us(median(|s| s.p99_us))
+    )
+}
+
 pub(crate) fn show_ops(ops: f64) -> String {
     if ops.is_finite() {
         format!("{ops:.0}")

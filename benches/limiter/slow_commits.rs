@@ -20,7 +20,7 @@ use tokio::sync::Mutex;
 use crate::measure::{Sample, Summary, measure};
 use crate::operations::{Keys, Pool, defaults_limiter, limiter, shared_failed_op};
 use crate::purge::drop_unless_owned;
-use crate::report::{show_ops, show_ratio, show_us};
+use crate::report::{show_medians, show_ratio};
 use crate::{Mode, WIDE};
 
 /// How long each commit waits before its flush, in microseconds.
@@ -144,16 +144,8 @@ pub(crate) fn print(slow: Option<&SlowCommitsReport>) {
         f64::from(slow.commit_delay_us) / 1000.0
     );
     println!("  {:<26} {:>9} {:>9} {:>9}", "", "ops/s", "p50", "p99");
-    let median =
-        |samples: &[Sample], f: fn(&Sample) -> f64| crate::measure::median(samples.iter().map(f));
     for Measured { how, samples } in &slow.limiters {
-        println!(
-            "  {:<26} {:>9} {:>9} {:>9}",
-            how,
-            show_ops(median(samples, |s| s.ops_per_sec)),
-            show_us(median(samples, |s| s.p50_us)),
-            show_us(median(samples, |s| s.p99_us))
-        );
+        println!("  {how:<26} {}", show_medians(samples));
     }
     println!(
         "  defaults ops/s over one statement per call {}, over one write in flight {}",

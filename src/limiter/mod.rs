@@ -77,7 +77,7 @@ impl<S: Store> Limiter<S> {
     /// The most statements of writes in flight at once
     /// ([`LimiterBuilder::writes_in_flight`]); `None` with merging off.
     pub fn writes_in_flight(&self) -> Option<usize> {
-        self.merging.as_ref().map(Merging::places)
+        self.merging.as_ref().map(Merging::most)
     }
 
     /// How many keys the refusal cache may hold

@@ -118,7 +118,8 @@ impl Merging {
         Ok((after_the_call(pairs, counted), true))
     }
 
-    pub(crate) fn places(&self) -> usize {
+    /// The most statements of writes in flight at once.
+    pub(crate) fn most(&self) -> usize {
         self.shared.most
     }
 
