@@ -51,7 +51,6 @@
 
 mod audit;
 mod cache;
-mod call;
 #[cfg(feature = "internal-checks")]
 mod checks;
 mod clock;
@@ -59,7 +58,6 @@ mod decide;
 pub mod driver;
 mod error;
 pub mod guide;
-mod headers;
 mod key;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]

@@ -4,13 +4,13 @@ use std::time::Duration;
 
 use snafu::ensure;
 
-use crate::call::Call;
 use crate::driver::Row;
 use crate::error::InvalidOptionSnafu;
+use crate::limiter::run::Call;
 use crate::operation::Operation;
+use crate::store::postgres::Budget;
+use crate::store::postgres::{call, deleted};
 use crate::store::sql::{self, PurgePlace};
-use crate::store::statement::Budget;
-use crate::store::statement::{call, deleted};
 use crate::{Error, LimitConn, metric};
 
 /// Deletes the rows whose window closed more than a day and more than a

@@ -3,7 +3,7 @@
 
 mod builder;
 mod client_ip;
-mod config;
+
 mod response;
 mod service;
 
@@ -14,9 +14,9 @@ use crate::Limiter;
 use crate::store::Store;
 
 pub use self::client_ip::{ClientIp, client_ip};
-use self::config::{Config, Mode};
 pub use self::response::{DefaultOnRejection, GrpcOnRejection, OnRejection, Rejection};
 pub use self::service::LimitService;
+use self::service::{Config, Mode};
 
 /// A [tower `Layer`](tower::Layer) that limits requests before they reach the service, with a
 /// [`Limiter`] shared by every replica.

@@ -3,7 +3,7 @@
 use std::num::NonZeroU32;
 
 use super::permit::CountedIn;
-use crate::call::Call;
+use crate::limiter::run::Call;
 use crate::operation::Operation;
 use crate::store::Store;
 use crate::store::sealed::Sealed as _;

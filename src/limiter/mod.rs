@@ -1,16 +1,14 @@
 //! [`Limiter`]: the front.
 
-mod ask;
 mod builder;
 mod clear;
-mod cost;
 mod permit;
-mod several;
+pub(crate) mod run;
 mod status;
 
 pub use builder::LimiterBuilder;
-pub use cost::Ask;
 pub use permit::{Permit, Permits, Reservation, Reservations};
+pub use run::Ask;
 pub use status::KeyStatus;
 
 use std::num::NonZeroU32;
@@ -23,7 +21,7 @@ use crate::key::stored;
 use crate::merge::Merging;
 use crate::operation::Counting;
 use crate::store::Store;
-use crate::{Error, Key, Limit, Memory, Verdict};
+use crate::{Error, Key, Limit, Memory, Verdict, Verdicts};
 
 /// The front of the crate, over [`Postgres`](crate::Postgres) or
 /// [`Memory`]; the [crate docs](crate) show a login.
@@ -196,6 +194,106 @@ impl<S: Store> Limiter<S> {
     /// reset decides nothing, so there is nothing to fail open to.
     pub async fn reset(&self, limit: &Limit, key: &Key) -> Result<u64, Error> {
         self.reset_stored(limit, &stored(limit.name(), key)).await
+    }
+
+    /// As [`check`](Limiter::check), over several (limit, key) pairs in one
+    /// statement: a login's per-account and per-address limits at once.
+    /// The verdicts come in the order given; [`Verdicts::refused_by`] says
+    /// which limit refused.
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, Memory};
+    /// use std::net::{IpAddr, Ipv4Addr};
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = Limiter::new(Memory::new());
+    /// let per_account = Limit::new("login-account", 5, Duration::from_secs(900))?;
+    /// let per_address = Limit::new("login-address", 1, Duration::from_secs(900))?;
+    /// let account = Key::email("alice@example.com");
+    /// let address = Key::ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)));
+    /// let both = [(&per_account, &account), (&per_address, &address)];
+    ///
+    /// limiter.failed_all(&both).await?;
+    /// let verdicts = limiter.check_all(&both).await?;
+    /// assert!(verdicts.is_refused());
+    /// assert_eq!(verdicts.refused_by().map(|v| v.limit()), Some("login-address"));
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for no
+    /// pairs or more than [`Limiter::MAX_PAIRS`]; otherwise as [`Limiter::check`].
+    pub async fn check_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
+        self.counted_all(Counting::CHECK, pairs, NonZeroU32::MIN)
+            .await
+    }
+
+    /// As [`failed`](Limiter::failed), over several pairs in one statement.
+    /// Concurrent calls cannot deadlock, whatever their order.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_all`].
+    pub async fn failed_all(&self, pairs: &[(&Limit, &Key)]) -> Result<Verdicts, Error> {
+        self.counted_all(Counting::FAILED, pairs, NonZeroU32::MIN)
+            .await
+    }
+
+    /// As [`hit`](Limiter::hit), over several pairs in one statement: the
+    /// ask is counted under every limit, and goes ahead only if all allow it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_all`].
+    pub fn hit_all<'l, 'p>(
+        &'l self,
+        pairs: &'p [(&'p Limit, &'p Key)],
+    ) -> Ask<'l, 'p, S, Verdicts> {
+        Ask::all(self, Counting::HIT, pairs)
+    }
+
+    /// As [`hit_all`](Limiter::hit_all), all or nothing: the cost is counted
+    /// under every limit if all allow it, under none if one refuses. For
+    /// quotas, where a refusal per second must not spend the day's quota
+    /// ([all or nothing](crate::guide#api-quotas)).
+    ///
+    /// ```
+    /// use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
+    /// use std::time::{Duration, UNIX_EPOCH};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    /// let limiter = Limiter::new(Memory::new().with_clock(clock.clone()));
+    /// let per_second = Limit::new("api-second", 2, Duration::from_secs(1))?;
+    /// let per_day = Limit::new("api-day", 5, Duration::from_secs(86_400))?;
+    /// let client = Key::opaque("client-9");
+    /// let both = [(&per_second, &client), (&per_day, &client)];
+    ///
+    /// limiter.hit_all_or_nothing(&both).await?;
+    /// limiter.hit_all_or_nothing(&both).await?;
+    /// let third = limiter.hit_all_or_nothing(&both).await?;
+    /// assert_eq!(third.refused_by().map(|v| v.limit()), Some("api-second"));
+    /// // The refusal spent none of the day's quota.
+    /// assert_eq!(limiter.check(&per_day, &client).await?.count(), Some(2));
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(limiter.hit_all_or_nothing(&both).await?.is_allowed());
+    /// # Ok::<(), platformkit_limit::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_all`], and
+    /// [`ErrorKind::InvalidOption`](crate::ErrorKind::InvalidOption) for a
+    /// (limit, key) pair given twice.
+    pub fn hit_all_or_nothing<'l, 'p>(
+        &'l self,
+        pairs: &'p [(&'p Limit, &'p Key)],
+    ) -> Ask<'l, 'p, S, Verdicts> {
+        Ask::all(self, Counting::HIT_ALL_OR_NOTHING, pairs)
     }
 
     async fn counted(

@@ -3,7 +3,7 @@
 use std::num::NonZeroU32;
 use std::time::SystemTime;
 
-use super::cost::Ask;
+use super::run::Ask;
 use crate::key::stored;
 use crate::operation::Counting;
 use crate::store::Store;

@@ -5,10 +5,10 @@ use std::time::{Duration, SystemTime};
 
 use snafu::ensure;
 
-use crate::call::Call;
 use crate::decide::{Counted, decision};
 use crate::error::{InvalidLimitSnafu, InvalidOptionSnafu, UnexpectedSnafu};
 use crate::key::stored;
+use crate::limiter::run::Call;
 use crate::operation::{Counting, Operation};
 use crate::store::sealed::Sealed as _;
 use crate::store::{Asked, Store, count_pairs};

@@ -8,7 +8,6 @@ pub(crate) mod health;
 pub(crate) mod memory;
 pub(crate) mod postgres;
 pub(crate) mod sql;
-pub(crate) mod statement;
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};

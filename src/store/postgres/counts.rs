@@ -7,13 +7,13 @@ use snafu::ensure;
 use tokio::time::Instant;
 
 use super::Postgres;
+use super::deleted;
 use crate::clock::{from_micros, micros_since_epoch};
 use crate::decide::Counted;
 use crate::driver::{Failure, Row};
 use crate::error::UnexpectedSnafu;
 use crate::operation::{Counting, Operation};
 use crate::store::sql;
-use crate::store::statement::deleted;
 use crate::store::{Asked, sealed};
 use crate::{AuditAction, AuditEntry, Error, Limit, LimitConn, Strategy};
 
