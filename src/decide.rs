@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use crate::clock::{from_micros, micros_since_epoch};
-use crate::operation::Counting;
+use crate::metric::Operation;
 use crate::{Limit, Strategy, Verdict};
 
 /// What a store counted for one call.
@@ -142,6 +142,56 @@ fn reopening(prev: i128, cur: i128, max: i128, w: i128, start: i128) -> SystemTi
     from_micros(i64::try_from(at).unwrap_or(i64::MAX))
 }
 
+/// An operation a store counts for and [`decide`](crate::decide::decide)
+/// turns into a verdict: it cannot hold another, so a store is never asked
+/// to count a reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counting {
+    operation: Operation,
+    all_or_nothing: bool,
+}
+
+impl Counting {
+    pub(crate) const CHECK: Counting = Counting::each(Operation::Check);
+    /// Adds a failure, then tells whether the next attempt may go ahead.
+    pub(crate) const FAILED: Counting = Counting::each(Operation::Failed);
+    /// Adds this ask (its cost), and tells whether it may go ahead.
+    pub(crate) const HIT: Counting = Counting::each(Operation::Hit);
+    /// As `HIT`, for a permit.
+    pub(crate) const RESERVE: Counting = Counting::each(Operation::Reserve);
+    /// As `HIT` over several pairs, adding under none of them unless every
+    /// one allows: `hit_all_or_nothing`.
+    pub(crate) const HIT_ALL_OR_NOTHING: Counting = Counting {
+        operation: Operation::Hit,
+        all_or_nothing: true,
+    };
+
+    const fn each(operation: Operation) -> Counting {
+        Counting {
+            operation,
+            all_or_nothing: false,
+        }
+    }
+
+    pub(crate) const fn operation(self) -> Operation {
+        self.operation
+    }
+
+    pub(crate) const fn adds(self) -> bool {
+        self.operation.adds()
+    }
+
+    pub(crate) const fn asks(self) -> bool {
+        self.operation.asks()
+    }
+
+    /// Whether it adds only if every pair of the call allows
+    /// (`HIT_ALL_OR_NOTHING`): one statement of its own, never merged.
+    pub(crate) const fn all_or_nothing(self) -> bool {
+        self.all_or_nothing
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
@@ -271,5 +321,39 @@ mod tests {
                 assert_eq!(at_once.count(), Some(before + u64::from(cost)));
             }
         }
+    }
+
+    /// Only counting operations add or ask, and an ask also adds: a store
+    /// counts for exactly the operations a [`Counting`] can hold.
+    #[test]
+    fn only_counting_operations_add_or_ask() {
+        let counting = [
+            Counting::CHECK,
+            Counting::FAILED,
+            Counting::HIT,
+            Counting::RESERVE,
+        ];
+        for operation in Operation::ALL {
+            let held = counting.iter().any(|c| c.operation() == operation);
+            assert!(
+                held || !(operation.adds() || operation.asks()),
+                "{operation}"
+            );
+        }
+        let adds: Vec<_> = counting
+            .iter()
+            .filter(|c| c.adds())
+            .map(|c| c.operation())
+            .collect();
+        assert_eq!(
+            adds,
+            [Operation::Failed, Operation::Hit, Operation::Reserve]
+        );
+        let asks: Vec<_> = counting
+            .iter()
+            .filter(|c| c.asks())
+            .map(|c| c.operation())
+            .collect();
+        assert_eq!(asks, [Operation::Hit, Operation::Reserve]);
     }
 }

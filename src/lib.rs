@@ -66,7 +66,6 @@ mod limit;
 mod limiter;
 mod merge;
 pub mod metric;
-mod operation;
 mod purging;
 mod store;
 mod trace;

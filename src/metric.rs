@@ -28,12 +28,12 @@
 //! `store`, `cache` (the [refusal cache](crate::guide#the-refusal-cache)
 //! answered) or `cost` ([`Verdict::exceeds_max`](crate::Verdict::exceeds_max)).
 
+use std::fmt;
 use std::time::Duration;
 
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 
 use crate::Limit;
-use crate::operation::Operation;
 
 /// Counter of calls, by limit, operation and outcome.
 pub const CALLS_TOTAL: &str = "platformkit_limit_calls_total";
@@ -195,4 +195,109 @@ pub(crate) fn probed(down: bool) {
 
 pub(crate) fn statement_sent(operation: Operation) {
     counter!(STATEMENTS_TOTAL, LABEL_OPERATION => operation.label()).increment(1);
+}
+
+/// What a call does; its [`label`](Operation::label) names it in every
+/// metric, error message and event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Operation {
+    Check,
+    Failed,
+    Hit,
+    Reserve,
+    Reset,
+    TakeBack,
+    Purge,
+    RefusedKeys,
+    /// Applies the schema (in errors only).
+    Migrate,
+    /// An operator's call that counts nothing: a limit recorded or read,
+    /// a block, the audit (in errors only).
+    Operator,
+}
+
+impl Operation {
+    /// Every operation the metrics label, in the order the docs list them
+    /// (all but [`Operation::Migrate`] and [`Operation::Operator`]).
+    #[cfg(test)]
+    pub(crate) const ALL: [Operation; 8] = [
+        Operation::Check,
+        Operation::Failed,
+        Operation::Hit,
+        Operation::Reserve,
+        Operation::Reset,
+        Operation::TakeBack,
+        Operation::Purge,
+        Operation::RefusedKeys,
+    ];
+
+    /// Whether the operation adds to a count.
+    pub(crate) const fn adds(self) -> bool {
+        match self {
+            Operation::Failed | Operation::Hit | Operation::Reserve => true,
+            Operation::Check
+            | Operation::Reset
+            | Operation::TakeBack
+            | Operation::Purge
+            | Operation::RefusedKeys
+            | Operation::Migrate
+            | Operation::Operator => false,
+        }
+    }
+
+    /// Whether the operation is an ask its own verdict decides, reading the
+    /// count before the ask (a `failed` tells of the next attempt).
+    pub(crate) const fn asks(self) -> bool {
+        match self {
+            Operation::Hit | Operation::Reserve => true,
+            Operation::Check
+            | Operation::Failed
+            | Operation::Reset
+            | Operation::TakeBack
+            | Operation::Purge
+            | Operation::RefusedKeys
+            | Operation::Migrate
+            | Operation::Operator => false,
+        }
+    }
+
+    pub(crate) const fn label(self) -> &'static str {
+        match self {
+            Operation::Check => "check",
+            Operation::Failed => "failed",
+            Operation::Hit => "hit",
+            Operation::Reserve => "reserve",
+            Operation::Reset => "reset",
+            Operation::TakeBack => "take_back",
+            Operation::Purge => "purge",
+            Operation::RefusedKeys => "refused_keys",
+            Operation::Migrate => "migrate",
+            Operation::Operator => "limits",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metric_docs_name_every_operation() {
+        let docs = include_str!("metric.rs");
+        let label_doc = docs
+            .split("pub const LABEL_OPERATION")
+            .next()
+            .and_then(|before| before.rsplit("/// Label: the operation").next())
+            .expect("the label's doc");
+        for operation in Operation::ALL {
+            let label = format!("`{}`", operation.label());
+            assert!(label_doc.contains(&label), "{label} is missing");
+        }
+    }
 }

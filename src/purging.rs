@@ -7,7 +7,7 @@ use snafu::ensure;
 use crate::driver::Row;
 use crate::error::InvalidOptionSnafu;
 use crate::limiter::run::Call;
-use crate::operation::Operation;
+use crate::metric::Operation;
 use crate::store::postgres::Budget;
 use crate::store::postgres::{call, deleted};
 use crate::store::sql::{self, PurgePlace};

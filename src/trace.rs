@@ -3,7 +3,7 @@
 //! operation, never the key.
 
 use crate::Error;
-use crate::operation::Operation;
+use crate::metric::Operation;
 
 /// What became of an attempt the store could not be asked about.
 #[derive(Clone, Copy, Debug)]

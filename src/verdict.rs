@@ -371,8 +371,8 @@ mod tests {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use super::sf_string;
+    use crate::decide::Counting;
     use crate::decide::{Counted, decide};
-    use crate::operation::Counting;
     use crate::{Error, Limit, Strategy, Verdict};
 
     /// A window start: a multiple of 900 and of 60 seconds.

@@ -2,8 +2,7 @@
 use std::time::UNIX_EPOCH;
 
 use super::*;
-use crate::decide::{Counted, decide};
-use crate::operation::Counting;
+use crate::decide::{Counted, Counting, decide};
 use crate::{Error, Limit};
 
 const BUDGET: Duration = Duration::from_secs(2);
@@ -177,7 +176,7 @@ fn an_unreachable_verdict_is_not_a_refusal_to_hold() {
     let limit = Limit::new("login", 1, Duration::from_secs(3600)).unwrap();
     let cause = Arc::new(Error::from(
         crate::error::TimeoutSnafu {
-            operation: crate::operation::Operation::Check,
+            operation: crate::metric::Operation::Check,
             budget: BUDGET,
         }
         .build(),

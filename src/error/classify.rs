@@ -7,7 +7,7 @@ use tokio_postgres::error::SqlState;
 
 use super::sqlstate::Class;
 use super::{BoxError, Error, ErrorKind, Inner};
-use crate::operation::Operation;
+use crate::metric::Operation;
 
 impl Error {
     /// The error of a call whose budget ran out with no answer: unreachable

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use snafu::Snafu;
 
-use crate::operation::Operation;
+use crate::metric::Operation;
 
 mod classify;
 mod sqlstate;

@@ -4,7 +4,7 @@ use std::num::NonZeroU32;
 
 use super::permit::CountedIn;
 use crate::limiter::run::Call;
-use crate::operation::Operation;
+use crate::metric::Operation;
 use crate::store::Store;
 use crate::store::sealed::Sealed as _;
 use crate::{Error, Limit, Limiter};

@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use crate::cache::RefusalCache;
 
+use crate::decide::Counting;
 use crate::key::stored;
 use crate::merge::Merging;
-use crate::operation::Counting;
 use crate::store::Store;
 use crate::{Error, Key, Limit, Memory, Verdict, Verdicts};
 

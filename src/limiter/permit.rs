@@ -4,8 +4,8 @@ use std::num::NonZeroU32;
 use std::time::SystemTime;
 
 use super::run::Ask;
+use crate::decide::Counting;
 use crate::key::stored;
-use crate::operation::Counting;
 use crate::store::Store;
 use crate::{Error, Key, Limit, Limiter, OnSuccess, Verdict, Verdicts};
 

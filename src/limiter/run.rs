@@ -15,11 +15,10 @@ use tokio::time::{Instant, timeout_at};
 
 use super::permit::CountedIn;
 use crate::cache::{Lookup, Refresh};
-use crate::decide::decide;
+use crate::decide::{Counting, decide};
 use crate::error::InvalidOptionSnafu;
 use crate::key::stored;
-use crate::metric::{self, Outcome, Source};
-use crate::operation::{Counting, Operation};
+use crate::metric::{self, Operation, Outcome, Source};
 use crate::store::sealed::Sealed;
 use crate::store::{Asked, Store, count_pairs};
 use crate::trace::Decided;

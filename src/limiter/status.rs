@@ -5,11 +5,11 @@ use std::time::{Duration, SystemTime};
 
 use snafu::ensure;
 
-use crate::decide::{Counted, decision};
+use crate::decide::{Counted, Counting, decision};
 use crate::error::{InvalidLimitSnafu, InvalidOptionSnafu, UnexpectedSnafu};
 use crate::key::stored;
 use crate::limiter::run::Call;
-use crate::operation::{Counting, Operation};
+use crate::metric::Operation;
 use crate::store::sealed::Sealed as _;
 use crate::store::{Asked, Store, count_pairs};
 use crate::{AuditAction, AuditEntry, Error, Key, Limit, Limiter};

@@ -9,9 +9,8 @@ use snafu::ResultExt;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::decide::Counted;
+use crate::decide::{Counted, Counting};
 use crate::error::{AbandonedSnafu, MergedSnafu};
-use crate::operation::Counting;
 use crate::store::sealed::Sealed;
 use crate::store::{Asked, MAX_PAIRS, count_pairs};
 use crate::{Error, Limit};

@@ -14,8 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::decide::Counted;
-use crate::operation::Counting;
+use crate::decide::{Counted, Counting};
 use crate::{AuditAction, AuditEntry, Error, Limit};
 
 /// The most (limit, key) pairs one statement carries

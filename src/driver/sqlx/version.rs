@@ -7,7 +7,7 @@ use tokio_postgres::error::SqlState;
 
 use crate::driver::sqlx::SqlxConn;
 use crate::driver::{Columns, Failure, Param, Row, SourceErrors};
-use crate::error::{Reading, not_an_outage};
+use crate::error::{BoxError, Reading, not_an_outage};
 
 /// The connection lent, as sqlx's `PgConnection`.
 impl crate::driver::sqlx::lent::Lent for PgConnection {
@@ -153,7 +153,6 @@ use sqlx::Connection as _;
 use sqlx::postgres::PgPool;
 
 use crate::LimitConn;
-use crate::error::BoxError;
 
 /// Each call borrows one connection from the pool (example: the [`driver`](crate::driver) module).
 impl LimitConn for PgPool {

@@ -7,8 +7,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use crate::clock::{Clock, from_micros, micros_since_epoch};
-use crate::decide::{Counted, decision, window_of};
-use crate::operation::Counting;
+use crate::decide::{Counted, Counting, decision, window_of};
 use crate::store::{Asked, Store, sealed};
 use crate::{AuditAction, AuditEntry, Error, Limit, ManualClock, Strategy};
 

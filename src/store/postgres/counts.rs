@@ -9,12 +9,11 @@ use tokio::time::Instant;
 use super::Postgres;
 use super::deleted;
 use crate::clock::{from_micros, micros_since_epoch};
-use crate::decide::Counted;
+use crate::decide::{Counted, Counting};
 use crate::driver::{Failure, Row};
 use crate::error::UnexpectedSnafu;
-use crate::operation::{Counting, Operation};
-use crate::store::sql;
-use crate::store::{Asked, sealed};
+use crate::metric::Operation;
+use crate::store::{Asked, sealed, sql};
 use crate::{AuditAction, AuditEntry, Error, Limit, LimitConn, Strategy};
 
 impl<C: LimitConn> sealed::Sealed for Postgres<C> {

@@ -13,9 +13,8 @@ use snafu::ensure;
 
 use crate::clock::Clock;
 use crate::driver::{Row, Session};
-use crate::error::AnsweredAfterCancelSnafu;
-use crate::error::InvalidOptionSnafu;
-use crate::operation::Operation;
+use crate::error::{AnsweredAfterCancelSnafu, InvalidOptionSnafu};
+use crate::metric::Operation;
 use crate::store::Store;
 use crate::store::health::{Health, Startup};
 use crate::store::sql::{self, Statement};
