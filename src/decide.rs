@@ -142,7 +142,7 @@ fn reopening(prev: i128, cur: i128, max: i128, w: i128, start: i128) -> SystemTi
     from_micros(i64::try_from(at).unwrap_or(i64::MAX))
 }
 
-/// An operation a store counts for and [`decide`](crate::decide::decide)
+/// An operation a store counts for and [`decide`]
 /// turns into a verdict: it cannot hold another, so a store is never asked
 /// to count a reset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -355,5 +355,139 @@ mod tests {
             .map(|c| c.operation())
             .collect();
         assert_eq!(asks, [Operation::Hit, Operation::Reserve]);
+    }
+
+    /// The header forms of decided verdicts (`Verdict::rate_limit_field`,
+    /// `retry_after_secs`, `Limit::policy_field`).
+    mod headers {
+        use std::sync::Arc;
+        use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+        use super::super::{Counted, Counting, decide};
+        use crate::{Error, Limit, Strategy, Verdict};
+
+        /// A window start: a multiple of 900 and of 60 seconds.
+        const START: u64 = 1_800_000_000;
+
+        fn at(secs: u64, micros: u64) -> SystemTime {
+            UNIX_EPOCH + Duration::from_secs(START + secs) + Duration::from_micros(micros)
+        }
+
+        fn verdict(
+            op: Counting,
+            limit: &Limit,
+            count: u64,
+            previous: u64,
+            now: SystemTime,
+        ) -> Verdict {
+            let counted = Counted {
+                count,
+                previous,
+                locked_until: None,
+                window_end: at(limit.window_secs(), 0),
+                now,
+            };
+            decide(op, limit, 1, &counted)
+        }
+
+        fn login() -> Limit {
+            Limit::new("login", 10, Duration::from_secs(900)).expect("a limit")
+        }
+
+        #[test]
+        fn the_policy_field_is_the_name_the_quota_and_the_window() {
+            assert_eq!(login().policy_field(), "\"login\";q=10;w=900");
+            let api =
+                Limit::new("api.v2_read-all", 1_000, Duration::from_secs(3600)).expect("a limit");
+            assert_eq!(api.policy_field(), "\"api.v2_read-all\";q=1000;w=3600");
+        }
+
+        #[test]
+        fn a_refusal_renders_nothing_left_and_the_wait_rounded_up() {
+            // 411.2 seconds before the window's end.
+            let refused = verdict(Counting::FAILED, &login(), 10, 0, at(488, 800_000));
+            assert!(refused.is_refused());
+            assert_eq!(
+                refused.rate_limit_field().as_deref(),
+                Some("\"login\";r=0;t=412")
+            );
+            assert_eq!(refused.retry_after_secs(), Some(412));
+        }
+
+        #[test]
+        fn an_allowed_verdict_renders_what_is_left_and_the_window_reset() {
+            let allowed = verdict(Counting::HIT, &login(), 3, 0, at(488, 800_000));
+            assert!(allowed.is_allowed());
+            assert_eq!(
+                allowed.rate_limit_field().as_deref(),
+                Some("\"login\";r=7;t=412")
+            );
+            assert_eq!(allowed.retry_after_secs(), None);
+        }
+
+        #[test]
+        fn a_sliding_refusal_renders_its_own_reopening_not_the_window_end() {
+            let api = Limit::builder("api", 10, Duration::from_secs(60))
+                .strategy(Strategy::Sliding)
+                .build()
+                .expect("a limit");
+            // Half-way, 10 in the previous window and 8 in this one: the estimate 10 × 30/60 + 8 = 13
+            // falls below 10 just after 48 s, 18 s (and a µs) from now; the window ends in 30 s.
+            let refused = verdict(Counting::CHECK, &api, 8, 10, at(30, 0));
+            assert!(refused.is_refused());
+            assert_eq!(
+                refused.rate_limit_field().as_deref(),
+                Some("\"api\";r=0;t=19")
+            );
+            assert_eq!(refused.retry_after_secs(), Some(19));
+        }
+
+        #[test]
+        fn a_lockout_refusal_renders_nothing_left_whatever_the_count() {
+            let login = Limit::builder("login", 10, Duration::from_secs(900))
+                .lockout(Duration::from_secs(3600))
+                .build()
+                .expect("a lockout");
+            let now = at(100, 0);
+            let counted = Counted {
+                count: 0,
+                previous: 0,
+                locked_until: Some(now + Duration::from_secs(1_000)),
+                window_end: at(900, 0),
+                now,
+            };
+            let refused = decide(Counting::CHECK, &login, 1, &counted);
+            assert!(refused.is_refused());
+            assert_eq!(
+                refused.rate_limit_field().as_deref(),
+                Some("\"login\";r=0;t=1000")
+            );
+        }
+
+        #[test]
+        fn retry_after_is_whole_seconds_and_at_least_one() {
+            let exact = verdict(Counting::FAILED, &login(), 10, 0, at(488, 0));
+            assert_eq!(exact.retry_after_secs(), Some(412));
+            // Refused at the very end of its window: "retry now" would be refused again, so 1.
+            let at_the_end = verdict(Counting::CHECK, &login(), 10, 0, at(900, 0));
+            assert_eq!(at_the_end.retry_after(), Some(Duration::ZERO));
+            assert_eq!(at_the_end.retry_after_secs(), Some(1));
+            let verdicts = crate::Verdicts::from_vec(vec![exact, at_the_end]);
+            assert_eq!(verdicts.retry_after_secs(), Some(412));
+        }
+
+        #[test]
+        fn nothing_is_rendered_when_nothing_counted() {
+            let cause = Arc::new(Error::from(
+                crate::error::InvalidOptionSnafu {
+                    option: "test",
+                    reason: "unreachable",
+                }
+                .build(),
+            ));
+            let uncounted = Verdict::uncounted(&login(), false, cause);
+            assert_eq!(uncounted.rate_limit_field(), None);
+            assert_eq!(uncounted.retry_after_secs(), None);
+        }
     }
 }

@@ -29,11 +29,10 @@
 //! answered) or `cost` ([`Verdict::exceeds_max`](crate::Verdict::exceeds_max)).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
-
-use crate::Limit;
 
 /// Counter of calls, by limit, operation and outcome.
 pub const CALLS_TOTAL: &str = "platformkit_limit_calls_total";
@@ -79,15 +78,6 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// The outcome of a verdict the store gave.
-    pub(crate) fn of(verdict: &crate::Verdict) -> Self {
-        if verdict.is_allowed() {
-            Outcome::Allowed
-        } else {
-            Outcome::Refused
-        }
-    }
-
     fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
@@ -146,7 +136,7 @@ pub(crate) enum Source {
 }
 
 pub(crate) fn record_from(
-    limit: &Limit,
+    limit: &Arc<str>,
     operation: Operation,
     outcome: Outcome,
     source: Source,
@@ -159,7 +149,7 @@ pub(crate) fn record_from(
     };
     counter!(
         CALLS_TOTAL,
-        LABEL_LIMIT => limit.name_arc().clone(),
+        LABEL_LIMIT => limit.clone(),
         LABEL_OPERATION => operation.label(),
         LABEL_OUTCOME => outcome.label(),
         LABEL_SOURCE => source,
@@ -167,7 +157,7 @@ pub(crate) fn record_from(
     .increment(1);
     histogram!(
         CALL_DURATION_SECONDS,
-        LABEL_LIMIT => limit.name_arc().clone(),
+        LABEL_LIMIT => limit.clone(),
         LABEL_OPERATION => operation.label(),
     )
     .record(took.as_secs_f64());

@@ -50,8 +50,8 @@ use crate::metric::Operation;
 /// transaction rolled back); it comes back outside any transaction, though a statement given up
 /// at the deadline may still run on it for a while.
 ///
-/// Implemented for an async closure, [`tokio_postgres::Config`],
-/// [`Connect`](crate::driver::Connect) and the pools behind their features. For your own pool:
+/// Implemented for an async closure, [`tokio_postgres::Config`](::tokio_postgres::Config),
+/// [`Connect`] and the pools behind their features. For your own pool:
 ///
 /// ```
 /// use platformkit_limit::LimitConn;
@@ -90,7 +90,7 @@ pub trait LimitConn: Send + Sync + 'static {
 }
 
 /// An async closure is a connection source: of tokio-postgres clients, as here, or of sqlx
-/// connections in a [`SqlxConn`](crate::driver::SqlxConn).
+/// connections in a [`SqlxConn`].
 ///
 /// ```
 /// use std::sync::Arc;

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use http::request::Parts;
 
 use super::LimitLayer;
-use super::response::{GrpcOnRejection, Rejection};
-use super::service::{Config, KeyOf, Rule, TierFn};
+use super::service::{Config, GrpcOnRejection, KeyOf, Rejection, Rule, TierFn};
 use crate::{Key, Limit, Limiter};
 
 impl<S, R> LimitLayer<S, R> {

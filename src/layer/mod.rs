@@ -4,7 +4,6 @@
 mod builder;
 mod client_ip;
 
-mod response;
 mod service;
 
 use std::fmt;
@@ -14,9 +13,9 @@ use crate::Limiter;
 use crate::store::Store;
 
 pub use self::client_ip::{ClientIp, client_ip};
-pub use self::response::{DefaultOnRejection, GrpcOnRejection, OnRejection, Rejection};
 pub use self::service::LimitService;
 use self::service::{Config, Mode};
+pub use self::service::{DefaultOnRejection, GrpcOnRejection, OnRejection, Rejection};
 
 /// A [tower `Layer`](tower::Layer) that limits requests before they reach the service, with a
 /// [`Limiter`] shared by every replica.

@@ -393,7 +393,12 @@ impl<S: Store> Limiter<S> {
                             asked_at,
                             refresh,
                         );
-                        call.record(limit, Outcome::of(&verdict));
+                        let outcome = if verdict.is_allowed() {
+                            Outcome::Allowed
+                        } else {
+                            Outcome::Refused
+                        };
+                        call.record(limit, outcome);
                         let counted_in = if added {
                             let window_start = counted.window_start(limit);
                             CountedIn::Store { window_start }
@@ -545,7 +550,7 @@ impl Call {
 
     pub(crate) fn record_from(&self, limit: &Limit, outcome: Outcome, source: Source) {
         metric::record_from(
-            limit,
+            limit.name_arc(),
             self.operation,
             outcome,
             source,

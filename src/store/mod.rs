@@ -4,7 +4,6 @@
 //! the SQL's `platformkit_at_max` (all-or-nothing, the listing) is held to
 //! it by tests.
 
-pub(crate) mod health;
 pub(crate) mod memory;
 pub(crate) mod postgres;
 pub(crate) mod sql;
