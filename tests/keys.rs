@@ -1229,3 +1229,202 @@ async fn spellings_a_case_insensitive_collation_equates_are_one_key() {
         apart[..apart.len().min(5)].join("\n")
     );
 }
+
+/// A key's one spelling, shown and typed (`Key::spelling`, `FromStr`), and
+/// a stored key read back (`Key::from_encoded`).
+mod spelling {
+    use super::is_default_ignorable;
+    use platformkit_limit::{ErrorKind, Key};
+
+    /// Whether `c` shows as nothing or as a plain space: a spelling writes it `\u{…}`.
+    fn unseen(c: char) -> bool {
+        is_default_ignorable(c) || (c.is_whitespace() && c != ' ') || c == '\u{2800}'
+    }
+
+    #[test]
+    fn from_encoded_gives_back_every_key() {
+        let long = "a|~\\".repeat(300);
+        let keys = [
+            Key::email("Alice@Example.com"),
+            Key::username("<script>alert(1)</script>"),
+            Key::opaque("a|b~c\\d\u{0}e\u{7f}"),
+            Key::ip("203.0.113.7".parse().unwrap()),
+            Key::new(["", "", ""]).unwrap(),
+            Key::opaque(&long),
+            Key::email(&long),
+        ];
+        assert!(keys[5].is_digested() && keys[6].is_digested());
+        for key in keys {
+            assert_eq!(Key::from_encoded(key.as_str()), Some(key));
+        }
+    }
+
+    #[test]
+    fn from_encoded_refuses_what_no_key_encodes_to() {
+        let digest = "0".repeat(64);
+        for text in [
+            "id|\\x41".to_owned(), // `A`, which is written as itself
+            "id|\\a".to_owned(),   // no such escape
+            "id|a\\".to_owned(),   // a bare backslash at the end
+            "id|\\x0G".to_owned(), // not hex
+            "id|\\x0A".to_owned(), // uppercase hex is never written
+            "id|a~".to_owned(),    // a digest marker and no digest
+            format!("id|a~{}", &digest[1..]),
+            format!("id|a~{}", digest.to_uppercase().replace('0', "A")),
+            format!("id|a~{digest}x"),
+            format!("id|a~{digest}~{digest}"),
+            format!("id|{}", "a".repeat(Key::MAX_BYTES)),
+        ] {
+            assert_eq!(Key::from_encoded(&text), None, "{text:?}");
+        }
+        let digested = format!("id|a~{digest}");
+        assert_eq!(
+            Key::from_encoded(&digested).map(|k| k.is_digested()),
+            Some(true)
+        );
+    }
+
+    /// Keys of every constructor, and of `Key::new` with parts that read as another form.
+    fn keys_of_every_shape() -> Vec<Key> {
+        let new = |parts: &[&str]| Key::new(parts).unwrap();
+        vec![
+            Key::email("Alice@Example.com"),
+            Key::username("bob"),
+            Key::opaque("a|b~c\\d\u{0}e\u{7f}"),
+            Key::opaque(" padded "),
+            Key::opaque("alice\u{200B}"),
+            Key::opaque("\u{202E}moc.elpmaxe@ecila"),
+            Key::opaque("\u{A0}\u{3000}\u{2800}\u{FEFF}"),
+            Key::opaque(r"\u{20}"),
+            Key::ip("203.0.113.7".parse().unwrap()),
+            Key::ip("2001:db8:1:2::9".parse().unwrap()),
+            Key::ip_grouped("2001:db8::1".parse().unwrap(), 48).unwrap(),
+            new(&["account", "42", "203.0.113.7"]),
+            new(&["alice@example.com"]),
+            new(&["203.0.113.7"]),
+            new(&["alice"]),
+            new(&[""]),
+            new(&["", "", ""]),
+            new(&["email:alice@example.com", "x"]),
+            new(&["ID:7", "x"]),
+            new(&["key:id|a"]),
+            new(&[" ", " "]),
+            Key::opaque(&"a|~\\\u{200B}".repeat(100)),
+            new(&["alice\u{200B} ".repeat(100).as_str()]),
+            Key::email(&"alice".repeat(100)),
+        ]
+    }
+
+    /// Its spelling also shows nothing unseen.
+    #[test]
+    fn every_key_reads_back_from_its_spelling() {
+        for key in keys_of_every_shape() {
+            assert_spelled_plainly_and_read_back(&key);
+        }
+    }
+
+    #[track_caller]
+    fn assert_spelled_plainly_and_read_back(key: &Key) {
+        let spelled = key.spelling();
+        assert!(!spelled.contains(unseen), "{spelled:?}");
+        assert_eq!(spelled.trim(), spelled, "no white space at either end");
+        let read = spelled.parse::<Key>();
+        assert_eq!(read.as_ref().ok(), Some(key), "{spelled:?}: {read:?}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_key_of_any_parts_reads_back_from_its_spelling(
+            parts in proptest::collection::vec(part(), 1..4)
+        ) {
+            assert_spelled_plainly_and_read_back(&Key::new(parts).unwrap());
+        }
+    }
+
+    /// A part of a few characters, mostly ones that read as another form or show as nothing.
+    fn part() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let c = prop_oneof![
+            3 => proptest::sample::select(vec![
+                'a', 'e', 'i', 'd', 'k', 'y', 'u', '@', ':', '|', '\\', '~', ' ', '{', '}', '2',
+                '0', '\0', '\u{200B}', '\u{202E}', '\u{A0}', '\u{2800}', '\u{3000}', 'é',
+            ]),
+            1 => any::<char>(),
+        ];
+        proptest::collection::vec(c, 0..8).prop_map(|cs| cs.into_iter().collect())
+    }
+
+    #[test]
+    fn keys_that_differ_only_by_unseen_characters_are_spelled_apart() {
+        let plain = Key::opaque("alice@example.com");
+        let cases = [
+            ("alice@example.com\u{200B}", r"id|alice@example.com\u{200b}"),
+            ("alice@exam\u{200D}ple.com", r"id|alice@exam\u{200d}ple.com"),
+            ("\u{202E}alice@example.com", r"id|\u{202e}alice@example.com"),
+            ("alice@example.com\u{A0}", r"id|alice@example.com\u{a0}"),
+            ("alice@example.com ", r"id|alice@example.com\u{20}"),
+        ];
+        for (id, spelled) in cases {
+            let key = Key::opaque(id);
+            assert_ne!(key, plain);
+            assert_eq!(key.spelling(), spelled);
+        }
+    }
+
+    /// The kind forms stay as they were.
+    #[test]
+    fn an_address_typed_alone_is_the_services_key() {
+        let parsed = |typed: &str| typed.parse::<Key>().unwrap();
+        assert_eq!(parsed("alice@example.com"), Key::email("alice@example.com"));
+        assert_eq!(
+            parsed(" Alice@Example.COM\n"),
+            Key::email("alice@example.com")
+        );
+        assert_eq!(parsed("a+tag@example.com"), Key::email("a+tag@example.com"));
+        for ip in ["203.0.113.7", "2001:db8:1:2::9", "::ffff:203.0.113.7"] {
+            assert_eq!(parsed(ip), Key::ip(ip.parse().unwrap()), "{ip}");
+        }
+        assert_eq!(parsed("id:a:b|c"), Key::opaque("a:b|c"));
+        assert_eq!(
+            parsed("email:a|b@example.com"),
+            Key::email("a|b@example.com")
+        );
+    }
+
+    /// A shown key no key is shown as is told to copy it whole.
+    #[test]
+    fn a_text_in_no_form_is_told_the_forms() {
+        for typed in [
+            "alice",
+            "",
+            "  ",
+            "phone:555",
+            "alice@",
+            "@example.com",
+            "a@b@c",
+            "a b@c",
+        ] {
+            let e = typed.parse::<Key>().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidKey, "{typed:?}");
+            let said = e.to_string();
+            for form in [
+                "email address",
+                "IP address",
+                "email|alice@example.com",
+                "user:bob",
+            ] {
+                assert!(said.contains(form), "{typed:?}: {said}");
+            }
+        }
+        for typed in [
+            "email|a~b",
+            r"id|\q",
+            r"id|\u{41}",
+            r"id|\u{200b",
+            "key:id|a\\",
+        ] {
+            let said = typed.parse::<Key>().unwrap_err().to_string();
+            assert!(said.contains("copy the key whole"), "{typed:?}: {said}");
+        }
+    }
+}
