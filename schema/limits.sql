@@ -333,7 +333,7 @@ DECLARE
     v_marked pg_catalog.bool;
     v_committing pg_catalog.timestamptz;
 BEGIN
-    -- prologue: schema/prologue.sql
+    -- include: schema/prologue.sql
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
@@ -359,7 +359,7 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        -- locked until: p_key, v_start, p_max, p_lockout_secs then: ,
+        -- include: schema/locked_until.sql: p_key, v_start, p_max, p_lockout_secs then: ,
         l.at_max
     INTO o_count, o_previous, v_locked, v_marked;
     -- end of statement
@@ -402,7 +402,7 @@ DECLARE
     v_mark pg_catalog.bool;
     v_committing pg_catalog.timestamptz;
 BEGIN
-    -- prologue: schema/prologue.sql
+    -- include: schema/prologue.sql
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
@@ -468,7 +468,7 @@ BEGIN
                    ORDER BY a.ord),
                array_agg(
                    COALESCE(platformkit.platformkit_us(
-                       -- locked until: a.key, a.start, a.max, a.lockout then: ) - o_now, 0)
+                       -- include: schema/locked_until.sql: a.key, a.start, a.max, a.lockout then: ) - o_now, 0)
                    ORDER BY a.ord)
         INTO o_previous, o_locked_for
         FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, make_interval(secs => t.secs) AS width,
@@ -520,7 +520,7 @@ DECLARE
     v_now pg_catalog.timestamptz;
     v_mark pg_catalog.bool;
 BEGIN
-    -- prologue: schema/prologue.sql
+    -- include: schema/prologue.sql
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
@@ -585,7 +585,7 @@ BEGIN
                                  WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
                    ELSE 0 END AS previous,
                    COALESCE(platformkit.platformkit_us(
-                       -- locked until: a.key, a.start, a.max, a.lockout then: ) - o_now, 0) AS locked_for
+                       -- include: schema/locked_until.sql: a.key, a.start, a.max, a.lockout then: ) - o_now, 0) AS locked_for
             FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, t.count, t.window_end,
                          t.secs::numeric * 1000000 AS w,
                          make_interval(secs => t.secs) AS width,
@@ -627,7 +627,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read_many(
     p_previous boolean, p_maxes bigint[], p_lockout_secs bigint[],
     OUT o_answer bigint[])
 LANGUAGE plpgsql
--- reader's settings: schema/readers_settings.sql
+-- include: schema/readers_settings.sql
 AS $$
 DECLARE
     v_switch pg_catalog.text;
@@ -635,7 +635,7 @@ DECLARE
     v_now pg_catalog.timestamptz;
     v_now_us pg_catalog.int8;
 BEGIN
-    -- reader's prologue: schema/readers_prologue.sql
+    -- include: schema/readers_prologue.sql
     IF p_previous IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
@@ -672,7 +672,7 @@ BEGIN
                       WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
         ELSE 0 END,
         COALESCE(platformkit.platformkit_us(
-            -- locked until: a.key, a.start, a.max, a.lockout then: ) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
+            -- include: schema/locked_until.sql: a.key, a.start, a.max, a.lockout then: ) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
 END
 $$;
@@ -683,7 +683,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read(
     p_previous boolean, p_max bigint, p_lockout_secs bigint,
     OUT o_answer bigint[])
 LANGUAGE plpgsql
--- reader's settings: schema/readers_settings.sql
+-- include: schema/readers_settings.sql
 AS $$
 DECLARE
     v_switch pg_catalog.text;
@@ -696,7 +696,7 @@ DECLARE
     v_locked pg_catalog.timestamptz;
     v_now_us pg_catalog.int8;
 BEGIN
-    -- reader's prologue: schema/readers_prologue.sql
+    -- include: schema/readers_prologue.sql
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
        OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
@@ -716,7 +716,7 @@ BEGIN
             (SELECT p.count FROM platformkit.platformkit_limits AS p
              WHERE p.key = p_key AND p.window_start = v_start - v_window)
         END,
-        -- locked until: p_key, v_start, p_max, p_lockout_secs
+        -- include: schema/locked_until.sql: p_key, v_start, p_max, p_lockout_secs
     INTO v_count, v_previous, v_locked;
     -- end of statement
     v_now_us := platformkit.platformkit_us(v_now);
@@ -742,7 +742,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
     OUT o_previous bigint[],
     OUT o_locked_for bigint[])
 LANGUAGE plpgsql
--- reader's settings: schema/readers_settings.sql
+-- include: schema/readers_settings.sql
 AS $$
 DECLARE
     v_switch pg_catalog.text;
@@ -753,7 +753,7 @@ DECLARE
     v_upper pg_catalog.text;
     v_w pg_catalog.numeric;
 BEGIN
-    -- reader's prologue: schema/readers_prologue.sql
+    -- include: schema/readers_prologue.sql
     IF p_prefix IS NULL OR octet_length(p_prefix) NOT BETWEEN 2 AND 49
        OR right(p_prefix, 1) <> '|'
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
@@ -824,7 +824,7 @@ CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_take_back(
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    -- prologue: schema/prologue.sql
+    -- include: schema/prologue.sql
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
@@ -854,7 +854,7 @@ CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_define(
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    -- prologue: schema/prologue.sql
+    -- include: schema/prologue.sql
     IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.-]{1,48}$'
        OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
@@ -879,13 +879,13 @@ $$;
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_defs(
     p_budget_ms bigint, OUT o_names text[], OUT o_numbers bigint[])
 LANGUAGE plpgsql
--- reader's settings: schema/readers_settings.sql
+-- include: schema/readers_settings.sql
 AS $$
 DECLARE
     v_switch pg_catalog.text;
     v_set pg_catalog.text;
 BEGIN
-    -- reader's prologue: schema/readers_prologue.sql
+    -- include: schema/readers_prologue.sql
     SELECT COALESCE(array_agg(d.name ORDER BY d.name) FILTER (WHERE u.i = 1), '{}'),
            COALESCE(array_agg(u.n ORDER BY d.name, u.i), '{}')
     INTO o_names, o_numbers
@@ -913,7 +913,7 @@ AS $$
 DECLARE
     v_end pg_catalog.timestamptz;
 BEGIN
-    -- prologue: schema/prologue.sql
+    -- include: schema/prologue.sql
     IF p_action IS NULL OR p_action NOT IN ('block', 'unblock', 'unlock')
        OR p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_by IS NULL OR octet_length(p_by) NOT BETWEEN 1 AND platformkit.platformkit_max_by_bytes()
@@ -950,13 +950,13 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_audit_log(
     p_prefix text, p_at_most bigint, p_budget_ms bigint,
     OUT o_texts text[], OUT o_numbers bigint[])
 LANGUAGE plpgsql
--- reader's settings: schema/readers_settings.sql
+-- include: schema/readers_settings.sql
 AS $$
 DECLARE
     v_switch pg_catalog.text;
     v_set pg_catalog.text;
 BEGIN
-    -- reader's prologue: schema/readers_prologue.sql
+    -- include: schema/readers_prologue.sql
     IF p_prefix IS NULL OR octet_length(p_prefix) > platformkit.platformkit_max_key_bytes()
        OR p_at_most IS NULL OR p_at_most NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
@@ -986,7 +986,7 @@ CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_reset(
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    -- prologue: schema/prologue.sql
+    -- include: schema/prologue.sql
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
@@ -1017,7 +1017,7 @@ DECLARE
     from_after pg_catalog.float8;
     from_created pg_catalog.timestamptz;
 BEGIN
-    -- prologue: schema/prologue.sql
+    -- include: schema/prologue.sql
     IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000
        OR (o_after IS NULL) <> (o_created IS NULL) OR o_after = 'NaN' OR o_created = 'NaN' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';

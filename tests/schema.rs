@@ -624,13 +624,12 @@ fn every_routines_variables_have_schema_qualified_types() {
     );
 }
 
-/// `schema.sql` is `schema/limits.sql` with each routine's prologue put in
-/// from its one home (`schema/prologue.sql` for the writers,
-/// `schema/readers_prologue.sql` for the readers, and the readers' pinned
-/// settings from `schema/readers_settings.sql`), and each
-/// `-- locked until: KEY, START, MAX, LOCKOUT[ then: REST]` line made the
-/// expression of `schema/locked_until.sql` over those names, followed by
-/// REST: nothing is kept by hand in several places. With
+/// `schema.sql` is `schema/limits.sql` with each line
+/// `-- include: schema/NAME.sql[: A, B, …][ then: REST]` made that piece:
+/// each of its lines indented as the marker is, `{1}`, `{2}`, … made A, B,
+/// …, and REST put at the end of its last line. The pieces are what several
+/// routines share (the prologues, the readers' settings, the lockout-or-block
+/// expression): nothing is kept by hand in several places. With
 /// `PLATFORMKIT_WRITE_SCHEMA=1` the test writes `schema.sql` instead of
 /// failing.
 #[test]
@@ -639,33 +638,28 @@ fn schema_sql_is_built_from_its_source() {
     let read = |path: &str| {
         std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
     };
-    let (writers, readers, settings, locked_until) = (
-        read("schema/prologue.sql"),
-        read("schema/readers_prologue.sql"),
-        read("schema/readers_settings.sql"),
-        read("schema/locked_until.sql"),
-    );
-    let locked_until = |indent: &str, names: &str| {
-        let (names, rest) = names.split_once(" then: ").unwrap_or((names, ""));
-        let names: Vec<&str> = names.split(", ").collect();
-        assert_eq!(names.len(), 4, "locked until: {names:?}");
-        let mut expression = locked_until.trim_end().to_owned();
-        for (name, value) in ["{key}", "{start}", "{max}", "{lockout}"].iter().zip(names) {
-            expression = expression.replace(name, value);
+    let include = |indent: &str, marker: &str| {
+        let (marker, rest) = marker.split_once(" then: ").unwrap_or((marker, ""));
+        let (path, args) = marker.split_once(": ").unwrap_or((marker, ""));
+        let args: Vec<&str> = args.split(", ").filter(|arg| !arg.is_empty()).collect();
+        let mut piece = read(path).trim_end().to_owned();
+        for (n, arg) in (1..).zip(&args) {
+            assert!(piece.contains(&format!("{{{n}}}")), "{path} has no {{{n}}}");
+            piece = piece.replace(&format!("{{{n}}}"), arg);
         }
-        let lines: Vec<String> = expression.lines().map(|l| format!("{indent}{l}")).collect();
+        let more = format!("{{{}}}", args.len() + 1);
+        assert!(!piece.contains(&more), "{path}: no argument for {more}");
+        let lines: Vec<String> = piece
+            .lines()
+            .map(|l| format!("{indent}{l}").trim_end().to_owned())
+            .collect();
         format!("{}{rest}\n", lines.join("\n"))
     };
     let built: String = read("schema/limits.sql")
         .split_inclusive('\n')
-        .map(|line| match line.trim_end() {
-            "    -- prologue: schema/prologue.sql" => writers.clone(),
-            "    -- reader's prologue: schema/readers_prologue.sql" => readers.clone(),
-            "-- reader's settings: schema/readers_settings.sql" => settings.clone(),
-            marked => match marked.split_once("-- locked until: ") {
-                Some((indent, names)) if indent.trim().is_empty() => locked_until(indent, names),
-                _ => line.to_owned(),
-            },
+        .map(|line| match line.trim_end().split_once("-- include: ") {
+            Some((indent, marker)) if indent.trim().is_empty() => include(indent, marker),
+            _ => line.to_owned(),
         })
         .collect();
     if std::env::var_os("PLATFORMKIT_WRITE_SCHEMA").is_some() {
@@ -674,7 +668,7 @@ fn schema_sql_is_built_from_its_source() {
     }
     assert!(
         built == SCHEMA,
-        "schema.sql is not schema/limits.sql with its prologues: \
+        "schema.sql is not schema/limits.sql with its pieces: \
          PLATFORMKIT_WRITE_SCHEMA=1 cargo test --all-features --test suite schema::"
     );
 }
