@@ -334,9 +334,7 @@ DECLARE
     v_committing pg_catalog.timestamptz;
 BEGIN
     -- include: schema/prologue.sql
-    IF p_relaxed THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
+    -- include: schema/relaxed.sql
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_add IS NULL OR p_add < 1
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
@@ -374,11 +372,7 @@ BEGIN
         UPDATE platformkit.platformkit_limits SET at_max = true
         WHERE key = p_key AND window_start = v_start;
     END IF;
-    v_committing := clock_timestamp();
-    COMMIT;
-    -- How long the commit waited (merging's places follow it). Past the
-    -- COMMIT the pinned settings are gone: every name here is qualified.
-    o_commit_us := platformkit.platformkit_us(pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) platformkit.platformkit_us(v_committing);
+    -- include: schema/commit_wait.sql
 END
 $$;
 
@@ -403,9 +397,7 @@ DECLARE
     v_committing pg_catalog.timestamptz;
 BEGIN
     -- include: schema/prologue.sql
-    IF p_relaxed THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
+    -- include: schema/relaxed.sql
     -- Each array here; each key's length where the statement reads the keys.
     IF p_relaxed IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
@@ -490,11 +482,7 @@ BEGIN
           AND l.key = t.key AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
           AND NOT l.at_max;
     END IF;
-    v_committing := clock_timestamp();
-    COMMIT;
-    -- How long the commit waited (merging's places follow it). Past the
-    -- COMMIT the pinned settings are gone: every name here is qualified.
-    o_commit_us := platformkit.platformkit_us(pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) platformkit.platformkit_us(v_committing);
+    -- include: schema/commit_wait.sql
 END
 $$;
 
@@ -521,9 +509,7 @@ DECLARE
     v_mark pg_catalog.bool;
 BEGIN
     -- include: schema/prologue.sql
-    IF p_relaxed THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
+    -- include: schema/relaxed.sql
     -- As add_many checks them, and each key given once.
     IF p_relaxed IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
@@ -825,9 +811,7 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     -- include: schema/prologue.sql
-    IF p_relaxed THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
+    -- include: schema/relaxed.sql
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_n IS NULL OR p_n < 1 OR p_relaxed IS NULL
        OR p_window_start IS NULL
@@ -987,9 +971,7 @@ LANGUAGE plpgsql
 AS $$
 BEGIN
     -- include: schema/prologue.sql
-    IF p_relaxed THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
+    -- include: schema/relaxed.sql
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes() OR p_relaxed IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;

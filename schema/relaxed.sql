@@ -1,0 +1,3 @@
+IF p_relaxed THEN
+    PERFORM set_config('synchronous_commit', 'off', true);
+END IF;
