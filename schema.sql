@@ -692,7 +692,7 @@ BEGIN
     IF p_relaxed THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    -- As add_many checks them, and each key given once.
+    -- Each array here; each key's length where the statement reads the keys.
     IF p_relaxed IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR cardinality(p_keys) NOT BETWEEN 1 AND 64
@@ -706,8 +706,11 @@ BEGIN
                        AND 1 <= ALL (p_window_secs) AND platformkit.platformkit_max_window_secs() >= ALL (p_window_secs)
                        AND 1 <= ALL (p_maxes) AND platformkit.platformkit_max_attempts() >= ALL (p_maxes)
                        AND 0 <= ALL (p_lockout_secs) AND platformkit.platformkit_max_lockout_secs() >= ALL (p_lockout_secs),
-                       false)
-       OR (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> cardinality(p_keys) THEN
+                       false) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
+    END IF;
+    -- Each key given once.
+    IF (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> cardinality(p_keys) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());

@@ -398,23 +398,7 @@ DECLARE
 BEGIN
     -- include: schema/prologue.sql
     -- include: schema/relaxed.sql
-    -- Each array here; each key's length where the statement reads the keys.
-    IF p_relaxed IS NULL
-       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
-       OR cardinality(p_keys) NOT BETWEEN 1 AND 64
-       OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
-       OR cardinality(p_adds) IS DISTINCT FROM cardinality(p_keys)
-       OR cardinality(p_sliding) IS DISTINCT FROM cardinality(p_keys)
-       OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
-       OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
-       OR array_position(p_sliding, NULL) IS NOT NULL
-       OR NOT COALESCE(1 <= ALL (p_adds)
-                       AND 1 <= ALL (p_window_secs) AND platformkit.platformkit_max_window_secs() >= ALL (p_window_secs)
-                       AND 1 <= ALL (p_maxes) AND platformkit.platformkit_max_attempts() >= ALL (p_maxes)
-                       AND 0 <= ALL (p_lockout_secs) AND platformkit.platformkit_max_lockout_secs() >= ALL (p_lockout_secs),
-                       false) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/pairs_checks.sql
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     o_now := platformkit.platformkit_us(v_now);
     WITH asked AS (
@@ -510,22 +494,9 @@ DECLARE
 BEGIN
     -- include: schema/prologue.sql
     -- include: schema/relaxed.sql
-    -- As add_many checks them, and each key given once.
-    IF p_relaxed IS NULL
-       OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
-       OR cardinality(p_keys) NOT BETWEEN 1 AND 64
-       OR cardinality(p_window_secs) IS DISTINCT FROM cardinality(p_keys)
-       OR cardinality(p_adds) IS DISTINCT FROM cardinality(p_keys)
-       OR cardinality(p_sliding) IS DISTINCT FROM cardinality(p_keys)
-       OR cardinality(p_maxes) IS DISTINCT FROM cardinality(p_keys)
-       OR cardinality(p_lockout_secs) IS DISTINCT FROM cardinality(p_keys)
-       OR array_position(p_sliding, NULL) IS NOT NULL
-       OR NOT COALESCE(1 <= ALL (p_adds)
-                       AND 1 <= ALL (p_window_secs) AND platformkit.platformkit_max_window_secs() >= ALL (p_window_secs)
-                       AND 1 <= ALL (p_maxes) AND platformkit.platformkit_max_attempts() >= ALL (p_maxes)
-                       AND 0 <= ALL (p_lockout_secs) AND platformkit.platformkit_max_lockout_secs() >= ALL (p_lockout_secs),
-                       false)
-       OR (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> cardinality(p_keys) THEN
+    -- include: schema/pairs_checks.sql
+    -- Each key given once.
+    IF (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> cardinality(p_keys) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
