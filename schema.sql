@@ -607,7 +607,8 @@ BEGIN
              AS t(key, secs, max, count, previous, window_end)
         WHERE platformkit.platformkit_at_max(t.count, t.previous, t.secs::numeric * 1000000,
                                              o_now - (t.window_end - t.secs * 1000000), t.max)
-          AND l.key = t.key AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
+          AND l.key = t.key
+          AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
           AND NOT l.at_max;
     END IF;
     v_committing := clock_timestamp();
@@ -780,7 +781,8 @@ BEGIN
         IF NOT o_added THEN
             RAISE EXCEPTION USING ERRCODE = 'PK003';
         END IF;
-        -- The keys left at their max, if any (v_mark): marked, as add marks them.
+        -- The keys left at their max, if any may be (v_mark): marked, as add
+        -- marks them.
         IF v_mark THEN
             UPDATE platformkit.platformkit_limits AS l SET at_max = true
             FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)

@@ -455,17 +455,7 @@ BEGIN
         o_previous := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
         o_locked_for := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
     END IF;
-    -- The keys left at their max, if any may be (v_mark): marked, as add
-    -- marks them.
-    IF v_mark THEN
-        UPDATE platformkit.platformkit_limits AS l SET at_max = true
-        FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)
-             AS t(key, secs, max, count, previous, window_end)
-        WHERE platformkit.platformkit_at_max(t.count, t.previous, t.secs::numeric * 1000000,
-                                             o_now - (t.window_end - t.secs * 1000000), t.max)
-          AND l.key = t.key AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
-          AND NOT l.at_max;
-    END IF;
+    -- include: schema/mark_pairs.sql
     -- include: schema/commit_wait.sql
 END
 $$;
@@ -554,17 +544,7 @@ BEGIN
         IF NOT o_added THEN
             RAISE EXCEPTION USING ERRCODE = 'PK003';
         END IF;
-        -- The keys left at their max, if any (v_mark): marked, as add marks them.
-        IF v_mark THEN
-            UPDATE platformkit.platformkit_limits AS l SET at_max = true
-            FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)
-                 AS t(key, secs, max, count, previous, window_end)
-            WHERE platformkit.platformkit_at_max(t.count, t.previous, t.secs::numeric * 1000000,
-                                                 o_now - (t.window_end - t.secs * 1000000), t.max)
-              AND l.key = t.key
-              AND l.window_start = platformkit.platformkit_at(t.window_end - t.secs * 1000000)
-              AND NOT l.at_max;
-        END IF;
+        -- include: schema/mark_pairs.sql
     EXCEPTION WHEN SQLSTATE 'PK003' THEN
         -- Nothing is left to make durable, so the commit need not wait for the
         -- WAL. The counts before the call: variables keep what the block set.
