@@ -1329,8 +1329,8 @@ BEGIN
     END IF;
     -- end of prologue
     IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.-]{1,48}$'
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
        OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
+       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
        OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
        OR p_sliding IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';

@@ -337,9 +337,7 @@ BEGIN
     -- include: schema/relaxed.sql
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
        OR p_add IS NULL OR p_add < 1
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
+       -- include: schema/limit_checks.sql
        OR p_previous IS NULL OR p_relaxed IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
@@ -635,9 +633,7 @@ DECLARE
 BEGIN
     -- include: schema/readers_prologue.sql
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes()
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
+       -- include: schema/limit_checks.sql
        OR p_previous IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
@@ -693,9 +689,7 @@ BEGIN
     -- include: schema/readers_prologue.sql
     IF p_prefix IS NULL OR octet_length(p_prefix) NOT BETWEEN 2 AND 49
        OR right(p_prefix, 1) <> '|'
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
+       -- include: schema/limit_checks.sql
        OR p_at_most IS NULL OR p_at_most NOT BETWEEN 1 AND 1000
        OR p_previous IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
@@ -791,9 +785,7 @@ AS $$
 BEGIN
     -- include: schema/prologue.sql
     IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.-]{1,48}$'
-       OR p_max IS NULL OR p_max NOT BETWEEN 1 AND platformkit.platformkit_max_attempts()
-       OR p_window_secs IS NULL OR p_window_secs NOT BETWEEN 1 AND platformkit.platformkit_max_window_secs()
-       OR p_lockout_secs IS NULL OR p_lockout_secs NOT BETWEEN 0 AND platformkit.platformkit_max_lockout_secs()
+       -- include: schema/limit_checks.sql
        OR p_sliding IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
