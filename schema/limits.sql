@@ -378,14 +378,7 @@ $$;
 -- order given; a pair given twice adds both amounts. Rows are upserted in
 -- (key, window_start) order, so calls over the same pairs cannot deadlock.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_many(
-    p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at bigint,
-    p_budget_ms bigint, p_relaxed boolean, p_sliding boolean[],
-    p_maxes bigint[], p_lockout_secs bigint[],
-    INOUT o_counts bigint[] DEFAULT NULL,
-    INOUT o_window_ends bigint[] DEFAULT NULL,
-    INOUT o_now bigint DEFAULT NULL,
-    INOUT o_previous bigint[] DEFAULT NULL,
-    INOUT o_locked_for bigint[] DEFAULT NULL,
+    -- include: schema/pairs_parameters.sql
     INOUT o_commit_us bigint DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$
@@ -465,14 +458,7 @@ $$;
 -- here): nothing added, no row left, no lock held. The keys must differ.
 -- Returns the counts after the call (before it if nothing was added), o_added.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_all_or_none(
-    p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at bigint,
-    p_budget_ms bigint, p_relaxed boolean, p_sliding boolean[],
-    p_maxes bigint[], p_lockout_secs bigint[],
-    INOUT o_counts bigint[] DEFAULT NULL,
-    INOUT o_window_ends bigint[] DEFAULT NULL,
-    INOUT o_now bigint DEFAULT NULL,
-    INOUT o_previous bigint[] DEFAULT NULL,
-    INOUT o_locked_for bigint[] DEFAULT NULL,
+    -- include: schema/pairs_parameters.sql
     INOUT o_added boolean DEFAULT NULL)
 LANGUAGE plpgsql
 AS $$

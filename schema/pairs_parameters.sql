@@ -1,0 +1,8 @@
+p_keys text[], p_window_secs bigint[], p_adds bigint[], p_at bigint,
+p_budget_ms bigint, p_relaxed boolean, p_sliding boolean[],
+p_maxes bigint[], p_lockout_secs bigint[],
+INOUT o_counts bigint[] DEFAULT NULL,
+INOUT o_window_ends bigint[] DEFAULT NULL,
+INOUT o_now bigint DEFAULT NULL,
+INOUT o_previous bigint[] DEFAULT NULL,
+INOUT o_locked_for bigint[] DEFAULT NULL,
