@@ -1,27 +1,18 @@
--- platformkit-limit: a limit is a row. schema.sql is built from this file
--- and the prologues and readers' settings in schema/; after an edit, run
--- `PLATFORMKIT_WRITE_SCHEMA=1 cargo test --all-features --test suite schema::`.
--- What it creates and why: the guide, "The schema" (src/guide/calls.md).
---
--- Safe to apply twice; PostgreSQL 14 or newer. Apply it as the table's owner,
+-- platformkit-limit: a limit is a row. What this creates and why, and the
+-- grants: the guide, "The schema" (src/guide/calls.md). Safe to apply twice,
 -- as one transaction that stops at the first error (`Postgres::migrate` does;
--- `psql -1 -v ON_ERROR_STOP=1 -f schema.sql`), then grant the limiter's role
--- what `platformkit_limit::grants(role)` prints, again after each new version.
+-- `psql -1 -v ON_ERROR_STOP=1 -f schema.sql`). schema.sql is this file with
+-- each `-- include:` line made its piece of schema/; after an edit, run
+-- `PLATFORMKIT_WRITE_SCHEMA=1 cargo test --all-features --test suite schema::`.
 --
--- Bounds: each bound the Rust side enforces is one IMMUTABLE SQL function
--- below, which every routine checks against (the planner folds the call into
--- its constant); a test holds each to its Rust constant.
---
--- Versions: platformkit_schema_version() is the crate's SCHEMA_VERSION. A
+-- Versions: platformkit_schema_version() is the crate's SCHEMA_VERSION; a
 -- release that changes anything this file creates raises both by one, in the
--- same commit. Routines change by being applied again; a change this file
--- cannot make by applying itself over the version before (a table's) goes in
--- a numbered upgrade, schema/upgrades/NNNN.sql, taking version NNNN - 1 to
--- NNNN, applied before this file. The test
+-- same commit. Routines change by being applied again; what applying this
+-- file over the version before cannot change (a table) goes in a numbered
+-- upgrade, schema/upgrades/NNNN.sql (version NNNN - 1 to NNNN), applied
+-- before this file, and then by the test
 -- reapplying_the_schema_over_an_install_with_rows_gives_a_fresh_installs_catalog
--- compares the catalog an install applied again leaves with a fresh
--- install's; the release that brings the first upgrade makes it apply the
--- upgrades too. Version 1 is 0.1.0's; the layouts before it have no upgrade.
+-- too. Version 1 is 0.1.0's; the layouts before it have no upgrade.
 
 -- Replicas applying this at once take turns (concurrent CREATEs collide in
 -- the catalog) on a transaction-level lock. Any login may hold an advisory
@@ -94,7 +85,9 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS inte
     PARALLEL SAFE
 RETURN 1;
 
--- The bounds (see the header); the lower bounds are written where checked.
+-- The bounds the Rust side enforces, each once: every routine checks against
+-- these (the planner folds an IMMUTABLE call into its constant), and a test
+-- holds each to its Rust constant. The lower bounds are written where checked.
 -- Limiter::MAX_BUDGET, in milliseconds.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_budget_ms() RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -217,10 +210,9 @@ BEGIN
 END
 $$;
 
--- Each limit as a service defines it, recorded at its start-up
--- (Limiter::record, platformkit_limit_define), so that the operator's tools
--- read the limits rather than being told them. A limit's tiers share its row:
--- max is the limit's as built (the guide, "Operating it").
+-- Each limit as a service recorded it at start-up (platformkit_limit_define),
+-- a tier under its limit's max: the guide, "The limits, as the service
+-- defines them".
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_defs (
     name         text        COLLATE "C" PRIMARY KEY,
     max          bigint      NOT NULL,
@@ -230,9 +222,8 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_defs (
     defined_at   timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
 );
 
--- What support staff did to a key: each block, unblock and unlock an
--- operator's call made (Limiter::block, unblock, unlock), who and why, written
--- in the transaction that did it. Kept until an operator deletes it.
+-- Each block, unblock and unlock, who and why, written in the transaction
+-- that did it: the guide, "Blocks and the audit".
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_audit (
     at      timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     by      text        NOT NULL,
@@ -300,14 +291,11 @@ BEGIN
 END
 $$;
 
--- The limiter's operations. Each is one statement in autocommit, its
--- arguments named. The writers are procedures that begin with the prologue
--- (schema/prologue.sql) and end with COMMIT; the readers are functions with
--- their own (schema/readers_prologue.sql). Why: the guide, "The procedures'
--- prologue". Each checks its parameters against the bounds (22023 otherwise).
---
--- The markers `-- statement` and `-- end of statement` in add and read are
--- where benches/limiter/floors.rs cuts out the statement it runs alone.
+-- The limiter's operations. The writers are procedures that begin with the
+-- prologue and end with COMMIT; the readers, functions with their own (the
+-- guide, "The procedures' prologue"). Each checks its parameters (22023).
+-- `-- statement` and `-- end of statement` in add and read mark where
+-- benches/limiter/floors.rs cuts out the statement it runs alone.
 
 -- Adds p_add to the key's count in the current window. Returns the count, the
 -- window's end, the time, the previous window's count (p_previous) and the
@@ -451,12 +439,11 @@ BEGIN
 END
 $$;
 
--- As add_many, but adds only if every pair's ask may go ahead (an API's
--- per-second and per-day quotas: a refusal by one must not spend the other).
--- Each pair is decided as decide.rs decides an ask, on its count under the row
--- lock the addition took; if any refuses, the block rolls back (PK003, caught
--- here): nothing added, no row left, no lock held. The keys must differ.
--- Returns the counts after the call (before it if nothing was added), o_added.
+-- As add_many, but adds only if every pair's ask may go ahead (the guide,
+-- "API quotas"), each decided as decide.rs decides it, on its count under the
+-- row lock the addition took; if any refuses, the block rolls back (PK003,
+-- caught here). The keys must differ. Returns the counts after the call
+-- (before it if nothing was added), o_added.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_all_or_none(
     -- include: schema/pairs_parameters.sql
     INOUT o_added boolean DEFAULT NULL)
@@ -649,8 +636,7 @@ $$;
 -- as the crate decides; at most p_at_most, newest first. Writes nothing. One
 -- range of the at_max index, p_prefix to p_prefix with '|' made '}' (the key's
 -- collation is "C", so no other limit's keys fall in it): a key a writer left
--- below its max is never read. The writers mark by their own max, so a tier
--- is listed by the max it was counted under.
+-- below its max is never read (the guide, "Who is locked out").
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
     p_prefix text, p_window_secs bigint, p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint, p_at_most bigint,
@@ -706,9 +692,9 @@ BEGIN
                AS locked_until
         FROM platformkit.platformkit_limits AS l
         WHERE l.key IN (
-            -- Only keys a writer left at their max, in a window that can still
-            -- refuse: the current one, the one before, or one whose lockout
-            -- runs. A flood of keys below their max costs nothing here.
+            -- Only keys a writer left at their max, in a window that can
+            -- still refuse: the current one, the one before, or one whose
+            -- lockout runs.
             SELECT m.key FROM platformkit.platformkit_limits AS m
             WHERE m.at_max AND m.key >= p_prefix AND m.key < v_upper
               AND m.window_end > v_now - v_window - make_interval(secs => p_lockout_secs))
