@@ -51,8 +51,6 @@
 
 mod audit;
 mod cache;
-#[cfg(feature = "internal-checks")]
-mod checks;
 mod clock;
 mod decide;
 pub mod driver;
@@ -101,9 +99,4 @@ pub const SCHEMA_VERSION: u32 = store::sql::SCHEMA_VERSION;
 #[doc(hidden)]
 pub mod internal {
     pub use crate::key::{decode, is_default_ignorable, normalize_identity};
-
-    /// The properties the fuzz targets check, runnable on stable.
-    pub mod checks {
-        pub use crate::checks::*;
-    }
 }

@@ -5,8 +5,10 @@
 
 use std::path::Path;
 
-use platformkit_limit::internal::checks;
 use proptest::prelude::*;
+
+#[path = "../fuzz/checks.rs"]
+mod checks;
 
 fn replay(target: &str, check: fn(&[u8])) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

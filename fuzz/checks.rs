@@ -2,13 +2,15 @@
 //! functions over bytes so that both can run them: `cargo fuzz` on nightly,
 //! and `cargo test` on stable over the committed corpus and under proptest.
 //!
-//! Each function panics when a property does not hold.
+//! Each function panics when a property does not hold. Test code, not the
+//! library's: the fuzz targets and `tests/fuzz_corpus.rs` each include this
+//! file as a module, over the public API and `platformkit_limit::internal`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::key::{decode, is_default_ignorable, normalize_identity};
-use crate::{Key, Limit, Limiter, ManualClock, Memory};
+use platformkit_limit::internal::{decode, is_default_ignorable, normalize_identity};
+use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
 
 /// Splits fuzz input into key parts: parts are separated by the byte `0xFF`
 /// (which never occurs in UTF-8) and read as UTF-8, invalid sequences
