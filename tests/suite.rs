@@ -47,6 +47,7 @@ mod lost_updates;
 mod merging;
 mod metrics;
 mod misconfiguration;
+mod module_graph;
 mod operations;
 mod pgbouncer;
 #[cfg(all(feature = "deadpool", feature = "bb8"))]
