@@ -8,8 +8,7 @@ use crate::driver::Row;
 use crate::error::InvalidOptionSnafu;
 use crate::limiter::run::Call;
 use crate::metric::Operation;
-use crate::store::postgres::Budget;
-use crate::store::postgres::{call, deleted};
+use crate::store::postgres::{Budget, call, deleted};
 use crate::store::sql::{self, PurgePlace};
 use crate::{Error, LimitConn, metric};
 
