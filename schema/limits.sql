@@ -1,18 +1,15 @@
 -- platformkit-limit: a limit is a row. What this creates and why, and the
 -- grants: the guide, "The schema" (src/guide/calls.md). Safe to apply twice,
--- as one transaction that stops at the first error (`Postgres::migrate` does;
--- `psql -1 -v ON_ERROR_STOP=1 -f schema.sql`). schema.sql is this file with
--- each `-- include:` line made its piece of schema/; after an edit, run
+-- as one transaction that stops at the first error. schema.sql is this file
+-- with each `-- include:` line made its piece of schema/; after an edit, run
 -- `PLATFORMKIT_WRITE_SCHEMA=1 cargo test --all-features --test suite schema::`.
 --
 -- Versions: platformkit_schema_version() is the crate's SCHEMA_VERSION; a
 -- release that changes anything this file creates raises both by one, in the
--- same commit. Routines change by being applied again; what applying this
--- file over the version before cannot change (a table) goes in a numbered
--- upgrade, schema/upgrades/NNNN.sql (version NNNN - 1 to NNNN), applied
--- before this file, and then by the test
--- reapplying_the_schema_over_an_install_with_rows_gives_a_fresh_installs_catalog
--- too. Version 1 is 0.1.0's; the layouts before it have no upgrade.
+-- same commit. What applying this file again cannot change (a table) goes in
+-- a numbered upgrade, schema/upgrades/NNNN.sql (NNNN - 1 to NNNN), applied
+-- before this file (and by the test
+-- reapplying_the_schema_over_an_install_with_rows_gives_a_fresh_installs_catalog).
 
 -- Replicas applying this at once take turns (concurrent CREATEs collide in
 -- the catalog) on a transaction-level lock. Any login may hold an advisory
@@ -78,7 +75,6 @@ $$;
 CREATE SCHEMA IF NOT EXISTS platformkit;
 REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
 
--- The crate's SCHEMA_VERSION (see the header).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS integer
     LANGUAGE sql
     IMMUTABLE
@@ -153,17 +149,13 @@ RETURN pg_catalog.date_part('microseconds', p_start)::pg_catalog.int8 OPERATOR(p
        OPERATOR(pg_catalog.=) 1;
 
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
-    -- 'login|email|alice@example.com', compared byte for byte (collation "C"):
-    -- a limit's keys are one range of the primary key (platformkit_limit_list).
+    -- Collation "C": a limit's keys are one range (platformkit_limit_list).
     key          text        COLLATE "C" NOT NULL,
     window_start timestamptz NOT NULL,
-    -- Stored, as windows differ in length.
     window_end   timestamptz NOT NULL,
     count        bigint      NOT NULL CHECK (count >= 0),
     -- When the row may go, in Unix seconds (the guide, "The schema"). Float8,
-    -- so that no stored row, an infinite end included, can make it fail. A
-    -- column, not an index expression: under row-level security only a
-    -- column can bound purge's index scan.
+    -- so that no stored row, an infinite end included, can make it fail.
     purge_after double precision GENERATED ALWAYS AS (
         CASE WHEN pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_end))
                   - pg_catalog.date_part('epoch', pg_catalog.timezone('UTC', window_start)) > 0
@@ -176,10 +168,8 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
         END) STORED,
     -- Orders purge's batches among rows due at once; an update keeps it.
     created_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
-    -- Set by the writer whose count left the key at its max, and on a
-    -- block's row: the listing, and a limit without a lockout looking for a
-    -- block, read these rows alone, through their partial index. Set once a
-    -- window; an update that leaves it stays heap-only.
+    -- The guide, "The schema"; a block's row too. Set once a window, so an
+    -- update that leaves it stays heap-only.
     at_max      boolean     NOT NULL DEFAULT false,
     PRIMARY KEY (key, window_start),
     -- A window purge can always delete: finite, forwards, at most 366 days.
@@ -210,9 +200,7 @@ BEGIN
 END
 $$;
 
--- Each limit as a service recorded it at start-up (platformkit_limit_define),
--- a tier under its limit's max: the guide, "The limits, as the service
--- defines them".
+-- The guide, "The limits, as the service defines them".
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_defs (
     name         text        COLLATE "C" PRIMARY KEY,
     max          bigint      NOT NULL,
@@ -222,8 +210,7 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_defs (
     defined_at   timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
 );
 
--- Each block, unblock and unlock, who and why, written in the transaction
--- that did it: the guide, "Blocks and the audit".
+-- The guide, "Blocks and the audit".
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_audit (
     at      timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     by      text        NOT NULL,
@@ -291,16 +278,12 @@ BEGIN
 END
 $$;
 
--- The limiter's operations. The writers are procedures that begin with the
--- prologue and end with COMMIT; the readers, functions with their own (the
--- guide, "The procedures' prologue"). Each checks its parameters (22023).
--- `-- statement` and `-- end of statement` in add and read mark where
--- benches/limiter/floors.rs cuts out the statement it runs alone.
+-- The limiter's operations. Their prologues: the guide, "The procedures'
+-- prologue"; what each answers: src/store/sql.rs. The statements of add and
+-- read, between `-- statement` and `-- end of statement`, are also run alone
+-- by benches/limiter/floors.rs.
 
--- Adds p_add to the key's count in the current window. Returns the count, the
--- window's end, the time, the previous window's count (p_previous) and the
--- lockout still to run (the latest earlier window that reached p_max, its end
--- plus p_lockout_secs; or a block's end), 0 where none.
+-- Adds p_add to the key's count in the current window.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add(
     p_key text, p_add bigint, p_window_secs bigint, p_at bigint,
     p_budget_ms bigint, p_relaxed boolean, p_previous boolean,
@@ -440,10 +423,8 @@ END
 $$;
 
 -- As add_many, but adds only if every pair's ask may go ahead (the guide,
--- "API quotas"), each decided as decide.rs decides it, on its count under the
--- row lock the addition took; if any refuses, the block rolls back (PK003,
--- caught here). The keys must differ. Returns the counts after the call
--- (before it if nothing was added), o_added.
+-- "API quotas"), each decided as decide.rs does, on its count under the row
+-- lock the addition took; a refusal rolls the block back (PK003, caught here).
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_all_or_none(
     -- include: schema/pairs_parameters.sql
     INOUT o_added boolean DEFAULT NULL)
@@ -456,7 +437,6 @@ BEGIN
     -- include: schema/prologue.sql
     -- include: schema/relaxed.sql
     -- include: schema/pairs_checks.sql
-    -- Each key given once.
     IF (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> cardinality(p_keys) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
@@ -632,11 +612,9 @@ BEGIN
 END
 $$;
 
--- The keys under p_prefix (a limit's name and '|') that the limit refuses now,
--- as the crate decides; at most p_at_most, newest first. Writes nothing. One
--- range of the at_max index, p_prefix to p_prefix with '|' made '}' (the key's
--- collation is "C", so no other limit's keys fall in it): a key a writer left
--- below its max is never read (the guide, "Who is locked out").
+-- The keys under p_prefix (a limit's name and '|') that the limit refuses now
+-- (the guide, "Who is locked out"): one range of the at_max index, p_prefix to
+-- p_prefix with '|' made '}' (collation "C": no other limit's keys fall in it).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
     p_prefix text, p_window_secs bigint, p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint, p_at_most bigint,
@@ -692,9 +670,8 @@ BEGIN
                AS locked_until
         FROM platformkit.platformkit_limits AS l
         WHERE l.key IN (
-            -- Only keys a writer left at their max, in a window that can
-            -- still refuse: the current one, the one before, or one whose
-            -- lockout runs.
+            -- Keys left at their max in a window that can still refuse: the
+            -- current one, the one before, or one whose lockout runs.
             SELECT m.key FROM platformkit.platformkit_limits AS m
             WHERE m.at_max AND m.key >= p_prefix AND m.key < v_upper
               AND m.window_end > v_now - v_window - make_interval(secs => p_lockout_secs))
@@ -718,8 +695,7 @@ BEGIN
 END
 $$;
 
--- Takes p_n back (never below zero) from the key's count in the window that
--- starts at p_window_start; returns the count. A window gone stays gone.
+-- Takes p_n back (never below zero); a window gone stays gone.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_take_back(
     p_key text, p_window_start bigint, p_n bigint,
     p_budget_ms bigint, p_relaxed boolean,
@@ -745,9 +721,8 @@ BEGIN
 END
 $$;
 
--- Records a limit's definition (p_name as LimitBuilder::build allows it),
--- replacing another under the name; writes nothing when it is recorded.
--- Returns whether it wrote.
+-- Records a limit's definition (p_name as LimitBuilder::build allows it);
+-- writes nothing when it is recorded.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_define(
     p_name text, p_max bigint, p_window_secs bigint, p_sliding boolean,
     p_lockout_secs bigint, p_budget_ms bigint,
@@ -773,8 +748,7 @@ BEGIN
 END
 $$;
 
--- The limits recorded, by name, at most 1,000: their names, and four integers
--- a name (max, window_secs, sliding as 0 or 1, lockout_secs).
+-- The limits recorded, by name, at most 1,000.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_defs(
     p_budget_ms bigint, OUT o_names text[], OUT o_numbers bigint[])
 LANGUAGE plpgsql
@@ -795,13 +769,10 @@ BEGIN
 END
 $$;
 
--- An operator's action, audited. 'block': the key refused for p_for_secs
--- under its limit, whatever the limit's window and lockout: a row whose start
--- is not a whole second (platformkit_is_block), at the largest count, ending
--- at the block's end (a whole second and 1 µs), which every call reads; a block
--- the key had goes. 'unblock': the key's blocks go. 'unlock': every window of
--- the key goes, blocks included. Returns how many rows went, and a block's end
--- (µs; 0 for the others). One action on a key at a time.
+-- An operator's action, audited (the guide, "Blocks and the audit"). A block
+-- is a row whose start is not a whole second (platformkit_is_block), at the
+-- largest count, ending at the block's end (a whole second and 1 µs), which
+-- every call reads, whatever the limit's window and lockout.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_operate(
     p_action text, p_key text, p_for_secs bigint, p_at bigint,
     p_by text, p_reason text, p_budget_ms bigint,
@@ -842,9 +813,7 @@ BEGIN
 END
 $$;
 
--- The audit, newest first, at most p_at_most (1 to 1000) entries, of keys
--- under p_prefix ('' for all): texts (by, action, key, reason) and integers
--- (at, until or 0, windows or -1) an entry.
+-- The audit, newest first, of keys under p_prefix ('' for all).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_audit_log(
     p_prefix text, p_at_most bigint, p_budget_ms bigint,
     OUT o_texts text[], OUT o_numbers bigint[])
@@ -877,8 +846,7 @@ BEGIN
 END
 $$;
 
--- Deletes every window of the key, but a block (an operator's, which only
--- platformkit_limit_operate ends); returns how many went.
+-- Deletes every window of the key but a block (only an operator ends one).
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_reset(
     p_key text, p_budget_ms bigint, p_relaxed boolean,
     INOUT o_deleted bigint DEFAULT NULL)
@@ -898,10 +866,8 @@ END
 $$;
 
 -- Deletes at most p_batch rows due (the guide, "The schema"), skipping held
--- ones; returns how many went and where it stopped (o_after, o_created, epoch
--- seconds; NULL for the first batch). The next batch starts there, so none
--- steps again over the index entries of those before (docs/PERFORMANCE.md,
--- "Purge resumes").
+-- ones, from where the batch before stopped (o_after, o_created, epoch
+-- seconds; NULL for the first): docs/PERFORMANCE.md, "Purge resumes".
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_purge_from(
     p_batch bigint, p_budget_ms bigint,
     INOUT o_deleted bigint DEFAULT NULL,
@@ -927,10 +893,10 @@ BEGIN
     -- The limiter's one plan by ctid; the prologue pins the other switches.
     PERFORM pg_catalog.set_config('enable_tidscan', 'on', true);
     -- Each row is deleted by the ctid its locking scan returned, with no second
-    -- probe: safe because a locked row cannot be updated, deleted or moved
-    -- before the DELETE. A held row is skipped, not waited for. ONLY: a ctid
-    -- names a row of one table, never of one that inherits. (A row whose lock
-    -- followed a concurrent update is not deleted here; a later purge takes it.)
+    -- probe: a locked row cannot be updated, deleted or moved before the
+    -- DELETE. ONLY: a ctid names a row of one table, never of one that
+    -- inherits. (A row whose lock followed a concurrent update is left to a
+    -- later purge.)
     WITH due AS (
         -- From where the batch before stopped (>=: rows may share a place).
         SELECT d.ctid AS place, d.purge_after, d.created_at
