@@ -76,54 +76,37 @@ CREATE SCHEMA IF NOT EXISTS platformkit;
 REVOKE ALL ON SCHEMA platformkit FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION platformkit.platformkit_schema_version() RETURNS integer
-    LANGUAGE sql
-    IMMUTABLE
-    PARALLEL SAFE
-RETURN 1;
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 1;
 
 -- The bounds the Rust side enforces, each once: every routine checks against
 -- these (the planner folds an IMMUTABLE call into its constant), and a test
 -- holds each to its Rust constant. The lower bounds are written where checked.
--- Limiter::MAX_BUDGET, in milliseconds.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_budget_ms() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 60000;
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 60000; -- Limiter::MAX_BUDGET
 -- The longest stored key: Limit::MAX_NAME_BYTES, '|' and Key::MAX_BYTES.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_key_bytes() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 249;
--- Limit::MAX_WINDOW, in seconds (366 days). The table's window check and
--- purge_after spell it too: an install keeps its constraints (a test holds them).
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 249;
+-- Limit::MAX_WINDOW, 366 days. The table's window check and purge_after spell
+-- it too: an install keeps its constraints (a test holds them).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_window_secs() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 31622400;
--- Limit::MAX_ATTEMPTS.
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 31622400;
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_attempts() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 1000000000;
--- Limit::MAX_LOCKOUT, in seconds.
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 1000000000; -- Limit::MAX_ATTEMPTS
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_lockout_secs() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 86400;
--- Limiter::MAX_BLOCK, in seconds (30 days).
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 86400; -- Limit::MAX_LOCKOUT
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_block_secs() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 2592000;
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 2592000; -- Limiter::MAX_BLOCK, 30 days
 -- Limiter::MAX_AUDIT_BYTES: who did an operator's call, and why.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_by_bytes() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 200;
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 200;
 CREATE OR REPLACE FUNCTION platformkit.platformkit_max_reason_bytes() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 1000;
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 1000;
 -- Instants cross the wire as integers, microseconds since the Unix epoch.
 -- A pinned time (p_at) is from 1900-01-01 on, and before 2200-01-01 (UTC).
 CREATE OR REPLACE FUNCTION platformkit.platformkit_min_at() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN -2208988800000000;
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN -2208988800000000;
 CREATE OR REPLACE FUNCTION platformkit.platformkit_end_at() RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN 7258118400000000;
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURN 7258118400000000;
 -- STABLE like their operators: an IMMUTABLE wrapper would not be inlined.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_at(p_us bigint) RETURNS timestamptz
     LANGUAGE sql STABLE PARALLEL SAFE
@@ -248,9 +231,7 @@ $$;
 -- The switch, on only in the limiter's transactions. Every name qualified, so
 -- nothing on the caller's path stands in; no SET clause, so it is inlined.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_is_system() RETURNS boolean
-    LANGUAGE sql
-    STABLE
-    PARALLEL SAFE
+    LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT COALESCE(pg_catalog.current_setting('platformkit.system', true)
                         OPERATOR(pg_catalog.=) 'on', false)
