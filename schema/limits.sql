@@ -496,11 +496,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read_many(
     p_previous boolean, p_maxes bigint[], p_lockout_secs bigint[],
     OUT o_answer bigint[])
 LANGUAGE plpgsql
--- include: schema/readers_settings.sql
-AS $$
-DECLARE
-    v_switch pg_catalog.text;
-    v_set pg_catalog.text;
+-- include: schema/readers_head.sql
     v_now pg_catalog.timestamptz;
     v_now_us pg_catalog.int8;
 BEGIN
@@ -552,11 +548,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read(
     p_previous boolean, p_max bigint, p_lockout_secs bigint,
     OUT o_answer bigint[])
 LANGUAGE plpgsql
--- include: schema/readers_settings.sql
-AS $$
-DECLARE
-    v_switch pg_catalog.text;
-    v_set pg_catalog.text;
+-- include: schema/readers_head.sql
     v_window pg_catalog.interval;
     v_now pg_catalog.timestamptz;
     v_start pg_catalog.timestamptz;
@@ -606,11 +598,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
     OUT o_previous bigint[],
     OUT o_locked_for bigint[])
 LANGUAGE plpgsql
--- include: schema/readers_settings.sql
-AS $$
-DECLARE
-    v_switch pg_catalog.text;
-    v_set pg_catalog.text;
+-- include: schema/readers_head.sql
     v_window pg_catalog.interval;
     v_now pg_catalog.timestamptz;
     v_start pg_catalog.timestamptz;
@@ -733,11 +721,7 @@ $$;
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_defs(
     p_budget_ms bigint, OUT o_names text[], OUT o_numbers bigint[])
 LANGUAGE plpgsql
--- include: schema/readers_settings.sql
-AS $$
-DECLARE
-    v_switch pg_catalog.text;
-    v_set pg_catalog.text;
+-- include: schema/readers_head.sql
 BEGIN
     -- include: schema/readers_prologue.sql
     SELECT COALESCE(array_agg(d.name ORDER BY d.name) FILTER (WHERE u.i = 1), '{}'),
@@ -799,11 +783,7 @@ CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_audit_log(
     p_prefix text, p_at_most bigint, p_budget_ms bigint,
     OUT o_texts text[], OUT o_numbers bigint[])
 LANGUAGE plpgsql
--- include: schema/readers_settings.sql
-AS $$
-DECLARE
-    v_switch pg_catalog.text;
-    v_set pg_catalog.text;
+-- include: schema/readers_head.sql
 BEGIN
     -- include: schema/readers_prologue.sql
     IF p_prefix IS NULL OR octet_length(p_prefix) > platformkit.platformkit_max_key_bytes()

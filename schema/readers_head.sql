@@ -14,3 +14,7 @@ SET cpu_index_tuple_cost = 0.005
 SET cpu_operator_cost = 0.0025
 SET max_parallel_workers_per_gather = 0
 SET jit = off
+AS $$
+DECLARE
+    v_switch pg_catalog.text;
+    v_set pg_catalog.text;
