@@ -164,25 +164,6 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limits (
 -- Room on each page, so that an update of count (in no index) stays heap-only.
 WITH (fillfactor = 80);
 
--- The table's strongest lock only when something changes: re-applying this
--- behind a long reader must not queue every limiter call behind it.
-DO $$
-BEGIN
-    IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
-        CREATE INDEX platformkit_limits_window_end
-            ON platformkit.platformkit_limits (window_end);
-    END IF;
-    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NULL THEN
-        CREATE INDEX platformkit_limits_purge_order
-            ON platformkit.platformkit_limits (purge_after, created_at);
-    END IF;
-    IF pg_catalog.to_regclass('platformkit.platformkit_limits_at_max') IS NULL THEN
-        CREATE INDEX platformkit_limits_at_max
-            ON platformkit.platformkit_limits (key, window_end) WHERE at_max;
-    END IF;
-END
-$$;
-
 -- The guide, "The limits, as the service defines them".
 CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_defs (
     name         text        COLLATE "C" PRIMARY KEY,
@@ -203,30 +184,6 @@ CREATE TABLE IF NOT EXISTS platformkit.platformkit_limit_audit (
     windows bigint,
     reason  text        NOT NULL
 );
-DO $$
-BEGIN
-    IF pg_catalog.to_regclass('platformkit.platformkit_limit_audit_at') IS NULL THEN
-        CREATE INDEX platformkit_limit_audit_at ON platformkit.platformkit_limit_audit (at);
-    END IF;
-END
-$$;
-
--- Every table under row-level security, forced on its owner too.
-DO $$
-DECLARE
-    t pg_catalog.regclass;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['platformkit.platformkit_limits'::pg_catalog.regclass,
-                             'platformkit.platformkit_limit_defs'::pg_catalog.regclass,
-                             'platformkit.platformkit_limit_audit'::pg_catalog.regclass] LOOP
-        IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
-                FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) t) THEN
-            EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', t);
-            EXECUTE pg_catalog.format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', t);
-        END IF;
-    END LOOP;
-END
-$$;
 
 -- The switch, on only in the limiter's transactions. Every name qualified, so
 -- nothing on the caller's path stands in; no SET clause, so it is inlined.
@@ -237,16 +194,40 @@ AS $$
                         OPERATOR(pg_catalog.=) 'on', false)
 $$;
 
--- One policy a table, both directions; the scalar subquery runs once per
--- statement.
+-- The indexes, and every table under row-level security, forced on its owner
+-- too, with one policy, both directions (the scalar subquery runs once per
+-- statement). The table's strongest lock only when something changes:
+-- re-applying this behind a long reader must not queue every call behind it.
 DO $$
 DECLARE
     t pg_catalog.text;
+    r pg_catalog.regclass;
 BEGIN
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_window_end') IS NULL THEN
+        CREATE INDEX platformkit_limits_window_end
+            ON platformkit.platformkit_limits (window_end);
+    END IF;
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_purge_order') IS NULL THEN
+        CREATE INDEX platformkit_limits_purge_order
+            ON platformkit.platformkit_limits (purge_after, created_at);
+    END IF;
+    IF pg_catalog.to_regclass('platformkit.platformkit_limits_at_max') IS NULL THEN
+        CREATE INDEX platformkit_limits_at_max
+            ON platformkit.platformkit_limits (key, window_end) WHERE at_max;
+    END IF;
+    IF pg_catalog.to_regclass('platformkit.platformkit_limit_audit_at') IS NULL THEN
+        CREATE INDEX platformkit_limit_audit_at ON platformkit.platformkit_limit_audit (at);
+    END IF;
     FOREACH t IN ARRAY ARRAY['platformkit_limits', 'platformkit_limit_defs', 'platformkit_limit_audit'] LOOP
+        r := pg_catalog.to_regclass(pg_catalog.concat('platformkit.', t));
+        IF NOT (SELECT c.relrowsecurity AND c.relforcerowsecurity
+                FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) r) THEN
+            EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', r);
+            EXECUTE pg_catalog.format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', r);
+        END IF;
         IF NOT EXISTS (
             SELECT 1 FROM pg_catalog.pg_policy
-            WHERE polrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(pg_catalog.concat('platformkit.', t))
+            WHERE polrelid OPERATOR(pg_catalog.=) r
               AND polname OPERATOR(pg_catalog.=) pg_catalog.concat(t, '_system_only')
         ) THEN
             EXECUTE pg_catalog.format(
