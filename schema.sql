@@ -492,8 +492,8 @@ BEGIN
     INTO o_counts, o_window_ends, v_mark
     FROM asked AS a
     JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
+    -- Refused after the upsert: this transaction, and what it wrote, ends here.
     IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
-        -- Raised after the upsert: this transaction, and what it wrote, ends here.
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
     END IF;
     -- The previous windows and the lockouts, only when a pair may have one: a

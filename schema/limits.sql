@@ -273,8 +273,7 @@ BEGIN
        -- include: schema/limit_checks.sql
        OR p_previous IS NULL OR p_relaxed IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     v_window := make_interval(secs => p_window_secs);
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
@@ -351,10 +350,9 @@ BEGIN
     INTO o_counts, o_window_ends, v_mark
     FROM asked AS a
     JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
+    -- Refused after the upsert: this transaction, and what it wrote, ends here.
     IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
-        -- Raised after the upsert: this transaction, and what it wrote, ends here.
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     -- The previous windows and the lockouts, only when a pair may have one: a
     -- lockout, or a block (a row at max still to end).
     IF true = ANY (p_sliding) OR 0 < ANY (p_lockout_secs) OR EXISTS (
@@ -400,8 +398,7 @@ BEGIN
     -- include: schema/relaxed.sql
     -- include: schema/pairs_checks.sql
     IF (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> cardinality(p_keys) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     o_now := platformkit.platformkit_us(v_now);
     -- In a block that a refusal rolls back.
@@ -427,8 +424,7 @@ BEGIN
         FROM asked AS a
         JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
         IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
-            RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-        END IF;
+        -- include: schema/out_of_bounds.sql
         -- As add_many reads them; then each pair is decided on its count
         -- before its own last unit.
         SELECT array_agg(d.previous ORDER BY d.ord), array_agg(d.locked_for ORDER BY d.ord),
@@ -494,8 +490,7 @@ BEGIN
                               AND t.secs BETWEEN 1 AND platformkit.platformkit_max_window_secs()
                               AND t.max BETWEEN 1 AND platformkit.platformkit_max_attempts()
                               AND t.lockout BETWEEN 0 AND platformkit.platformkit_max_lockout_secs(), false)) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     v_now_us := platformkit.platformkit_us(v_now);
     WITH asked AS (
@@ -543,8 +538,7 @@ BEGIN
        -- include: schema/limit_checks.sql
        OR p_previous IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     v_window := make_interval(secs => p_window_secs);
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
@@ -593,8 +587,7 @@ BEGIN
        OR p_at_most IS NULL OR p_at_most NOT BETWEEN 1 AND 1000
        OR p_previous IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     v_window := make_interval(secs => p_window_secs);
     v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
     v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
@@ -660,8 +653,7 @@ BEGIN
        OR p_window_start IS NULL
        OR p_window_start < platformkit.platformkit_min_at() - platformkit.platformkit_max_window_secs() * 1000000
        OR p_window_start >= platformkit.platformkit_end_at() THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     UPDATE platformkit.platformkit_limits
         SET count = GREATEST(count - p_n, 0)
         WHERE key = p_key AND window_start = platformkit.platformkit_at(p_window_start)
@@ -684,8 +676,7 @@ BEGIN
     IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.-]{1,48}$'
        -- include: schema/limit_checks.sql
        OR p_sliding IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     INSERT INTO platformkit.platformkit_limit_defs AS d (name, max, window_secs, sliding, lockout_secs)
     VALUES (p_name, p_max, p_window_secs, p_sliding, p_lockout_secs)
     ON CONFLICT (name) DO UPDATE
@@ -736,8 +727,7 @@ BEGIN
        OR p_reason IS NULL OR octet_length(p_reason) NOT BETWEEN 1 AND platformkit.platformkit_max_reason_bytes()
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at()
        OR (p_action = 'block' AND (p_for_secs IS NULL OR p_for_secs NOT BETWEEN 1 AND platformkit.platformkit_max_block_secs())) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     -- Two blocks of one key at once would each miss the other's row.
     PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(p_key, 31643310761011572));
     DELETE FROM platformkit.platformkit_limits
@@ -769,8 +759,7 @@ BEGIN
     -- include: schema/readers_prologue.sql
     IF p_prefix IS NULL OR octet_length(p_prefix) > platformkit.platformkit_max_key_bytes()
        OR p_at_most IS NULL OR p_at_most NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     WITH e AS (
         SELECT a.*, row_number() OVER (ORDER BY a.at DESC) AS ord
         FROM (SELECT * FROM platformkit.platformkit_limit_audit AS l
@@ -798,8 +787,7 @@ BEGIN
     -- include: schema/prologue.sql
     -- include: schema/relaxed.sql
     IF p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND platformkit.platformkit_max_key_bytes() OR p_relaxed IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     DELETE FROM platformkit.platformkit_limits
     WHERE key = p_key AND NOT platformkit.platformkit_is_block(window_start);
     GET DIAGNOSTICS o_deleted = ROW_COUNT;
@@ -825,8 +813,7 @@ BEGIN
     -- include: schema/prologue.sql
     IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 5000
        OR (o_after IS NULL) <> (o_created IS NULL) OR o_after = 'NaN' OR o_created = 'NaN' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'platformkit: a parameter is out of bounds';
-    END IF;
+    -- include: schema/out_of_bounds.sql
     -- A place past either end of the timestamps starts at that end: no error.
     from_after := COALESCE(o_after, '-Infinity');
     from_created := CASE WHEN o_created IS NULL OR o_created < -210866803200 THEN '-infinity'
