@@ -307,8 +307,7 @@ END
 $$;
 
 -- As add, for 1 to 64 (key, window) pairs in one statement, answering in the
--- order given; a pair given twice adds both amounts. Rows are upserted in
--- (key, window_start) order, so calls over the same pairs cannot deadlock.
+-- order given; a pair given twice adds both amounts.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add_many(
     -- include: schema/pairs_parameters.sql
     INOUT o_commit_us bigint DEFAULT NULL)
@@ -322,37 +321,7 @@ BEGIN
     -- include: schema/prologue.sql
     -- include: schema/relaxed.sql
     -- include: schema/pairs_checks.sql
-    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
-    o_now := platformkit.platformkit_us(v_now);
-    WITH asked AS (
-        SELECT t.key, t.ord, t.add, t.max, t.sliding, make_interval(secs => t.secs) AS width,
-               date_bin(make_interval(secs => t.secs), v_now,
-                        timestamptz '1970-01-01 00:00:00+00') AS start
-        FROM unnest(p_keys, p_window_secs, p_adds, p_maxes, p_sliding)
-             WITH ORDINALITY AS t(key, secs, add, max, sliding, ord)
-        -- A key out of bounds is left out here, and refused below.
-        WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
-    ), counted AS (
-        -- The sum is numeric: it saturates at the largest bigint.
-        INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
-        SELECT key, start, max(start + width),
-               LEAST(sum(add), 9223372036854775807)::bigint
-        FROM asked
-        GROUP BY key, start
-        ORDER BY key, start
-        ON CONFLICT (key, window_start) DO UPDATE
-            SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
-        RETURNING l.key, l.window_start, l.count, l.at_max
-    )
-    SELECT array_agg(c.count ORDER BY a.ord),
-           array_agg(platformkit.platformkit_us(a.start + a.width) ORDER BY a.ord),
-           bool_or(NOT c.at_max AND (a.sliding OR c.count >= a.max))
-    INTO o_counts, o_window_ends, v_mark
-    FROM asked AS a
-    JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
-    -- Refused after the upsert: this transaction, and what it wrote, ends here.
-    IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
-    -- include: schema/out_of_bounds.sql
+    -- include: schema/pairs_upsert.sql
     -- The previous windows and the lockouts, only when a pair may have one: a
     -- lockout, or a block (a row at max still to end).
     IF true = ANY (p_sliding) OR 0 < ANY (p_lockout_secs) OR EXISTS (
@@ -399,32 +368,9 @@ BEGIN
     -- include: schema/pairs_checks.sql
     IF (SELECT count(DISTINCT k) FROM unnest(p_keys) AS k) <> cardinality(p_keys) THEN
     -- include: schema/out_of_bounds.sql
-    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
-    o_now := platformkit.platformkit_us(v_now);
     -- In a block that a refusal rolls back.
     BEGIN
-        WITH asked AS (
-            SELECT t.key, t.ord, t.add, make_interval(secs => t.secs) AS width,
-                   date_bin(make_interval(secs => t.secs), v_now,
-                            timestamptz '1970-01-01 00:00:00+00') AS start
-            FROM unnest(p_keys, p_window_secs, p_adds) WITH ORDINALITY AS t(key, secs, add, ord)
-            WHERE COALESCE(octet_length(t.key) BETWEEN 1 AND platformkit.platformkit_max_key_bytes(), false)
-        ), counted AS (
-            INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count)
-            SELECT key, start, start + width, add
-            FROM asked
-            ORDER BY key, start
-            ON CONFLICT (key, window_start) DO UPDATE
-                SET count = l.count + LEAST(excluded.count, 9223372036854775807 - l.count)
-            RETURNING l.key, l.window_start, l.count
-        )
-        SELECT array_agg(c.count ORDER BY a.ord),
-               array_agg(platformkit.platformkit_us(a.start + a.width) ORDER BY a.ord)
-        INTO o_counts, o_window_ends
-        FROM asked AS a
-        JOIN counted AS c ON c.key = a.key AND c.window_start = a.start;
-        IF cardinality(o_counts) IS DISTINCT FROM cardinality(p_keys) THEN
-        -- include: schema/out_of_bounds.sql
+        -- include: schema/pairs_upsert.sql
         -- As add_many reads them; then each pair is decided on its count
         -- before its own last unit.
         SELECT array_agg(d.previous ORDER BY d.ord), array_agg(d.locked_for ORDER BY d.ord),
