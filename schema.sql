@@ -692,7 +692,8 @@ BEGIN
                    CASE WHEN a.sliding THEN
                        COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
                                  WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
-                   ELSE 0 END AS previous,
+                   ELSE 0 END
+                   AS previous,
                    COALESCE(platformkit.platformkit_us(
                        GREATEST(
                            -- An earlier window's lockout, still running.

@@ -274,9 +274,7 @@ BEGIN
        OR p_previous IS NULL OR p_relaxed IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
     -- include: schema/out_of_bounds.sql
-    v_window := make_interval(secs => p_window_secs);
-    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
-    v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
+    -- include: schema/window.sql
     -- statement
     INSERT INTO platformkit.platformkit_limits AS l (key, window_start, window_end, count, at_max)
     VALUES (p_key, v_start, v_start + v_window, p_add, p_add >= p_max)
@@ -328,10 +326,7 @@ BEGIN
            SELECT 1 FROM platformkit.platformkit_limits AS x
            WHERE x.key = ANY (p_keys) AND x.at_max AND x.window_end > v_now) THEN
         SELECT array_agg(
-                   CASE WHEN a.sliding THEN
-                       COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
-                                 WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
-                   ELSE 0 END
+                   -- include: schema/pair_previous.sql: a.sliding
                    ORDER BY a.ord),
                array_agg(
                    COALESCE(platformkit.platformkit_us(
@@ -382,10 +377,8 @@ BEGIN
         INTO o_previous, o_locked_for, o_added, v_mark
         FROM (
             SELECT a.ord, a.max, a.count, a.w, a.window_end - a.w AS start_us,
-                   CASE WHEN a.sliding THEN
-                       COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
-                                 WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
-                   ELSE 0 END AS previous,
+                   -- include: schema/pair_previous.sql: a.sliding
+                   AS previous,
                    COALESCE(platformkit.platformkit_us(
                        -- include: schema/locked_until.sql: a.key, a.start, a.max, a.lockout then: ) - o_now, 0) AS locked_for
             FROM (SELECT t.key, t.ord, t.max, t.lockout, t.sliding, t.count, t.window_end,
@@ -454,10 +447,7 @@ BEGIN
         COALESCE((SELECT l.count FROM platformkit.platformkit_limits AS l
                   WHERE l.key = a.key AND l.window_start = a.start), 0),
         platformkit.platformkit_us(a.start + a.width),
-        CASE WHEN p_previous THEN
-            COALESCE((SELECT p.count FROM platformkit.platformkit_limits AS p
-                      WHERE p.key = a.key AND p.window_start = a.start - a.width), 0)
-        ELSE 0 END,
+        -- include: schema/pair_previous.sql: p_previous then: ,
         COALESCE(platformkit.platformkit_us(
             -- include: schema/locked_until.sql: a.key, a.start, a.max, a.lockout then: ) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
     v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
@@ -485,9 +475,7 @@ BEGIN
        OR p_previous IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
     -- include: schema/out_of_bounds.sql
-    v_window := make_interval(secs => p_window_secs);
-    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
-    v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
+    -- include: schema/window.sql
     -- statement
     SELECT
         (SELECT l.count FROM platformkit.platformkit_limits AS l
@@ -534,9 +522,7 @@ BEGIN
        OR p_previous IS NULL
        OR p_at < platformkit.platformkit_min_at() OR p_at >= platformkit.platformkit_end_at() THEN
     -- include: schema/out_of_bounds.sql
-    v_window := make_interval(secs => p_window_secs);
-    v_now := COALESCE(platformkit.platformkit_at(p_at), statement_timestamp());
-    v_start := date_bin(v_window, v_now, timestamptz '1970-01-01 00:00:00+00');
+    -- include: schema/window.sql
     o_now := platformkit.platformkit_us(v_now);
     o_window_end := platformkit.platformkit_us(v_start + v_window);
     v_upper := left(p_prefix, -1) || '}';
