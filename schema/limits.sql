@@ -450,9 +450,7 @@ BEGIN
         -- include: schema/pair_previous.sql: p_previous then: ,
         COALESCE(platformkit.platformkit_us(
             -- include: schema/locked_until.sql: a.key, a.start, a.max, a.lockout then: ) - v_now_us, 0)]) WITH ORDINALITY AS x(v, i);
-    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
-END
-$$;
+-- include: schema/readers_tail.sql
 
 -- As read_many, for one key.
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_read(
@@ -490,9 +488,7 @@ BEGIN
     v_now_us := platformkit.platformkit_us(v_now);
     o_answer := ARRAY[v_now_us, COALESCE(v_count, 0), platformkit.platformkit_us(v_start + v_window),
                       COALESCE(v_previous, 0), COALESCE(platformkit.platformkit_us(v_locked) - v_now_us, 0)];
-    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
-END
-$$;
+-- include: schema/readers_tail.sql
 
 -- The keys under p_prefix (a limit's name and '|') that the limit refuses now
 -- (the guide, "Who is locked out"): one range of the at_max index, p_prefix to
@@ -566,9 +562,7 @@ BEGIN
                               ORDER BY r.latest DESC, r.cur DESC, r.key), '{}')
     INTO o_keys, o_counts, o_previous, o_locked_for
     FROM refused AS r;
-    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
-END
-$$;
+-- include: schema/readers_tail.sql
 
 -- Takes p_n back (never below zero); a window gone stays gone.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_take_back(
@@ -634,9 +628,7 @@ BEGIN
     FROM (SELECT * FROM platformkit.platformkit_limit_defs ORDER BY name LIMIT 1000) AS d
     CROSS JOIN LATERAL unnest(ARRAY[d.max, d.window_secs, d.sliding::pg_catalog.int4, d.lockout_secs])
         WITH ORDINALITY AS u(n, i);
-    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
-END
-$$;
+-- include: schema/readers_tail.sql
 
 -- An operator's action, audited (the guide, "Blocks and the audit"). A block
 -- is a row whose start is not a whole second (platformkit_is_block), at the
@@ -705,9 +697,7 @@ BEGIN
                                  COALESCE(platformkit.platformkit_us(e.until), 0),
                                  COALESCE(e.windows, -1)]) WITH ORDINALITY AS t(v, i))
     INTO o_texts, o_numbers;
-    v_switch := set_config('platformkit.system', COALESCE(v_switch, ''), true);
-END
-$$;
+-- include: schema/readers_tail.sql
 
 -- Deletes every window of the key but a block (only an operator ends one).
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_reset(

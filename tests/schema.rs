@@ -628,11 +628,12 @@ fn every_routines_variables_have_schema_qualified_types() {
 /// `-- include: schema/NAME.sql[: A, B, …][ then: REST]` made that piece:
 /// each of its lines indented as the marker is, `{1}`, `{2}`, … made A, B,
 /// …, and REST put at the end of its last line. The pieces are what several
-/// routines share (the prologues, the readers' settings and the variables
-/// their prologue sets, the lockout-or-block expression, the checks and
-/// tails the writers have in common): nothing is kept by hand in several
-/// places. With `PLATFORMKIT_WRITE_SCHEMA=1` the test writes `schema.sql`
-/// instead of failing.
+/// routines share (the prologues, the readers' head and tail, which pin
+/// their settings and turn the switch back, the lockout-or-block
+/// expression, the upsert of pairs, the checks and tails the writers have
+/// in common): nothing is kept by hand in several places. With
+/// `PLATFORMKIT_WRITE_SCHEMA=1` the test writes `schema.sql` instead of
+/// failing.
 #[test]
 fn schema_sql_is_built_from_its_source() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
