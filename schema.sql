@@ -5,11 +5,10 @@
 -- `PLATFORMKIT_WRITE_SCHEMA=1 cargo test --all-features --test suite schema::`.
 --
 -- Versions: platformkit_schema_version() is the crate's SCHEMA_VERSION; a
--- release that changes anything this file creates raises both by one, in the
--- same commit. What applying this file again cannot change (a table) goes in
--- a numbered upgrade, schema/upgrades/NNNN.sql (NNNN - 1 to NNNN), applied
--- before this file (and by the test
--- reapplying_the_schema_over_an_install_with_rows_gives_a_fresh_installs_catalog).
+-- release that changes anything this file creates raises both by one, in one
+-- commit. What applying this file again cannot change (a table) goes in an
+-- upgrade, schema/upgrades/NNNN.sql (NNNN - 1 to NNNN), applied before it (and
+-- by reapplying_the_schema_over_an_install_with_rows_gives_a_fresh_installs_catalog).
 
 -- Replicas applying this at once take turns (concurrent CREATEs collide in
 -- the catalog) on a transaction-level lock. Any login may hold an advisory
@@ -240,10 +239,9 @@ BEGIN
 END
 $$;
 
--- The limiter's operations. Their prologues: the guide, "The procedures'
--- prologue"; what each answers: src/store/sql.rs. The statements of add and
--- read, between `-- statement` and `-- end of statement`, are also run alone
--- by benches/limiter/floors.rs.
+-- The limiter's operations. Prologues: the guide, "The procedures' prologue";
+-- answers: src/store/sql.rs. benches/limiter/floors.rs runs the statement of
+-- add and of read alone (from `-- statement` to `-- end of statement`).
 
 -- Adds p_add to the key's count in the current window.
 CREATE OR REPLACE PROCEDURE platformkit.platformkit_limit_add(
@@ -532,8 +530,7 @@ BEGIN
         o_previous := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
         o_locked_for := array_fill(0::bigint, ARRAY[cardinality(p_keys)]);
     END IF;
-    -- The keys left at their max, if any may be (v_mark): marked, as add
-    -- marks them.
+    -- Marks the keys left at their max, as add does, if any may be (v_mark).
     IF v_mark THEN
         UPDATE platformkit.platformkit_limits AS l SET at_max = true
         FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)
@@ -719,8 +716,7 @@ BEGIN
         IF NOT o_added THEN
             RAISE EXCEPTION USING ERRCODE = 'PK003';
         END IF;
-        -- The keys left at their max, if any may be (v_mark): marked, as add
-        -- marks them.
+        -- Marks the keys left at their max, as add does, if any may be (v_mark).
         IF v_mark THEN
             UPDATE platformkit.platformkit_limits AS l SET at_max = true
             FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)
@@ -991,12 +987,8 @@ $$;
 CREATE OR REPLACE FUNCTION platformkit.platformkit_limit_list(
     p_prefix text, p_window_secs bigint, p_at bigint, p_budget_ms bigint,
     p_previous boolean, p_max bigint, p_lockout_secs bigint, p_at_most bigint,
-    OUT o_keys text[],
-    OUT o_counts bigint[],
-    OUT o_window_end bigint,
-    OUT o_now bigint,
-    OUT o_previous bigint[],
-    OUT o_locked_for bigint[])
+    OUT o_keys text[], OUT o_counts bigint[], OUT o_window_end bigint,
+    OUT o_now bigint, OUT o_previous bigint[], OUT o_locked_for bigint[])
 LANGUAGE plpgsql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1683,9 +1675,8 @@ BEGIN
     PERFORM pg_catalog.set_config('enable_tidscan', 'on', true);
     -- Each row is deleted by the ctid its locking scan returned, with no second
     -- probe: a locked row cannot be updated, deleted or moved before the
-    -- DELETE. ONLY: a ctid names a row of one table, never of one that
-    -- inherits. (A row whose lock followed a concurrent update is left to a
-    -- later purge.)
+    -- DELETE; one whose lock followed a concurrent update is a later purge's.
+    -- ONLY: a ctid names a row of one table, never of one that inherits.
     WITH due AS (
         -- From where the batch before stopped (>=: rows may share a place).
         SELECT d.ctid AS place, d.purge_after, d.created_at

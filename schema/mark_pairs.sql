@@ -1,5 +1,4 @@
--- The keys left at their max, if any may be (v_mark): marked, as add
--- marks them.
+-- Marks the keys left at their max, as add does, if any may be (v_mark).
 IF v_mark THEN
     UPDATE platformkit.platformkit_limits AS l SET at_max = true
     FROM unnest(p_keys, p_window_secs, p_maxes, o_counts, o_previous, o_window_ends)
