@@ -2,11 +2,12 @@
 //! that send it.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use snafu::ResultExt;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use crate::decide::{Counted, Counting};
@@ -62,17 +63,35 @@ struct Waiting {
 
 struct Caller {
     deadline: Instant,
-    tx: oneshot::Sender<Answer>,
+    tx: oneshot::Sender<(Answer, Option<Back>)>,
     cost: u64,
 }
 
 /// What a caller is told: its own count, or its statement's error.
 type Answer = Result<Counted, Arc<Error>>;
 
+/// A told caller's part in its flight's wait for the callers on their way
+/// back ([`gather`]): dropped once the caller has its answer, or
+/// with the answer unread.
+struct Back(Arc<Gathering>);
+
+struct Gathering {
+    left: AtomicUsize,
+    all: Notify,
+}
+
+impl Drop for Back {
+    fn drop(&mut self) {
+        if self.0.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.all.notify_one();
+        }
+    }
+}
+
 /// How one pair of a caller gets its count.
 enum Wait {
     /// From a flight, with the key's other callers.
-    Merged(oneshot::Receiver<Answer>),
+    Merged(oneshot::Receiver<(Answer, Option<Back>)>),
     /// From a statement of its own: the key's other callers count under a
     /// limit that does not count alike ([`Limit::counts_alike`]).
     Alone,
@@ -147,7 +166,7 @@ impl Merging {
                 }
             };
             let answer = match rx.await {
-                Ok(answer) => answer,
+                Ok((answer, _)) => answer,
                 // Only if the runtime drops a flight unrun.
                 Err(_) => Err(abandoned()),
             };
@@ -256,6 +275,9 @@ fn abandoned() -> Arc<Error> {
 /// the defaults a sixth of their attempts, 64 nothing (docs/PERFORMANCE.md, levers).
 const HOLD_STATEMENTS: usize = 64;
 
+/// The longest a flight waits for the callers it told ([`gather`]).
+const GATHER_AT_MOST: Duration = Duration::from_millis(1);
+
 /// One key of a statement, its callers in order of arrival.
 struct Member {
     key: String,
@@ -285,8 +307,8 @@ fn start_flight<S: Sealed>(shared: Arc<Shared>, store: Arc<S>, first: Vec<String
 /// gives its place back: no caller waits forever, no place is lost.
 struct Flight<S: Sealed> {
     shared: Arc<Shared>,
-    /// The store, let go before the last answers, so a caller that then
-    /// drops its limiter gets back what its connection source owns.
+    /// The store, let go before a lone caller hears, so that it can drop
+    /// its limiter and get back what its connection source owns.
     store: Option<Arc<S>>,
     /// The connection its last statement answered on, kept for the next.
     held: S::Held,
@@ -316,15 +338,24 @@ impl<S: Sealed> Flight<S> {
                 self.sent_on_held = 0;
             }
             let told = self.answer(answers);
-            let next = self.take(None);
-            let Some(next) = next else {
-                // Back to its source idle, before the last callers hear.
+            let store = if told.len() == 1 && self.shared.lock().ready.is_empty() {
+                // Back to its source idle before a lone caller hears (it
+                // may have lent the connection, and want it back).
                 self.held = S::Held::default();
-                self.store = None;
-                tell(told);
+                self.store.take().as_ref().map(Arc::downgrade)
+            } else {
+                None
+            };
+            // The callers told may come back with more: the place is kept
+            // until each has its answer, so that they go in the next
+            // statement with the callers waiting, not in the one after.
+            gather(told).await;
+            if let Some(store) = store {
+                self.store = store.upgrade();
+            }
+            let Some(next) = self.take(None) else {
                 return;
             };
-            tell(told);
             (op, deadline) = next;
         }
     }
@@ -490,7 +521,7 @@ impl<S: Sealed> Drop for Flight<S> {
         if !self.members.is_empty() {
             let abandoned = abandoned();
             let told = self.answer(vec![Err(abandoned); self.members.len()]);
-            tell(told);
+            tell(told, None);
         }
         if !self.holding {
             return;
@@ -512,7 +543,7 @@ impl<S: Sealed> Drop for Flight<S> {
         };
         let abandoned = abandoned();
         for caller in stranded {
-            let _ = caller.tx.send(Err(abandoned.clone()));
+            let _ = caller.tx.send((Err(abandoned.clone()), None));
         }
     }
 }
@@ -560,10 +591,25 @@ fn places_after(places: usize, most: usize, commits: &Commits, queued: bool) -> 
     }
 }
 
-fn tell(told: Vec<(Caller, Answer)>) {
+/// Tells each caller its answer; with `gathering`, each answer carries the
+/// caller's [`Back`].
+fn tell(told: Vec<(Caller, Answer)>, gathering: Option<&Arc<Gathering>>) {
     for (caller, answer) in told {
-        let _ = caller.tx.send(answer);
+        let back = gathering.map(|gathering| Back(gathering.clone()));
+        let _ = caller.tx.send((answer, back));
     }
+}
+
+/// Tells `told`, then waits until each has its answer, at most
+/// [`GATHER_AT_MOST`]: a caller that keeps its call unpolled holds no one
+/// up for longer.
+async fn gather(told: Vec<(Caller, Answer)>) {
+    let gathering = Arc::new(Gathering {
+        left: AtomicUsize::new(told.len()),
+        all: Notify::new(),
+    });
+    tell(told, Some(&gathering));
+    let _ = tokio::time::timeout(GATHER_AT_MOST, gathering.all.notified()).await;
 }
 
 /// The count a caller sees, the callers after it having added `after`.

@@ -9,16 +9,18 @@ use futures::future::join_all;
 use super::*;
 use crate::Memory;
 
-/// `Memory`, counting the statements it is sent.
+/// `Memory`, counting the statements it is sent, each taking `takes`.
 #[derive(Default)]
 struct Tally {
     store: Memory,
     statements: AtomicUsize,
+    takes: Duration,
 }
 
 impl Tally {
-    fn sent(&self) -> usize {
-        self.statements.fetch_add(1, Ordering::SeqCst)
+    async fn sent(&self) {
+        self.statements.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.takes).await;
     }
 }
 
@@ -42,7 +44,7 @@ impl Sealed for Tally {
         deadline: Instant,
         held: &mut (),
     ) -> Result<Counted, Error> {
-        self.sent();
+        self.sent().await;
         self.store.count(op, limit, key, n, deadline, held).await
     }
     async fn count_many(
@@ -52,7 +54,7 @@ impl Sealed for Tally {
         deadline: Instant,
         held: &mut (),
     ) -> Result<Vec<Counted>, Error> {
-        self.sent();
+        self.sent().await;
         self.store.count_many(op, asked, deadline, held).await
     }
     async fn count_all_or_none(
@@ -60,7 +62,7 @@ impl Sealed for Tally {
         asked: &[Asked<'_>],
         deadline: Instant,
     ) -> Result<(Vec<Counted>, bool), Error> {
-        self.sent();
+        self.sent().await;
         self.store.count_all_or_none(asked, deadline).await
     }
     async fn take_back(
@@ -159,6 +161,84 @@ async fn concurrent_writes_of_one_key_share_statements_and_each_caller_reads_its
     assert_eq!(counts.last(), Some(&total));
     let sent = store.statements.load(Ordering::SeqCst);
     assert!(sent < 50, "{sent} statements for 50 writes of one key");
+}
+
+/// Callers that write again as soon as they have their answers go in one
+/// statement: the flight waits for the callers it told, so the first one
+/// back does not go alone, the rest in the statement after.
+#[tokio::test(start_paused = true)]
+async fn callers_back_from_a_statement_go_together_in_the_next() {
+    const CALLERS: usize = 16;
+    const ROUNDS: usize = 20;
+    let store = Arc::new(Tally {
+        takes: Duration::from_millis(1),
+        ..Tally::default()
+    });
+    let merging = Merging::new(1, false);
+    let limit = limit();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    join_all((0..CALLERS).map(|caller| {
+        let (merging, store, limit) = (&merging, &store, &limit);
+        async move {
+            for round in 0..ROUNDS {
+                let key = format!("m|{caller}-{round}");
+                let pair = [Asked {
+                    limit,
+                    key: &key,
+                    n: 1,
+                }];
+                let counted = merging.count(store, Counting::HIT, &pair, deadline).await;
+                assert_eq!(counted.expect("counted").0[0].count, 1);
+            }
+        }
+    }))
+    .await;
+    // The first caller's statement goes at once, alone.
+    let sent = store.statements.load(Ordering::SeqCst);
+    assert!(
+        sent <= ROUNDS + 1,
+        "{sent} statements for {ROUNDS} rounds of {CALLERS} callers"
+    );
+}
+
+/// A caller told but then left unpolled holds the flight for at most
+/// [`GATHER_AT_MOST`]: the callers behind it still get their statement.
+#[tokio::test(start_paused = true)]
+async fn a_told_caller_left_unpolled_holds_the_others_up_briefly() {
+    let ms = Duration::from_millis;
+    let store = Arc::new(Tally {
+        takes: ms(1),
+        ..Tally::default()
+    });
+    let merging = Merging::new(1, false);
+    let limit = limit();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = [Asked {
+        limit: &limit,
+        key: "m|a",
+        n: 1,
+    }];
+    let mut left = std::pin::pin!(merging.count(&store, Counting::HIT, &first, deadline));
+    assert!(futures::poll!(left.as_mut()).is_pending(), "queued");
+    tokio::time::sleep(ms(1)).await;
+    let started = Instant::now();
+    let second = [Asked {
+        limit: &limit,
+        key: "m|b",
+        n: 1,
+    }];
+    let behind = merging.count(&store, Counting::HIT, &second, deadline);
+    let counted = tokio::time::timeout(ms(100), behind).await;
+    assert!(counted.expect("its turn").is_ok());
+    assert!(
+        started.elapsed() <= GATHER_AT_MOST + ms(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        left.await.is_ok(),
+        "the caller left unpolled has its answer"
+    );
 }
 
 #[tokio::test]
