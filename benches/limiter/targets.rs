@@ -171,7 +171,10 @@ pub(crate) fn listing(listing: &ListingReport) -> Vec<Target> {
 }
 
 /// The slow commits' targets: the defaults' `failed` ops/s at least 0.9 of
-/// one statement per call's, and 1.5 times one write in flight's.
+/// one statement per call's and of one write in flight's. Each of the
+/// [`WIDE`] callers waits a commit per call, so no choice of places carries
+/// more than [`WIDE`] callers a commit: the places the defaults choose may
+/// cost little against the best fixed choice, and cannot gain much.
 pub(crate) fn slow_commits(slow: &SlowCommitsReport) -> Vec<Target> {
     let ms = f64::from(slow.commit_delay_us) / 1000.0;
     vec![
@@ -190,7 +193,7 @@ pub(crate) fn slow_commits(slow: &SlowCommitsReport) -> Vec<Target> {
             "one write in flight fixed",
             slow.defaults_over_one_in_flight.iter().copied(),
             Comparison::AtLeast,
-            1.5,
+            0.9,
         ),
     ]
 }
