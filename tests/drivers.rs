@@ -166,14 +166,16 @@ fn assert_counted(verdict: &Verdict, count: u64, what: &str) {
 // ---------------------------------------------------------------------------
 
 /// A `PoolConnection` a request already holds is lent to a limiter built
-/// for that request, and comes back idle, usable by the request; the counts
-/// are the pool's limiter's too.
+/// for that request, and comes back idle, usable by the request, after one
+/// pair and after two in one statement; the counts are the pool's limiter's
+/// too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sqlx_connection_the_request_holds_is_lent_and_taken_back() {
     let db = fresh_db().await;
     let pool = driver::Sqlx::pool(&db.config(), 2).await;
     let shared = Limiter::new(Postgres::new(pool.clone()));
     let login = limit("login", 5);
+    let per_address = limit("login-address", 5);
     let alice = Key::email("alice@example.com");
 
     // The request's pooled connection, lent and taken back, twice.
@@ -185,11 +187,18 @@ async fn an_sqlx_connection_the_request_holds_is_lent_and_taken_back() {
             let lent = Arc::clone(&lent);
             async move { Ok::<_, Infallible>(SqlxConn(lent.lock_owned().await)) }
         }));
-        assert_counted(
-            &limiter.failed(&login, &alice).await.unwrap(),
-            count,
-            "lent",
-        );
+        let verdict = if count == 1 {
+            limiter.failed(&login, &alice).await.unwrap()
+        } else {
+            let both = [(&login, &alice), (&per_address, &alice)];
+            limiter
+                .failed_all(&both)
+                .await
+                .unwrap()
+                .into_vec()
+                .remove(0)
+        };
+        assert_counted(&verdict, count, "lent");
         drop(limiter);
         pooled = Arc::try_unwrap(held)
             .expect("the limiter and its tasks let go of the connection")

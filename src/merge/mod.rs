@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures::future::join_all;
 use snafu::ResultExt;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
@@ -47,6 +48,8 @@ struct Queue {
     places: usize,
     commits: Commits,
     in_flight: usize,
+    /// The calls queued so far, which numbers them.
+    calls: u64,
     /// Every stored key that has callers waiting or a statement in flight.
     keys: HashMap<String, Waiting>,
     /// The keys whose callers wait for the next statement, in order; each
@@ -62,6 +65,8 @@ struct Waiting {
 }
 
 struct Caller {
+    /// The call it is part of, one of its pairs.
+    call: u64,
     deadline: Instant,
     tx: oneshot::Sender<(Answer, Option<Back>)>,
     cost: u64,
@@ -153,28 +158,29 @@ impl Merging {
         deadline: Instant,
     ) -> Result<Vec<Counted>, Error> {
         let operation = op.operation();
-        let waits = self.queue(store, op, pairs, deadline);
-        let mut counted = Vec::with_capacity(waits.len());
-        for (wait, pair) in waits.into_iter().zip(pairs) {
-            let rx = match wait {
-                Wait::Merged(rx) => rx,
-                Wait::Alone => {
-                    let Asked { limit, key, n } = *pair;
-                    let held = &mut S::Held::default();
-                    counted.push(store.count(op, limit, key, n, deadline, held).await?);
-                    continue;
-                }
+        let mut waits = self.queue(store, op, pairs, deadline);
+        // Each merged answer taken as it comes, so that no flight waits on
+        // this call's other pairs ([`gather`]); then the pairs alone.
+        let merged = join_all(waits.iter_mut().map(|wait| async move {
+            let Wait::Merged(rx) = wait else {
+                return None;
             };
-            let answer = match rx.await {
+            Some(match rx.await {
                 Ok((answer, _)) => answer,
                 // Only if the runtime drops a flight unrun.
                 Err(_) => Err(abandoned()),
-            };
-            counted.push(
-                answer
-                    .context(MergedSnafu { operation })
-                    .map_err(Error::from)?,
-            );
+            })
+        }))
+        .await;
+        let mut counted = Vec::with_capacity(pairs.len());
+        for (answer, &Asked { limit, key, n }) in merged.into_iter().zip(pairs) {
+            counted.push(match answer {
+                Some(answer) => answer.context(MergedSnafu { operation })?,
+                None => {
+                    let held = &mut S::Held::default();
+                    store.count(op, limit, key, n, deadline, held).await?
+                }
+            });
         }
         Ok(counted)
     }
@@ -193,6 +199,8 @@ impl Merging {
         let mut first = Vec::new();
         {
             let mut queue = self.shared.lock();
+            queue.calls = queue.calls.wrapping_add(1);
+            let call = queue.calls;
             for &Asked {
                 limit,
                 key,
@@ -209,7 +217,12 @@ impl Merging {
                 }
                 let (tx, rx) = oneshot::channel();
                 waits.push(Wait::Merged(rx));
-                let caller = Caller { deadline, tx, cost };
+                let caller = Caller {
+                    call,
+                    deadline,
+                    tx,
+                    cost,
+                };
                 if let Some(waiting) = queue.keys.get_mut(key) {
                     // Queued, or in flight (queued again when it returns).
                     waiting.callers.push(caller);
@@ -307,8 +320,8 @@ fn start_flight<S: Sealed>(shared: Arc<Shared>, store: Arc<S>, first: Vec<String
 /// gives its place back: no caller waits forever, no place is lost.
 struct Flight<S: Sealed> {
     shared: Arc<Shared>,
-    /// The store, let go before a lone caller hears, so that it can drop
-    /// its limiter and get back what its connection source owns.
+    /// The store, let go before a lone call hears, so that it can drop its
+    /// limiter and get back what its connection source owns.
     store: Option<Arc<S>>,
     /// The connection its last statement answered on, kept for the next.
     held: S::Held,
@@ -338,22 +351,30 @@ impl<S: Sealed> Flight<S> {
                 self.sent_on_held = 0;
             }
             let told = self.answer(answers);
-            let store = if told.len() == 1 && self.shared.lock().ready.is_empty() {
-                // Back to its source idle before a lone caller hears (it
-                // may have lent the connection, and want it back).
+            let lone = told.windows(2).all(|two| two[0].0.call == two[1].0.call);
+            let waiting = self.shared.lock().ready.len();
+            let store = if lone && waiting == 0 {
+                // Back to its source idle before a lone call hears: it may
+                // have lent the connection, and want it back.
                 self.held = S::Held::default();
                 self.store.take().as_ref().map(Arc::downgrade)
             } else {
                 None
             };
-            // The callers told may come back with more: the place is kept
-            // until each has its answer, so that they go in the next
-            // statement with the callers waiting, not in the one after.
-            gather(told).await;
-            if let Some(store) = store {
+            if waiting < MAX_PAIRS {
+                // The callers told may come back with more: the place is
+                // kept until each has its answer, so that they go in the
+                // next statement with the callers waiting, not the one after.
+                gather(told).await;
+            } else {
+                tell(told, None);
+            }
+            let next = self.take(None);
+            if let (Some(_), Some(store)) = (&next, store) {
+                // Callers wait, and hold the limiter, and so the store.
                 self.store = store.upgrade();
             }
-            let Some(next) = self.take(None) else {
+            let Some(next) = next else {
                 return;
             };
             (op, deadline) = next;

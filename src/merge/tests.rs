@@ -241,6 +241,76 @@ async fn a_told_caller_left_unpolled_holds_the_others_up_briefly() {
     );
 }
 
+/// A call whose pairs go in different statements takes each answer as it
+/// comes: the statement that answered one pair does not wait on the call
+/// for the other, which only a later statement sends.
+#[tokio::test(start_paused = true)]
+async fn a_call_takes_each_pairs_answer_as_it_comes() {
+    let ms = Duration::from_millis;
+    let store = Arc::new(Tally {
+        takes: ms(1),
+        ..Tally::default()
+    });
+    let merging = Merging::new(1, false);
+    let limit = limit();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let started = Instant::now();
+    let pair = |key| {
+        [Asked {
+            limit: &limit,
+            key,
+            n: 1,
+        }]
+    };
+    // "m|first" in flight; then a statement's worth of keys queue, with a
+    // call for "m|later" and "m|first": its "m|later" goes in the next
+    // statement, its "m|first" in the one after.
+    let first = pair("m|first");
+    let mut flying = std::pin::pin!(merging.count(&store, Counting::HIT, &first, deadline));
+    assert!(futures::poll!(flying.as_mut()).is_pending());
+    tokio::task::yield_now().await;
+    let keys: Vec<String> = (1..MAX_PAIRS).map(|i| format!("m|{i}")).collect();
+    let others: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            [Asked {
+                limit: &limit,
+                key,
+                n: 1,
+            }]
+        })
+        .collect();
+    let both = [
+        Asked {
+            limit: &limit,
+            key: "m|first",
+            n: 1,
+        },
+        Asked {
+            limit: &limit,
+            key: "m|later",
+            n: 1,
+        },
+    ];
+    let (flown, queued, call) = tokio::join!(
+        flying,
+        join_all(
+            others
+                .iter()
+                .map(|p| merging.count(&store, Counting::HIT, p, deadline))
+        ),
+        merging.count(&store, Counting::HIT, &both, deadline),
+    );
+    assert!(flown.is_ok() && queued.iter().all(Result::is_ok));
+    assert_eq!(call.expect("counted").0[0].count, 2);
+    assert_eq!(store.statements.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        started.elapsed(),
+        ms(3),
+        "three statements, no wait between"
+    );
+}
+
 #[tokio::test]
 async fn reads_and_all_or_nothing_writes_are_never_merged() {
     let store = Arc::new(Tally::default());
