@@ -118,6 +118,17 @@ fn limit() -> Limit {
     Limit::new("m", 1_000, Duration::from_secs(60)).expect("a limit")
 }
 
+/// A store whose statements take 1 ms, merging through one place, and a
+/// deadline far off.
+fn one_place_of_1ms_statements() -> (Arc<Tally>, Merging, Instant) {
+    let store = Tally {
+        takes: Duration::from_millis(1),
+        ..Tally::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    (Arc::new(store), Merging::new(1, false), deadline)
+}
+
 /// Fifty concurrent callers of one key, costs 1 to 3, through one place.
 async fn fifty(merging: &Merging, store: &Arc<Tally>, op: Counting) -> Vec<u64> {
     let limit = limit();
@@ -170,13 +181,8 @@ async fn concurrent_writes_of_one_key_share_statements_and_each_caller_reads_its
 async fn callers_back_from_a_statement_go_together_in_the_next() {
     const CALLERS: usize = 16;
     const ROUNDS: usize = 20;
-    let store = Arc::new(Tally {
-        takes: Duration::from_millis(1),
-        ..Tally::default()
-    });
-    let merging = Merging::new(1, false);
+    let (store, merging, deadline) = one_place_of_1ms_statements();
     let limit = limit();
-    let deadline = Instant::now() + Duration::from_secs(60);
     join_all((0..CALLERS).map(|caller| {
         let (merging, store, limit) = (&merging, &store, &limit);
         async move {
@@ -206,13 +212,8 @@ async fn callers_back_from_a_statement_go_together_in_the_next() {
 #[tokio::test(start_paused = true)]
 async fn a_told_caller_left_unpolled_holds_the_others_up_briefly() {
     let ms = Duration::from_millis;
-    let store = Arc::new(Tally {
-        takes: ms(1),
-        ..Tally::default()
-    });
-    let merging = Merging::new(1, false);
+    let (store, merging, deadline) = one_place_of_1ms_statements();
     let limit = limit();
-    let deadline = Instant::now() + Duration::from_secs(60);
     let first = [Asked {
         limit: &limit,
         key: "m|a",
@@ -247,13 +248,8 @@ async fn a_told_caller_left_unpolled_holds_the_others_up_briefly() {
 #[tokio::test(start_paused = true)]
 async fn a_call_takes_each_pairs_answer_as_it_comes() {
     let ms = Duration::from_millis;
-    let store = Arc::new(Tally {
-        takes: ms(1),
-        ..Tally::default()
-    });
-    let merging = Merging::new(1, false);
+    let (store, merging, deadline) = one_place_of_1ms_statements();
     let limit = limit();
-    let deadline = Instant::now() + Duration::from_secs(60);
     let started = Instant::now();
     let pair = |key| {
         [Asked {
