@@ -59,9 +59,8 @@ async fn probe(pool: &deadpool_postgres::Pool) -> Option<Result<(), BoxError>> {
 }
 
 /// A deadpool pool, or one of its connections, on which the limiter prepares each statement once
-/// per connection in deadpool's statement cache. Opt-in: it needs what sqlx needs of PgBouncer,
-/// and a statement deallocated behind the cache fails one call with
-/// [`ErrorKind::Query`](crate::ErrorKind::Query) ([drivers](crate::guide#drivers)).
+/// per connection in deadpool's statement cache. Opt-in: it needs what sqlx needs of PgBouncer
+/// ([drivers](crate::guide#drivers)).
 ///
 /// ```no_run
 /// # async fn demo(pool: deadpool_postgres::Pool) {

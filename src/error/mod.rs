@@ -61,8 +61,7 @@ pub struct Error(Inner);
 /// | `22023` | invalid_parameter_value | Query |
 ///
 /// A [`migrate`](crate::Postgres::migrate)'s `PK002` and `PK005` are
-/// `Query`. `25006` is a hot standby's answer: the source does not point at
-/// the primary, so the store is unreachable.
+/// `Query`; `25006` is a standby's ([read replicas](crate::guide#read-replicas)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {

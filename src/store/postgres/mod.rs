@@ -1,10 +1,6 @@
-//! [`Postgres`]: the real store. Here the type, `migrate`, each call's
-//! envelope, and [`call`], the one place a statement is sent, on any driver,
-//! within its [`Budget`] (the split of a call's budget between the server and
-//! the client); and [`Health`], what it knows of its server: whether the
-//! latest probe found it down ([down or overloaded](crate::guide#down-or-overloaded)),
-//! and about how long a round trip takes. `counts.rs` holds the calls, each a
-//! statement of [`sql`].
+//! [`Postgres`], the real store: [`call`], the one place a statement is
+//! sent, within its [`Budget`], and [`Health`], what it knows of its server.
+//! `counts.rs` holds the calls, each a statement of [`sql`].
 
 mod counts;
 
@@ -26,10 +22,7 @@ use crate::store::sql::{self, Statement};
 use crate::{Error, ErrorKind, LimitConn, ManualClock};
 
 /// The real store: each key's count in each window is a row of
-/// `platformkit_limits`, shared by every replica and kept across deploys.
-///
-/// Each call borrows one connection from the caller's [`LimitConn`] and
-/// sends one statement, one round trip, on the database's clock
+/// `platformkit_limits`, shared by every replica and kept across deploys
 /// ([one call's path](crate::guide#one-calls-path)).
 ///
 /// ```no_run
@@ -299,11 +292,8 @@ impl<C: LimitConn> Postgres<C> {
 
 impl<C: LimitConn> Store for Postgres<C> {}
 
-/// Sends one statement on `session`, in autocommit, and returns its one
-/// row; the server stops within [`Budget`]
-/// ([the budget on the server](crate::guide#the-budget-on-the-server)). An
-/// answer after this call's own cancel is the budget running out, never an
-/// acknowledgement; a connection lent inside a transaction is rolled back.
+/// Sends one statement on `session` and returns its one row, within
+/// [`Budget`] ([the budget on the server](crate::guide#the-budget-on-the-server)).
 pub(crate) async fn call<S: Session, const N: usize>(
     session: &mut S,
     operation: Operation,
@@ -358,9 +348,8 @@ pub(crate) fn deleted(row: &Row, operation: Operation) -> Result<u64, Error> {
     Ok(u64::try_from(deleted).unwrap_or(0))
 }
 
-/// How a call's budget is split between the server and the client, on a
-/// link whose round trip is about `rtt` (zero before the first answer):
-/// [the budget on the server](crate::guide#the-budget-on-the-server).
+/// How a call's budget is split between the server and the client
+/// ([the budget on the server](crate::guide#the-budget-on-the-server)).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Budget {
     /// The server's part, in whole milliseconds (at least 1).
@@ -466,9 +455,8 @@ enum Before {
 }
 
 impl Health {
-    /// Whether the server is down for a call about to try it: the latest
-    /// probe found it so and still stands, or another call is asking again.
-    /// A call that finds an aged "down" probes.
+    /// Whether the server is down for a call about to try it; a call that
+    /// finds an aged "down" probes.
     pub(crate) async fn down_before(&self, ask: impl Future<Output = Startup>) -> bool {
         if !self.down.load(Ordering::Relaxed) {
             return false;
