@@ -58,8 +58,7 @@ impl<S, R> LimitLayer<S, R> {
 
     /// What each request costs, read from its head (a batch's size); 1 without it. Every rule
     /// counts the whole cost ([API quotas](crate::guide#api-quotas)). A cost of 0 passes
-    /// uncounted, though a missing required key or address is still answered; one above a
-    /// rule's max is answered 413 ([`Rejection::TooLarge`]), nothing counted.
+    /// uncounted, though a missing required key or address is still answered.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.config.cost = Some(Arc::new(cost));
         self

@@ -140,9 +140,8 @@ impl Limit {
     }
 
     /// The same limit with another `max`, every other setting kept: a
-    /// [tier](crate::guide#api-quotas), sharing one count per key. Calls, lockouts and
-    /// [`Limiter::status`](crate::Limiter::status) go by the max of the limit they are given:
-    /// ask under the tier the key is on.
+    /// [tier](crate::guide#api-quotas), sharing one count per key. Calls and lockouts go by the
+    /// max of the limit they are given: ask under the tier the key is on.
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory};

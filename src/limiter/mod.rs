@@ -110,7 +110,6 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Reads the verdict for an attempt before it is made; writes nothing.
-    /// Allowed while the key's failures are fewer than the limit's `max`.
     ///
     /// # Errors
     ///
@@ -143,11 +142,9 @@ impl<S: Store> Limiter<S> {
         Ask::one(self, Counting::HIT, limit, key)
     }
 
-    /// Counts this attempt **before** the work it guards, in the statement
-    /// that decides, and when the limit allows it hands back a [`Permit`]:
-    /// at most `max` attempts per window hold one, however many arrive at
-    /// once (concurrent `check`s all pass before the first `failed` is
-    /// written).
+    /// Counts this attempt **before** the work it guards and, when the limit
+    /// allows it, hands back a [`Permit`]: at most `max` attempts per window
+    /// hold one, however many arrive at once.
     ///
     /// ```
     /// use platformkit_limit::{Key, Limit, Limiter, Memory, Reservation};
@@ -256,8 +253,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// As [`hit_all`](Limiter::hit_all), all or nothing: the cost is counted
-    /// under every limit if all allow it, under none if one refuses. For
-    /// quotas, where a refusal per second must not spend the day's quota
+    /// under every limit if all allow it, under none if one refuses
     /// ([all or nothing](crate::guide#api-quotas)).
     ///
     /// ```

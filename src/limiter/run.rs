@@ -1,7 +1,5 @@
-//! How a counting call runs, whatever its pairs and cost: the ask of a cost
-//! ([`Ask`]), the call's deadline and its outcome in the metrics ([`Call`]),
-//! `run_all` (the cost's bound and the refusal cache) and `ask` (the store,
-//! and what a store down or overloaded makes of it).
+//! How a counting call runs, whatever its pairs and cost: [`Ask`], [`Call`],
+//! `run_all` and `ask` ([one call's path](crate::guide#one-calls-path)).
 
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
@@ -523,10 +521,8 @@ impl Call {
             .unwrap_or_else(|_| Err(Error::out_of_budget(self.operation, self.budget)))
     }
 
-    /// Runs `work`, a call to `store`, within the budget, unless the latest
-    /// probe found the store down; a call that got no answer is unreachable
-    /// only if a probe finds it down, else shed
-    /// ([down or overloaded](crate::guide#down-or-overloaded)).
+    /// Runs `work`, a call to `store`, within the budget, a probe telling
+    /// down from shed ([down or overloaded](crate::guide#down-or-overloaded)).
     pub(crate) async fn within_store<T, S: Sealed>(
         &self,
         store: &S,

@@ -220,8 +220,6 @@ impl<S: Store> Limiter<S> {
     /// Records `limits` in the store, each replacing what is recorded under
     /// its name, for the operator's tools
     /// ([the limits](crate::guide#the-limits-as-the-service-defines-them)).
-    /// A start-up step, after [`Postgres::migrate`](crate::Postgres::migrate);
-    /// one statement a limit.
     ///
     /// # Errors
     ///
