@@ -42,8 +42,7 @@ pub const CALL_DURATION_SECONDS: &str = "platformkit_limit_call_duration_seconds
 /// Counter of rows deleted by [`purge`](crate::purge).
 pub const PURGED_ROWS_TOTAL: &str = "platformkit_limit_purged_rows_total";
 
-/// Counter of purge runs that failed (the rows of earlier batches stay
-/// deleted).
+/// Counter of purge runs that failed.
 pub const PURGE_FAILURES_TOTAL: &str = "platformkit_limit_purge_failures_total";
 
 /// Counter of statements sent to PostgreSQL, by operation.

@@ -13,10 +13,8 @@ use crate::store::sql::{self, PurgePlace};
 use crate::{Error, LimitConn, metric};
 
 /// Deletes the rows whose window closed more than a day and more than a
-/// window length ago; how many went. Run it hourly ([purge](crate::guide#purge)).
-/// In batches of [`PurgeTask::BATCH_ROWS`], each its own short transaction
-/// on a connection of its own, skipping rows a call holds: it never waits
-/// on a login.
+/// window length ago, in batches that skip rows a call holds; how many
+/// went. Run it hourly ([purge](crate::guide#purge)).
 ///
 /// # Errors
 ///

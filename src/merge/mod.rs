@@ -148,8 +148,7 @@ impl Merging {
 
     /// Adds `cost` to each stored key's count under its limit, merged with
     /// the other callers; each count after this caller's addition, in the
-    /// order given. Dropping the future gives up this caller's wait and
-    /// nothing else: its cost may or may not be counted.
+    /// order given.
     async fn add_all<S: Sealed>(
         &self,
         store: &Arc<S>,
@@ -284,8 +283,7 @@ fn abandoned() -> Arc<Error> {
 }
 
 /// How many statements a flight sends on one connection before it gives it
-/// back ([merging](crate::guide#merging)): over sqlx with 16 callers, 8 cost
-/// the defaults a sixth of their attempts, 64 nothing (docs/PERFORMANCE.md, levers).
+/// back ([merging](crate::guide#merging); why 64: docs/PERFORMANCE.md, levers).
 const HOLD_STATEMENTS: usize = 64;
 
 /// The longest a flight waits for the callers it told ([`gather`]).
@@ -597,10 +595,7 @@ impl Queue {
 }
 
 /// How many flights may be in flight, `queued` writes waiting for a place
-/// or not ([merging](crate::guide#merging)): one more, up to `most`, while
-/// writes queue and the statements are mostly a wait of [`FLUSH_BOUND`] or
-/// more on the WAL's flush; one fewer, down to one, when the commits wait
-/// less or are a small part.
+/// or not, from one up to `most` ([how many places](crate::guide#merging)).
 fn places_after(places: usize, most: usize, commits: &Commits, queued: bool) -> usize {
     let Commits { waited, took } = *commits;
     if waited < FLUSH_BOUND || waited * 4 < took {
