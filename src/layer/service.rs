@@ -1,6 +1,5 @@
-//! One request's path through the layer: what a [`LimitLayer`](super::LimitLayer) and its
-//! services share ([`Config`]), each request's keys and cost, [`LimitService`], and what the
-//! layer answers instead of the service ([`Rejection`]) and the fields it adds.
+//! One request's path through the layer: [`Config`], each request's keys and cost,
+//! [`LimitService`], what it answers instead of the service ([`Rejection`]), the fields it adds.
 
 use std::fmt;
 use std::num::NonZeroU32;

@@ -380,9 +380,8 @@ impl<S: Sealed> Flight<S> {
     }
 
     /// Takes the keys waiting (at most [`MAX_PAIRS`]; only `only`'s, if
-    /// given) and their callers for the next statement: its operation and
-    /// deadline, the latest of its callers'. `None`, giving the place back,
-    /// when nothing waits.
+    /// given) and their callers for the next statement, with its operation
+    /// and deadline; `None`, giving the place back, when nothing waits.
     fn take(&mut self, only: Option<&[String]>) -> Option<(Counting, Instant)> {
         let mut queue = self.shared.lock();
         if only.is_none() && queue.in_flight > queue.places {
