@@ -110,6 +110,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Reads the verdict for an attempt before it is made; writes nothing.
+    /// Allowed while the key's failures are fewer than the limit's `max`.
     ///
     /// # Errors
     ///

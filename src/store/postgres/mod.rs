@@ -22,8 +22,9 @@ use crate::store::sql::{self, Statement};
 use crate::{Error, ErrorKind, LimitConn, ManualClock};
 
 /// The real store: each key's count in each window is a row of
-/// `platformkit_limits`, shared by every replica and kept across deploys
-/// ([one call's path](crate::guide#one-calls-path)).
+/// `platformkit_limits`, shared by every replica and kept across deploys.
+/// Each call borrows one connection from the caller's [`LimitConn`] and
+/// sends one statement ([one call's path](crate::guide#one-calls-path)).
 ///
 /// ```no_run
 /// use platformkit_limit::{Key, Limit, Limiter, Postgres};
