@@ -34,8 +34,8 @@ use axum::http::{StatusCode, response};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::post;
-use platformkit_limit::layer::{ClientIp, LimitLayer, Rejection};
 use platformkit_limit::{Key, Limit, Limiter, Reservation, Store};
+use platformkit_limit_tower::{ClientIp, LimitLayer, Rejection};
 use serde::Deserialize;
 
 /// The limits, made once.

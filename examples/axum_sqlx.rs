@@ -3,7 +3,7 @@
 //! migration at start-up, and Prometheus metrics.
 //!
 //! ```text
-//! cargo run --example axum_sqlx --features sqlx,axum   # on 127.0.0.1:3000
+//! cargo run --example axum_sqlx --features sqlx   # on 127.0.0.1:3000
 //! curl -si -H 'x-account: alice@example.com' -d 'password=guess' localhost:3000/login
 //! curl -si -H 'x-api-key: demo' localhost:3000/api/items
 //! curl -s localhost:3000/metrics
@@ -51,10 +51,10 @@ use axum::extract::Form;
 use axum::http::{HeaderMap, StatusCode, header, request, response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use platformkit_limit::layer::LimitLayer;
 use platformkit_limit::{
     Key, Limit, Limiter, Postgres, PurgeTask, SCHEMA, WhenUnreachable, grants,
 };
+use platformkit_limit_tower::LimitLayer;
 use serde::Deserialize;
 use sqlx::PgPool;
 

@@ -3,8 +3,8 @@
 //! database cannot be reached.
 //!
 //! ```text
-//! cargo run --example login --features sqlx,axum
-//! cargo run --example login --features sqlx,axum -- --metrics   # and the Prometheus text
+//! cargo run --example login --features sqlx
+//! cargo run --example login --features sqlx -- --metrics   # and the Prometheus text
 //! ```
 //!
 //! It starts a throwaway PostgreSQL (or uses `DATABASE_URL`, which must then
@@ -20,9 +20,9 @@ use axum::extract::Form;
 use axum::http::{Request, StatusCode, header, request::Parts, response};
 use axum::routing::post;
 use metrics_exporter_prometheus::PrometheusBuilder;
-use platformkit_limit::layer::LimitLayer;
 use platformkit_limit::{Key, Limit, Limiter, Postgres};
 use platformkit_limit_testdb::Server;
+use platformkit_limit_tower::LimitLayer;
 use sqlx::PgPool;
 use tower::ServiceExt as _;
 

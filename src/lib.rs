@@ -39,13 +39,11 @@
 //!   (`deadpool_postgres::Pool`, `bb8::Pool` of `bb8_postgres::PostgresConnectionManager`,
 //!   `sqlx::PgPool`), with `driver::Prepared` (deadpool) and `driver::SqlxConn` (sqlx)
 //!   ([drivers](guide#drivers));
-//! - `tracing` (on by default): events on fail-open, shed calls, purges and the layer's 500s,
-//!   never with the key;
-//! - `tower`: `layer::LimitLayer` ([guide](guide#behind-a-tower-layer)); `axum`: `tower`, and
-//!   `layer::client_ip` also reads axum's `ConnectInfo<SocketAddr>`.
+//! - `tracing` (on by default): events on fail-open, shed calls and purges, never with the key.
 //!
-//! The admin page and the operator's tool are the crates `platformkit-limit-admin` and
-//! `platformkit-limit-cli`.
+//! Beside it, over its public API: the tower layer `LimitLayer` (the crate
+//! `platformkit-limit-tower`), the admin page and the operator's tool (`platformkit-limit-admin`,
+//! `platformkit-limit-cli`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 
@@ -57,9 +55,6 @@ pub mod driver;
 mod error;
 pub mod guide;
 mod key;
-#[cfg(feature = "tower")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
-pub mod layer;
 mod limit;
 mod limiter;
 mod merge;

@@ -64,43 +64,6 @@ pub(crate) fn purge_failed(rows: u64, cause: &Error) {
     );
 }
 
-/// The tower layer answered 500.
-#[cfg(all(feature = "tracing", feature = "tower"))]
-pub(crate) fn layer_failed(cause: &Error) {
-    tracing::error!(
-        cause = %DisplayChain(cause),
-        "platformkit-limit: request answered 500 by the limit layer"
-    );
-}
-
-/// A per-address rule found no client address (answered 500); `fix` says
-/// how to hand the layer the address.
-#[cfg(all(feature = "tracing", feature = "tower"))]
-pub(crate) fn no_client_address(limit: &str, fix: &str) {
-    tracing::error!(
-        limit,
-        "platformkit-limit: request answered 500 by the limit layer: {fix}"
-    );
-}
-
-/// The tower layer could not take back a successful attempt.
-#[cfg(all(feature = "tracing", feature = "tower"))]
-pub(crate) fn take_back_failed(cause: &Error) {
-    tracing::warn!(
-        cause = %DisplayChain(cause),
-        "platformkit-limit: a successful attempt could not be taken back and stays counted"
-    );
-}
-
-#[cfg(all(not(feature = "tracing"), feature = "tower"))]
-pub(crate) fn layer_failed(_cause: &Error) {}
-
-#[cfg(all(not(feature = "tracing"), feature = "tower"))]
-pub(crate) fn no_client_address(_limit: &str, _fix: &str) {}
-
-#[cfg(all(not(feature = "tracing"), feature = "tower"))]
-pub(crate) fn take_back_failed(_cause: &Error) {}
-
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn unreachable(_limit: &str, _operation: Operation, _cause: &Error, _decided: Decided) {}
 

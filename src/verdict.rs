@@ -277,6 +277,13 @@ impl Verdicts {
     }
 }
 
+/// Verdicts in the order given, such as two calls' joined ([`Verdicts::into_vec`]).
+impl From<Vec<Verdict>> for Verdicts {
+    fn from(verdicts: Vec<Verdict>) -> Self {
+        Verdicts(verdicts)
+    }
+}
+
 impl<'a> IntoIterator for &'a Verdicts {
     type Item = &'a Verdict;
     type IntoIter = std::slice::Iter<'a, Verdict>;

@@ -399,7 +399,7 @@ async fn login(db: &TestDb) -> Login {
     use axum::extract::Extension;
     use axum::http::StatusCode;
     use platformkit_limit::Verdicts;
-    use platformkit_limit::layer::LimitLayer;
+    use platformkit_limit_tower::LimitLayer;
 
     let manager = deadpool_postgres::Manager::new(db.config(), tokio_postgres::NoTls);
     let pool = deadpool_postgres::Pool::builder(manager)

@@ -7,8 +7,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use platformkit_limit::layer::LimitLayer;
 use platformkit_limit::{Key, Limiter, Memory};
+use platformkit_limit_tower::LimitLayer;
 use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status};

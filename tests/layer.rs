@@ -17,12 +17,12 @@ use axum::http::{HeaderMap, Request, Response, StatusCode, header, request, resp
 use axum::routing::{get, post};
 use common::http;
 use common::verdicts::counts_of;
-use platformkit_limit::layer::{ClientIp, LimitLayer, Rejection};
 use platformkit_limit::{
     Key, Limit, LimitConn, Limiter, ManualClock, Memory, Postgres, SCHEMA, Store, Verdicts,
     WhenUnreachable,
 };
 use platformkit_limit_testdb::Server;
+use platformkit_limit_tower::{ClientIp, LimitLayer, Rejection};
 use tower::ServiceExt as _;
 
 /// The start of a window of a minute, of 15 minutes and of an hour.

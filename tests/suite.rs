@@ -18,7 +18,6 @@ mod common;
 
 mod agreement;
 mod attempts;
-#[cfg(feature = "axum")]
 mod axum_form_login;
 mod budget;
 mod bursts;
@@ -30,17 +29,15 @@ mod down_or_up;
 #[cfg(all(feature = "sqlx", feature = "deadpool"))]
 mod drivers;
 mod failover;
-#[cfg(all(feature = "axum", feature = "deadpool"))]
+#[cfg(feature = "deadpool")]
 mod floods;
 #[cfg(feature = "internal-checks")]
 mod fuzz_corpus;
-#[cfg(feature = "tower")]
 mod grpc;
 mod hostile_keys;
 mod hostile_sessions;
 #[cfg(feature = "internal-checks")]
 mod keys;
-#[cfg(feature = "axum")]
 mod layer;
 mod login_without_grants;
 mod lost_updates;

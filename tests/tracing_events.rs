@@ -90,12 +90,11 @@ fn unreachable_outcomes_are_warnings_and_a_purge_is_info_without_the_key() {
 /// The newcomer's mistake: a per-address rule in front of a router served
 /// without `into_make_service_with_connect_info`. The first request is
 /// answered 500, and an error event names the rule's limit and the fix.
-#[cfg(feature = "axum")]
 #[test]
 fn a_per_address_rule_without_a_client_address_is_an_error_event_naming_the_limit_and_the_fix() {
     use axum::body::Body;
     use axum::http::{Request, StatusCode};
-    use platformkit_limit::layer::LimitLayer;
+    use platformkit_limit_tower::LimitLayer;
     use tower::ServiceExt as _;
 
     let seen = Seen::during(|_| async {

@@ -80,7 +80,6 @@ pub async fn send(
 
 /// `app` on a loopback port, served by hyper through `axum::serve`, with or
 /// without the peer's address in `ConnectInfo`.
-#[cfg(feature = "axum")]
 pub async fn serve(app: axum::Router, connect_info: bool) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

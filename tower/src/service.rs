@@ -13,9 +13,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use tower::Service;
 
 use super::client_ip::client_ip;
-use crate::error::InvalidLimitSnafu;
-use crate::store::Store;
-use crate::{Error, Key, Limit, Limiter, Reservations, Verdict, Verdicts};
+use platformkit_limit::{Error, Key, Limit, Limiter, Reservations, Store, Verdict, Verdicts};
 
 /// The service [`LimitLayer`](super::LimitLayer) wraps around yours.
 pub struct LimitService<T, S, R = DefaultOnRejection> {
@@ -142,7 +140,7 @@ where
                 .is_some_and(|status| status != "0");
             if succeeded(&head) && !grpc_failed {
                 if let Err(e) = permits.succeeded().await {
-                    crate::trace::take_back_failed(&e);
+                    take_back_failed(&e);
                 }
             } else {
                 permits.failed();
@@ -159,7 +157,7 @@ fn attach<B>(request: &mut Request<B>, verdicts: Verdicts) {
         Some(outer) => {
             let mut all = outer.into_vec();
             all.extend(verdicts.into_vec());
-            Verdicts::from_vec(all)
+            Verdicts::from(all)
         }
         None => verdicts,
     };
@@ -275,18 +273,11 @@ impl<S, R> Config<S, R> {
                 continue;
             };
             let limit = match rule.tier.as_ref().and_then(|tier| tier(head)) {
-                Some(tier) if rule.limit.is_tier(&tier) => tier,
-                Some(tier) => {
-                    let error = InvalidLimitSnafu {
-                        name: tier.name(),
-                        reason: format!(
-                            "the tier of a request must be the rule's limit {:?} under another \
-                             max (Limit::with_max), the same in every other setting",
-                            rule.limit.name()
-                        ),
-                    }
-                    .build();
-                    return Err(Rejection::Failed(Error::from(error)));
+                Some(tier) if rule.limit.with_max(tier.max()).is_ok_and(|t| t == tier) => tier,
+                Some(_) => {
+                    return Err(Rejection::WrongTier {
+                        limit: rule.limit.name().to_owned(),
+                    });
                 }
                 None => rule.limit.clone(),
             };
@@ -351,8 +342,8 @@ impl<S, R> fmt::Debug for Config<S, R> {
 pub enum Rejection {
     /// A limit refused by its count ([`Verdicts::refused_by`]): 429 Too Many Requests.
     Refused(Verdicts),
-    /// No refusing limit counted (unreachable and [`Refuse`](crate::WhenUnreachable::Refuse),
-    /// or [shed](crate::Verdicts::is_shed)): 503 Service Unavailable.
+    /// No refusing limit counted (unreachable and [`Refuse`](platformkit_limit::WhenUnreachable::Refuse),
+    /// or [shed](platformkit_limit::Verdicts::is_shed)): 503 Service Unavailable.
     Unavailable(Verdicts),
     /// The ask's cost is above a limit's max ([`Verdict::exceeds_max`]): 413 Content Too Large,
     /// without `Retry-After`, nothing counted.
@@ -365,6 +356,12 @@ pub enum Rejection {
     /// A [per-address rule](super::LimitLayer::limit_per_client_ip) found no client address:
     /// 500 Internal Server Error and an error event; the default body says how to fix it.
     NoClientAddress {
+        /// The name of the rule's limit.
+        limit: String,
+    },
+    /// A rule's [tier](super::LimitLayer::tier) is not its limit under another max: 500 Internal
+    /// Server Error and an error event.
+    WrongTier {
         /// The name of the rule's limit.
         limit: String,
     },
@@ -389,9 +386,9 @@ impl Rejection {
             Rejection::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::MissingKey { .. } => StatusCode::BAD_REQUEST,
-            Rejection::NoClientAddress { .. } | Rejection::Failed(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            Rejection::NoClientAddress { .. }
+            | Rejection::WrongTier { .. }
+            | Rejection::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -403,6 +400,7 @@ impl Rejection {
             | Rejection::TooLarge(verdicts) => Some(verdicts),
             Rejection::MissingKey { .. }
             | Rejection::NoClientAddress { .. }
+            | Rejection::WrongTier { .. }
             | Rejection::Failed(_) => None,
         }
     }
@@ -424,10 +422,9 @@ impl Rejection {
     /// The event for a rejection that is the service's fault.
     pub(super) fn report(&self) {
         match self {
-            Rejection::Failed(error) => crate::trace::layer_failed(error),
-            Rejection::NoClientAddress { limit } => {
-                crate::trace::no_client_address(limit, no_client_address!());
-            }
+            Rejection::Failed(error) => failed(error),
+            Rejection::NoClientAddress { limit } => misconfigured(limit, no_client_address!()),
+            Rejection::WrongTier { limit } => misconfigured(limit, WRONG_TIER),
             Rejection::Refused(_)
             | Rejection::Unavailable(_)
             | Rejection::TooLarge(_)
@@ -444,6 +441,44 @@ impl Rejection {
     }
 }
 
+/// Why a tier is answered 500 ([`Rejection::WrongTier`]).
+const WRONG_TIER: &str = "a request's tier must be the rule's limit under another max (Limit::with_max), the same in \
+     every other setting";
+
+/// The error event for a rule the service set up wrong (feature `tracing`): its limit and the
+/// fix, never the key.
+fn misconfigured(limit: &str, fix: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::error!(
+        limit,
+        "platformkit-limit: request answered 500 by the limit layer: {fix}"
+    );
+    #[cfg(not(feature = "tracing"))]
+    let _ = (limit, fix);
+}
+
+/// The error event for a hard error (feature `tracing`), with its sources.
+fn failed(cause: &Error) {
+    #[cfg(feature = "tracing")]
+    tracing::error!(
+        cause = cause as &dyn std::error::Error,
+        "platformkit-limit: request answered 500 by the limit layer"
+    );
+    #[cfg(not(feature = "tracing"))]
+    let _ = cause;
+}
+
+/// The warning for a successful attempt that could not be taken back (feature `tracing`).
+fn take_back_failed(cause: &Error) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        cause = cause as &dyn std::error::Error,
+        "platformkit-limit: a successful attempt could not be taken back and stays counted"
+    );
+    #[cfg(not(feature = "tracing"))]
+    let _ = cause;
+}
+
 /// The rejection for refusing verdicts, such as
 /// [`Reservations::Refused`]'s.
 impl From<Verdicts> for Rejection {
@@ -453,10 +488,10 @@ impl From<Verdicts> for Rejection {
 }
 
 /// The rejection for a refusing verdict, such as
-/// [`Reservation::Refused`](crate::Reservation::Refused)'s.
+/// [`Reservation::Refused`](platformkit_limit::Reservation::Refused)'s.
 impl From<Verdict> for Rejection {
     fn from(verdict: Verdict) -> Self {
-        Rejection::of(Verdicts::from_vec(vec![verdict]))
+        Rejection::of(Verdicts::from(vec![verdict]))
     }
 }
 
@@ -516,7 +551,7 @@ impl<B: From<&'static str>> OnRejection<B> for DefaultOnRejection {
             Rejection::NoClientAddress { .. } => {
                 concat!("internal server error: ", no_client_address!(), "\n")
             }
-            Rejection::Failed(_) => "internal server error\n",
+            Rejection::WrongTier { .. } | Rejection::Failed(_) => "internal server error\n",
         };
         let mut response = Response::new(B::from(body));
         *response.status_mut() = rejection.status();
@@ -531,7 +566,7 @@ impl<B: From<&'static str>> OnRejection<B> for DefaultOnRejection {
 /// The answers a gRPC client understands ([`LimitLayer::grpc`](super::LimitLayer::grpc)): HTTP
 /// 200, an empty body, the status in `grpc-status` and `grpc-message` (trailers-only), the
 /// fields as metadata. Which status for which rejection:
-/// [behind a tower layer](crate::guide#behind-a-tower-layer).
+/// [behind a tower layer](crate#behind-a-tower-layer).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GrpcOnRejection;
 
@@ -544,7 +579,9 @@ impl<B: Default> OnRejection<B> for GrpcOnRejection {
             Rejection::MissingKey { .. } => {
                 ("3", "the request lacks the key a rate limit counts it by")
             }
-            Rejection::NoClientAddress { .. } | Rejection::Failed(_) => ("13", "internal error"),
+            Rejection::NoClientAddress { .. }
+            | Rejection::WrongTier { .. }
+            | Rejection::Failed(_) => ("13", "internal error"),
         };
         let mut response = Response::new(B::default());
         let headers = response.headers_mut();

@@ -8,7 +8,7 @@ use http::request::Parts;
 /// [`client_ip`] and
 /// [`LimitLayer::limit_per_client_ip`](super::LimitLayer::limit_per_client_ip) read first. No
 /// `X-Forwarded-For`, `Forwarded` or `X-Real-IP` is read
-/// ([why](crate::guide#behind-a-tower-layer)).
+/// ([why](crate#behind-a-tower-layer)).
 ///
 /// # Behind a proxy
 ///
@@ -24,7 +24,7 @@ use http::request::Parts;
 /// use axum::middleware::{self, Next};
 /// use axum::response::Response;
 /// use axum::{Extension, Router, body::Body, routing::get};
-/// use platformkit_limit::layer::ClientIp;
+/// use platformkit_limit_tower::ClientIp;
 /// use tower::ServiceExt as _;
 ///
 /// /// The proxies this service stands behind: only their header counts.

@@ -6,7 +6,7 @@ use http::request::Parts;
 
 use super::LimitLayer;
 use super::service::{Config, GrpcOnRejection, KeyOf, Rejection, Rule, TierFn};
-use crate::{Key, Limit, Limiter};
+use platformkit_limit::{Key, Limit, Limiter};
 
 impl<S, R> LimitLayer<S, R> {
     /// Adds a rule: `limit`, counted per the key `key` reads from the request head. **`None`
@@ -57,7 +57,7 @@ impl<S, R> LimitLayer<S, R> {
     }
 
     /// What each request costs, read from its head (a batch's size); 1 without it. Every rule
-    /// counts the whole cost ([API quotas](crate::guide#api-quotas)). A cost of 0 passes
+    /// counts the whole cost ([API quotas](platformkit_limit::guide#api-quotas)). A cost of 0 passes
     /// uncounted, though a missing required key or address is still answered.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.config.cost = Some(Arc::new(cost));
@@ -76,7 +76,7 @@ impl<S, R> LimitLayer<S, R> {
     /// use axum::body::Body;
     /// use axum::http::{Request, StatusCode, request::Parts};
     /// use axum::routing::get;
-    /// use platformkit_limit::layer::LimitLayer;
+    /// use platformkit_limit_tower::LimitLayer;
     /// use platformkit_limit::{Key, Limit, Limiter, Memory};
     /// use tower::ServiceExt as _;
     ///
@@ -134,7 +134,7 @@ impl<S, R> LimitLayer<S, R> {
     }
 
     /// Sends the IETF `RateLimit-Policy` and `RateLimit` fields ([`Limit::policy_field`],
-    /// [`Verdict::rate_limit_field`](crate::Verdict::rate_limit_field)) for the rules of
+    /// [`Verdict::rate_limit_field`](platformkit_limit::Verdict::rate_limit_field)) for the rules of
     /// `limit` (by its name) on every response they decided. Off unless asked for: on a
     /// per-account login limit they would tell an attacker how many guesses are left.
     ///
@@ -164,7 +164,7 @@ impl<S, R> LimitLayer<S, R> {
     /// ```
     /// use axum::body::Body;
     /// use axum::http::{Response, header};
-    /// use platformkit_limit::layer::{LimitLayer, Rejection};
+    /// use platformkit_limit_tower::{LimitLayer, Rejection};
     /// use platformkit_limit::{Limiter, Memory};
     ///
     /// let layer = LimitLayer::hit(Limiter::new(Memory::new())).on_rejection(

@@ -1,5 +1,58 @@
-//! The limiter in front of a tower service (feature `tower`): [`LimitLayer`], what it answers
-//! instead ([`Rejection`]) and the client's address ([`ClientIp`]).
+//! The limiter of [`platformkit_limit`] in front of a tower service: [`LimitLayer`], what it
+//! answers instead ([`Rejection`]) and the client's address ([`ClientIp`]).
+//!
+//! Features: `tracing` (on by default), an error event whenever the layer answers 500, never
+//! with the key; `axum`, [`client_ip`](client_ip()) also reads axum's `ConnectInfo<SocketAddr>` and
+//! [`Rejection`] is an `IntoResponse`.
+//!
+//! # Behind a tower layer
+//!
+//! [`LimitLayer`] puts a [`Limiter`] in front of any `http` service (axum,
+//! tonic, hyper). Each rule is a limit and a key function over the request head; every rule
+//! that gives a key is decided in one statement. The body is never read: a
+//! key only the body holds (a login form's account) is reserved in the
+//! handler with [`Limiter::reserve`](platformkit_limit::Limiter::reserve), returning [`Rejection`] to answer as the
+//! layer does (`examples/axum_form_login.rs`).
+//!
+//! Three modes: `hit` counts every request (API quotas); `attempt` reserves
+//! the request before the service runs and takes it back when the response
+//! says it succeeded, so only failures count, without the race between
+//! `check` and `failed`; `hit_all_or_nothing` counts a request under every
+//! rule only if every rule allows it ([all or nothing](platformkit_limit::guide#api-quotas)).
+//!
+//! What the layer answers:
+//!
+//! | the request | the answer |
+//! |---|---|
+//! | every rule allows it, or exempts it (a key function's `None`: a health check, an anonymous user of a per-user limit) | the service's response |
+//! | a limit refuses it by its count | 429 with `Retry-After` |
+//! | a limit refuses with no count: the store unreachable, the limit [`WhenUnreachable::Refuse`](platformkit_limit::WhenUnreachable::Refuse) | 503 |
+//! | shed: the store up and overloaded ([down or overloaded](platformkit_limit::guide#down-or-overloaded)) | 503 with `Retry-After: 1` |
+//! | its cost is above a limit's max | 413 (`Rejection::TooLarge`), nothing counted, no `Retry-After` |
+//! | a `require` rule's key is missing (a login without its account) | 400 (`Rejection::MissingKey`), nothing counted |
+//! | a per-address rule finds no client address | 500, with a body and an error event that say how to hand the address over |
+//! | a hard [`Error`](platformkit_limit::Error), a tier that is not the rule's limit under another max, one pair twice in `hit_all_or_nothing` | 500 and an error event |
+//!
+//! Never a silent allow ([fail-open](platformkit_limit::guide#fail-open)). `on_rejection` replaces an answer;
+//! the layer still adds `Retry-After` to a refusal. In front of a tonic
+//! service, `grpc()` answers as a gRPC client reads it: the statuses
+//! `RESOURCE_EXHAUSTED` (429), `FAILED_PRECONDITION` (413), `UNAVAILABLE`
+//! (503), `INVALID_ARGUMENT` (400) and `INTERNAL` (500), the fields as
+//! metadata; in `attempt` mode a call that fails with a gRPC status counts. The IETF
+//! `RateLimit-Policy` and `RateLimit` fields are sent only for the limits the
+//! layer is told to advertise: on a per-account limit they would tell an
+//! attacker how many guesses are left. The key is never sent.
+//!
+//! **The client's address** is what the deployment resolved: axum's
+//! `ConnectInfo` (serve with
+//! `into_make_service_with_connect_info::<SocketAddr>()`), or a
+//! [`ClientIp`] your own middleware sets. The layer
+//! never reads `X-Forwarded-For`: any client can write it, and which hop to
+//! believe (how many proxies, at which addresses) only the deployment knows.
+//! `ClientIp`'s docs show a middleware that believes the header only from
+//! the proxy's own addresses.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![deny(missing_docs)]
 
 mod builder;
 mod client_ip;
@@ -9,8 +62,7 @@ mod service;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::Limiter;
-use crate::store::Store;
+use platformkit_limit::{Limiter, Store};
 
 pub use self::client_ip::{ClientIp, client_ip};
 pub use self::service::LimitService;
@@ -20,10 +72,10 @@ pub use self::service::{DefaultOnRejection, GrpcOnRejection, OnRejection, Reject
 /// A [tower `Layer`](tower::Layer) that limits requests before they reach the service, with a
 /// [`Limiter`] shared by every replica.
 ///
-/// Each rule is a [`Limit`](crate::Limit) and a key read from the request head. A request that
-/// passes reaches the service with the [`Verdicts`](crate::Verdicts) in its extensions; any
+/// Each rule is a [`Limit`](platformkit_limit::Limit) and a key read from the request head. A request that
+/// passes reaches the service with the [`Verdicts`](platformkit_limit::Verdicts) in its extensions; any
 /// other is answered as its [`Rejection`] says. Modes, statuses, headers, costs and tiers:
-/// [behind a tower layer](crate::guide#behind-a-tower-layer).
+/// [behind a tower layer](crate#behind-a-tower-layer).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -33,7 +85,7 @@ pub use self::service::{DefaultOnRejection, GrpcOnRejection, OnRejection, Reject
 /// use axum::body::Body;
 /// use axum::http::{Request, StatusCode, request::Parts};
 /// use axum::routing::get;
-/// use platformkit_limit::layer::LimitLayer;
+/// use platformkit_limit_tower::LimitLayer;
 /// use platformkit_limit::{Key, Limit, Limiter, ManualClock, Memory};
 /// use std::time::UNIX_EPOCH;
 /// use tower::ServiceExt as _;
@@ -85,7 +137,7 @@ impl<S: Store> LimitLayer<S> {
     }
 
     /// A layer where only failures count: each request is reserved under every rule
-    /// ([`Limiter::reserve_all`]) and taken back (as each limit's [`OnSuccess`](crate::OnSuccess)
+    /// ([`Limiter::reserve_all`]) and taken back (as each limit's [`OnSuccess`](platformkit_limit::OnSuccess)
     /// says) before the response goes out when `succeeded` calls it a success. A failure, a
     /// service error or a dropped request stays counted; so does a `grpc-status` other than 0. A
     /// form login that redirects on success and failure alike needs more than the status.
@@ -99,7 +151,7 @@ impl<S: Store> LimitLayer<S> {
     /// use axum::body::Body;
     /// use axum::http::{Request, StatusCode, response};
     /// use axum::routing::post;
-    /// use platformkit_limit::layer::{ClientIp, LimitLayer};
+    /// use platformkit_limit_tower::{ClientIp, LimitLayer};
     /// use platformkit_limit::{Limit, Limiter, Memory};
     /// use tower::ServiceExt as _;
     ///
