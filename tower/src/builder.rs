@@ -66,7 +66,7 @@ impl<S, R> LimitLayer<S, R> {
 
     /// Counts the rules of `limit` (by name) under the tier ([`Limit::with_max`]) `tier` reads
     /// from the head, or under `limit` for `None`; the advertised fields show the tier's max. A
-    /// limit that is not a tier of `limit` is answered 500 ([`Rejection::Failed`]).
+    /// limit that is not a tier of `limit` is answered 500 ([`Rejection::WrongTier`]).
     ///
     /// ```
     /// use std::sync::Arc;
