@@ -1,7 +1,7 @@
 //! With the `tracing` feature, every unreachable outcome is a warning event
 //! and a purge that succeeded an info event; they name the limit and the
 //! cause, never the key. A per-address rule without a client address is an
-//! error event naming the limit and the fix.
+//! error event naming the limit and the fix, and so is a wrong tier.
 //!
 //! Its own test binary: `tracing` caches each call site's interest in a
 //! subscriber, and a test elsewhere in the same process touching the same
@@ -128,4 +128,45 @@ fn a_per_address_rule_without_a_client_address_is_an_error_event_naming_the_limi
     ] {
         assert!(event.contains(fix), "{fix} missing from {event}");
     }
+}
+
+/// A tier that is not the rule's limit under another max: answered 500,
+/// and an error event names the rule's limit and the fix.
+#[test]
+fn a_wrong_tier_is_an_error_event_naming_the_limit_and_the_fix() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use platformkit_limit::Memory;
+    use platformkit_limit_tower::LimitLayer;
+    use tower::ServiceExt as _;
+
+    let seen = Seen::during(|_| async {
+        let limiter = Limiter::new(Memory::new());
+        let api = Limit::new("api", 3, Duration::from_secs(60)).expect("a limit");
+        let other = Limit::new("api", 100, Duration::from_secs(3600)).expect("a limit");
+        let layer = LimitLayer::hit(limiter)
+            .limit(&api, |_: &_| Some(Key::opaque("client-9")))
+            .tier(&api, move |_: &_| Some(other.clone()));
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "hello" }))
+            .layer(layer);
+        let request = Request::get("/").body(Body::empty()).expect("a request");
+        let answer = app.oneshot(request).await.expect("infallible");
+        assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    })
+    .events();
+    let errors: Vec<&String> = seen
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::ERROR)
+        .map(|(_, fields)| fields)
+        .collect();
+    let [event] = errors[..] else {
+        panic!("one error event for the one request, not {seen:?}");
+    };
+    assert!(event.contains("limit=\"api\""), "{event}");
+    assert!(event.contains("Limit::with_max"), "{event}");
+    assert!(
+        !event.contains("client-9"),
+        "an event shows the key: {event}"
+    );
 }
