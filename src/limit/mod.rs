@@ -249,8 +249,9 @@ impl Limit {
         &self.name
     }
 
-    /// Whether `tier` is this limit under some max ([`with_max`](Limit::with_max)).
-    pub(crate) fn is_tier(&self, tier: &Limit) -> bool {
+    /// Whether `tier` is this limit under some max ([`with_max`](Limit::with_max)): the same in
+    /// every other setting, so that both count in one row per key.
+    pub fn is_tier(&self, tier: &Limit) -> bool {
         Limit {
             max: tier.max,
             ..self.clone()

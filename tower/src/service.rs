@@ -273,7 +273,7 @@ impl<S, R> Config<S, R> {
                 continue;
             };
             let limit = match rule.tier.as_ref().and_then(|tier| tier(head)) {
-                Some(tier) if rule.limit.with_max(tier.max()).is_ok_and(|t| t == tier) => tier,
+                Some(tier) if rule.limit.is_tier(&tier) => tier,
                 Some(_) => {
                     return Err(Rejection::WrongTier {
                         limit: rule.limit.name().to_owned(),
