@@ -112,14 +112,7 @@ fn a_per_address_rule_without_a_client_address_is_an_error_event_naming_the_limi
         assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
     })
     .events();
-    let errors: Vec<&String> = seen
-        .iter()
-        .filter(|(level, _)| *level == tracing::Level::ERROR)
-        .map(|(_, fields)| fields)
-        .collect();
-    let [event] = errors[..] else {
-        panic!("one error event for the one request, not {seen:?}");
-    };
+    let event = the_one_error_event(&seen);
     assert!(event.contains("limit=\"login-address\""), "{event}");
     for fix in [
         "into_make_service_with_connect_info::<SocketAddr>()",
@@ -155,6 +148,17 @@ fn a_wrong_tier_is_an_error_event_naming_the_limit_and_the_fix() {
         assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
     })
     .events();
+    let event = the_one_error_event(&seen);
+    assert!(event.contains("limit=\"api\""), "{event}");
+    assert!(event.contains("Limit::with_max"), "{event}");
+    assert!(
+        !event.contains("client-9"),
+        "an event shows the key: {event}"
+    );
+}
+
+/// The one error event of a run that sent one request answered 500.
+fn the_one_error_event(seen: &[(tracing::Level, String)]) -> &str {
     let errors: Vec<&String> = seen
         .iter()
         .filter(|(level, _)| *level == tracing::Level::ERROR)
@@ -163,10 +167,5 @@ fn a_wrong_tier_is_an_error_event_naming_the_limit_and_the_fix() {
     let [event] = errors[..] else {
         panic!("one error event for the one request, not {seen:?}");
     };
-    assert!(event.contains("limit=\"api\""), "{event}");
-    assert!(event.contains("Limit::with_max"), "{event}");
-    assert!(
-        !event.contains("client-9"),
-        "an event shows the key: {event}"
-    );
+    event
 }
