@@ -57,8 +57,8 @@ impl<S, R> LimitLayer<S, R> {
     }
 
     /// What each request costs, read from its head (a batch's size); 1 without it. Every rule
-    /// counts the whole cost ([API quotas](platformkit_limit::guide#api-quotas)). A cost of 0 passes
-    /// uncounted, though a missing required key or address is still answered.
+    /// counts the whole cost ([API quotas](platformkit_limit::guide#api-quotas)). A cost of 0
+    /// passes uncounted, though a missing required key or address is still answered.
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         self.config.cost = Some(Arc::new(cost));
         self
@@ -134,8 +134,8 @@ impl<S, R> LimitLayer<S, R> {
     }
 
     /// Sends the IETF `RateLimit-Policy` and `RateLimit` fields ([`Limit::policy_field`],
-    /// [`Verdict::rate_limit_field`](platformkit_limit::Verdict::rate_limit_field)) for the rules of
-    /// `limit` (by its name) on every response they decided. Off unless asked for: on a
+    /// [`Verdict::rate_limit_field`](platformkit_limit::Verdict::rate_limit_field)) for the rules
+    /// of `limit` (by its name) on every response they decided. Off unless asked for: on a
     /// per-account login limit they would tell an attacker how many guesses are left.
     ///
     /// # Panics

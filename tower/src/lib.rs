@@ -11,8 +11,8 @@
 //! tonic, hyper). Each rule is a limit and a key function over the request head; every rule
 //! that gives a key is decided in one statement. The body is never read: a
 //! key only the body holds (a login form's account) is reserved in the
-//! handler with [`Limiter::reserve`](platformkit_limit::Limiter::reserve), returning [`Rejection`] to answer as the
-//! layer does (`examples/axum_form_login.rs`).
+//! handler with [`Limiter::reserve`], returning [`Rejection`] to answer as the layer does
+//! (`examples/axum_form_login.rs`).
 //!
 //! Three modes: `hit` counts every request (API quotas); `attempt` reserves
 //! the request before the service runs and takes it back when the response
@@ -33,8 +33,8 @@
 //! | a per-address rule finds no client address | 500, with a body and an error event that say how to hand the address over |
 //! | a hard [`Error`](platformkit_limit::Error), a tier that is not the rule's limit under another max, one pair twice in `hit_all_or_nothing` | 500 and an error event |
 //!
-//! Never a silent allow ([fail-open](platformkit_limit::guide#fail-open)). `on_rejection` replaces an answer;
-//! the layer still adds `Retry-After` to a refusal. In front of a tonic
+//! Never a silent allow ([fail-open](platformkit_limit::guide#fail-open)). `on_rejection`
+//! replaces an answer; the layer still adds `Retry-After` to a refusal. In front of a tonic
 //! service, `grpc()` answers as a gRPC client reads it: the statuses
 //! `RESOURCE_EXHAUSTED` (429), `FAILED_PRECONDITION` (413), `UNAVAILABLE`
 //! (503), `INVALID_ARGUMENT` (400) and `INTERNAL` (500), the fields as
@@ -72,9 +72,9 @@ pub use self::service::{DefaultOnRejection, GrpcOnRejection, OnRejection, Reject
 /// A [tower `Layer`](tower::Layer) that limits requests before they reach the service, with a
 /// [`Limiter`] shared by every replica.
 ///
-/// Each rule is a [`Limit`](platformkit_limit::Limit) and a key read from the request head. A request that
-/// passes reaches the service with the [`Verdicts`](platformkit_limit::Verdicts) in its extensions; any
-/// other is answered as its [`Rejection`] says. Modes, statuses, headers, costs and tiers:
+/// Each rule is a [`Limit`](platformkit_limit::Limit) and a key read from the request head. A
+/// request that passes reaches the service with the [`Verdicts`](platformkit_limit::Verdicts) in
+/// its extensions; any other is answered as its [`Rejection`] says. Modes, statuses, headers, costs and tiers:
 /// [behind a tower layer](crate#behind-a-tower-layer).
 ///
 /// ```
@@ -137,8 +137,8 @@ impl<S: Store> LimitLayer<S> {
     }
 
     /// A layer where only failures count: each request is reserved under every rule
-    /// ([`Limiter::reserve_all`]) and taken back (as each limit's [`OnSuccess`](platformkit_limit::OnSuccess)
-    /// says) before the response goes out when `succeeded` calls it a success. A failure, a
+    /// ([`Limiter::reserve_all`]) and taken back (as each limit's
+    /// [`OnSuccess`](platformkit_limit::OnSuccess) says) before the response goes out when `succeeded` calls it a success. A failure, a
     /// service error or a dropped request stays counted; so does a `grpc-status` other than 0. A
     /// form login that redirects on success and failure alike needs more than the status.
     ///

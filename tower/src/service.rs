@@ -342,8 +342,9 @@ impl<S, R> fmt::Debug for Config<S, R> {
 pub enum Rejection {
     /// A limit refused by its count ([`Verdicts::refused_by`]): 429 Too Many Requests.
     Refused(Verdicts),
-    /// No refusing limit counted (unreachable and [`Refuse`](platformkit_limit::WhenUnreachable::Refuse),
-    /// or [shed](platformkit_limit::Verdicts::is_shed)): 503 Service Unavailable.
+    /// No refusing limit counted (unreachable and
+    /// [`Refuse`](platformkit_limit::WhenUnreachable::Refuse), or
+    /// [shed](platformkit_limit::Verdicts::is_shed)): 503 Service Unavailable.
     Unavailable(Verdicts),
     /// The ask's cost is above a limit's max ([`Verdict::exceeds_max`]): 413 Content Too Large,
     /// without `Retry-After`, nothing counted.
