@@ -345,8 +345,7 @@ impl<S: Sealed> Flight<S> {
             }
             self.sent_on_held += 1;
             if self.sent_on_held == HOLD_STATEMENTS {
-                self.held = S::Held::default();
-                self.sent_on_held = 0;
+                self.let_go();
             }
             let told = self.answer(answers);
             let lone = told.windows(2).all(|two| two[0].0.call == two[1].0.call);
@@ -354,7 +353,7 @@ impl<S: Sealed> Flight<S> {
             let store = if lone && waiting == 0 {
                 // Back to its source idle before a lone call hears: it may
                 // have lent the connection, and want it back.
-                self.held = S::Held::default();
+                self.let_go();
                 self.store.take().as_ref().map(Arc::downgrade)
             } else {
                 None
@@ -377,6 +376,12 @@ impl<S: Sealed> Flight<S> {
             };
             (op, deadline) = next;
         }
+    }
+
+    /// Gives back the connection held; the next statement takes one anew.
+    fn let_go(&mut self) {
+        self.held = S::Held::default();
+        self.sent_on_held = 0;
     }
 
     /// Takes the keys waiting (at most [`MAX_PAIRS`]; only `only`'s, if

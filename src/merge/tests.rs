@@ -9,12 +9,29 @@ use futures::future::join_all;
 use super::*;
 use crate::Memory;
 
-/// `Memory`, counting the statements it is sent, each taking `takes`.
+/// `Memory`, counting the statements it is sent, each taking `takes`, and
+/// the statements each connection a flight held carried.
 #[derive(Default)]
 struct Tally {
     store: Memory,
     statements: AtomicUsize,
     takes: Duration,
+    given_back: Arc<Mutex<Vec<usize>>>,
+}
+
+/// A connection of the tally's: noted in `given_back` once let go.
+#[derive(Default)]
+struct Conn {
+    sent: usize,
+    given_back: Option<Arc<Mutex<Vec<usize>>>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(given_back) = &self.given_back {
+            given_back.lock().expect("not poisoned").push(self.sent);
+        }
+    }
 }
 
 impl Tally {
@@ -22,10 +39,17 @@ impl Tally {
         self.statements.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.takes).await;
     }
+
+    async fn sent_on(&self, held: &mut Conn) {
+        held.given_back
+            .get_or_insert_with(|| Arc::clone(&self.given_back));
+        held.sent += 1;
+        self.sent().await;
+    }
 }
 
 impl Sealed for Tally {
-    type Held = ();
+    type Held = Conn;
     fn local_now(&self) -> SystemTime {
         self.store.local_now()
     }
@@ -42,20 +66,20 @@ impl Sealed for Tally {
         key: &str,
         n: u64,
         deadline: Instant,
-        held: &mut (),
+        held: &mut Conn,
     ) -> Result<Counted, Error> {
-        self.sent().await;
-        self.store.count(op, limit, key, n, deadline, held).await
+        self.sent_on(held).await;
+        self.store.count(op, limit, key, n, deadline, &mut ()).await
     }
     async fn count_many(
         &self,
         op: Counting,
         asked: &[Asked<'_>],
         deadline: Instant,
-        held: &mut (),
+        held: &mut Conn,
     ) -> Result<Vec<Counted>, Error> {
-        self.sent().await;
-        self.store.count_many(op, asked, deadline, held).await
+        self.sent_on(held).await;
+        self.store.count_many(op, asked, deadline, &mut ()).await
     }
     async fn count_all_or_none(
         &self,
@@ -240,6 +264,39 @@ async fn a_told_caller_left_unpolled_holds_the_others_up_briefly() {
         left.await.is_ok(),
         "the caller left unpolled has its answer"
     );
+}
+
+/// A connection a flight takes after it let go of one before a lone
+/// caller heard, for callers who came meanwhile, carries its full
+/// [`HOLD_STATEMENTS`] before it goes back, as any other.
+#[tokio::test(start_paused = true)]
+async fn a_connection_taken_after_a_lone_call_carries_its_full_run() {
+    let (store, merging, deadline) = one_place_of_1ms_statements();
+    let limit = limit();
+    let first = [Asked {
+        limit: &limit,
+        key: "m|a",
+        n: 1,
+    }];
+    let mut lone = std::pin::pin!(merging.count(&store, Counting::HIT, &first, deadline));
+    assert!(futures::poll!(lone.as_mut()).is_pending(), "queued");
+    // Its statement answered, the flight let go and waits for it to hear:
+    // two callers come meanwhile, and write in a loop.
+    tokio::time::sleep(Duration::from_micros(1_500)).await;
+    join_all(["m|b", "m|c"].map(|key| {
+        let (merging, store, limit) = (&merging, &store, &limit);
+        async move {
+            for _ in 0..HOLD_STATEMENTS + 8 {
+                let pair = [Asked { limit, key, n: 1 }];
+                let counted = merging.count(store, Counting::HIT, &pair, deadline).await;
+                assert!(counted.is_ok());
+            }
+        }
+    }))
+    .await;
+    assert!(lone.await.is_ok());
+    let given_back = store.given_back.lock().expect("not poisoned").clone();
+    assert_eq!(given_back[..2], [1, HOLD_STATEMENTS], "{given_back:?}");
 }
 
 /// A call whose pairs go in different statements takes each answer as it
