@@ -142,6 +142,11 @@ fn limit() -> Limit {
     Limit::new("m", 1_000, Duration::from_secs(60)).expect("a limit")
 }
 
+/// A pair of `limit` and `key`, costing 1.
+fn one<'a>(limit: &'a Limit, key: &'a str) -> Asked<'a> {
+    Asked { limit, key, n: 1 }
+}
+
 /// A store whose statements take 1 ms, merging through one place, and a
 /// deadline far off.
 fn one_place_of_1ms_statements() -> (Arc<Tally>, Merging, Instant) {
@@ -212,11 +217,7 @@ async fn callers_back_from_a_statement_go_together_in_the_next() {
         async move {
             for round in 0..ROUNDS {
                 let key = format!("m|{caller}-{round}");
-                let pair = [Asked {
-                    limit,
-                    key: &key,
-                    n: 1,
-                }];
+                let pair = [one(limit, &key)];
                 let counted = merging.count(store, Counting::HIT, &pair, deadline).await;
                 assert_eq!(counted.expect("counted").0[0].count, 1);
             }
@@ -238,20 +239,12 @@ async fn a_told_caller_left_unpolled_holds_the_others_up_briefly() {
     let ms = Duration::from_millis;
     let (store, merging, deadline) = one_place_of_1ms_statements();
     let limit = limit();
-    let first = [Asked {
-        limit: &limit,
-        key: "m|a",
-        n: 1,
-    }];
+    let first = [one(&limit, "m|a")];
     let mut left = std::pin::pin!(merging.count(&store, Counting::HIT, &first, deadline));
     assert!(futures::poll!(left.as_mut()).is_pending(), "queued");
     tokio::time::sleep(ms(1)).await;
     let started = Instant::now();
-    let second = [Asked {
-        limit: &limit,
-        key: "m|b",
-        n: 1,
-    }];
+    let second = [one(&limit, "m|b")];
     let behind = merging.count(&store, Counting::HIT, &second, deadline);
     let counted = tokio::time::timeout(ms(100), behind).await;
     assert!(counted.expect("its turn").is_ok());
@@ -273,11 +266,7 @@ async fn a_told_caller_left_unpolled_holds_the_others_up_briefly() {
 async fn a_connection_taken_after_a_lone_call_carries_its_full_run() {
     let (store, merging, deadline) = one_place_of_1ms_statements();
     let limit = limit();
-    let first = [Asked {
-        limit: &limit,
-        key: "m|a",
-        n: 1,
-    }];
+    let first = [one(&limit, "m|a")];
     let mut lone = std::pin::pin!(merging.count(&store, Counting::HIT, &first, deadline));
     assert!(futures::poll!(lone.as_mut()).is_pending(), "queued");
     // Its statement answered, the flight let go and waits for it to hear:
@@ -287,7 +276,7 @@ async fn a_connection_taken_after_a_lone_call_carries_its_full_run() {
         let (merging, store, limit) = (&merging, &store, &limit);
         async move {
             for _ in 0..HOLD_STATEMENTS + 8 {
-                let pair = [Asked { limit, key, n: 1 }];
+                let pair = [one(limit, key)];
                 let counted = merging.count(store, Counting::HIT, &pair, deadline).await;
                 assert!(counted.is_ok());
             }
@@ -308,13 +297,7 @@ async fn a_call_takes_each_pairs_answer_as_it_comes() {
     let (store, merging, deadline) = one_place_of_1ms_statements();
     let limit = limit();
     let started = Instant::now();
-    let pair = |key| {
-        [Asked {
-            limit: &limit,
-            key,
-            n: 1,
-        }]
-    };
+    let pair = |key| [one(&limit, key)];
     // "m|first" in flight; then a statement's worth of keys queue, with a
     // call for "m|later" and "m|first": its "m|later" goes in the next
     // statement, its "m|first" in the one after.
@@ -323,28 +306,8 @@ async fn a_call_takes_each_pairs_answer_as_it_comes() {
     assert!(futures::poll!(flying.as_mut()).is_pending());
     tokio::task::yield_now().await;
     let keys: Vec<String> = (1..MAX_PAIRS).map(|i| format!("m|{i}")).collect();
-    let others: Vec<_> = keys
-        .iter()
-        .map(|key| {
-            [Asked {
-                limit: &limit,
-                key,
-                n: 1,
-            }]
-        })
-        .collect();
-    let both = [
-        Asked {
-            limit: &limit,
-            key: "m|first",
-            n: 1,
-        },
-        Asked {
-            limit: &limit,
-            key: "m|later",
-            n: 1,
-        },
-    ];
+    let others: Vec<_> = keys.iter().map(|key| [one(&limit, key)]).collect();
+    let both = [one(&limit, "m|first"), one(&limit, "m|later")];
     let (flown, queued, call) = tokio::join!(
         flying,
         join_all(
