@@ -472,7 +472,7 @@ mod tests {
             let at_the_end = verdict(Counting::CHECK, &login(), 10, 0, at(900, 0));
             assert_eq!(at_the_end.retry_after(), Some(Duration::ZERO));
             assert_eq!(at_the_end.retry_after_secs(), Some(1));
-            let verdicts = crate::Verdicts::from_vec(vec![exact, at_the_end]);
+            let verdicts = crate::Verdicts::from(vec![exact, at_the_end]);
             assert_eq!(verdicts.retry_after_secs(), Some(412));
         }
 

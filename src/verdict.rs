@@ -227,10 +227,6 @@ impl Verdict {
 pub struct Verdicts(Vec<Verdict>);
 
 impl Verdicts {
-    pub(crate) fn from_vec(verdicts: Vec<Verdict>) -> Self {
-        Verdicts(verdicts)
-    }
-
     /// Whether every limit allows the attempt.
     pub fn is_allowed(&self) -> bool {
         self.0.iter().all(Verdict::is_allowed)

@@ -172,7 +172,7 @@ impl<S: Store> Limiter<S> {
         cost: NonZeroU32,
     ) -> Result<Reservations<'_, S>, Error> {
         let counted = self.counted_all_in(Counting::RESERVE, pairs, cost).await?;
-        let verdicts = Verdicts::from_vec(counted.iter().map(|(v, _)| v.clone()).collect());
+        let verdicts = Verdicts::from(counted.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>());
         if verdicts.is_refused() {
             return Ok(Reservations::Refused(verdicts));
         }

@@ -194,8 +194,11 @@ impl<S: Store> Limiter<S> {
         cost: NonZeroU32,
     ) -> Result<Verdicts, Error> {
         let counted = self.counted_all_in(op, pairs, cost).await?;
-        Ok(Verdicts::from_vec(
-            counted.into_iter().map(|(verdict, _)| verdict).collect(),
+        Ok(Verdicts::from(
+            counted
+                .into_iter()
+                .map(|(verdict, _)| verdict)
+                .collect::<Vec<_>>(),
         ))
     }
 
