@@ -1094,3 +1094,22 @@ async fn an_all_or_nothing_layer_with_one_pair_twice_is_answered_500_never_let_t
     assert_eq!(twice.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// Tiers and advertised fields are set on a rule already added: for a limit
+/// no rule has, each panics, naming itself and the limit.
+#[test]
+fn a_tier_or_advertised_fields_for_a_limit_no_rule_has_panic_naming_it() {
+    let other = limit("other", 1, 60);
+    let panic_of = |set: &dyn Fn(LimitLayer<Memory>) -> LimitLayer<Memory>| {
+        let layer = LimitLayer::hit(memory(&clock())).limit(&limit("api", 1, 60), tenant);
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| set(layer)))
+            .expect_err("no rule has the limit");
+        *panic.downcast::<String>().expect("a formatted message")
+    };
+    let tier = panic_of(&|layer| layer.tier(&other, |_| None));
+    let advertise = panic_of(&|layer| layer.advertise(&other));
+    for (method, message) in [("tier", tier), ("advertise", advertise)] {
+        assert!(message.starts_with(&format!("{method}: ")), "{message}");
+        assert!(message.contains(r#"the limit "other""#), "{message}");
+    }
+}

@@ -113,24 +113,12 @@ impl<S, R> LimitLayer<S, R> {
     ///
     /// When no rule has this limit's name: add the rule first.
     pub fn tier(
-        mut self,
+        self,
         limit: &Limit,
         tier: impl Fn(&Parts) -> Option<Limit> + Send + Sync + 'static,
     ) -> Self {
         let tier: TierFn = Arc::new(tier);
-        let mut found = false;
-        for rule in &mut self.config.rules {
-            if rule.limit.name() == limit.name() {
-                rule.tier = Some(tier.clone());
-                found = true;
-            }
-        }
-        assert!(
-            found,
-            "tier: no rule of this layer has the limit {:?}; add it with limit() first",
-            limit.name()
-        );
-        self
+        self.rules_of(limit, "tier", |rule| rule.tier = Some(tier.clone()))
     }
 
     /// Sends the IETF `RateLimit-Policy` and `RateLimit` fields ([`Limit::policy_field`],
@@ -141,17 +129,22 @@ impl<S, R> LimitLayer<S, R> {
     /// # Panics
     ///
     /// When no rule has this limit's name: add the rule first.
-    pub fn advertise(mut self, limit: &Limit) -> Self {
+    pub fn advertise(self, limit: &Limit) -> Self {
+        self.rules_of(limit, "advertise", |rule| rule.advertised = true)
+    }
+
+    /// Sets each rule of `limit` (by its name); panics, naming `method`, when there is none.
+    fn rules_of(mut self, limit: &Limit, method: &str, mut set: impl FnMut(&mut Rule)) -> Self {
         let mut found = false;
         for rule in &mut self.config.rules {
             if rule.limit.name() == limit.name() {
-                rule.advertised = true;
+                set(rule);
                 found = true;
             }
         }
         assert!(
             found,
-            "advertise: no rule of this layer has the limit {:?}; add it with limit() first",
+            "{method}: no rule of this layer has the limit {:?}; add it with limit() first",
             limit.name()
         );
         self

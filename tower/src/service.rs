@@ -443,8 +443,8 @@ impl Rejection {
 }
 
 /// Why a tier is answered 500 ([`Rejection::WrongTier`]).
-const WRONG_TIER: &str = "a request's tier must be the rule's limit under another max (Limit::with_max), the same in \
-     every other setting";
+const WRONG_TIER: &str = "a request's tier must be the rule's limit under another max \
+     (Limit::with_max), the same in every other setting";
 
 /// The error event for a rule the service set up wrong (feature `tracing`): its limit and the
 /// fix, never the key.
