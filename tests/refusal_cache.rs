@@ -228,7 +228,7 @@ const BATCH: usize = 4;
 async fn a_flood_costs_one_statement_per_ttl_and_a_reset_elsewhere_is_seen_within_one() {
     let db = Server::shared().database(SCHEMA).await;
     let clock = start();
-    let (conns, lent) = counting(&db).await;
+    let (conns, lent, gate) = gated(&db).await;
     let here = Limiter::new(Postgres::new(conns).with_clock(clock.clone()));
     let elsewhere = Limiter::new(Postgres::new(db.config()).with_clock(clock.clone()));
     let ttl = here.refusal_ttl();
@@ -245,9 +245,10 @@ async fn a_flood_costs_one_statement_per_ttl_and_a_reset_elsewhere_is_seen_withi
     );
     assert_eq!(lent.load(Ordering::SeqCst), 1);
 
-    // One step of the flood: the clock moves 10 ms and BATCH calls run at
-    // once. Each step's answers, and the statements sent by TTL since the
-    // flood began.
+    // One step of the flood: the clock moves 10 ms and BATCH calls arrive
+    // at once: each looks its key up before any reaches the store (a round
+    // trip can end within its first poll). Each step's answers, and the
+    // statements sent by TTL since the flood began.
     let step = Duration::from_millis(10);
     let mut per_ttl: Vec<usize> = Vec::new();
     // The first refusal is counted in the first TTL.
@@ -255,9 +256,17 @@ async fn a_flood_costs_one_statement_per_ttl_and_a_reset_elsewhere_is_seen_withi
     let run_step = async |per_ttl: &mut Vec<usize>, sent: &mut usize| -> (SystemTime, Vec<bool>) {
         clock.advance(step);
         let now = clock.now();
-        let calls = (0..BATCH).map(|_| here.check(&limit, &key));
-        let answers: Vec<bool> = futures::future::join_all(calls)
-            .await
+        let closed = gate.write().await;
+        let mut calls = Box::pin(futures::future::join_all(
+            (0..BATCH).map(|_| here.check(&limit, &key)),
+        ));
+        let first = futures::poll!(calls.as_mut());
+        drop(closed);
+        let answers = match first {
+            Poll::Ready(answers) => answers,
+            Poll::Pending => calls.await,
+        };
+        let answers: Vec<bool> = answers
             .into_iter()
             .map(|v| v.expect("a verdict").is_refused())
             .collect();
