@@ -89,21 +89,19 @@ pub(crate) async fn create_database(
     schema: Option<&str>,
 ) {
     let ident = quote_ident(name);
-    {
-        let client = connect(admin).await;
-        // template0 is never connected to, so creation cannot fail because someone is.
-        // (CREATE DATABASE cannot share a multi-statement batch: that is a transaction.)
-        client
-            .batch_execute(&format!(
-                "CREATE DATABASE {ident} OWNER {OWNER} TEMPLATE template0"
-            ))
-            .await
-            .unwrap_or_else(|e| panic!("creating database {name}: {}", describe(&e)));
-        client
-            .batch_execute(&format!("GRANT CONNECT ON DATABASE {ident} TO {TENANT}"))
-            .await
-            .unwrap_or_else(|e| panic!("granting {TENANT} access to {name}: {}", describe(&e)));
-    }
+    let admin = connect(admin).await;
+    // template0 is never connected to, so creation cannot fail because someone is.
+    // (CREATE DATABASE cannot share a multi-statement batch: that is a transaction.)
+    admin
+        .batch_execute(&format!(
+            "CREATE DATABASE {ident} OWNER {OWNER} TEMPLATE template0"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("creating database {name}: {}", describe(&e)));
+    admin
+        .batch_execute(&format!("GRANT CONNECT ON DATABASE {ident} TO {TENANT}"))
+        .await
+        .unwrap_or_else(|e| panic!("granting {TENANT} access to {name}: {}", describe(&e)));
 
     let client = connect(owner).await;
     // As the database owner, which (through pg_database_owner) owns schema public. Default
@@ -146,7 +144,37 @@ pub(crate) async fn create_database(
             .await
             .unwrap_or_else(|e| panic!("granting {TENANT} the tables of {name}: {}", describe(&e)));
     }
+    // The set-up session has ended before the database is handed over: a
+    // test that lists its database's backends finds only its own.
+    let pid: i32 = client
+        .query_one("SELECT pg_catalog.pg_backend_pid()", &[])
+        .await
+        .unwrap_or_else(|e| panic!("the set-up session of {name}: {}", describe(&e)))
+        .get(0);
+    drop(client);
+    let deadline = crate::Deadline::after(SESSION_END);
+    loop {
+        let open: bool = admin
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity WHERE pid = $1)",
+                &[&pid],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("reading pg_stat_activity: {}", describe(&e)))
+            .get(0);
+        if !open {
+            break;
+        }
+        assert!(
+            !deadline.passed(),
+            "the set-up session of {name} (backend {pid}) did not end within {SESSION_END:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
 }
+
+/// How long [`create_database`] waits for its set-up session to end.
+const SESSION_END: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `user@host:port/dbname`, for messages.
 pub(crate) fn target(config: &Config) -> String {

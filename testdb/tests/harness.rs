@@ -207,6 +207,26 @@ async fn databases_are_distinct_and_reachable_by_url() {
     assert!(is_super);
 }
 
+/// A test that lists its database's backends finds only its own: the
+/// session that applied the schema has ended.
+#[tokio::test]
+async fn a_fresh_database_has_no_session_left_from_its_set_up() {
+    let server = Server::shared();
+    let admin = connect(&server.admin_config()).await;
+    for _ in 0..20 {
+        let db = server.database(SCHEMA).await;
+        let left: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE datname = $1",
+                &[&db.name()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(left, 0, "sessions left in {}", db.name());
+    }
+}
+
 #[tokio::test]
 #[should_panic(expected = "applying the schema")]
 async fn a_broken_schema_is_reported() {
