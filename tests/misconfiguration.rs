@@ -82,8 +82,8 @@ async fn a_missing_schema_table_or_privilege_is_an_error_not_an_allow() {
 /// server cancel a call the limiter has not given up on; a role default
 /// (`ALTER ROLE app SET statement_timeout = '1ms'`) would make every replica
 /// fail open. It is refused as a misconfiguration before anything is done.
-/// The budget is long, so that no timeout but the shortest can fire before
-/// the procedure's check, however slow a shared machine.
+/// The budget is long, so that the longest timeout cannot fire before the
+/// procedure's check, however slow a shared machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_statement_timeout_shorter_than_the_budget_is_a_misconfiguration_never_an_allow()
 {
@@ -111,9 +111,10 @@ async fn a_session_statement_timeout_shorter_than_the_budget_is_a_misconfigurati
         ] {
             let err = result.expect_err("a short statement_timeout gave a verdict");
             assert!(!err.is_unreachable(), "{timeout}: {err:?}");
-            if timeout == "1ms" {
+            if timeout != "20s" {
                 // The server may stop the call before the procedure reaches
-                // its check: a cancel the limiter did not send, as hard.
+                // its check (under 1ms at once, under 5s on a loaded
+                // machine): a cancel the limiter did not send, as hard.
                 assert!(
                     matches!(err.kind(), ErrorKind::Misconfigured | ErrorKind::Cancelled),
                     "{err:?}"
