@@ -194,12 +194,8 @@ impl<S: Store> Limiter<S> {
         cost: NonZeroU32,
     ) -> Result<Verdicts, Error> {
         let counted = self.counted_all_in(op, pairs, cost).await?;
-        Ok(Verdicts::from(
-            counted
-                .into_iter()
-                .map(|(verdict, _)| verdict)
-                .collect::<Vec<_>>(),
-        ))
+        let verdicts: Vec<Verdict> = counted.into_iter().map(|(verdict, _)| verdict).collect();
+        Ok(verdicts.into())
     }
 
     /// Each pair's verdict, and where it was counted.
