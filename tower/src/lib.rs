@@ -74,8 +74,8 @@ pub use self::service::{DefaultOnRejection, GrpcOnRejection, OnRejection, Reject
 ///
 /// Each rule is a [`Limit`](platformkit_limit::Limit) and a key read from the request head. A
 /// request that passes reaches the service with the [`Verdicts`](platformkit_limit::Verdicts) in
-/// its extensions; any other is answered as its [`Rejection`] says. Modes, statuses, headers, costs and tiers:
-/// [behind a tower layer](crate#behind-a-tower-layer).
+/// its extensions; any other is answered as its [`Rejection`] says. Modes, statuses, headers,
+/// costs and tiers: [behind a tower layer](crate#behind-a-tower-layer).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -138,9 +138,10 @@ impl<S: Store> LimitLayer<S> {
 
     /// A layer where only failures count: each request is reserved under every rule
     /// ([`Limiter::reserve_all`]) and taken back (as each limit's
-    /// [`OnSuccess`](platformkit_limit::OnSuccess) says) before the response goes out when `succeeded` calls it a success. A failure, a
-    /// service error or a dropped request stays counted; so does a `grpc-status` other than 0. A
-    /// form login that redirects on success and failure alike needs more than the status.
+    /// [`OnSuccess`](platformkit_limit::OnSuccess) says) before the response goes out when
+    /// `succeeded` calls it a success. A failure, a service error or a dropped request stays
+    /// counted; so does a `grpc-status` other than 0. A form login that redirects on success and
+    /// failure alike needs more than the status.
     ///
     /// ```
     /// use std::net::{IpAddr, Ipv4Addr};
